@@ -1,0 +1,179 @@
+//! `StreamEnvironment`: the entry point of a job.
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::stream::DataStream;
+use crate::config::Configuration;
+use crate::connector::{CollectionSource, DataGeneratorSource, Source};
+use crate::error::JobError;
+use crate::graph::{
+    EdgeRequest, ExecutionGraph, JobGraph, NodeKind, StreamEdge, StreamGraph, StreamNode, TypeOps,
+};
+use crate::record::Record;
+use crate::runtime::factories::{type_ops, SourceNode};
+use crate::runtime::{resolve_cores, run_job, JobResult, RunOptions};
+
+pub(crate) struct EnvState {
+    pub(crate) config: Configuration,
+    pub(crate) cores: Vec<usize>,
+    pub(crate) nodes: Vec<StreamNode>,
+    pub(crate) errors: Vec<String>,
+}
+
+/// Collects a job's sources, transformations and sinks, and runs them embedded (local mode):
+/// one pinned shard per configured core. Cloning shares the job being built.
+#[derive(Clone)]
+pub struct StreamEnvironment {
+    pub(crate) state: Rc<RefCell<EnvState>>,
+}
+
+impl std::fmt::Debug for StreamEnvironment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state.borrow();
+        f.debug_struct("StreamEnvironment")
+            .field("cores", &state.cores)
+            .field("nodes", &state.nodes.len())
+            .finish()
+    }
+}
+
+/// A node's description before it is added.
+pub(crate) struct NodeSpec {
+    pub(crate) name: String,
+    pub(crate) kind: NodeKind,
+    pub(crate) inputs: Vec<StreamEdge>,
+    pub(crate) input_ops: Option<TypeOps>,
+    pub(crate) output_ops: Option<TypeOps>,
+}
+
+impl StreamEnvironment {
+    /// An environment for `config`. Refuses settings the machine cannot honour (more shards
+    /// than cores, unknown cores, bad memory settings).
+    pub fn new(config: Configuration) -> Result<StreamEnvironment, JobError> {
+        let cores = resolve_cores(config.slots(), config.cores())?;
+        config.memory().validate().map_err(|e| {
+            let weir_memory::MemoryConfigError::Invalid { key, value, fix } = e;
+            JobError::Config(crate::config::ConfigError::InvalidValue {
+                key: key.into(),
+                value,
+                expected: fix,
+            })
+        })?;
+        Ok(StreamEnvironment {
+            state: Rc::new(RefCell::new(EnvState {
+                config,
+                cores,
+                nodes: Vec::new(),
+                errors: Vec::new(),
+            })),
+        })
+    }
+
+    /// Number of slots (= shards = cores) the job runs on.
+    pub fn slots(&self) -> usize {
+        self.state.borrow().cores.len()
+    }
+
+    /// Parallelism of operators that set none (`parallelism.default`, else the slot count).
+    pub fn default_parallelism(&self) -> usize {
+        let state = self.state.borrow();
+        state
+            .config
+            .default_parallelism()
+            .unwrap_or(state.cores.len())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> Configuration {
+        self.state.borrow().config.clone()
+    }
+
+    pub(crate) fn add_node(&self, spec: NodeSpec) -> usize {
+        let mut state = self.state.borrow_mut();
+        let id = state.nodes.len();
+        state.nodes.push(StreamNode {
+            id,
+            name: spec.name,
+            uid: None,
+            parallelism: None,
+            chaining_allowed: true,
+            kind: spec.kind,
+            inputs: spec.inputs,
+            input_ops: spec.input_ops,
+            output_ops: spec.output_ops,
+        });
+        id
+    }
+
+    pub(crate) fn record_error(&self, message: String) {
+        self.state.borrow_mut().errors.push(message);
+    }
+
+    /// Reads from `source`. The node is named `Source: <name>`.
+    pub fn from_source<T: Record, S: Source<T>>(&self, source: S, name: &str) -> DataStream<T> {
+        let node = self.add_node(NodeSpec {
+            name: format!("Source: {name}"),
+            kind: NodeKind::Source(Arc::new(SourceNode::new(source))),
+            inputs: Vec::new(),
+            input_ops: None,
+            output_ops: Some(type_ops::<T>()),
+        });
+        DataStream::new(self.clone(), vec![(node, EdgeRequest::Default)])
+    }
+
+    /// Reads the elements of `elements`.
+    pub fn from_collection<T: Record + Sync>(&self, elements: Vec<T>) -> DataStream<T> {
+        self.from_source(CollectionSource::new(elements), "Collection")
+    }
+
+    /// The numbers `from..to`.
+    pub fn from_sequence(&self, from: u64, to: u64) -> DataStream<u64> {
+        self.from_source(DataGeneratorSource::sequence(from, to), "Sequence")
+    }
+
+    /// Translates the job built so far into its execution graph (without running it).
+    pub fn plan(&self, job_name: &str) -> Result<ExecutionGraph, JobError> {
+        let state = self.state.borrow();
+        if let Some(error) = state.errors.first() {
+            return Err(JobError::InvalidJob(error.clone()));
+        }
+        let graph = StreamGraph {
+            job_name: job_name.to_string(),
+            nodes: state.nodes.iter().map(StreamNode::share).collect(),
+        };
+        let default_parallelism = state
+            .config
+            .default_parallelism()
+            .unwrap_or(state.cores.len());
+        let job = JobGraph::from_stream_graph(
+            graph,
+            default_parallelism,
+            state.config.max_parallelism(),
+            state.config.chaining_enabled(),
+        )?;
+        ExecutionGraph::new(job, state.cores.len(), state.cores.clone())
+    }
+
+    /// The StreamGraph, JobGraph and ExecutionGraph of the job built so far, as text.
+    pub fn explain(&self, job_name: &str) -> Result<String, JobError> {
+        Ok(self.plan(job_name)?.explain())
+    }
+
+    /// Runs the job to completion (a bounded job ends when all its sources do).
+    pub fn execute(&self, job_name: &str) -> Result<JobResult, JobError> {
+        self.execute_with(job_name, RunOptions::default())
+    }
+
+    /// Runs the job with options (e.g. a live progress report on stderr).
+    pub fn execute_with(&self, job_name: &str, options: RunOptions) -> Result<JobResult, JobError> {
+        let exec = self.plan(job_name)?;
+        let config = self.config();
+        run_job(exec, &config, options)
+    }
+}
+
+/// Marker so that `DataStream<T>` is neither `Send` nor tied to `T`'s auto traits.
+pub(crate) type StreamMarker<T> = PhantomData<fn() -> T>;

@@ -1,0 +1,86 @@
+//! `KeyedStream`: a stream partitioned by key, and the keyed operators on it.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use super::environment::{NodeSpec, StreamEnvironment};
+use super::function::KeyedProcessFunction;
+use super::stream::DataStream;
+use crate::graph::{EdgeRequest, NodeKind, OperatorFactory, StreamEdge};
+use crate::operator::{KeyedProcessOperator, ReduceOperator};
+use crate::record::{Key, Record};
+use crate::runtime::factories::{type_ops, KeyedWriter, OperatorNode};
+
+/// A stream whose records are routed by the key `KS` extracts (type `K`).
+pub struct KeyedStream<T, K, KS> {
+    env: StreamEnvironment,
+    upstreams: Vec<usize>,
+    key_selector: KS,
+    _types: PhantomData<fn(T) -> K>,
+}
+
+impl<T, K, KS> std::fmt::Debug for KeyedStream<T, K, KS> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyedStream")
+            .field("upstreams", &self.upstreams)
+            .finish()
+    }
+}
+
+impl<T, K, KS> KeyedStream<T, K, KS>
+where
+    T: Record,
+    K: Key,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+{
+    pub(crate) fn new(env: StreamEnvironment, upstreams: Vec<usize>, key_selector: KS) -> Self {
+        KeyedStream {
+            env,
+            upstreams,
+            key_selector,
+            _types: PhantomData,
+        }
+    }
+
+    fn then<O: Record>(self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStream<O> {
+        let writer = Arc::new(KeyedWriter::<T, K, KS>::new(self.key_selector));
+        let inputs = self
+            .upstreams
+            .iter()
+            .map(|&source| StreamEdge {
+                source,
+                request: EdgeRequest::Hash,
+                writer: writer.clone(),
+            })
+            .collect();
+        let node = self.env.add_node(NodeSpec {
+            name: name.to_string(),
+            kind: NodeKind::Operator(factory),
+            inputs,
+            input_ops: Some(type_ops::<T>()),
+            output_ops: Some(type_ops::<O>()),
+        });
+        DataStream::new(self.env, vec![(node, EdgeRequest::Default)])
+    }
+
+    /// Runs a [`KeyedProcessFunction`] over every record; its context tells the current key.
+    pub fn process<O: Record, F: KeyedProcessFunction<K, T, O>>(self, f: F) -> DataStream<O> {
+        let key_selector = self.key_selector.clone();
+        let factory = OperatorNode::<T, O, _>::new(move || {
+            KeyedProcessOperator::new(key_selector.clone(), f.clone())
+        });
+        self.then("Keyed Process", Arc::new(factory))
+    }
+
+    /// A running reduce: folds each record into its key's value with `f` and emits the result.
+    pub fn reduce<F>(self, f: F) -> DataStream<T>
+    where
+        F: FnMut(T, T) -> T + Clone + Send + Sync + 'static,
+    {
+        let key_selector = self.key_selector.clone();
+        let factory = OperatorNode::<T, T, _>::new(move || {
+            ReduceOperator::new(key_selector.clone(), f.clone())
+        });
+        self.then("Keyed Reduce", Arc::new(factory))
+    }
+}

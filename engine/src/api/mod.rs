@@ -1,0 +1,14 @@
+//! The DataStream API: build a job from sources, transformations and sinks, then execute it.
+
+mod environment;
+mod function;
+mod keyed;
+mod stream;
+
+pub use crate::runtime::{JobResult, RunOptions};
+pub use environment::StreamEnvironment;
+pub use function::{
+    Collector, KeyedProcessContext, KeyedProcessFunction, ProcessContext, ProcessFunction,
+};
+pub use keyed::KeyedStream;
+pub use stream::{DataStream, DataStreamSink};

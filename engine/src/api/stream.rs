@@ -1,0 +1,284 @@
+//! `DataStream`: a stream of records of one type, and the transformations on it.
+
+use std::sync::Arc;
+
+use super::environment::{NodeSpec, StreamEnvironment, StreamMarker};
+use super::function::{Collector, ProcessFunction};
+use super::keyed::KeyedStream;
+use crate::connector::Sink;
+use crate::graph::{EdgeRequest, NodeKind, OperatorFactory, StreamEdge};
+use crate::operator::{FilterOperator, FlatMapOperator, MapOperator, ProcessOperator};
+use crate::record::{Key, Record};
+use crate::runtime::factories::{type_ops, OperatorNode, PlainWriter, SinkNode};
+
+/// A stream of `T` records: the output of a source or operator, a union of streams, or a
+/// stream repartitioned with `rebalance`/`broadcast`.
+pub struct DataStream<T> {
+    pub(crate) env: StreamEnvironment,
+    /// The producing nodes and how records leave each of them.
+    pub(crate) upstreams: Vec<(usize, EdgeRequest)>,
+    _record: StreamMarker<T>,
+}
+
+impl<T> Clone for DataStream<T> {
+    fn clone(&self) -> Self {
+        DataStream {
+            env: self.env.clone(),
+            upstreams: self.upstreams.clone(),
+            _record: StreamMarker::default(),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for DataStream<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataStream")
+            .field("upstreams", &self.upstreams)
+            .finish()
+    }
+}
+
+/// The end of a stream in a sink; set the sink's name, uid, parallelism and chaining here.
+#[derive(Debug)]
+pub struct DataStreamSink {
+    env: StreamEnvironment,
+    node: usize,
+}
+
+fn set_name(env: &StreamEnvironment, node: usize, name: &str) {
+    env.state.borrow_mut().nodes[node].name = name.to_string();
+}
+
+fn set_uid(env: &StreamEnvironment, node: usize, uid: &str) {
+    let mut state = env.state.borrow_mut();
+    if let Some(other) = state
+        .nodes
+        .iter()
+        .find(|n| n.id != node && n.uid.as_deref() == Some(uid))
+    {
+        let message = format!(
+            "uid '{uid}' is used by both '{}' and '{}'; uids must be unique",
+            other.name, state.nodes[node].name
+        );
+        state.errors.push(message);
+        return;
+    }
+    state.nodes[node].uid = Some(uid.to_string());
+}
+
+fn set_parallelism(env: &StreamEnvironment, node: usize, parallelism: usize) {
+    env.state.borrow_mut().nodes[node].parallelism = Some(parallelism);
+}
+
+fn disable_chaining(env: &StreamEnvironment, node: usize) {
+    env.state.borrow_mut().nodes[node].chaining_allowed = false;
+}
+
+impl DataStreamSink {
+    /// Names the sink (default `Sink: <name given to sink_to>`).
+    pub fn name(self, name: &str) -> Self {
+        set_name(&self.env, self.node, name);
+        self
+    }
+
+    /// A stable id for the sink's state across job versions.
+    pub fn uid(self, uid: &str) -> Self {
+        set_uid(&self.env, self.node, uid);
+        self
+    }
+
+    /// Number of parallel sink subtasks.
+    pub fn parallelism(self, parallelism: usize) -> Self {
+        set_parallelism(&self.env, self.node, parallelism);
+        self
+    }
+
+    /// Runs the sink in its own task, not chained to its input.
+    pub fn disable_chaining(self) -> Self {
+        disable_chaining(&self.env, self.node);
+        self
+    }
+}
+
+impl<T: Record> DataStream<T> {
+    pub(crate) fn new(env: StreamEnvironment, upstreams: Vec<(usize, EdgeRequest)>) -> Self {
+        DataStream {
+            env,
+            upstreams,
+            _record: StreamMarker::default(),
+        }
+    }
+
+    pub(crate) fn edges(&self) -> Vec<StreamEdge> {
+        let writer = Arc::new(PlainWriter::<T>::new());
+        self.upstreams
+            .iter()
+            .map(|&(source, request)| StreamEdge {
+                source,
+                request,
+                writer: writer.clone(),
+            })
+            .collect()
+    }
+
+    /// The node that produced this stream, for the naming and parallelism setters.
+    fn producer(&self, setter: &str) -> Option<usize> {
+        match self.upstreams.as_slice() {
+            [(node, EdgeRequest::Default)] => Some(*node),
+            _ => {
+                self.env.record_error(format!(
+                    "{setter}() was called on a union or repartitioned stream; call it on the operator \
+                     that produces the stream, before union/rebalance/broadcast"
+                ));
+                None
+            }
+        }
+    }
+
+    fn then<O: Record>(&self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStream<O> {
+        let node = self.env.add_node(NodeSpec {
+            name: name.to_string(),
+            kind: NodeKind::Operator(factory),
+            inputs: self.edges(),
+            input_ops: Some(type_ops::<T>()),
+            output_ops: Some(type_ops::<O>()),
+        });
+        DataStream::new(self.env.clone(), vec![(node, EdgeRequest::Default)])
+    }
+
+    /// Applies `f` to every record.
+    pub fn map<O: Record, F>(self, f: F) -> DataStream<O>
+    where
+        F: FnMut(T) -> O + Clone + Send + Sync + 'static,
+    {
+        self.then(
+            "Map",
+            Arc::new(OperatorNode::<T, O, _>::new(move || MapOperator(f.clone()))),
+        )
+    }
+
+    /// Keeps the records `f` accepts.
+    pub fn filter<F>(self, f: F) -> DataStream<T>
+    where
+        F: FnMut(&T) -> bool + Clone + Send + Sync + 'static,
+    {
+        self.then(
+            "Filter",
+            Arc::new(OperatorNode::<T, T, _>::new(move || {
+                FilterOperator(f.clone())
+            })),
+        )
+    }
+
+    /// Turns every record into zero or more records.
+    pub fn flat_map<O: Record, F>(self, f: F) -> DataStream<O>
+    where
+        F: FnMut(T, &mut Collector<'_, O>) + Clone + Send + Sync + 'static,
+    {
+        self.then(
+            "Flat Map",
+            Arc::new(OperatorNode::<T, O, _>::new(move || {
+                FlatMapOperator(f.clone())
+            })),
+        )
+    }
+
+    /// Runs a [`ProcessFunction`] over every record.
+    pub fn process<O: Record, F: ProcessFunction<T, O>>(self, f: F) -> DataStream<O> {
+        self.then(
+            "Process",
+            Arc::new(OperatorNode::<T, O, _>::new(move || {
+                ProcessOperator::new(f.clone())
+            })),
+        )
+    }
+
+    /// Partitions the stream by key: every record of a key goes to the same subtask of the next
+    /// operator (by key group, see `weir_state::key_group`).
+    pub fn key_by<K: Key, KS>(self, key_selector: KS) -> KeyedStream<T, K, KS>
+    where
+        KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+    {
+        KeyedStream::new(
+            self.env.clone(),
+            self.upstreams.iter().map(|&(n, _)| n).collect(),
+            key_selector,
+        )
+    }
+
+    /// Merges streams of the same type.
+    pub fn union(mut self, others: impl IntoIterator<Item = DataStream<T>>) -> DataStream<T> {
+        for other in others {
+            if !std::rc::Rc::ptr_eq(&self.env.state, &other.env.state) {
+                self.env
+                    .record_error("union() of streams from different environments".into());
+                continue;
+            }
+            self.upstreams.extend(other.upstreams);
+        }
+        self
+    }
+
+    /// Distributes records round-robin over the next operator's subtasks.
+    pub fn rebalance(mut self) -> DataStream<T> {
+        self.upstreams
+            .iter_mut()
+            .for_each(|(_, request)| *request = EdgeRequest::Rebalance);
+        self
+    }
+
+    /// Sends every record to every subtask of the next operator.
+    pub fn broadcast(mut self) -> DataStream<T> {
+        self.upstreams
+            .iter_mut()
+            .for_each(|(_, request)| *request = EdgeRequest::Broadcast);
+        self
+    }
+
+    /// Writes the stream to `sink`; the node is named `Sink: <name>`.
+    pub fn sink_to<S: Sink<T>>(self, sink: S, name: &str) -> DataStreamSink {
+        let node = self.env.add_node(NodeSpec {
+            name: format!("Sink: {name}"),
+            kind: NodeKind::Sink(Arc::new(SinkNode::new(sink))),
+            inputs: self.edges(),
+            input_ops: Some(type_ops::<T>()),
+            output_ops: None,
+        });
+        DataStreamSink {
+            env: self.env,
+            node,
+        }
+    }
+
+    /// Names the operator that produced this stream.
+    pub fn name(self, name: &str) -> Self {
+        if let Some(node) = self.producer("name") {
+            set_name(&self.env, node, name);
+        }
+        self
+    }
+
+    /// A stable id for the producing operator's state across job versions.
+    pub fn uid(self, uid: &str) -> Self {
+        if let Some(node) = self.producer("uid") {
+            set_uid(&self.env, node, uid);
+        }
+        self
+    }
+
+    /// Number of parallel subtasks of the producing operator.
+    pub fn parallelism(self, parallelism: usize) -> Self {
+        if let Some(node) = self.producer("parallelism") {
+            set_parallelism(&self.env, node, parallelism);
+        }
+        self
+    }
+
+    /// Runs the producing operator in its own task, chained to neither its input nor its output.
+    pub fn disable_chaining(self) -> Self {
+        if let Some(node) = self.producer("disable_chaining") {
+            disable_chaining(&self.env, node);
+        }
+        self
+    }
+}

@@ -1,0 +1,520 @@
+//! Configuration: one set of Flink-style keys, read from a TOML file, the environment
+//! (`WEIR_` + the key upper-cased with `.` and `-` as `_`) and `-D key=value` flags.
+//!
+//! Every key is declared in [`OPTIONS`] with its type, default and meaning; an unknown key or
+//! a value that does not parse is refused with a message naming the key, the value and the fix.
+//! Configuration is passed explicitly, never read from a global.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use weir_memory::MemoryConfig;
+
+/// A setting that cannot be used.
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum ConfigError {
+    /// The key is not one Weir knows.
+    #[error("unknown config key '{key}'{}; `weir config` lists every key", suggestion.as_ref().map(|s| format!(" (did you mean '{s}'?)")).unwrap_or_default())]
+    UnknownKey {
+        /// The key as written.
+        key: String,
+        /// The closest known key, if one is close.
+        suggestion: Option<String>,
+    },
+    /// The value does not parse or is out of range.
+    #[error("config key '{key}' has invalid value '{value}': expected {expected}")]
+    InvalidValue {
+        /// The key.
+        key: String,
+        /// The value as written.
+        value: String,
+        /// What a valid value looks like.
+        expected: String,
+    },
+    /// The configuration file cannot be read or parsed.
+    #[error("cannot read config file {path}: {message}")]
+    File {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// The type of a configuration value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptionKind {
+    /// A whole number of at least the given minimum.
+    Count(u64),
+    /// A duration such as `1 ms`, `200ms`, `10 s`, `0`.
+    Duration,
+    /// A size such as `1728m`, `32kb`, `1 gb`.
+    Size,
+    /// A fraction in `[0, 1]`.
+    Fraction,
+    /// `true` or `false`.
+    Bool,
+    /// A comma-separated list of CPU core ids, e.g. `0,1,2`.
+    CoreList,
+}
+
+/// One known configuration key.
+#[derive(Debug)]
+pub struct ConfigOption {
+    /// The key.
+    pub key: &'static str,
+    /// Its type.
+    pub kind: OptionKind,
+    /// The default, as text; empty means "derived at start-up" (see the description).
+    pub default: &'static str,
+    /// What it controls.
+    pub description: &'static str,
+}
+
+macro_rules! option {
+    ($key:literal, $kind:expr, $default:literal, $description:literal) => {
+        ConfigOption {
+            key: $key,
+            kind: $kind,
+            default: $default,
+            description: $description,
+        }
+    };
+}
+
+/// Every key Weir reads.
+pub const OPTIONS: &[ConfigOption] = &[
+    option!("taskmanager.numberOfTaskSlots", OptionKind::Count(1), "",
+        "Shards (= slots = pinned cores) of the worker. Default: every available core."),
+    option!("taskmanager.cpu.cores", OptionKind::CoreList, "",
+        "CPU core ids the shards are pinned to, in shard order. Default: the available cores."),
+    option!("parallelism.default", OptionKind::Count(1), "",
+        "Parallelism of operators that set none. Default: the number of slots."),
+    option!("pipeline.max-parallelism", OptionKind::Count(1), "128",
+        "Number of key groups; the upper bound of any keyed operator's parallelism."),
+    option!("pipeline.operator-chaining.enabled", OptionKind::Bool, "true",
+        "Chain operators connected by forward edges with equal parallelism into one task."),
+    option!("execution.buffer-timeout", OptionKind::Duration, "1 ms",
+        "Longest time a partly filled network segment waits before it is sent; 0 sends per record."),
+    option!("execution.batch-size", OptionKind::Count(1), "1024",
+        "Records handed between chained operators in one call."),
+    option!("taskmanager.memory.process.size", OptionKind::Size, "1728m",
+        "Total memory of the worker process, split into managed, network and heap shares."),
+    option!("taskmanager.memory.managed.fraction", OptionKind::Fraction, "0.4",
+        "Share of the process size for state backends."),
+    option!("taskmanager.memory.network.fraction", OptionKind::Fraction, "0.1",
+        "Share of the process size for network segments."),
+    option!("taskmanager.memory.network.min", OptionKind::Size, "64m",
+        "Lower bound of the network share."),
+    option!("taskmanager.memory.network.max", OptionKind::Size, "1g",
+        "Upper bound of the network share."),
+    option!("taskmanager.memory.segment-size", OptionKind::Size, "32kb",
+        "Size of one network segment."),
+    option!("taskmanager.network.memory.buffers-per-channel", OptionKind::Count(1), "4",
+        "Credits per exchange channel: segments a sender may have in flight to one receiver."),
+    option!("taskmanager.shard.spin-before-park", OptionKind::Duration, "1 ms",
+        "How long an idle shard spins before it sleeps; shorter saves CPU, longer cuts wake-up latency."),
+];
+
+fn option(key: &str) -> Option<&'static ConfigOption> {
+    OPTIONS.iter().find(|o| o.key == key)
+}
+
+/// Parses `1 ms`, `250us`, `2s`, `1 min`, `0`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let nanos = match unit.trim() {
+        "" if number == 0 => 0,
+        "ns" => 1,
+        "us" | "µs" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "min" => 60_000_000_000,
+        _ => return None,
+    };
+    Some(Duration::from_nanos(number.checked_mul(nanos)?))
+}
+
+/// Parses `1728m`, `32kb`, `1 gb`, `4096` (bytes).
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim().to_ascii_lowercase();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let shift = match unit.trim() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1u64 << shift)
+}
+
+fn parse_core_list(text: &str) -> Option<Vec<usize>> {
+    let cores: Option<Vec<usize>> = text.split(',').map(|c| c.trim().parse().ok()).collect();
+    cores.filter(|c| !c.is_empty())
+}
+
+fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
+    let ok = match option.kind {
+        OptionKind::Count(min) => value.trim().parse::<u64>().is_ok_and(|v| v >= min),
+        OptionKind::Duration => parse_duration(value).is_some(),
+        OptionKind::Size => parse_size(value).is_some(),
+        OptionKind::Fraction => value
+            .trim()
+            .parse::<f64>()
+            .is_ok_and(|v| (0.0..=1.0).contains(&v)),
+        OptionKind::Bool => matches!(value.trim(), "true" | "false"),
+        OptionKind::CoreList => parse_core_list(value).is_some(),
+    };
+    if ok {
+        return Ok(());
+    }
+    let expected = match option.kind {
+        OptionKind::Count(min) => format!("a whole number of at least {min}"),
+        OptionKind::Duration => "a duration such as '1 ms', '200ms', '10 s' or '0'".into(),
+        OptionKind::Size => "a size such as '1728m', '32kb' or '1 gb'".into(),
+        OptionKind::Fraction => "a fraction between 0 and 1, e.g. 0.1".into(),
+        OptionKind::Bool => "true or false".into(),
+        OptionKind::CoreList => "a comma-separated list of core ids, e.g. 0,1".into(),
+    };
+    Err(ConfigError::InvalidValue {
+        key: option.key.to_string(),
+        value: value.to_string(),
+        expected,
+    })
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+fn unknown_key(key: &str) -> ConfigError {
+    let lower = key.to_ascii_lowercase();
+    let suggestion = OPTIONS
+        .iter()
+        .map(|o| (edit_distance(&lower, &o.key.to_ascii_lowercase()), o.key))
+        .min()
+        .filter(|(d, _)| *d <= key.len() / 3 + 1)
+        .map(|(_, k)| k.to_string());
+    ConfigError::UnknownKey {
+        key: key.to_string(),
+        suggestion,
+    }
+}
+
+/// A validated set of configuration values; keys not set take their defaults.
+#[derive(Clone, Debug, Default)]
+pub struct Configuration {
+    values: BTreeMap<&'static str, String>,
+}
+
+impl Configuration {
+    /// Sets `key` to `value`, refusing unknown keys and invalid values.
+    pub fn set(&mut self, key: &str, value: impl Into<String>) -> Result<&mut Self, ConfigError> {
+        let option = option(key).ok_or_else(|| unknown_key(key))?;
+        let value = value.into();
+        validate(option, &value)?;
+        self.values.insert(option.key, value);
+        Ok(self)
+    }
+
+    /// Builder-style [`Configuration::set`].
+    pub fn with(mut self, key: &str, value: impl Into<String>) -> Result<Self, ConfigError> {
+        self.set(key, value)?;
+        Ok(self)
+    }
+
+    /// Applies `key=value` pairs (the CLI's `-D` flags).
+    pub fn apply_pairs<'a>(
+        &mut self,
+        pairs: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ConfigError> {
+        for pair in pairs {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| ConfigError::InvalidValue {
+                    key: pair.to_string(),
+                    value: String::new(),
+                    expected: "key=value, e.g. -D taskmanager.numberOfTaskSlots=2".into(),
+                })?;
+            self.set(key.trim(), value.trim())?;
+        }
+        Ok(())
+    }
+
+    /// Applies `WEIR_*` environment variables for known keys (`execution.buffer-timeout` is
+    /// `WEIR_EXECUTION_BUFFER_TIMEOUT`).
+    pub fn apply_env(&mut self) -> Result<(), ConfigError> {
+        for option in OPTIONS {
+            let var = format!(
+                "WEIR_{}",
+                option.key.to_ascii_uppercase().replace(['.', '-'], "_")
+            );
+            if let Ok(value) = std::env::var(&var) {
+                self.set(option.key, value)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads a TOML file: flat quoted keys (`"execution.buffer-timeout" = "5 ms"`) or nested
+    /// tables (`[taskmanager] numberOfTaskSlots = 2`) both work.
+    pub fn from_toml_file(path: &Path) -> Result<Configuration, ConfigError> {
+        let file_error = |message: String| ConfigError::File {
+            path: path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| file_error(e.to_string()))?;
+        Configuration::from_toml_str(&text).map_err(|e| match e {
+            ConfigError::File { message, .. } => file_error(message),
+            other => other,
+        })
+    }
+
+    /// Parses TOML text (see [`Configuration::from_toml_file`]).
+    pub fn from_toml_str(text: &str) -> Result<Configuration, ConfigError> {
+        let table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::File {
+                path: "<toml>".into(),
+                message: e.to_string(),
+            })?;
+        let mut config = Configuration::default();
+        fn walk(
+            prefix: &str,
+            table: &toml::Table,
+            config: &mut Configuration,
+        ) -> Result<(), ConfigError> {
+            for (k, v) in table {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                match v {
+                    toml::Value::Table(t) => walk(&key, t, config)?,
+                    toml::Value::String(s) => {
+                        config.set(&key, s.clone())?;
+                    }
+                    toml::Value::Array(items) => {
+                        let joined: Vec<String> = items.iter().map(|i| i.to_string()).collect();
+                        config.set(&key, joined.join(","))?;
+                    }
+                    other => {
+                        config.set(&key, other.to_string())?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        walk("", &table, &mut config)?;
+        Ok(config)
+    }
+
+    fn raw(&self, key: &'static str) -> Option<&str> {
+        debug_assert!(option(key).is_some(), "undeclared key {key}");
+        self.values.get(key).map(String::as_str).or_else(|| {
+            let default = option(key).map(|o| o.default).unwrap_or_default();
+            (!default.is_empty()).then_some(default)
+        })
+    }
+
+    fn count(&self, key: &'static str) -> Option<usize> {
+        self.raw(key).map(|v| v.trim().parse().expect("validated"))
+    }
+
+    fn duration(&self, key: &'static str) -> Duration {
+        parse_duration(self.raw(key).expect("has a default")).expect("validated")
+    }
+
+    fn size(&self, key: &'static str) -> u64 {
+        parse_size(self.raw(key).expect("has a default")).expect("validated")
+    }
+
+    fn fraction(&self, key: &'static str) -> f64 {
+        self.raw(key)
+            .expect("has a default")
+            .trim()
+            .parse()
+            .expect("validated")
+    }
+
+    /// `taskmanager.numberOfTaskSlots`, if set.
+    pub fn slots(&self) -> Option<usize> {
+        self.count("taskmanager.numberOfTaskSlots")
+    }
+
+    /// `taskmanager.cpu.cores`, if set.
+    pub fn cores(&self) -> Option<Vec<usize>> {
+        self.raw("taskmanager.cpu.cores")
+            .map(|v| parse_core_list(v).expect("validated"))
+    }
+
+    /// `parallelism.default`, if set.
+    pub fn default_parallelism(&self) -> Option<usize> {
+        self.count("parallelism.default")
+    }
+
+    /// `pipeline.max-parallelism`.
+    pub fn max_parallelism(&self) -> usize {
+        self.count("pipeline.max-parallelism")
+            .expect("has a default")
+    }
+
+    /// `pipeline.operator-chaining.enabled`.
+    pub fn chaining_enabled(&self) -> bool {
+        self.raw("pipeline.operator-chaining.enabled") == Some("true")
+    }
+
+    /// `execution.buffer-timeout`.
+    pub fn buffer_timeout(&self) -> Duration {
+        self.duration("execution.buffer-timeout")
+    }
+
+    /// `execution.batch-size`.
+    pub fn batch_size(&self) -> usize {
+        self.count("execution.batch-size").expect("has a default")
+    }
+
+    /// `taskmanager.network.memory.buffers-per-channel`.
+    pub fn buffers_per_channel(&self) -> usize {
+        self.count("taskmanager.network.memory.buffers-per-channel")
+            .expect("has a default")
+    }
+
+    /// `taskmanager.shard.spin-before-park`.
+    pub fn spin_before_park(&self) -> Duration {
+        self.duration("taskmanager.shard.spin-before-park")
+    }
+
+    /// The `taskmanager.memory.*` settings.
+    pub fn memory(&self) -> MemoryConfig {
+        MemoryConfig {
+            process_size: self.size("taskmanager.memory.process.size"),
+            managed_fraction: self.fraction("taskmanager.memory.managed.fraction"),
+            network_fraction: self.fraction("taskmanager.memory.network.fraction"),
+            network_min: self.size("taskmanager.memory.network.min"),
+            network_max: self.size("taskmanager.memory.network.max"),
+            segment_size: self.size("taskmanager.memory.segment-size") as usize,
+        }
+    }
+
+    /// Every key with its effective value (set, default, or "derived").
+    pub fn describe(&self) -> Vec<(&'static str, String, &'static str)> {
+        OPTIONS
+            .iter()
+            .map(|o| {
+                let value = self
+                    .raw(o.key)
+                    .map(str::to_string)
+                    .unwrap_or_else(|| "(derived)".into());
+                (o.key, value, o.description)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let mut config = Configuration::default();
+        assert_eq!(config.buffer_timeout(), Duration::from_millis(1));
+        assert_eq!(config.max_parallelism(), 128);
+        assert_eq!(config.slots(), None);
+        config.set("execution.buffer-timeout", "0").unwrap();
+        config.set("taskmanager.numberOfTaskSlots", "2").unwrap();
+        assert_eq!(config.buffer_timeout(), Duration::ZERO);
+        assert_eq!(config.slots(), Some(2));
+        assert_eq!(config.memory().segment_size, 32 << 10);
+    }
+
+    #[test]
+    fn unknown_key_suggests_the_closest() {
+        let err = Configuration::default()
+            .set("taskmanager.numberOfTaskSlot", "2")
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("unknown config key 'taskmanager.numberOfTaskSlot'"),
+            "{text}"
+        );
+        assert!(
+            text.contains("did you mean 'taskmanager.numberOfTaskSlots'"),
+            "{text}"
+        );
+        let err = Configuration::default().set("nonsense", "2").unwrap_err();
+        assert_eq!(
+            err,
+            ConfigError::UnknownKey {
+                key: "nonsense".into(),
+                suggestion: None
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_key_value_and_fix() {
+        let err = Configuration::default()
+            .set("parallelism.default", "0")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("'parallelism.default'") && err.contains("'0'"),
+            "{err}"
+        );
+        assert!(err.contains("at least 1"), "{err}");
+        let err = Configuration::default()
+            .set("execution.buffer-timeout", "fast")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("a duration"), "{err}");
+    }
+
+    #[test]
+    fn toml_flat_and_nested() {
+        let config = Configuration::from_toml_str(
+            "\"execution.buffer-timeout\" = \"5 ms\"\n[taskmanager]\nnumberOfTaskSlots = 2\n[taskmanager.memory]\n\"process.size\" = \"1g\"\n",
+        )
+        .unwrap();
+        assert_eq!(config.buffer_timeout(), Duration::from_millis(5));
+        assert_eq!(config.slots(), Some(2));
+        assert_eq!(config.memory().process_size, 1 << 30);
+        let err = Configuration::from_toml_str("[taskmanager]\nslots = 2\n").unwrap_err();
+        assert!(matches!(err, ConfigError::UnknownKey { .. }));
+    }
+
+    #[test]
+    fn parsers() {
+        assert_eq!(parse_duration("250us"), Some(Duration::from_micros(250)));
+        assert_eq!(parse_duration("2 s"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_duration("5"), None);
+        assert_eq!(parse_size("32kb"), Some(32 << 10));
+        assert_eq!(parse_size("1728m"), Some(1728 << 20));
+        assert_eq!(parse_size("x"), None);
+    }
+}

@@ -1,0 +1,57 @@
+//! Sources and sinks: how records enter and leave a job.
+//!
+//! A [`Source`] divides its input into splits, which a [`SplitEnumerator`] hands to the
+//! source's parallel readers on request; each split carries a replayable position. A [`Sink`]
+//! creates one [`SinkWriter`] per subtask. Readers and writers live on their shard and use its
+//! io_uring for file I/O.
+
+mod collect;
+mod collection;
+mod datagen;
+mod discard;
+mod file_sink;
+mod file_source;
+mod print;
+mod sink;
+mod source;
+
+pub use collect::{CollectSink, Collected};
+pub use collection::{CollectionSource, CollectionSplit};
+pub use datagen::{DataGeneratorSource, GeneratorSplit};
+pub use discard::DiscardSink;
+pub use file_sink::FileSink;
+pub use file_source::{FileSource, FileSplit, LineFormat};
+pub use futures::future::LocalBoxFuture;
+pub use print::PrintSink;
+pub use sink::{Sink, SinkWriter};
+pub use source::{
+    Boundedness, ReadStatus, Source, SourceReader, SourceSplit, SplitEnumerator, StaticSplits,
+};
+
+/// A connector failure.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct ConnectorError {
+    /// What happened, naming the file/record/setting and the fix.
+    pub message: String,
+    /// Whether the input was bad (no restart helps) or something outside failed.
+    pub bad_input: bool,
+}
+
+impl ConnectorError {
+    /// Bad input: a malformed record, a missing file the job names.
+    pub fn bad_input(message: impl Into<String>) -> ConnectorError {
+        ConnectorError {
+            message: message.into(),
+            bad_input: true,
+        }
+    }
+
+    /// An external failure: an I/O error, a full disk.
+    pub fn external(message: impl Into<String>) -> ConnectorError {
+        ConnectorError {
+            message: message.into(),
+            bad_input: false,
+        }
+    }
+}

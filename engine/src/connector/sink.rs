@@ -1,0 +1,28 @@
+//! The sink contract: one writer per subtask.
+
+use futures::future::LocalBoxFuture;
+
+use super::ConnectorError;
+use crate::operator::RuntimeContext;
+
+/// Writes one subtask's records. Lives on the subtask's shard.
+pub trait SinkWriter<T> {
+    /// Writes (and removes) every record of `batch`.
+    fn write<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<T>,
+    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>>;
+
+    /// Makes buffered records visible (called on the buffer timeout).
+    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>>;
+
+    /// The input ended: write out everything and close.
+    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>>;
+}
+
+/// A sink of records of type `T`.
+pub trait Sink<T>: Send + Sync + 'static {
+    /// Creates the writer of one subtask, on its shard.
+    fn create_writer(&self, ctx: &RuntimeContext)
+        -> Result<Box<dyn SinkWriter<T>>, ConnectorError>;
+}

@@ -1,0 +1,111 @@
+//! The source contract: splits, a split enumerator, and one reader per subtask.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use futures::future::LocalBoxFuture;
+
+use super::ConnectorError;
+use crate::operator::RuntimeContext;
+
+/// Whether a source ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Boundedness {
+    /// The source ends when its splits are read; the job ends when every source has.
+    Bounded,
+    /// The source runs until the job is cancelled.
+    Unbounded,
+}
+
+/// A piece of a source's input, with the position reading has reached in it. A reader's
+/// [`SourceReader::snapshot_splits`] returns its splits with current positions; restarting a
+/// reader from them resumes exactly where it left off.
+pub trait SourceSplit: Clone + Debug + Send + 'static {
+    /// A stable id for the split (a file path, a generator slice).
+    fn split_id(&self) -> String;
+}
+
+/// Hands a source's splits to its readers. Runs off the data path (once per split).
+pub trait SplitEnumerator<S>: Send {
+    /// The next split for `subtask`, or `None` when there is no more work for it.
+    fn next_split(&mut self, subtask: usize) -> Option<S>;
+}
+
+/// An enumerator over a fixed list of splits, each either pinned to one subtask or free for
+/// whichever reader asks first.
+#[derive(Debug)]
+pub struct StaticSplits<S> {
+    splits: Vec<(Option<usize>, S)>,
+}
+
+impl<S> StaticSplits<S> {
+    /// Splits any reader may take, in order.
+    pub fn shared(splits: Vec<S>) -> Self {
+        StaticSplits {
+            splits: splits.into_iter().map(|s| (None, s)).collect(),
+        }
+    }
+
+    /// Split `i` goes to subtask `i % parallelism` only (for slices that must stay put).
+    pub fn pinned(splits: Vec<S>, parallelism: usize) -> Self {
+        StaticSplits {
+            splits: splits
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| (Some(i % parallelism), s))
+                .collect(),
+        }
+    }
+}
+
+impl<S: Send> SplitEnumerator<S> for StaticSplits<S> {
+    fn next_split(&mut self, subtask: usize) -> Option<S> {
+        let index = self
+            .splits
+            .iter()
+            .position(|(owner, _)| owner.is_none_or(|o| o == subtask))?;
+        Some(self.splits.remove(index).1)
+    }
+}
+
+/// What a reader's poll produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadStatus {
+    /// Records were appended (more may follow at once).
+    Records,
+    /// The reader has finished every split it was given and wants another.
+    NeedSplit,
+    /// Nothing to read for now; poll again after at most this long.
+    Idle(Duration),
+}
+
+/// Reads the splits assigned to one subtask. Lives on the subtask's shard.
+pub trait SourceReader<T, S> {
+    /// Takes over a split (from the enumerator, or restored from a snapshot).
+    fn add_split(&mut self, split: S);
+
+    /// Appends up to `max` records to `out`.
+    fn poll_next<'a>(
+        &'a mut self,
+        out: &'a mut Vec<T>,
+        max: usize,
+    ) -> LocalBoxFuture<'a, Result<ReadStatus, ConnectorError>>;
+
+    /// The reader's unfinished splits with their current positions.
+    fn snapshot_splits(&self) -> Vec<S>;
+}
+
+/// A source of records of type `T`.
+pub trait Source<T>: Send + Sync + 'static {
+    /// The split type, carrying a replayable position.
+    type Split: SourceSplit;
+
+    /// Whether the source ends.
+    fn boundedness(&self) -> Boundedness;
+
+    /// Creates the enumerator for a run with `parallelism` readers.
+    fn create_enumerator(&self, parallelism: usize) -> Box<dyn SplitEnumerator<Self::Split>>;
+
+    /// Creates the reader of one subtask, on its shard.
+    fn create_reader(&self, ctx: &RuntimeContext) -> Box<dyn SourceReader<T, Self::Split>>;
+}

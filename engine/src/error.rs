@@ -1,0 +1,116 @@
+//! Errors a job can end with.
+
+use std::fmt;
+
+use crate::config::ConfigError;
+
+/// How the control plane should react to a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailureKind {
+    /// Bad job or bad input: restarting will not help.
+    User,
+    /// Something outside the job (a file, a disk) failed: a restart may help.
+    External,
+    /// A bug in Weir: fail loudly.
+    Internal,
+}
+
+impl fmt::Display for FailureKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            FailureKind::User => "user error",
+            FailureKind::External => "external error",
+            FailureKind::Internal => "internal error",
+        })
+    }
+}
+
+/// Why a job did not run to completion.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    /// The job graph is malformed (parallelism 0, forward edge between different parallelisms...).
+    #[error("invalid job: {0}")]
+    InvalidJob(String),
+    /// A setting is unknown or has a bad value.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A subtask failed while running.
+    #[error(
+        "operator '{operator}' (subtask {subtask} of {parallelism}) failed ({kind}): {message}"
+    )]
+    TaskFailed {
+        /// Name of the operator that failed.
+        operator: String,
+        /// Index of the failed subtask.
+        subtask: usize,
+        /// Parallelism of the operator.
+        parallelism: usize,
+        /// What happened.
+        message: String,
+        /// Whether restarting could help.
+        kind: FailureKind,
+    },
+    /// The shard executors could not be started.
+    #[error("cannot start shard {shard} on core {core}: {message}")]
+    Runtime {
+        /// The shard index.
+        shard: usize,
+        /// The core it was to be pinned to.
+        core: usize,
+        /// The executor's error.
+        message: String,
+    },
+}
+
+/// A failure inside a running subtask, before it is attributed to an operator.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskError {
+    pub(crate) message: String,
+    pub(crate) kind: FailureKind,
+    /// The operator that raised it, when it is not the subtask's head.
+    pub(crate) operator: Option<String>,
+    /// A consequence of another failure (a closed channel, a cancelled job), not a cause.
+    pub(crate) secondary: bool,
+}
+
+impl TaskError {
+    pub(crate) fn user(message: impl Into<String>) -> TaskError {
+        TaskError {
+            message: message.into(),
+            kind: FailureKind::User,
+            operator: None,
+            secondary: false,
+        }
+    }
+    pub(crate) fn external(message: impl Into<String>) -> TaskError {
+        TaskError {
+            message: message.into(),
+            kind: FailureKind::External,
+            operator: None,
+            secondary: false,
+        }
+    }
+    pub(crate) fn internal(message: impl Into<String>) -> TaskError {
+        TaskError {
+            message: message.into(),
+            kind: FailureKind::Internal,
+            operator: None,
+            secondary: false,
+        }
+    }
+    /// The job is going down because of a failure elsewhere.
+    pub(crate) fn cancelled(message: impl Into<String>) -> TaskError {
+        TaskError {
+            message: message.into(),
+            kind: FailureKind::Internal,
+            operator: None,
+            secondary: true,
+        }
+    }
+    pub(crate) fn in_operator(mut self, operator: &str) -> TaskError {
+        self.operator.get_or_insert_with(|| operator.to_string());
+        self
+    }
+}
+
+pub(crate) type TaskResult<T = ()> = Result<T, TaskError>;

@@ -1,0 +1,209 @@
+//! JobGraph → ExecutionGraph: subtasks on slots, channels between them.
+
+use std::fmt::Write;
+
+use super::job_graph::{JobEdge, JobGraph};
+use super::stream_graph::NodeKind;
+use crate::connector::Boundedness;
+use crate::error::JobError;
+use crate::runtime::exchange::PartitionKind;
+
+/// One subtask of one vertex, placed on a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExecutionVertex {
+    /// The job vertex.
+    pub vertex: usize,
+    /// The subtask index.
+    pub subtask: usize,
+    /// The slot (= shard = core) it runs on.
+    pub slot: usize,
+}
+
+/// The job expanded to subtasks on slots.
+#[derive(Debug)]
+pub struct ExecutionGraph {
+    /// The chained job.
+    pub job: JobGraph,
+    /// Number of slots.
+    pub slots: usize,
+    /// Core id of each slot.
+    pub cores: Vec<usize>,
+    /// Every subtask.
+    pub subtasks: Vec<ExecutionVertex>,
+}
+
+/// The (sender subtask, receiver subtask) pairs of an exchange edge, in channel order per
+/// sender: pointwise `i → i` for forward edges, all-to-all otherwise.
+pub(crate) fn edge_channels(
+    edge: &JobEdge,
+    senders: usize,
+    receivers: usize,
+) -> Vec<(usize, usize)> {
+    if edge.kind == PartitionKind::Forward {
+        (0..senders).map(|i| (i, i)).collect()
+    } else {
+        (0..senders)
+            .flat_map(|s| (0..receivers).map(move |r| (s, r)))
+            .collect()
+    }
+}
+
+impl ExecutionGraph {
+    /// Places every subtask of `job` on `slots` slots pinned to `cores`: subtask `i` of every
+    /// vertex shares slot `i` (slot sharing).
+    pub fn new(job: JobGraph, slots: usize, cores: Vec<usize>) -> Result<ExecutionGraph, JobError> {
+        for vertex in &job.vertices {
+            if vertex.parallelism > slots {
+                return Err(JobError::InvalidJob(format!(
+                    "'{}' has parallelism {}, but the worker has only {slots} slot(s) \
+                     (taskmanager.numberOfTaskSlots); lower the parallelism or add slots",
+                    vertex.name, vertex.parallelism
+                )));
+            }
+        }
+        let subtasks = job
+            .vertices
+            .iter()
+            .flat_map(|v| {
+                (0..v.parallelism).map(move |i| ExecutionVertex {
+                    vertex: v.id,
+                    subtask: i,
+                    slot: i,
+                })
+            })
+            .collect();
+        Ok(ExecutionGraph {
+            job,
+            slots,
+            cores,
+            subtasks,
+        })
+    }
+
+    /// The channels of non-chained edge `edge_index`.
+    pub(crate) fn channels(&self, edge_index: usize) -> Vec<(usize, usize)> {
+        let edge = &self.job.edges[edge_index];
+        edge_channels(
+            edge,
+            self.job.node_parallelism[edge.source_node],
+            self.job.node_parallelism[edge.target_node],
+        )
+    }
+
+    /// Network segments each slot's pool must hold so that no sender ever finds it empty:
+    /// per outgoing channel, one segment being filled, `credits` in flight and one being read.
+    pub fn required_segments(&self, credits: usize) -> Vec<usize> {
+        let mut per_slot = vec![0; self.slots];
+        for (index, edge) in self.job.edges.iter().enumerate() {
+            if edge.chained {
+                continue;
+            }
+            for (sender, _) in self.channels(index) {
+                per_slot[sender] += credits + 2;
+            }
+        }
+        per_slot
+    }
+
+    /// The three graphs, as text.
+    pub fn explain(&self) -> String {
+        let job = &self.job;
+        let graph = job.stream_graph();
+        let mut out = String::new();
+        let _ = writeln!(out, "== StreamGraph: {} ==", graph.job_name);
+        for node in &graph.nodes {
+            let p = job.node_parallelism[node.id];
+            if p == 0 {
+                let _ = writeln!(
+                    out,
+                    "  [{}] {} (pruned: reaches no sink)",
+                    node.id, node.name
+                );
+                continue;
+            }
+            let uid = node
+                .uid
+                .as_deref()
+                .map(|u| format!(" uid={u}"))
+                .unwrap_or_default();
+            let inputs: Vec<String> = job
+                .edges
+                .iter()
+                .filter(|e| e.target_node == node.id)
+                .map(|e| format!("[{}] {}", e.source_node, e.kind))
+                .collect();
+            let from = if inputs.is_empty() {
+                String::new()
+            } else {
+                format!(" <- {}", inputs.join(", "))
+            };
+            let kind = match &node.kind {
+                NodeKind::Source(factory) => match factory.boundedness() {
+                    Boundedness::Bounded => "bounded source",
+                    Boundedness::Unbounded => "unbounded source",
+                },
+                _ => node.kind_name(),
+            };
+            let _ = writeln!(
+                out,
+                "  [{}] {} ({kind}, parallelism {p}{uid}){from}",
+                node.id, node.name
+            );
+        }
+        let _ = writeln!(out, "== JobGraph: {} task(s) ==", job.vertices.len());
+        for vertex in &job.vertices {
+            let inputs: Vec<String> = job
+                .network_inputs(vertex.id)
+                .map(|(_, e)| format!("v{} {}", job.node_vertex[e.source_node], e.kind))
+                .collect();
+            let from = if inputs.is_empty() {
+                String::new()
+            } else {
+                format!(" <- {}", inputs.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "  v{} {} (parallelism {}){from}",
+                vertex.id, vertex.name, vertex.parallelism
+            );
+        }
+        let _ = writeln!(
+            out,
+            "== ExecutionGraph: {} subtask(s) on {} slot(s) ==",
+            self.subtasks.len(),
+            self.slots
+        );
+        for slot in 0..self.slots {
+            let here: Vec<String> = self
+                .subtasks
+                .iter()
+                .filter(|s| s.slot == slot)
+                .map(|s| {
+                    format!(
+                        "v{} {}/{}",
+                        s.vertex,
+                        s.subtask + 1,
+                        job.vertices[s.vertex].parallelism
+                    )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "  slot {slot} (core {}): {}",
+                self.cores[slot],
+                here.join(", ")
+            );
+        }
+        for (index, edge) in job.edges.iter().enumerate().filter(|(_, e)| !e.chained) {
+            let _ = writeln!(
+                out,
+                "  exchange v{} -> v{} ({}): {} channel(s)",
+                job.node_vertex[edge.source_node],
+                job.node_vertex[edge.target_node],
+                edge.kind,
+                self.channels(index).len()
+            );
+        }
+        out
+    }
+}

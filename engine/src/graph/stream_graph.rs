@@ -1,0 +1,198 @@
+//! The StreamGraph: what the API calls built, with type-erased factories that create each
+//! node's runtime objects on the shard that runs them.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use glommio::channels::shared_channel::ConnectedSender;
+use weir_memory::{Segment, SegmentPool};
+
+use crate::connector::Boundedness;
+use crate::error::TaskResult;
+use crate::metrics::OperatorMetrics;
+use crate::operator::RuntimeContext;
+use crate::runtime::exchange::PartitionKind;
+use crate::runtime::task::{Subtask, TaskSettings};
+
+/// A `Box<dyn Output<T>>` for the `T` of the edge it stands on, boxed once more so that graph
+/// code can move it without knowing `T`. Downcast once, when a task is built.
+pub(crate) type AnyOutput = Box<dyn Any>;
+
+/// Creates one subtask's instance of an operator, wrapped around its downstream output.
+pub(crate) trait OperatorFactory: Send + Sync {
+    fn create(
+        &self,
+        ctx: &RuntimeContext,
+        settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+        next: AnyOutput,
+    ) -> AnyOutput;
+}
+
+/// Creates one subtask's sink writer, as an output.
+pub(crate) trait SinkFactory: Send + Sync {
+    fn create(&self, ctx: &RuntimeContext, metrics: Arc<OperatorMetrics>) -> TaskResult<AnyOutput>;
+}
+
+/// A split enumerator shared by a source's subtasks (`Mutex<Box<dyn SplitEnumerator<S>>>`).
+pub(crate) type SharedEnumerator = Arc<dyn Any + Send + Sync>;
+
+/// Creates a source's enumerator (once per run) and its subtasks.
+pub(crate) trait SourceFactory: Send + Sync {
+    fn boundedness(&self) -> Boundedness;
+    fn create_enumerator(&self, parallelism: usize) -> SharedEnumerator;
+    #[allow(clippy::too_many_arguments)]
+    fn create_task(
+        &self,
+        ctx: &RuntimeContext,
+        settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+        enumerator: &SharedEnumerator,
+        chain: AnyOutput,
+        cancel: Arc<AtomicBool>,
+    ) -> Box<dyn Subtask>;
+}
+
+/// Creates the exchange writer of one subtask on one edge.
+pub(crate) trait WriterFactory: Send + Sync {
+    fn create(
+        &self,
+        kind: PartitionKind,
+        senders: Vec<ConnectedSender<Segment>>,
+        pool: SegmentPool,
+        settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+    ) -> AnyOutput;
+}
+
+/// Operations that depend only on a record type: fanning a node's output out to several
+/// consumers, and reading a task's network input.
+#[derive(Clone, Copy)]
+pub(crate) struct TypeOps {
+    pub(crate) fan_out: fn(Vec<AnyOutput>) -> AnyOutput,
+    pub(crate) network_task: fn(
+        crate::runtime::exchange::reader::InputGate,
+        AnyOutput,
+        &TaskSettings,
+    ) -> Box<dyn Subtask>,
+}
+
+/// The partitioning an edge asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EdgeRequest {
+    /// Forward if parallelism matches, else rebalance (Flink's default).
+    Default,
+    Rebalance,
+    Broadcast,
+    Hash,
+}
+
+pub(crate) struct StreamEdge {
+    pub(crate) source: usize,
+    pub(crate) request: EdgeRequest,
+    pub(crate) writer: Arc<dyn WriterFactory>,
+}
+
+pub(crate) enum NodeKind {
+    Source(Arc<dyn SourceFactory>),
+    Operator(Arc<dyn OperatorFactory>),
+    Sink(Arc<dyn SinkFactory>),
+}
+
+pub(crate) struct StreamNode {
+    pub(crate) id: usize,
+    pub(crate) name: String,
+    pub(crate) uid: Option<String>,
+    pub(crate) parallelism: Option<usize>,
+    pub(crate) chaining_allowed: bool,
+    pub(crate) kind: NodeKind,
+    pub(crate) inputs: Vec<StreamEdge>,
+    /// Operations on the node's input record type (for a task whose head it is).
+    pub(crate) input_ops: Option<TypeOps>,
+    /// Operations on the node's output record type.
+    pub(crate) output_ops: Option<TypeOps>,
+}
+
+impl StreamNode {
+    pub(crate) fn kind_name(&self) -> &'static str {
+        match self.kind {
+            NodeKind::Source(_) => "source",
+            NodeKind::Operator(_) => "operator",
+            NodeKind::Sink(_) => "sink",
+        }
+    }
+}
+
+/// A job's nodes as the API built them.
+pub struct StreamGraph {
+    pub(crate) job_name: String,
+    pub(crate) nodes: Vec<StreamNode>,
+}
+
+/// What the graph says about one node, for display and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamNodeInfo {
+    /// Node id (creation order).
+    pub id: usize,
+    /// Display name.
+    pub name: String,
+    /// `source`, `operator` or `sink`.
+    pub kind: &'static str,
+    /// Parallelism set on the node, if any.
+    pub parallelism: Option<usize>,
+}
+
+impl StreamGraph {
+    /// The nodes, in creation (= topological) order.
+    pub fn node_infos(&self) -> Vec<StreamNodeInfo> {
+        self.nodes
+            .iter()
+            .map(|n| StreamNodeInfo {
+                id: n.id,
+                name: n.name.clone(),
+                kind: n.kind_name(),
+                parallelism: n.parallelism,
+            })
+            .collect()
+    }
+}
+
+impl fmt::Debug for StreamGraph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamGraph")
+            .field("job_name", &self.job_name)
+            .field("nodes", &self.node_infos())
+            .finish()
+    }
+}
+
+impl StreamNode {
+    /// A copy sharing the same factories (for translating a graph without consuming it).
+    pub(crate) fn share(&self) -> StreamNode {
+        StreamNode {
+            id: self.id,
+            name: self.name.clone(),
+            uid: self.uid.clone(),
+            parallelism: self.parallelism,
+            chaining_allowed: self.chaining_allowed,
+            kind: match &self.kind {
+                NodeKind::Source(f) => NodeKind::Source(Arc::clone(f)),
+                NodeKind::Operator(f) => NodeKind::Operator(Arc::clone(f)),
+                NodeKind::Sink(f) => NodeKind::Sink(Arc::clone(f)),
+            },
+            inputs: self
+                .inputs
+                .iter()
+                .map(|e| StreamEdge {
+                    source: e.source,
+                    request: e.request,
+                    writer: Arc::clone(&e.writer),
+                })
+                .collect(),
+            input_ops: self.input_ops,
+            output_ops: self.output_ops,
+        }
+    }
+}

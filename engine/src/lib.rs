@@ -1,0 +1,46 @@
+//! Weir's engine: the DataStream API, the graphs a job is translated through, the operators,
+//! the shard executors that run them (one pinned glommio executor per core) and the local
+//! exchange that carries records between shards in network segments.
+//!
+//! ```no_run
+//! use weir_engine::prelude::*;
+//!
+//! let env = StreamEnvironment::new(Configuration::default()).unwrap();
+//! env.from_source(DataGeneratorSource::sequence(0, 1_000), "numbers")
+//!     .map(|n: u64| n * 2)
+//!     .filter(|n: &u64| n % 3 == 0)
+//!     .sink_to(DiscardSink::new(), "blackhole");
+//! let result = env.execute("example").unwrap();
+//! println!("{} records in {:?}", result.records_out("blackhole"), result.duration);
+//! ```
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod config;
+pub mod connector;
+pub mod error;
+pub mod graph;
+pub mod metrics;
+mod operator;
+pub mod record;
+pub mod runtime;
+
+pub use api::{DataStream, DataStreamSink, JobResult, KeyedStream, StreamEnvironment};
+pub use config::Configuration;
+pub use error::JobError;
+pub use record::{Key, Record, Watermark};
+
+/// The names a job needs, in one import.
+pub mod prelude {
+    pub use crate::api::{
+        Collector, DataStream, DataStreamSink, JobResult, KeyedProcessContext,
+        KeyedProcessFunction, KeyedStream, ProcessContext, ProcessFunction, StreamEnvironment,
+    };
+    pub use crate::config::Configuration;
+    pub use crate::connector::{
+        CollectSink, CollectionSource, DataGeneratorSource, DiscardSink, FileSink, FileSource,
+        PrintSink, Sink, Source,
+    };
+    pub use crate::error::JobError;
+    pub use crate::record::{Key, Record};
+}

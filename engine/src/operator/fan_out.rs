@@ -1,0 +1,61 @@
+//! Hands one operator's output to several consumers (chained operators and exchange writers).
+
+use super::{LocalBoxFuture, Output};
+use crate::error::TaskResult;
+use crate::record::Watermark;
+
+/// Copies each batch to every consumer but the last, which gets the original.
+pub(crate) struct FanOut<T> {
+    outputs: Vec<Box<dyn Output<T>>>,
+    copy: Vec<T>,
+}
+
+impl<T: Clone> FanOut<T> {
+    pub(crate) fn new(outputs: Vec<Box<dyn Output<T>>>) -> Self {
+        assert!(outputs.len() >= 2, "a fan-out has at least two consumers");
+        FanOut {
+            outputs,
+            copy: Vec::new(),
+        }
+    }
+}
+
+impl<T: Clone + 'static> Output<T> for FanOut<T> {
+    fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult> {
+        Box::pin(async move {
+            let (last, rest) = self.outputs.split_last_mut().expect("non-empty");
+            for output in rest {
+                self.copy.extend_from_slice(batch);
+                output.push(&mut self.copy).await?;
+            }
+            last.push(batch).await
+        })
+    }
+
+    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            for output in &mut self.outputs {
+                output.watermark(watermark).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            for output in &mut self.outputs {
+                output.flush().await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            for output in &mut self.outputs {
+                output.finish().await?;
+            }
+            Ok(())
+        })
+    }
+}

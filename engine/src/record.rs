@@ -1,0 +1,107 @@
+//! What flows through a job: records (rkyv-archivable Rust values), keys and watermarks.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use rkyv::api::high::{HighDeserializer, HighSerializer};
+use rkyv::rancor::Failure;
+use rkyv::ser::allocator::{Arena, ArenaHandle};
+use rkyv::ser::writer::Buffer;
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// A value that can flow through a job. Any `Clone + Send` type deriving rkyv's `Archive`,
+/// `Serialize` and `Deserialize` is one (as are primitives, `String`, tuples and `Vec`s of them).
+///
+/// Inside a chain, records move by value; across an exchange edge they are archived into a
+/// network segment and read back on the receiving shard.
+pub trait Record: Clone + Send + 'static {
+    /// Archives `self` into the start of `out` (root last) and returns the bytes written, or
+    /// `None` if `out` is too small.
+    fn encode(&self, out: &mut [u8], arena: &mut Arena) -> Option<usize>;
+
+    /// Reads a record back from bytes written by [`Record::encode`].
+    ///
+    /// # Safety
+    /// `bytes` must be exactly what `encode` wrote for this type, starting at a 16-byte
+    /// aligned address.
+    unsafe fn decode(bytes: &[u8]) -> Self;
+}
+
+impl<T> Record for T
+where
+    T: Archive + Clone + Send + 'static,
+    T: for<'a> Serialize<HighSerializer<Buffer<'a>, ArenaHandle<'a>, Failure>>,
+    T::Archived: Deserialize<T, HighDeserializer<Failure>>,
+{
+    #[inline]
+    fn encode(&self, out: &mut [u8], arena: &mut Arena) -> Option<usize> {
+        let buffer = Buffer::from(out);
+        rkyv::api::high::to_bytes_in_with_alloc::<_, _, Failure>(self, buffer, arena.acquire())
+            .ok()
+            .map(|written| written.len())
+    }
+
+    #[inline]
+    unsafe fn decode(bytes: &[u8]) -> Self {
+        // SAFETY: the caller guarantees these are the aligned bytes `encode` wrote for `T`, so
+        // the archived root of a valid `T::Archived` sits at the end of the slice.
+        let archived = unsafe { rkyv::access_unchecked::<T::Archived>(bytes) };
+        rkyv::deserialize::<T, Failure>(archived).expect("archived record deserializes")
+    }
+}
+
+/// A key of a keyed stream.
+pub trait Key: Hash + Eq + Clone + Debug + Send + 'static {}
+
+impl<T: Hash + Eq + Clone + Debug + Send + 'static> Key for T {}
+
+/// Event time has progressed to `0` (milliseconds since the epoch): no record with a smaller
+/// timestamp is expected any more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Watermark(pub i64);
+
+impl Watermark {
+    /// The watermark sent when an input ends: all of event time has passed.
+    pub const MAX: Watermark = Watermark(i64::MAX);
+    /// The watermark before any has been received.
+    pub const MIN: Watermark = Watermark(i64::MIN);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn round_trip<T: Record + PartialEq + Debug>(value: &T) {
+        #[repr(align(16))]
+        struct Aligned([u8; 4096]);
+        let mut buf = Aligned([0; 4096]);
+        let mut arena = Arena::new();
+        let len = value.encode(&mut buf.0, &mut arena).expect("fits");
+        // SAFETY: decoding exactly what `encode` wrote, from a 16-byte aligned buffer.
+        let back = unsafe { T::decode(&buf.0[..len]) };
+        assert_eq!(&back, value);
+    }
+
+    proptest! {
+        #[test]
+        fn records_round_trip(n in any::<u64>(), s in ".{0,200}", v in proptest::collection::vec(any::<i32>(), 0..100)) {
+            round_trip(&n);
+            round_trip(&s);
+            round_trip(&(s.clone(), n));
+            round_trip(&v);
+        }
+    }
+
+    #[test]
+    fn too_small_buffer_is_refused() {
+        let mut arena = Arena::new();
+        let mut small = [0u8; 8];
+        assert_eq!(
+            "a longer string than eight bytes"
+                .to_string()
+                .encode(&mut small, &mut arena),
+            None
+        );
+    }
+}

@@ -1,0 +1,476 @@
+//! Deploying an ExecutionGraph onto shard executors: network pools and channels are created up
+//! front, then each shard connects, builds and runs its subtasks; the first real failure (not
+//! one caused by another failure) becomes the job's error.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::{join_all, LocalBoxFuture};
+use futures::FutureExt;
+use glommio::channels::shared_channel::{
+    self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
+};
+use weir_memory::{PoolStats, Segment, SegmentPool};
+
+use super::exchange::reader::InputGate;
+use super::progress::ProgressReporter;
+use super::shard::{run_on_shards, ShardLoad, ShardQueues};
+use super::task::{Subtask, TaskSettings};
+use crate::config::Configuration;
+use crate::error::{JobError, TaskError, TaskResult};
+use crate::graph::{AnyOutput, ExecutionGraph, NodeKind, SharedEnumerator};
+use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
+use crate::operator::{scope, RuntimeContext};
+
+/// What a finished job reports.
+#[derive(Debug)]
+pub struct JobResult {
+    /// The job's name.
+    pub job_name: String,
+    /// Wall time from deployment to the last subtask's end.
+    pub duration: Duration,
+    /// Record counts per operator, summed over subtasks.
+    pub operators: Vec<OperatorCounts>,
+    /// Network segment pool usage per slot.
+    pub pools: Vec<PoolStats>,
+}
+
+impl JobResult {
+    fn counts(&self, operator: &str) -> Option<&OperatorCounts> {
+        self.operators.iter().find(|c| c.name == operator)
+    }
+
+    /// Records the named operator emitted (0 if there is no such operator).
+    pub fn records_out(&self, operator: &str) -> u64 {
+        self.counts(operator).map_or(0, |c| c.records_out)
+    }
+
+    /// Records the named operator received (0 if there is no such operator).
+    pub fn records_in(&self, operator: &str) -> u64 {
+        self.counts(operator).map_or(0, |c| c.records_in)
+    }
+
+    /// Times the named operator waited for credit downstream.
+    pub fn backpressure_waits(&self, operator: &str) -> u64 {
+        self.counts(operator).map_or(0, |c| c.backpressure_waits)
+    }
+}
+
+/// Options of one run.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Print a progress line to stderr this often.
+    pub progress: Option<Duration>,
+}
+
+/// Channel endpoints of one subtask, before connecting.
+struct SubtaskPlan {
+    vertex: usize,
+    subtask: usize,
+    /// Per outgoing exchange edge: its senders, in channel order.
+    senders: Vec<(usize, Vec<SharedSender<Segment>>)>,
+    receivers: Vec<SharedReceiver<Segment>>,
+}
+
+/// What every shard shares about the job.
+struct JobShared {
+    exec: ExecutionGraph,
+    settings: TaskSettings,
+    enumerators: Vec<Option<SharedEnumerator>>,
+    metrics: MetricsRegistry,
+    cancel: Arc<AtomicBool>,
+}
+
+/// A subtask's failure, attributed.
+#[derive(Debug)]
+struct SubtaskFailure {
+    vertex: usize,
+    subtask: usize,
+    error: TaskError,
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-text payload".into())
+}
+
+/// Builds one subtask's chain on its shard.
+struct ChainBuilder<'a> {
+    shared: &'a JobShared,
+    subtask: usize,
+    pool: &'a SegmentPool,
+    senders: HashMap<usize, Vec<ConnectedSender<Segment>>>,
+    metrics: HashMap<usize, Arc<OperatorMetrics>>,
+}
+
+impl ChainBuilder<'_> {
+    fn context(&self, node: usize) -> RuntimeContext {
+        let job = &self.shared.exec.job;
+        RuntimeContext {
+            operator_name: job.graph.nodes[node].name.as_str().into(),
+            subtask: self.subtask,
+            parallelism: job.node_parallelism[node],
+            max_parallelism: job.max_parallelism,
+        }
+    }
+
+    fn metrics(&mut self, node: usize) -> Arc<OperatorMetrics> {
+        let name = &self.shared.exec.job.graph.nodes[node].name;
+        let registry = &self.shared.metrics;
+        let subtask = self.subtask;
+        Arc::clone(
+            self.metrics
+                .entry(node)
+                .or_insert_with(|| registry.register(node, name, subtask)),
+        )
+    }
+
+    /// A `Box<dyn Output<In>>` feeding `node`.
+    fn input_of(&mut self, node: usize) -> TaskResult<AnyOutput> {
+        let graph = Arc::clone(&self.shared.exec.job.graph);
+        let ctx = self.context(node);
+        let metrics = self.metrics(node);
+        match &graph.nodes[node].kind {
+            NodeKind::Sink(factory) => factory.create(&ctx, metrics),
+            NodeKind::Operator(factory) => {
+                let next = self.output_of(node)?;
+                Ok(factory.create(&ctx, &self.shared.settings, metrics, next))
+            }
+            NodeKind::Source(_) => Err(TaskError::internal("a source cannot consume a stream")),
+        }
+    }
+
+    /// A `Box<dyn Output<Out>>` taking what `node` emits.
+    fn output_of(&mut self, node: usize) -> TaskResult<AnyOutput> {
+        let job = &self.shared.exec.job;
+        let graph = Arc::clone(&job.graph);
+        let edges: Vec<(usize, crate::graph::JobEdge)> =
+            job.out_edges(node).map(|(i, e)| (i, e.clone())).collect();
+        let mut outputs = Vec::with_capacity(edges.len());
+        for (index, edge) in edges {
+            if edge.chained {
+                outputs.push(self.input_of(edge.target_node)?);
+            } else {
+                let senders = self
+                    .senders
+                    .remove(&index)
+                    .expect("senders of every outgoing edge");
+                let factory = &graph.nodes[edge.target_node].inputs[edge.input_index].writer;
+                let metrics = self.metrics(node);
+                outputs.push(factory.create(
+                    edge.kind,
+                    senders,
+                    self.pool.clone(),
+                    &self.shared.settings,
+                    metrics,
+                ));
+            }
+        }
+        match outputs.len() {
+            0 => Err(TaskError::internal(format!("node {node} has no consumer"))),
+            1 => Ok(outputs.pop().expect("one")),
+            _ => {
+                let ops = graph.nodes[node]
+                    .output_ops
+                    .expect("a node with consumers has an output type");
+                Ok((ops.fan_out)(outputs))
+            }
+        }
+    }
+
+    fn build(
+        mut self,
+        vertex: usize,
+        receivers: Vec<ConnectedReceiver<Segment>>,
+    ) -> TaskResult<Box<dyn Subtask>> {
+        let job = &self.shared.exec.job;
+        let head = job.vertices[vertex].head;
+        let graph = Arc::clone(&job.graph);
+        let node = &graph.nodes[head];
+        match &node.kind {
+            NodeKind::Source(factory) => {
+                let chain = self.output_of(head)?;
+                let ctx = self.context(head);
+                let metrics = self.metrics(head);
+                let enumerator = self.shared.enumerators[head]
+                    .as_ref()
+                    .expect("enumerator of every source");
+                Ok(factory.create_task(
+                    &ctx,
+                    &self.shared.settings,
+                    metrics,
+                    enumerator,
+                    chain,
+                    Arc::clone(&self.shared.cancel),
+                ))
+            }
+            NodeKind::Operator(_) | NodeKind::Sink(_) => {
+                let chain = self.input_of(head)?;
+                let ops = node.input_ops.expect("a consuming node has an input type");
+                Ok((ops.network_task)(
+                    InputGate::new(receivers),
+                    chain,
+                    &self.shared.settings,
+                ))
+            }
+        }
+    }
+}
+
+async fn run_subtask(
+    plan: SubtaskPlan,
+    shared: Arc<JobShared>,
+    pool: SegmentPool,
+) -> Result<(), SubtaskFailure> {
+    let SubtaskPlan {
+        vertex,
+        subtask,
+        senders,
+        receivers,
+    } = plan;
+    // Connect every endpoint at once: a connect waits for its peer, which may be doing the same.
+    let senders = join_all(senders.into_iter().map(|(edge, txs)| async move {
+        (edge, join_all(txs.into_iter().map(|tx| tx.connect())).await)
+    }));
+    let receivers = join_all(receivers.into_iter().map(|rx| rx.connect()));
+    let (senders, receivers) = futures::join!(senders, receivers);
+
+    let fail = |error: TaskError| {
+        shared.cancel.store(true, Ordering::Relaxed);
+        SubtaskFailure {
+            vertex,
+            subtask,
+            error,
+        }
+    };
+    let builder = ChainBuilder {
+        shared: &shared,
+        subtask,
+        pool: &pool,
+        senders: senders.into_iter().collect(),
+        metrics: HashMap::new(),
+    };
+    let outcome = AssertUnwindSafe(async { builder.build(vertex, receivers)?.run().await })
+        .catch_unwind()
+        .await;
+    match outcome {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(fail(error)),
+        Err(payload) => {
+            let culprit = scope::take_culprit();
+            let mut error = TaskError::user(format!(
+                "a user function panicked: {}",
+                panic_message(&*payload)
+            ));
+            error.operator = culprit.map(|(name, _)| name);
+            Err(fail(error))
+        }
+    }
+}
+
+fn run_shard(
+    plans: Vec<SubtaskPlan>,
+    shared: Arc<JobShared>,
+    pool: SegmentPool,
+    load: Arc<ShardLoad>,
+) -> impl FnOnce(ShardQueues) -> LocalBoxFuture<'static, Vec<SubtaskFailure>> + Send {
+    move |queues: ShardQueues| {
+        Box::pin(async move {
+            let done = std::rc::Rc::new(std::cell::Cell::new(false));
+            let sampler_done = std::rc::Rc::clone(&done);
+            let sampler_load = Arc::clone(&load);
+            let sampler = glommio::spawn_local_into(
+                async move {
+                    while !sampler_done.get() {
+                        queues.sample(&sampler_load);
+                        glommio::timer::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+                queues.background,
+            )
+            .expect("spawn sampler");
+            let tasks: Vec<_> = plans
+                .into_iter()
+                .map(|plan| {
+                    glommio::spawn_local_into(
+                        run_subtask(plan, Arc::clone(&shared), pool.clone()),
+                        queues.processing,
+                    )
+                    .expect("spawn subtask")
+                })
+                .collect();
+            let failures = join_all(tasks)
+                .await
+                .into_iter()
+                .filter_map(Result::err)
+                .collect();
+            done.set(true);
+            sampler.await;
+            queues.sample(&load);
+            failures
+        })
+    }
+}
+
+/// Runs a job to completion on `exec.slots` shards.
+pub fn run_job(
+    exec: ExecutionGraph,
+    config: &Configuration,
+    options: RunOptions,
+) -> Result<JobResult, JobError> {
+    let slots = exec
+        .job
+        .vertices
+        .iter()
+        .map(|v| v.parallelism)
+        .max()
+        .unwrap_or(1);
+    let memory = config.memory();
+    memory.validate().map_err(|e| {
+        let weir_memory::MemoryConfigError::Invalid { key, value, fix } = e;
+        JobError::Config(crate::config::ConfigError::InvalidValue {
+            key: key.into(),
+            value,
+            expected: fix,
+        })
+    })?;
+    let budget = memory.slot_budget(exec.slots);
+    let credits = config.buffers_per_channel();
+    for (slot, &needed) in exec.required_segments(credits).iter().enumerate() {
+        if needed > budget.segments {
+            return Err(JobError::InvalidJob(format!(
+                "slot {slot} needs {needed} network segments ({credits} credits + 2 per outgoing channel) but its \
+                 pool has {} ({budget}); raise taskmanager.memory.network.fraction or \
+                 taskmanager.memory.process.size, or lower taskmanager.network.memory.buffers-per-channel",
+                budget.segments
+            )));
+        }
+    }
+    let pools: Vec<SegmentPool> = (0..slots)
+        .map(|slot| SegmentPool::new(slot, budget.segments.max(1), budget.segment_size))
+        .collect();
+
+    // Channels: one bounded ring per (sender, receiver) pair of every exchange edge.
+    let mut plans: Vec<SubtaskPlan> = exec
+        .subtasks
+        .iter()
+        .map(|s| SubtaskPlan {
+            vertex: s.vertex,
+            subtask: s.subtask,
+            senders: Vec::new(),
+            receivers: Vec::new(),
+        })
+        .collect();
+    let plan_index: HashMap<(usize, usize), usize> = exec
+        .subtasks
+        .iter()
+        .enumerate()
+        .map(|(i, s)| ((s.vertex, s.subtask), i))
+        .collect();
+    for (index, edge) in exec
+        .job
+        .edges
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !e.chained)
+    {
+        let from = exec.job.node_vertex[edge.source_node];
+        let to = exec.job.node_vertex[edge.target_node];
+        let mut per_sender: HashMap<usize, Vec<SharedSender<Segment>>> = HashMap::new();
+        for (sender, receiver) in exec.channels(index) {
+            let (tx, rx) = shared_channel::new_bounded(credits);
+            per_sender.entry(sender).or_default().push(tx);
+            plans[plan_index[&(to, receiver)]].receivers.push(rx);
+        }
+        for (sender, txs) in per_sender {
+            plans[plan_index[&(from, sender)]]
+                .senders
+                .push((index, txs));
+        }
+    }
+
+    let graph = &exec.job.graph;
+    let enumerators = graph
+        .nodes
+        .iter()
+        .map(|n| match &n.kind {
+            NodeKind::Source(factory) if exec.job.node_parallelism[n.id] > 0 => {
+                Some(factory.create_enumerator(exec.job.node_parallelism[n.id]))
+            }
+            _ => None,
+        })
+        .collect();
+    let source_names: Vec<String> = graph
+        .nodes
+        .iter()
+        .filter(|n| matches!(n.kind, NodeKind::Source(_)) && exec.job.node_parallelism[n.id] > 0)
+        .map(|n| n.name.clone())
+        .collect();
+    let metrics = MetricsRegistry::default();
+    let settings = TaskSettings {
+        batch_size: config.batch_size(),
+        buffer_timeout: config.buffer_timeout(),
+        max_parallelism: exec.job.max_parallelism,
+    };
+    let cores = exec.cores[..slots].to_vec();
+    let job_name = exec.job.job_name().to_string();
+    let shared = Arc::new(JobShared {
+        exec,
+        settings,
+        enumerators,
+        metrics: metrics.clone(),
+        cancel: Arc::new(AtomicBool::new(false)),
+    });
+
+    let mut per_slot: Vec<Vec<SubtaskPlan>> = (0..slots).map(|_| Vec::new()).collect();
+    for (plan, placed) in plans.into_iter().zip(&shared.exec.subtasks) {
+        per_slot[placed.slot].push(plan);
+    }
+    let loads: Vec<Arc<ShardLoad>> = (0..slots).map(|_| Arc::new(ShardLoad::default())).collect();
+    let progress = options.progress.map(|interval| {
+        ProgressReporter::start(interval, metrics.clone(), source_names, loads.clone())
+    });
+
+    let started = Instant::now();
+    let mut per_slot = per_slot.into_iter();
+    let results = run_on_shards(&cores, config.spin_before_park(), |shard| {
+        run_shard(
+            per_slot.next().expect("a plan list per shard"),
+            Arc::clone(&shared),
+            pools[shard].clone(),
+            Arc::clone(&loads[shard]),
+        )
+    })?;
+    let duration = started.elapsed();
+    drop(progress);
+
+    let mut failures: Vec<SubtaskFailure> = results.into_iter().flatten().collect();
+    failures.sort_by_key(|f| f.error.secondary);
+    if let Some(failure) = failures.into_iter().next() {
+        let vertex = &shared.exec.job.vertices[failure.vertex];
+        let operator = failure
+            .error
+            .operator
+            .clone()
+            .unwrap_or_else(|| vertex.name.clone());
+        return Err(JobError::TaskFailed {
+            operator,
+            subtask: failure.subtask,
+            parallelism: vertex.parallelism,
+            message: failure.error.message,
+            kind: failure.error.kind,
+        });
+    }
+    Ok(JobResult {
+        job_name,
+        duration,
+        operators: metrics.snapshot(),
+        pools: pools.iter().map(SegmentPool::stats).collect(),
+    })
+}

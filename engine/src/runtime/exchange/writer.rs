@@ -1,0 +1,186 @@
+//! The sending side of an exchange edge: serializes records into segments, one open segment
+//! per receiving channel, and hands full (or timed-out) segments over the channel's bounded
+//! ring. A full ring means the receiver has granted no more credit: the writer waits, and with
+//! it the whole chain up to the source.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use futures::future::LocalBoxFuture;
+use glommio::channels::shared_channel::ConnectedSender;
+use glommio::{GlommioError, ResourceType};
+use rkyv::ser::allocator::Arena;
+use weir_memory::{Segment, SegmentPool};
+
+use super::frame::{Event, SegmentBuilder};
+use super::partitioner::Partitioner;
+use crate::error::{TaskError, TaskResult};
+use crate::metrics::OperatorMetrics;
+use crate::operator::Output;
+use crate::record::{Record, Watermark};
+
+struct Channel {
+    sender: ConnectedSender<Segment>,
+    open: Option<SegmentBuilder>,
+}
+
+/// Writes one subtask's output on one exchange edge.
+pub(crate) struct ExchangeWriter<T, P> {
+    channels: Vec<Channel>,
+    partitioner: P,
+    pool: SegmentPool,
+    arena: Arena,
+    flush_per_record: bool,
+    metrics: Arc<OperatorMetrics>,
+    _record: PhantomData<fn(T)>,
+}
+
+impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
+    pub(crate) fn new(
+        senders: Vec<ConnectedSender<Segment>>,
+        partitioner: P,
+        pool: SegmentPool,
+        flush_per_record: bool,
+        metrics: Arc<OperatorMetrics>,
+    ) -> Self {
+        ExchangeWriter {
+            channels: senders
+                .into_iter()
+                .map(|sender| Channel { sender, open: None })
+                .collect(),
+            partitioner,
+            pool,
+            arena: Arena::new(),
+            flush_per_record,
+            metrics,
+            _record: PhantomData,
+        }
+    }
+
+    fn builder(&mut self, channel: usize) -> TaskResult<&mut SegmentBuilder> {
+        let open = &mut self.channels[channel].open;
+        if open.is_none() {
+            let segment = self
+                .pool
+                .acquire()
+                .map_err(|e| TaskError::internal(e.to_string()))?;
+            *open = Some(SegmentBuilder::new(segment));
+        }
+        Ok(open.as_mut().expect("set above"))
+    }
+
+    /// Appends to the channel's open segment; `false` if the segment is full.
+    #[inline]
+    fn try_write(&mut self, channel: usize, record: &T) -> TaskResult<bool> {
+        let segment_size = self.pool.segment_size();
+        let mut arena = std::mem::take(&mut self.arena);
+        let builder = self.builder(channel)?;
+        let written = builder.try_record(record, &mut arena);
+        let empty = builder.is_empty();
+        self.arena = arena;
+        if !written && empty {
+            return Err(TaskError::user(format!(
+                "a record does not fit in a network segment of {segment_size} bytes; raise \
+                 taskmanager.memory.segment-size"
+            )));
+        }
+        Ok(written)
+    }
+
+    /// Sends the channel's open segment, waiting for credit if the receiver has none to give.
+    async fn send(&mut self, channel: usize) -> TaskResult {
+        let Some(builder) = self.channels[channel].open.take() else {
+            return Ok(());
+        };
+        let sender = &self.channels[channel].sender;
+        let closed = || {
+            TaskError::cancelled(
+                "the receiving subtask closed its channel (it failed or was cancelled)",
+            )
+        };
+        match sender.try_send(builder.finish()) {
+            Ok(()) => Ok(()),
+            Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
+                self.metrics.backpressure_waits.add(1);
+                sender.send(segment).await.map_err(|_| closed())
+            }
+            Err(_) => Err(closed()),
+        }
+    }
+
+    async fn write(&mut self, channel: usize, record: &T) -> TaskResult {
+        if !self.try_write(channel, record)? {
+            self.send(channel).await?;
+            let fitted = self.try_write(channel, record)?;
+            debug_assert!(
+                fitted,
+                "an empty segment takes any record that fits a segment"
+            );
+        }
+        if self.flush_per_record {
+            self.send(channel).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_event(&mut self, event: Event) -> TaskResult {
+        for channel in 0..self.channels.len() {
+            if !self.builder(channel)?.try_event(event) {
+                self.send(channel).await?;
+                let fitted = self.builder(channel)?.try_event(event);
+                debug_assert!(fitted, "an empty segment takes any event");
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush_all(&mut self) -> TaskResult {
+        for channel in 0..self.channels.len() {
+            if self.channels[channel]
+                .open
+                .as_ref()
+                .is_some_and(|b| !b.is_empty())
+            {
+                self.send(channel).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
+    fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult> {
+        Box::pin(async move {
+            let channels = self.channels.len();
+            for record in batch.drain(..) {
+                match self.partitioner.channel(&record, channels) {
+                    Some(channel) => self.write(channel, &record).await?,
+                    None => {
+                        for channel in 0..channels {
+                            self.write(channel, &record).await?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(self.write_event(Event::Watermark(watermark)))
+    }
+
+    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(self.flush_all())
+    }
+
+    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            self.write_event(Event::EndOfPartition).await?;
+            for channel in 0..self.channels.len() {
+                self.send(channel).await?;
+            }
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,276 @@
+//! The typed side of the graph's type-erased factories: each is created by an API call that
+//! knows the record types, and downcasts its `AnyOutput`s exactly once, when a task is built.
+
+use std::marker::PhantomData;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use glommio::channels::shared_channel::ConnectedSender;
+use weir_memory::{Segment, SegmentPool};
+
+use super::exchange::partitioner::{
+    BroadcastPartitioner, ForwardPartitioner, KeyGroupPartitioner, RebalancePartitioner,
+};
+use super::exchange::reader::InputGate;
+use super::exchange::writer::ExchangeWriter;
+use super::exchange::PartitionKind;
+use super::task::{NetworkTask, SinkOutput, SourceTask, Subtask, TaskSettings};
+use crate::connector::{Boundedness, Sink, Source, SplitEnumerator};
+use crate::error::{TaskError, TaskResult};
+use crate::graph::SharedEnumerator;
+use crate::graph::{
+    AnyOutput, OperatorFactory, SinkFactory, SourceFactory, TypeOps, WriterFactory,
+};
+use crate::metrics::OperatorMetrics;
+use crate::operator::{FanOut, Operator, OperatorLink, Output, RuntimeContext};
+use crate::record::{Key, Record};
+
+/// Unwraps an [`AnyOutput`] built for `T`.
+pub(crate) fn downcast_output<T: 'static>(output: AnyOutput) -> Box<dyn Output<T>> {
+    *output.downcast::<Box<dyn Output<T>>>().unwrap_or_else(|_| {
+        panic!(
+            "internal error: an output of the wrong record type (expected {})",
+            std::any::type_name::<T>()
+        )
+    })
+}
+
+pub(crate) fn erase_output<T: 'static>(output: Box<dyn Output<T>>) -> AnyOutput {
+    Box::new(output)
+}
+
+fn fan_out<T: Record>(outputs: Vec<AnyOutput>) -> AnyOutput {
+    erase_output::<T>(Box::new(FanOut::new(
+        outputs.into_iter().map(downcast_output::<T>).collect(),
+    )))
+}
+
+fn network_task<T: Record>(
+    gate: InputGate,
+    chain: AnyOutput,
+    settings: &TaskSettings,
+) -> Box<dyn Subtask> {
+    Box::new(NetworkTask {
+        gate,
+        chain: downcast_output::<T>(chain),
+        settings: settings.clone(),
+    })
+}
+
+/// The record-type operations of `T`.
+pub(crate) fn type_ops<T: Record>() -> TypeOps {
+    TypeOps {
+        fan_out: fan_out::<T>,
+        network_task: network_task::<T>,
+    }
+}
+
+/// Creates an operator per subtask (`make` clones the user's function into a fresh operator).
+pub(crate) struct OperatorNode<I, O, Make> {
+    make: Make,
+    _types: PhantomData<fn(I) -> O>,
+}
+
+impl<I, O, Make> OperatorNode<I, O, Make> {
+    pub(crate) fn new(make: Make) -> Self {
+        OperatorNode {
+            make,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<I, O, Op, Make> OperatorFactory for OperatorNode<I, O, Make>
+where
+    I: Record,
+    O: Record,
+    Op: Operator<I, O>,
+    Make: Fn() -> Op + Send + Sync,
+{
+    fn create(
+        &self,
+        ctx: &RuntimeContext,
+        settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+        next: AnyOutput,
+    ) -> AnyOutput {
+        let next = downcast_output::<O>(next);
+        let link = OperatorLink::new((self.make)(), ctx, next, settings.batch_size, metrics);
+        erase_output::<I>(Box::new(link))
+    }
+}
+
+/// Creates a sink writer per subtask.
+pub(crate) struct SinkNode<T, S> {
+    sink: S,
+    _types: PhantomData<fn(T)>,
+}
+
+impl<T, S> SinkNode<T, S> {
+    pub(crate) fn new(sink: S) -> Self {
+        SinkNode {
+            sink,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<T: Record, S: Sink<T>> SinkFactory for SinkNode<T, S> {
+    fn create(&self, ctx: &RuntimeContext, metrics: Arc<OperatorMetrics>) -> TaskResult<AnyOutput> {
+        let writer = self.sink.create_writer(ctx).map_err(|e| {
+            let kind = if e.bad_input {
+                TaskError::user
+            } else {
+                TaskError::external
+            };
+            kind(e.message).in_operator(&metrics.name)
+        })?;
+        Ok(erase_output::<T>(Box::new(SinkOutput { writer, metrics })))
+    }
+}
+
+/// Creates a source's enumerator and reader tasks.
+pub(crate) struct SourceNode<T, S> {
+    source: S,
+    _types: PhantomData<fn() -> T>,
+}
+
+impl<T, S> SourceNode<T, S> {
+    pub(crate) fn new(source: S) -> Self {
+        SourceNode {
+            source,
+            _types: PhantomData,
+        }
+    }
+}
+
+type EnumeratorOf<S> = Mutex<Box<dyn SplitEnumerator<S>>>;
+
+impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
+    fn boundedness(&self) -> Boundedness {
+        self.source.boundedness()
+    }
+
+    fn create_enumerator(&self, parallelism: usize) -> SharedEnumerator {
+        Arc::new(Mutex::new(self.source.create_enumerator(parallelism)))
+    }
+
+    fn create_task(
+        &self,
+        ctx: &RuntimeContext,
+        settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+        enumerator: &SharedEnumerator,
+        chain: AnyOutput,
+        cancel: Arc<AtomicBool>,
+    ) -> Box<dyn Subtask> {
+        let enumerator = Arc::clone(enumerator)
+            .downcast::<EnumeratorOf<S::Split>>()
+            .unwrap_or_else(|_| panic!("internal error: enumerator of the wrong split type"));
+        Box::new(SourceTask {
+            reader: self.source.create_reader(ctx),
+            enumerator,
+            subtask: ctx.subtask,
+            chain: downcast_output::<T>(chain),
+            settings: settings.clone(),
+            metrics,
+            cancel,
+        })
+    }
+}
+
+/// Exchange writers for unkeyed edges (forward, rebalance, broadcast).
+pub(crate) struct PlainWriter<T>(PhantomData<fn(T)>);
+
+impl<T> PlainWriter<T> {
+    pub(crate) fn new() -> Self {
+        PlainWriter(PhantomData)
+    }
+}
+
+impl<T: Record> WriterFactory for PlainWriter<T> {
+    fn create(
+        &self,
+        kind: PartitionKind,
+        senders: Vec<ConnectedSender<Segment>>,
+        pool: SegmentPool,
+        settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+    ) -> AnyOutput {
+        let flush = settings.flush_per_record();
+        let writer: Box<dyn Output<T>> = match kind {
+            PartitionKind::Forward => Box::new(ExchangeWriter::new(
+                senders,
+                ForwardPartitioner,
+                pool,
+                flush,
+                metrics,
+            )),
+            PartitionKind::Broadcast => Box::new(ExchangeWriter::new(
+                senders,
+                BroadcastPartitioner,
+                pool,
+                flush,
+                metrics,
+            )),
+            PartitionKind::Rebalance | PartitionKind::Hash => {
+                // Start each sender at a different receiver so that small inputs spread out.
+                let next = metrics.subtask % senders.len().max(1);
+                Box::new(ExchangeWriter::new(
+                    senders,
+                    RebalancePartitioner { next },
+                    pool,
+                    flush,
+                    metrics,
+                ))
+            }
+        };
+        erase_output::<T>(writer)
+    }
+}
+
+/// Exchange writers for `key_by` edges.
+pub(crate) struct KeyedWriter<T, K, KS> {
+    key_selector: KS,
+    _types: PhantomData<fn(T) -> K>,
+}
+
+impl<T, K, KS> KeyedWriter<T, K, KS> {
+    pub(crate) fn new(key_selector: KS) -> Self {
+        KeyedWriter {
+            key_selector,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<T, K, KS> WriterFactory for KeyedWriter<T, K, KS>
+where
+    T: Record,
+    K: Key,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+{
+    fn create(
+        &self,
+        kind: PartitionKind,
+        senders: Vec<ConnectedSender<Segment>>,
+        pool: SegmentPool,
+        settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+    ) -> AnyOutput {
+        debug_assert_eq!(kind, PartitionKind::Hash);
+        let partitioner = KeyGroupPartitioner {
+            key_selector: self.key_selector.clone(),
+            max_parallelism: settings.max_parallelism as u32,
+            _key: PhantomData,
+        };
+        let flush = settings.flush_per_record();
+        erase_output::<T>(Box::new(ExchangeWriter::new(
+            senders,
+            partitioner,
+            pool,
+            flush,
+            metrics,
+        )))
+    }
+}

@@ -1,0 +1,12 @@
+//! Running a job: shard executors, subtask deployment, the exchange between shards, and the
+//! live progress report.
+
+mod deploy;
+pub mod exchange;
+pub(crate) mod factories;
+mod progress;
+pub mod shard;
+pub mod task;
+
+pub use deploy::{run_job, JobResult, RunOptions};
+pub use shard::{available_cores, resolve_cores, ShardLoad};

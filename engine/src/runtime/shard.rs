@@ -1,0 +1,163 @@
+//! Shard executors: one glommio `LocalExecutor` per slot, pinned to its core, with separate
+//! task queues for record processing, checkpoint I/O and background work.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use std::time::Duration;
+
+use glommio::{Latency, LocalExecutorBuilder, Placement, Shares, TaskQueueHandle};
+
+use crate::error::JobError;
+
+/// How long each queue of a shard has run, for the progress report and metrics.
+#[derive(Debug, Default)]
+pub struct ShardLoad {
+    /// Nanoseconds the processing queue has run.
+    pub processing_ns: AtomicU64,
+    /// Nanoseconds the checkpoint I/O queue has run.
+    pub checkpoint_io_ns: AtomicU64,
+    /// Nanoseconds the background queue has run.
+    pub background_ns: AtomicU64,
+}
+
+/// The task queues of one shard.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ShardQueues {
+    /// Record processing: latency-sensitive, most of the shares.
+    pub(crate) processing: TaskQueueHandle,
+    /// Checkpoint uploads and compaction: throughput, never ahead of processing.
+    pub(crate) checkpoint_io: TaskQueueHandle,
+    /// Metrics sampling and control.
+    pub(crate) background: TaskQueueHandle,
+}
+
+impl ShardQueues {
+    /// Creates the queues on the current executor.
+    pub(crate) fn create() -> ShardQueues {
+        let executor = glommio::executor();
+        ShardQueues {
+            processing: executor.create_task_queue(
+                Shares::Static(1000),
+                Latency::Matters(Duration::from_millis(1)),
+                "processing",
+            ),
+            checkpoint_io: executor.create_task_queue(
+                Shares::Static(200),
+                Latency::NotImportant,
+                "checkpoint-io",
+            ),
+            background: executor.create_task_queue(
+                Shares::Static(50),
+                Latency::NotImportant,
+                "background",
+            ),
+        }
+    }
+
+    /// Publishes how long each queue has run.
+    pub(crate) fn sample(&self, load: &ShardLoad) {
+        let executor = glommio::executor();
+        let runtime = |queue| {
+            executor
+                .task_queue_stats(queue)
+                .map(|s| s.runtime().as_nanos() as u64)
+                .unwrap_or(0)
+        };
+        load.processing_ns
+            .store(runtime(self.processing), Ordering::Relaxed);
+        load.checkpoint_io_ns
+            .store(runtime(self.checkpoint_io), Ordering::Relaxed);
+        load.background_ns
+            .store(runtime(self.background), Ordering::Relaxed);
+    }
+}
+
+/// Runs `work` on one executor per core in `cores`, pinned, and returns each shard's result
+/// in order.
+pub(crate) fn run_on_shards<W, F, R>(
+    cores: &[usize],
+    spin_before_park: Duration,
+    mut work: W,
+) -> Result<Vec<R>, JobError>
+where
+    W: FnMut(usize) -> F,
+    F: FnOnce(ShardQueues) -> futures::future::LocalBoxFuture<'static, R> + Send + 'static,
+    R: Send + 'static,
+{
+    let mut handles = Vec::with_capacity(cores.len());
+    for (shard, &core) in cores.iter().enumerate() {
+        let job = work(shard);
+        let handle = LocalExecutorBuilder::new(Placement::Fixed(core))
+            .name(&format!("weir-shard-{shard}"))
+            .spin_before_park(spin_before_park)
+            .spawn(move || async move {
+                let queues = ShardQueues::create();
+                job(queues).await
+            })
+            .map_err(|e| JobError::Runtime {
+                shard,
+                core,
+                message: e.to_string(),
+            })?;
+        handles.push((shard, core, handle));
+    }
+    handles
+        .into_iter()
+        .map(|(shard, core, handle)| {
+            handle.join().map_err(|e| JobError::Runtime {
+                shard,
+                core,
+                message: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Available core ids, in order.
+pub fn available_cores() -> Vec<usize> {
+    core_affinity::get_core_ids()
+        .map(|ids| ids.into_iter().map(|c| c.id).collect())
+        .unwrap_or_else(|| {
+            (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
+        })
+}
+
+/// The cores `slots` shards are pinned to: `taskmanager.cpu.cores` if set, else the first
+/// available ones. Refuses more shards than cores.
+pub fn resolve_cores(
+    slots: Option<usize>,
+    configured: Option<Vec<usize>>,
+) -> Result<Vec<usize>, JobError> {
+    let available = available_cores();
+    let invalid = |message: String| {
+        JobError::Config(crate::config::ConfigError::InvalidValue {
+            key: "taskmanager.numberOfTaskSlots".into(),
+            value: slots.map(|s| s.to_string()).unwrap_or_default(),
+            expected: message,
+        })
+    };
+    let cores = match configured {
+        Some(cores) => {
+            if let Some(bad) = cores.iter().find(|c| !available.contains(c)) {
+                return Err(JobError::Config(crate::config::ConfigError::InvalidValue {
+                    key: "taskmanager.cpu.cores".into(),
+                    value: format!("{cores:?}"),
+                    expected: format!(
+                        "core ids this process may run on ({available:?}); core {bad} is not one"
+                    ),
+                }));
+            }
+            cores
+        }
+        None => available.clone(),
+    };
+    let slots = slots.unwrap_or(cores.len());
+    if slots > cores.len() {
+        return Err(invalid(format!(
+            "at most {} (one shard per core; this machine offers {} core(s))",
+            cores.len(),
+            available.len()
+        )));
+    }
+    Ok(cores[..slots].to_vec())
+}

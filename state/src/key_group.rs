@@ -1,0 +1,282 @@
+//! Key groups: the unit in which keyed state is partitioned, routed and rescaled.
+//!
+//! A key is hashed with [`StableHasher`] (Weir key hash v1, below), the hash picks one of
+//! `max_parallelism` key groups, and the key group picks the operator subtask:
+//!
+//! ```text
+//! key_group = hash(key) % max_parallelism
+//! subtask   = key_group * parallelism / max_parallelism
+//! ```
+//!
+//! Subtask `i` therefore owns the contiguous range `ceil(i * max / p) ..= ceil((i + 1) * max / p) - 1`
+//! ([`KeyGroupRange::for_subtask`]), and changing the parallelism moves whole key groups only.
+//!
+//! **Weir key hash v1** (never change it: state written today must restore tomorrow): the key's
+//! `std::hash::Hash` impl feeds bytes and integers; integers are taken as little-endian bytes
+//! (`usize`/`isize` as 8 bytes); every 8 bytes form a little-endian word `w`, folded as
+//! `h = (h.rotl(5) ^ w) * 0x517cc1b727220a95` from `h = 0`; at `finish`, a partial last word is
+//! zero-padded and folded the same way, then the total byte count is folded, and the result
+//! goes through MurmurHash3's 64-bit finalizer.
+
+use std::hash::{Hash, Hasher};
+
+const SEED_MULTIPLIER: u64 = 0x517c_c1b7_2722_0a95;
+
+/// The stable key hasher (Weir key hash v1). Its output depends only on the bytes the key's
+/// `Hash` impl writes, not on the platform, process or Rust version's `DefaultHasher`.
+#[derive(Clone, Debug, Default)]
+pub struct StableHasher {
+    state: u64,
+    tail: u64,
+    tail_len: u32,
+    total: u64,
+}
+
+impl StableHasher {
+    /// A fresh hasher.
+    pub fn new() -> StableHasher {
+        StableHasher::default()
+    }
+
+    #[inline]
+    fn fold(&mut self, word: u64) {
+        self.state = (self.state.rotate_left(5) ^ word).wrapping_mul(SEED_MULTIPLIER);
+    }
+
+    #[inline]
+    fn push_byte(&mut self, byte: u8) {
+        self.tail |= u64::from(byte) << (8 * self.tail_len);
+        self.tail_len += 1;
+        if self.tail_len == 8 {
+            let word = self.tail;
+            self.fold(word);
+            self.tail = 0;
+            self.tail_len = 0;
+        }
+    }
+
+    #[inline]
+    fn write_le(&mut self, bytes: &[u8]) {
+        self.total += bytes.len() as u64;
+        let mut rest = bytes;
+        if self.tail_len == 0 {
+            while rest.len() >= 8 {
+                let word = u64::from_le_bytes(rest[..8].try_into().expect("8 bytes"));
+                self.fold(word);
+                rest = &rest[8..];
+            }
+        }
+        for &byte in rest {
+            self.push_byte(byte);
+        }
+    }
+}
+
+#[inline]
+fn fmix64(mut k: u64) -> u64 {
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    k ^= k >> 33;
+    k = k.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    k ^ (k >> 33)
+}
+
+impl Hasher for StableHasher {
+    fn finish(&self) -> u64 {
+        let mut copy = self.clone();
+        if copy.tail_len > 0 {
+            let word = copy.tail;
+            copy.fold(word);
+        }
+        copy.fold(copy.total);
+        fmix64(copy.state)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        self.write_le(bytes);
+    }
+    fn write_u8(&mut self, i: u8) {
+        self.write_le(&[i]);
+    }
+    fn write_u16(&mut self, i: u16) {
+        self.write_le(&i.to_le_bytes());
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.write_le(&i.to_le_bytes());
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.write_le(&i.to_le_bytes());
+    }
+    fn write_u128(&mut self, i: u128) {
+        self.write_le(&i.to_le_bytes());
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_le(&(i as u64).to_le_bytes());
+    }
+    fn write_i8(&mut self, i: i8) {
+        self.write_u8(i as u8);
+    }
+    fn write_i16(&mut self, i: i16) {
+        self.write_u16(i as u16);
+    }
+    fn write_i32(&mut self, i: i32) {
+        self.write_u32(i as u32);
+    }
+    fn write_i64(&mut self, i: i64) {
+        self.write_u64(i as u64);
+    }
+    fn write_i128(&mut self, i: i128) {
+        self.write_u128(i as u128);
+    }
+    fn write_isize(&mut self, i: isize) {
+        self.write_u64(i as u64);
+    }
+}
+
+/// Hashes a key with Weir key hash v1.
+#[inline]
+pub fn stable_hash<K: Hash + ?Sized>(key: &K) -> u64 {
+    let mut hasher = StableHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A key group index in `0..max_parallelism`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeyGroup(pub u32);
+
+impl KeyGroup {
+    /// The key group of `key`.
+    #[inline]
+    pub fn of<K: Hash + ?Sized>(key: &K, max_parallelism: u32) -> KeyGroup {
+        KeyGroup::of_hash(stable_hash(key), max_parallelism)
+    }
+
+    /// The key group of a key whose stable hash is `hash`.
+    #[inline]
+    pub fn of_hash(hash: u64, max_parallelism: u32) -> KeyGroup {
+        KeyGroup((hash % u64::from(max_parallelism)) as u32)
+    }
+
+    /// The subtask (of `parallelism`) that owns this key group.
+    #[inline]
+    pub fn subtask(self, max_parallelism: u32, parallelism: u32) -> u32 {
+        (u64::from(self.0) * u64::from(parallelism) / u64::from(max_parallelism)) as u32
+    }
+}
+
+/// The contiguous, inclusive range of key groups one subtask owns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyGroupRange {
+    /// First key group of the range.
+    pub start: u32,
+    /// Last key group of the range (inclusive); `end < start` means empty.
+    pub end: u32,
+}
+
+impl KeyGroupRange {
+    /// The key groups owned by `subtask` of `parallelism` (Flink's formula).
+    pub fn for_subtask(max_parallelism: u32, parallelism: u32, subtask: u32) -> KeyGroupRange {
+        let max = u64::from(max_parallelism);
+        let p = u64::from(parallelism);
+        let i = u64::from(subtask);
+        let start = (i * max).div_ceil(p);
+        let end = ((i + 1) * max).div_ceil(p);
+        KeyGroupRange {
+            start: start as u32,
+            end: end as u32 - 1,
+        }
+    }
+
+    /// Whether `group` lies in the range.
+    pub fn contains(&self, group: KeyGroup) -> bool {
+        self.start <= group.0 && group.0 <= self.end
+    }
+
+    /// Number of key groups in the range.
+    pub fn len(&self) -> u32 {
+        (self.end + 1).saturating_sub(self.start)
+    }
+
+    /// Whether the range holds no key group.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn hash_is_pinned() {
+        // These values are part of the on-disk contract: if this test fails, the hash changed
+        // and state written by earlier versions would be routed to the wrong subtask.
+        assert_eq!(stable_hash(&42u64), stable_hash(&42u64));
+        let pinned = [
+            stable_hash(&0u64),
+            stable_hash("weir"),
+            stable_hash(&(7u32, "a")),
+        ];
+        assert_eq!(pinned, [PINNED_0, PINNED_WEIR, PINNED_TUPLE], "{pinned:x?}");
+    }
+
+    const PINNED_0: u64 = 0x0323_a40d_a27b_fa82;
+    const PINNED_WEIR: u64 = 0xbeca_6222_fcbd_80e8;
+    const PINNED_TUPLE: u64 = 0x7e47_d668_1ae9_19c1;
+
+    #[test]
+    fn split_writes_hash_like_one_write() {
+        let mut a = StableHasher::new();
+        a.write(b"hello, key groups");
+        let mut b = StableHasher::new();
+        b.write(b"hello, ");
+        b.write(b"key groups");
+        assert_eq!(a.finish(), b.finish());
+    }
+
+    proptest! {
+        #[test]
+        fn every_key_group_has_exactly_one_owner(max in 1u32..=512, p_seed in 0u32..512) {
+            let p = p_seed % max + 1;
+            let ranges: Vec<KeyGroupRange> =
+                (0..p).map(|i| KeyGroupRange::for_subtask(max, p, i)).collect();
+            for g in 0..max {
+                let owner = KeyGroup(g).subtask(max, p);
+                prop_assert!(owner < p);
+                let holders: Vec<u32> =
+                    (0..p).filter(|&i| ranges[i as usize].contains(KeyGroup(g))).collect();
+                prop_assert_eq!(holders, vec![owner]);
+            }
+            let total: u32 = ranges.iter().map(|r| r.len()).sum();
+            prop_assert_eq!(total, max);
+        }
+
+        #[test]
+        fn every_key_maps_to_one_subtask_in_range(key in any::<String>(), max in 1u32..=1024, p_seed in 0u32..1024) {
+            let p = p_seed % max + 1;
+            let group = KeyGroup::of(&key, max);
+            prop_assert!(group.0 < max);
+            let subtask = group.subtask(max, p);
+            prop_assert!(subtask < p);
+            prop_assert!(KeyGroupRange::for_subtask(max, p, subtask).contains(group));
+            prop_assert_eq!(KeyGroup::of(&key, max), group);
+        }
+
+        #[test]
+        fn rescaling_moves_only_whole_key_groups(keys in proptest::collection::vec(any::<u64>(), 1..200),
+                                                 max in 1u32..=256, a in 0u32..256, b in 0u32..256) {
+            let (pa, pb) = (a % max + 1, b % max + 1);
+            // Keys of one key group land together at any parallelism.
+            for k in &keys {
+                let g = KeyGroup::of(k, max);
+                for other in &keys {
+                    if KeyGroup::of(other, max) == g {
+                        prop_assert_eq!(g.subtask(max, pa), KeyGroup::of(other, max).subtask(max, pa));
+                        prop_assert_eq!(g.subtask(max, pb), KeyGroup::of(other, max).subtask(max, pb));
+                    }
+                }
+            }
+        }
+    }
+}
