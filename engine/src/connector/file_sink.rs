@@ -9,6 +9,7 @@ use futures::future::LocalBoxFuture;
 use futures_lite::AsyncWriteExt;
 use glommio::io::{BufferedFile, StreamWriter, StreamWriterBuilder};
 
+use super::wake_filter::polled_when_woken;
 use super::{ConnectorError, Sink, SinkWriter};
 use crate::operator::RuntimeContext;
 
@@ -118,19 +119,19 @@ impl<T> SinkWriter<T> for FileWriter<T> {
         &'a mut self,
         batch: &'a mut Vec<T>,
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.write_batch(batch))
+        Box::pin(polled_when_woken(self.write_batch(batch)))
     }
 
     fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        Box::pin(async move {
+        Box::pin(polled_when_woken(async move {
             match self.writer.as_mut() {
                 Some(writer) => writer.flush().await.map_err(|e| self.io_error("flush", e)),
                 None => Ok(()),
             }
-        })
+        }))
     }
 
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        Box::pin(self.close())
+        Box::pin(polled_when_woken(self.close()))
     }
 }

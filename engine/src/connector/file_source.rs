@@ -17,6 +17,7 @@ use glommio::io::{BufferedFile, StreamReader, StreamReaderBuilder};
 use super::source::{
     Boundedness, ReadStatus, Source, SourceReader, SourceSplit, SplitEnumerator, StaticSplits,
 };
+use super::wake_filter::polled_when_woken;
 use super::ConnectorError;
 use crate::operator::RuntimeContext;
 
@@ -293,7 +294,7 @@ impl<T> SourceReader<T, FileSplit> for FileReader<T> {
         out: &'a mut Vec<T>,
         max: usize,
     ) -> LocalBoxFuture<'a, Result<ReadStatus, ConnectorError>> {
-        Box::pin(self.read(out, max))
+        Box::pin(polled_when_woken(self.read(out, max)))
     }
 
     fn snapshot_splits(&self) -> Vec<FileSplit> {

@@ -14,6 +14,7 @@ mod file_source;
 mod print;
 mod sink;
 mod source;
+mod wake_filter;
 
 pub use collect::{CollectSink, Collected};
 pub use collection::{CollectionSource, CollectionSplit};

@@ -64,6 +64,7 @@ pub(crate) trait WriterFactory: Send + Sync {
         pool: SegmentPool,
         settings: &TaskSettings,
         metrics: Arc<OperatorMetrics>,
+        cancel: Arc<AtomicBool>,
     ) -> AnyOutput;
 }
 

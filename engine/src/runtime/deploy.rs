@@ -169,6 +169,7 @@ impl ChainBuilder<'_> {
                     self.pool.clone(),
                     &self.shared.settings,
                     metrics,
+                    Arc::clone(&self.shared.cancel),
                 ));
             }
         }
@@ -263,12 +264,16 @@ async fn run_subtask(
         Ok(Ok(())) => Ok(()),
         Ok(Err(error)) => Err(fail(error)),
         Err(payload) => {
-            let culprit = scope::take_culprit();
-            let mut error = TaskError::user(format!(
-                "a user function panicked: {}",
-                panic_message(&*payload)
-            ));
-            error.operator = culprit.map(|(name, _)| name);
+            // A panic inside an operator's scope comes from its user function; anywhere else it
+            // is a bug in Weir or a library it uses.
+            let message = panic_message(&*payload);
+            let error = match scope::take_culprit() {
+                Some((operator, _)) => {
+                    TaskError::user(format!("a user function panicked: {message}"))
+                        .in_operator(&operator)
+                }
+                None => TaskError::internal(format!("the task panicked: {message}")),
+            };
             Err(fail(error))
         }
     }
@@ -282,12 +287,10 @@ fn run_shard(
 ) -> impl FnOnce(ShardQueues) -> LocalBoxFuture<'static, Vec<SubtaskFailure>> + Send {
     move |queues: ShardQueues| {
         Box::pin(async move {
-            let done = std::rc::Rc::new(std::cell::Cell::new(false));
-            let sampler_done = std::rc::Rc::clone(&done);
             let sampler_load = Arc::clone(&load);
             let sampler = glommio::spawn_local_into(
                 async move {
-                    while !sampler_done.get() {
+                    loop {
                         queues.sample(&sampler_load);
                         glommio::timer::sleep(Duration::from_millis(100)).await;
                     }
@@ -310,8 +313,8 @@ fn run_shard(
                 .into_iter()
                 .filter_map(Result::err)
                 .collect();
-            done.set(true);
-            sampler.await;
+            // Dropping a glommio task cancels it: the sampler stops without finishing its sleep.
+            drop(sampler);
             queues.sample(&load);
             failures
         })
@@ -346,8 +349,9 @@ pub fn run_job(
         if needed > budget.segments {
             return Err(JobError::InvalidJob(format!(
                 "slot {slot} needs {needed} network segments ({credits} credits + 2 per outgoing channel) but its \
-                 pool has {} ({budget}); raise taskmanager.memory.network.fraction or \
-                 taskmanager.memory.process.size, or lower taskmanager.network.memory.buffers-per-channel",
+                 pool has {} ({budget}); raise taskmanager.memory.network.fraction (and \
+                 taskmanager.memory.network.max if it caps the share) or taskmanager.memory.process.size, \
+                 or lower taskmanager.network.memory.buffers-per-channel",
                 budget.segments
             )));
         }

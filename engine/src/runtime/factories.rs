@@ -196,6 +196,7 @@ impl<T: Record> WriterFactory for PlainWriter<T> {
         pool: SegmentPool,
         settings: &TaskSettings,
         metrics: Arc<OperatorMetrics>,
+        cancel: Arc<AtomicBool>,
     ) -> AnyOutput {
         let flush = settings.flush_per_record();
         let writer: Box<dyn Output<T>> = match kind {
@@ -205,6 +206,7 @@ impl<T: Record> WriterFactory for PlainWriter<T> {
                 pool,
                 flush,
                 metrics,
+                cancel,
             )),
             PartitionKind::Broadcast => Box::new(ExchangeWriter::new(
                 senders,
@@ -212,6 +214,7 @@ impl<T: Record> WriterFactory for PlainWriter<T> {
                 pool,
                 flush,
                 metrics,
+                cancel,
             )),
             PartitionKind::Rebalance | PartitionKind::Hash => {
                 // Start each sender at a different receiver so that small inputs spread out.
@@ -222,6 +225,7 @@ impl<T: Record> WriterFactory for PlainWriter<T> {
                     pool,
                     flush,
                     metrics,
+                    cancel,
                 ))
             }
         };
@@ -257,6 +261,7 @@ where
         pool: SegmentPool,
         settings: &TaskSettings,
         metrics: Arc<OperatorMetrics>,
+        cancel: Arc<AtomicBool>,
     ) -> AnyOutput {
         debug_assert_eq!(kind, PartitionKind::Hash);
         let partitioner = KeyGroupPartitioner {
@@ -271,6 +276,7 @@ where
             pool,
             flush,
             metrics,
+            cancel,
         )))
     }
 }

@@ -3,8 +3,11 @@
 //! ring. A full ring means the receiver has granted no more credit: the writer waits, and with
 //! it the whole chain up to the source.
 
+use std::future::Future;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 
 use futures::future::LocalBoxFuture;
 use glommio::channels::shared_channel::ConnectedSender;
@@ -32,6 +35,8 @@ pub(crate) struct ExchangeWriter<T, P> {
     arena: Arena,
     flush_per_record: bool,
     metrics: Arc<OperatorMetrics>,
+    /// Set when any subtask of the job fails; ends a wait for credit that can never be granted.
+    cancel: Arc<AtomicBool>,
     _record: PhantomData<fn(T)>,
 }
 
@@ -42,6 +47,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         pool: SegmentPool,
         flush_per_record: bool,
         metrics: Arc<OperatorMetrics>,
+        cancel: Arc<AtomicBool>,
     ) -> Self {
         ExchangeWriter {
             channels: senders
@@ -53,6 +59,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
             arena: Arena::new(),
             flush_per_record,
             metrics,
+            cancel,
             _record: PhantomData,
         }
     }
@@ -82,7 +89,8 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
             return Err(TaskError::user(format!(
                 "a record does not fit in a network segment of {segment_size} bytes; raise \
                  taskmanager.memory.segment-size"
-            )));
+            ))
+            .in_operator(&self.metrics.name));
         }
         Ok(written)
     }
@@ -102,7 +110,21 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
             Ok(()) => Ok(()),
             Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
                 self.metrics.backpressure_waits.add(1);
-                sender.send(segment).await.map_err(|_| closed())
+                // glommio 0.9's `send` waits for free space only: if the receiver goes away
+                // while the ring is full, no space ever frees and `send` never returns (its
+                // waker is woken over and over). A receiver only goes before its senders end
+                // when its subtask failed, which sets the job's cancel flag, so the wait also
+                // ends when that flag is set.
+                let mut send = std::pin::pin!(sender.send(segment));
+                let cancel = &self.cancel;
+                std::future::poll_fn(|cx| match send.as_mut().poll(cx) {
+                    Poll::Ready(sent) => Poll::Ready(sent.map_err(|_| closed())),
+                    Poll::Pending if cancel.load(Ordering::Relaxed) => Poll::Ready(Err(
+                        TaskError::cancelled("the job was cancelled while waiting for credit"),
+                    )),
+                    Poll::Pending => Poll::Pending,
+                })
+                .await
             }
             Err(_) => Err(closed()),
         }

@@ -1,0 +1,149 @@
+//! Backpressure: a slow sink behind an exchange, with a network pool of a few segments per
+//! slot, blocks the producer on credit instead of buffering without bound or dropping records,
+//! and the pool is never used past its size.
+
+mod common;
+
+use std::time::Duration;
+
+use common::assert_same_multiset;
+use weir_engine::prelude::*;
+
+/// Segments per slot in the small pool.
+const SEGMENTS_PER_SLOT: usize = 16;
+const SEGMENT_SIZE: usize = 4 << 10;
+
+/// An environment whose slots each own a pool of [`SEGMENTS_PER_SLOT`] 4 KiB segments: the
+/// network share is pinned (min = max) to exactly that many segments over all slots.
+fn small_pool_env(slots: usize, extra: &[(&str, &str)]) -> StreamEnvironment {
+    let network = format!("{}b", slots * SEGMENTS_PER_SLOT * SEGMENT_SIZE);
+    let mut pairs = vec![
+        ("taskmanager.memory.segment-size", "4kb"),
+        ("taskmanager.memory.network.min", network.as_str()),
+        ("taskmanager.memory.network.max", network.as_str()),
+    ];
+    pairs.extend_from_slice(extra);
+    common::env_with(slots, &pairs)
+}
+
+/// About 120 bytes per record: a 4 KiB segment holds a few dozen.
+fn payload(n: u64) -> String {
+    format!("{n:08}-{}", "p".repeat(100 + (n % 16) as usize))
+}
+
+fn assert_pools_small_and_within_bounds(result: &JobResult) {
+    assert!(!result.pools.is_empty());
+    for pool in &result.pools {
+        assert_eq!(pool.segments, SEGMENTS_PER_SLOT, "the configured pool size");
+        assert_eq!(pool.segment_size, SEGMENT_SIZE);
+        assert!(
+            pool.high_water <= pool.segments,
+            "slot {} used {} of {} segments",
+            pool.slot,
+            pool.high_water,
+            pool.segments
+        );
+        assert_eq!(pool.in_use, 0, "every segment went back to its pool");
+    }
+    assert!(
+        result.pools.iter().any(|p| p.high_water > 0),
+        "the exchange used the pools"
+    );
+}
+
+#[test]
+fn slow_sink_behind_rebalance_blocks_the_source_and_loses_nothing() {
+    let slots = common::slots();
+    let env = small_pool_env(slots, &[]);
+    let (sink, collected) = CollectSink::new();
+    let sink = sink.with_delay_per_batch(Duration::from_millis(2));
+    env.from_sequence(0, 10_000)
+        .map(payload)
+        .name("payload")
+        .rebalance()
+        .sink_to(sink, "slow");
+    let result = env.execute("backpressure").expect("the job succeeds");
+
+    let expected: Vec<String> = (0..10_000).map(payload).collect();
+    assert_same_multiset(&collected.records(), &expected);
+    assert_eq!(result.records_in("Sink: slow"), 10_000);
+    assert!(
+        result.backpressure_waits("payload") > 0,
+        "the producer never waited for credit: {:?}",
+        result.operators
+    );
+    assert_pools_small_and_within_bounds(&result);
+}
+
+#[test]
+fn slow_keyed_sink_blocks_the_source_and_loses_nothing() {
+    let slots = common::slots();
+    let env = small_pool_env(slots, &[]);
+    let (sink, collected) = CollectSink::new();
+    let sink = sink.with_delay_per_batch(Duration::from_millis(2));
+    env.from_sequence(0, 8_000)
+        .map(|n: u64| (n % 97, payload(n)))
+        .name("payload")
+        .key_by(|(key, _): &(u64, String)| *key)
+        .process(
+            |record: (u64, String), ctx: &mut KeyedProcessContext<'_, u64, (u64, String)>| {
+                ctx.emit(record)
+            },
+        )
+        .sink_to(sink, "slow");
+    let result = env.execute("keyed backpressure").expect("the job succeeds");
+
+    let expected: Vec<(u64, String)> = (0..8_000).map(|n| (n % 97, payload(n))).collect();
+    assert_same_multiset(&collected.records(), &expected);
+    assert!(
+        result.backpressure_waits("payload") > 0,
+        "the producer never waited for credit: {:?}",
+        result.operators
+    );
+    assert_pools_small_and_within_bounds(&result);
+}
+
+#[test]
+fn one_credit_per_channel_still_delivers_everything() {
+    let slots = common::slots();
+    let env = small_pool_env(
+        slots,
+        &[("taskmanager.network.memory.buffers-per-channel", "1")],
+    );
+    let (sink, collected) = CollectSink::new();
+    let sink = sink.with_delay_per_batch(Duration::from_millis(1));
+    env.from_sequence(0, 5_000)
+        .map(payload)
+        .name("payload")
+        .rebalance()
+        .map(|s: String| s.len() as u64)
+        .sink_to(sink, "slow");
+    let result = env.execute("one credit").expect("the job succeeds");
+    let expected: Vec<u64> = (0..5_000).map(|n| payload(n).len() as u64).collect();
+    assert_same_multiset(&collected.records(), &expected);
+    assert!(result.backpressure_waits("payload") > 0);
+    assert_pools_small_and_within_bounds(&result);
+}
+
+#[test]
+fn a_pool_too_small_for_the_channels_is_refused_before_running() {
+    let slots = common::slots();
+    // 16 segments per slot cannot hold 20 credits + 2 for even one channel.
+    let env = small_pool_env(
+        slots,
+        &[("taskmanager.network.memory.buffers-per-channel", "20")],
+    );
+    let (sink, collected) = CollectSink::new();
+    env.from_sequence(0, 100).rebalance().sink_to(sink, "never");
+    let err = env
+        .execute("too small")
+        .expect_err("the pool cannot hold the channels");
+    assert!(matches!(err, JobError::InvalidJob(_)), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("network segments"), "{text}");
+    assert!(
+        text.contains("taskmanager.network.memory.buffers-per-channel"),
+        "{text}"
+    );
+    assert!(collected.is_empty(), "nothing ran");
+}
