@@ -97,7 +97,7 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Chain operators connected by forward edges with equal parallelism into one task."),
     option!("execution.buffer-timeout", OptionKind::Duration, "1 ms",
         "Longest time a partly filled network segment waits before it is sent; 0 sends per record."),
-    option!("execution.batch-size", OptionKind::Count(1), "1024",
+    option!("execution.batch-size", OptionKind::Count(1), "256",
         "Records handed between chained operators in one call."),
     option!("taskmanager.memory.process.size", OptionKind::Size, "1728m",
         "Total memory of the worker process, split into managed, network and heap shares."),

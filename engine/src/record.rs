@@ -3,7 +3,7 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 
-use rkyv::api::high::{HighDeserializer, HighSerializer};
+use rkyv::api::low::{LowDeserializer, LowSerializer};
 use rkyv::rancor::Failure;
 use rkyv::ser::allocator::{Arena, ArenaHandle};
 use rkyv::ser::writer::Buffer;
@@ -11,6 +11,8 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 /// A value that can flow through a job. Any `Clone + Send` type deriving rkyv's `Archive`,
 /// `Serialize` and `Deserialize` is one (as are primitives, `String`, tuples and `Vec`s of them).
+/// Records are archived with rkyv's low-level API (no shared-pointer tracking), which keeps
+/// encoding a small struct close to a copy.
 ///
 /// Inside a chain, records move by value; across an exchange edge they are archived into a
 /// network segment and read back on the receiving shard.
@@ -30,13 +32,13 @@ pub trait Record: Clone + Send + 'static {
 impl<T> Record for T
 where
     T: Archive + Clone + Send + 'static,
-    T: for<'a> Serialize<HighSerializer<Buffer<'a>, ArenaHandle<'a>, Failure>>,
-    T::Archived: Deserialize<T, HighDeserializer<Failure>>,
+    T: for<'a> Serialize<LowSerializer<Buffer<'a>, ArenaHandle<'a>, Failure>>,
+    T::Archived: Deserialize<T, LowDeserializer<Failure>>,
 {
     #[inline]
     fn encode(&self, out: &mut [u8], arena: &mut Arena) -> Option<usize> {
         let buffer = Buffer::from(out);
-        rkyv::api::high::to_bytes_in_with_alloc::<_, _, Failure>(self, buffer, arena.acquire())
+        rkyv::api::low::to_bytes_in_with_alloc::<_, _, Failure>(self, buffer, arena.acquire())
             .ok()
             .map(|written| written.len())
     }
@@ -46,7 +48,7 @@ where
         // SAFETY: the caller guarantees these are the aligned bytes `encode` wrote for `T`, so
         // the archived root of a valid `T::Archived` sits at the end of the slice.
         let archived = unsafe { rkyv::access_unchecked::<T::Archived>(bytes) };
-        rkyv::deserialize::<T, Failure>(archived).expect("archived record deserializes")
+        rkyv::api::low::deserialize::<T, Failure>(archived).expect("archived record deserializes")
     }
 }
 

@@ -73,7 +73,7 @@ pub fn reports(
         max: a.max.max(b.max),
     })
     .name("Running stats")
-    .filter(move |s: &SensorStats| s.count % report_every == 0)
+    .filter(move |s: &SensorStats| s.count.is_multiple_of(report_every))
     .name("Every report")
 }
 

@@ -5,7 +5,6 @@
 //! came from. The pool never grows: its size is the slot's network budget, so the memory held by
 //! in-flight records is bounded by construction.
 
-use std::alloc::{self, Layout};
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -13,8 +12,10 @@ use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
 
-/// Alignment of every segment (a page, so segments can later be registered for I/O).
-const SEGMENT_ALIGN: usize = 4096;
+/// Alignment of every segment: the pool is one anonymous mapping (page aligned) and segment
+/// sizes are powers of two of at least 64 bytes.
+#[cfg(test)]
+const SEGMENT_ALIGN: usize = 64;
 
 /// A pool request that cannot be served.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +38,7 @@ pub enum SegmentPoolError {
 
 struct PoolInner {
     memory: NonNull<u8>,
-    layout: Layout,
+    bytes: usize,
     segment_size: usize,
     segments: usize,
     slot: usize,
@@ -56,9 +57,9 @@ unsafe impl Sync for PoolInner {}
 
 impl Drop for PoolInner {
     fn drop(&mut self) {
-        // SAFETY: `memory` was allocated in `SegmentPool::new` with exactly `layout`, and every
+        // SAFETY: `memory` is the mapping of `bytes` bytes made in `SegmentPool::new`, and every
         // segment handle holds an `Arc` to this pool, so none is alive any more.
-        unsafe { alloc::dealloc(self.memory.as_ptr(), self.layout) };
+        unsafe { libc::munmap(self.memory.as_ptr().cast(), self.bytes) };
     }
 }
 
@@ -107,11 +108,29 @@ impl SegmentPool {
             segments > 0 && segments <= u32::MAX as usize,
             "bad segment count"
         );
-        let layout = Layout::from_size_align(segments * segment_size, SEGMENT_ALIGN)
-            .expect("segment pool layout");
-        // SAFETY: the layout has a non-zero size (segments > 0, segment_size >= 64).
-        let ptr = unsafe { alloc::alloc_zeroed(layout) };
-        let memory = NonNull::new(ptr).unwrap_or_else(|| alloc::handle_alloc_error(layout));
+        let bytes = segments
+            .checked_mul(segment_size)
+            .expect("segment pool size overflows");
+        // One anonymous private mapping: page aligned, zero filled, and committed by the kernel
+        // page by page as segments are first written, so a large, mostly idle pool costs little
+        // resident memory and nothing at start-up.
+        // SAFETY: a fresh anonymous mapping with no address hint aliases nothing.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(
+            ptr != libc::MAP_FAILED,
+            "cannot map {bytes} bytes for the segment pool of slot {slot}: {}",
+            std::io::Error::last_os_error()
+        );
+        let memory = NonNull::new(ptr.cast::<u8>()).expect("mmap returns a non-null address");
         let free = ArrayQueue::new(segments);
         for index in 0..segments as u32 {
             free.push(index).expect("queue sized to the pool");
@@ -119,7 +138,7 @@ impl SegmentPool {
         SegmentPool {
             inner: Arc::new(PoolInner {
                 memory,
-                layout,
+                bytes,
                 segment_size,
                 segments,
                 slot,

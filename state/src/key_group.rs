@@ -82,6 +82,7 @@ fn fmix64(mut k: u64) -> u64 {
 }
 
 impl Hasher for StableHasher {
+    #[inline]
     fn finish(&self) -> u64 {
         let mut copy = self.clone();
         if copy.tail_len > 0 {
@@ -91,42 +92,55 @@ impl Hasher for StableHasher {
         copy.fold(copy.total);
         fmix64(copy.state)
     }
+    #[inline]
     fn write(&mut self, bytes: &[u8]) {
         self.write_le(bytes);
     }
+    #[inline]
     fn write_u8(&mut self, i: u8) {
         self.write_le(&[i]);
     }
+    #[inline]
     fn write_u16(&mut self, i: u16) {
         self.write_le(&i.to_le_bytes());
     }
+    #[inline]
     fn write_u32(&mut self, i: u32) {
         self.write_le(&i.to_le_bytes());
     }
+    #[inline]
     fn write_u64(&mut self, i: u64) {
         self.write_le(&i.to_le_bytes());
     }
+    #[inline]
     fn write_u128(&mut self, i: u128) {
         self.write_le(&i.to_le_bytes());
     }
+    #[inline]
     fn write_usize(&mut self, i: usize) {
         self.write_le(&(i as u64).to_le_bytes());
     }
+    #[inline]
     fn write_i8(&mut self, i: i8) {
         self.write_u8(i as u8);
     }
+    #[inline]
     fn write_i16(&mut self, i: i16) {
         self.write_u16(i as u16);
     }
+    #[inline]
     fn write_i32(&mut self, i: i32) {
         self.write_u32(i as u32);
     }
+    #[inline]
     fn write_i64(&mut self, i: i64) {
         self.write_u64(i as u64);
     }
+    #[inline]
     fn write_i128(&mut self, i: i128) {
         self.write_u128(i as u128);
     }
+    #[inline]
     fn write_isize(&mut self, i: isize) {
         self.write_u64(i as u64);
     }

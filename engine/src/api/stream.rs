@@ -7,9 +7,9 @@ use super::function::{Collector, ProcessFunction};
 use super::keyed::KeyedStream;
 use crate::connector::Sink;
 use crate::graph::{EdgeRequest, NodeKind, OperatorFactory, StreamEdge};
-use crate::operator::{FilterOperator, FlatMapOperator, MapOperator, ProcessOperator};
+use crate::operator::{FlatMapOperator, MapOperator, ProcessOperator};
 use crate::record::{Key, Record};
-use crate::runtime::factories::{type_ops, OperatorNode, PlainWriter, SinkNode};
+use crate::runtime::factories::{type_ops, FilterNode, OperatorNode, PlainWriter, SinkNode};
 
 /// A stream of `T` records: the output of a source or operator, a union of streams, or a
 /// stream repartitioned with `rebalance`/`broadcast`.
@@ -162,12 +162,7 @@ impl<T: Record> DataStream<T> {
     where
         F: FnMut(&T) -> bool + Clone + Send + Sync + 'static,
     {
-        self.then(
-            "Filter",
-            Arc::new(OperatorNode::<T, T, _>::new(move || {
-                FilterOperator(f.clone())
-            })),
-        )
+        self.then("Filter", Arc::new(FilterNode::<T, F>::new(f)))
     }
 
     /// Turns every record into zero or more records.

@@ -3,6 +3,7 @@
 //! Subtask `s` of `p` generates indices `s, s + p, s + 2p, …`; its split's position is the next
 //! index, so a restored split regenerates exactly the records it had not emitted.
 
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,27 +32,56 @@ impl SourceSplit for GeneratorSplit {
     }
 }
 
-/// Generates records from their index. See the module docs.
-pub struct DataGeneratorSource<T> {
-    generator: Arc<dyn Fn(u64) -> T + Send + Sync>,
-    count: Option<u64>,
-    records_per_second: Option<f64>,
+/// Makes record `i` from its index. Any `Fn(u64) -> T` is one; it is called directly (not
+/// through a trait object) so that generation inlines into the reader's loop.
+pub trait Generator<T>: Send + Sync + 'static {
+    /// Record number `index`.
+    fn generate(&self, index: u64) -> T;
 }
 
-impl DataGeneratorSource<u64> {
-    /// The numbers `from..to` (Flink's `fromSequence`, end exclusive).
-    pub fn sequence(from: u64, to: u64) -> Self {
-        DataGeneratorSource::new(Some(to.saturating_sub(from)), move |i| from + i)
+impl<T, F: Fn(u64) -> T + Send + Sync + 'static> Generator<T> for F {
+    #[inline]
+    fn generate(&self, index: u64) -> T {
+        self(index)
     }
 }
 
-impl<T> DataGeneratorSource<T> {
+/// The numbers `from, from + 1, …`.
+#[derive(Clone, Copy, Debug)]
+pub struct Sequence {
+    from: u64,
+}
+
+impl Generator<u64> for Sequence {
+    #[inline]
+    fn generate(&self, index: u64) -> u64 {
+        self.from + index
+    }
+}
+
+/// Generates records from their index. See the module docs.
+pub struct DataGeneratorSource<T, G> {
+    generator: Arc<G>,
+    count: Option<u64>,
+    records_per_second: Option<f64>,
+    _record: PhantomData<fn() -> T>,
+}
+
+impl DataGeneratorSource<u64, Sequence> {
+    /// The numbers `from..to` (Flink's `fromSequence`, end exclusive).
+    pub fn sequence(from: u64, to: u64) -> Self {
+        DataGeneratorSource::new(Some(to.saturating_sub(from)), Sequence { from })
+    }
+}
+
+impl<T, G: Generator<T>> DataGeneratorSource<T, G> {
     /// `count` records (unbounded if `None`), record `i` being `generator(i)`.
-    pub fn new(count: Option<u64>, generator: impl Fn(u64) -> T + Send + Sync + 'static) -> Self {
+    pub fn new(count: Option<u64>, generator: G) -> Self {
         DataGeneratorSource {
             generator: Arc::new(generator),
             count,
             records_per_second: None,
+            _record: PhantomData,
         }
     }
 
@@ -62,7 +92,7 @@ impl<T> DataGeneratorSource<T> {
     }
 }
 
-impl<T: Send + 'static> Source<T> for DataGeneratorSource<T> {
+impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G> {
     type Split = GeneratorSplit;
 
     fn boundedness(&self) -> Boundedness {
@@ -86,19 +116,21 @@ impl<T: Send + 'static> Source<T> for DataGeneratorSource<T> {
     }
 
     fn create_reader(&self, ctx: &RuntimeContext) -> Box<dyn SourceReader<T, GeneratorSplit>> {
-        Box::new(GeneratorReader {
+        Box::new(GeneratorReader::<T, G> {
             generator: Arc::clone(&self.generator),
             count: self.count.unwrap_or(u64::MAX),
             rate: self.records_per_second.map(|r| r / ctx.parallelism as f64),
             splits: Vec::new(),
             started: None,
             emitted: 0,
+            _record: PhantomData,
         })
     }
 }
 
-struct GeneratorReader<T> {
-    generator: Arc<dyn Fn(u64) -> T + Send + Sync>,
+struct GeneratorReader<T, G> {
+    generator: Arc<G>,
+    _record: PhantomData<fn() -> T>,
     count: u64,
     rate: Option<f64>,
     splits: Vec<GeneratorSplit>,
@@ -106,7 +138,7 @@ struct GeneratorReader<T> {
     emitted: u64,
 }
 
-impl<T> SourceReader<T, GeneratorSplit> for GeneratorReader<T> {
+impl<T, G: Generator<T>> SourceReader<T, GeneratorSplit> for GeneratorReader<T, G> {
     fn add_split(&mut self, split: GeneratorSplit) {
         self.splits.push(split);
     }
@@ -136,8 +168,8 @@ impl<T> SourceReader<T, GeneratorSplit> for GeneratorReader<T> {
             }
             let remaining = (self.count - split.next).div_ceil(split.slices);
             let n = remaining.min(budget);
-            let generator = &*self.generator;
-            out.extend((0..n).map(|k| generator(split.next + k * split.slices)));
+            let (generator, first, stride) = (&*self.generator, split.next, split.slices);
+            out.extend((0..n).map(|k| generator.generate(first + k * stride)));
             split.next += n * split.slices;
             self.emitted += n;
             break ReadStatus::Records;

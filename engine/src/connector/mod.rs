@@ -18,7 +18,7 @@ mod wake_filter;
 
 pub use collect::{CollectSink, Collected};
 pub use collection::{CollectionSource, CollectionSplit};
-pub use datagen::{DataGeneratorSource, GeneratorSplit};
+pub use datagen::{DataGeneratorSource, Generator, GeneratorSplit, Sequence};
 pub use discard::DiscardSink;
 pub use file_sink::FileSink;
 pub use file_source::{FileSource, FileSplit, LineFormat};

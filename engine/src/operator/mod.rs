@@ -19,7 +19,7 @@ pub(crate) mod scope;
 use std::sync::Arc;
 
 pub(crate) use fan_out::FanOut;
-pub(crate) use filter::FilterOperator;
+pub(crate) use filter::FilterLink;
 pub(crate) use flat_map::FlatMapOperator;
 pub(crate) use map::MapOperator;
 pub(crate) use process::{KeyedProcessOperator, ProcessOperator};
@@ -64,6 +64,19 @@ pub(crate) trait Operator<I, O>: 'static {
     fn open(&mut self, _ctx: &RuntimeContext) {}
     /// Handles one record.
     fn process_element(&mut self, record: I, out: &mut Vec<O>);
+
+    /// Whether each record yields at most one record (map, filter, reduce). The link then hands
+    /// a whole batch to [`Operator::process_batch`] at once: its output cannot outgrow the batch.
+    const AT_MOST_ONE_PER_RECORD: bool = false;
+
+    /// Handles every record of `batch`, leaving it empty. Operators override this with a tight
+    /// loop the compiler can vectorize; only called when `AT_MOST_ONE_PER_RECORD`.
+    #[inline]
+    fn process_batch(&mut self, batch: &mut Vec<I>, out: &mut Vec<O>) {
+        for record in batch.drain(..) {
+            self.process_element(record, out);
+        }
+    }
     /// Event time advanced; the watermark itself is forwarded by the link afterwards.
     fn on_watermark(&mut self, _watermark: Watermark, _out: &mut Vec<O>) {}
     /// The input ended; emit anything held back.
@@ -115,10 +128,14 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
         Box::pin(async move {
             let _scope = scope::enter(&self.metrics);
             self.metrics.records_in.add(batch.len() as u64);
-            for record in batch.drain(..) {
-                self.operator.process_element(record, &mut self.out);
-                if self.out.len() >= self.batch_size {
-                    emit(&mut self.next, &mut self.out, &self.metrics).await?;
+            if Op::AT_MOST_ONE_PER_RECORD {
+                self.operator.process_batch(batch, &mut self.out);
+            } else {
+                for record in batch.drain(..) {
+                    self.operator.process_element(record, &mut self.out);
+                    if self.out.len() >= self.batch_size {
+                        emit(&mut self.next, &mut self.out, &self.metrics).await?;
+                    }
                 }
             }
             if !self.out.is_empty() {

@@ -39,4 +39,6 @@ where
         out.push(value.clone());
         self.values.insert(key, value);
     }
+
+    const AT_MOST_ONE_PER_RECORD: bool = true;
 }

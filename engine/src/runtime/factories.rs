@@ -22,7 +22,7 @@ use crate::graph::{
     AnyOutput, OperatorFactory, SinkFactory, SourceFactory, TypeOps, WriterFactory,
 };
 use crate::metrics::OperatorMetrics;
-use crate::operator::{FanOut, Operator, OperatorLink, Output, RuntimeContext};
+use crate::operator::{FanOut, FilterLink, Operator, OperatorLink, Output, RuntimeContext};
 use crate::record::{Key, Record};
 
 /// Unwraps an [`AnyOutput`] built for `T`.
@@ -97,6 +97,38 @@ where
         let next = downcast_output::<O>(next);
         let link = OperatorLink::new((self.make)(), ctx, next, settings.batch_size, metrics);
         erase_output::<I>(Box::new(link))
+    }
+}
+
+/// Creates a filter per subtask (a link of its own: it filters batches in place).
+pub(crate) struct FilterNode<T, F> {
+    predicate: F,
+    _types: PhantomData<fn(T)>,
+}
+
+impl<T, F> FilterNode<T, F> {
+    pub(crate) fn new(predicate: F) -> Self {
+        FilterNode {
+            predicate,
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<T, F> OperatorFactory for FilterNode<T, F>
+where
+    T: Record,
+    F: FnMut(&T) -> bool + Clone + Send + Sync + 'static,
+{
+    fn create(
+        &self,
+        _ctx: &RuntimeContext,
+        _settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+        next: AnyOutput,
+    ) -> AnyOutput {
+        let link = FilterLink::new(self.predicate.clone(), downcast_output::<T>(next), metrics);
+        erase_output::<T>(Box::new(link))
     }
 }
 

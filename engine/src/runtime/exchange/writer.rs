@@ -64,11 +64,15 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         }
     }
 
-    fn builder(&mut self, channel: usize) -> TaskResult<&mut SegmentBuilder> {
-        let open = &mut self.channels[channel].open;
+    /// The channel's open segment, taking a fresh one from the pool if none is open.
+    fn open_segment<'s>(
+        channels: &'s mut [Channel],
+        pool: &SegmentPool,
+        channel: usize,
+    ) -> TaskResult<&'s mut SegmentBuilder> {
+        let open = &mut channels[channel].open;
         if open.is_none() {
-            let segment = self
-                .pool
+            let segment = pool
                 .acquire()
                 .map_err(|e| TaskError::internal(e.to_string()))?;
             *open = Some(SegmentBuilder::new(segment));
@@ -76,23 +80,26 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         Ok(open.as_mut().expect("set above"))
     }
 
+    fn builder(&mut self, channel: usize) -> TaskResult<&mut SegmentBuilder> {
+        Self::open_segment(&mut self.channels, &self.pool, channel)
+    }
+
     /// Appends to the channel's open segment; `false` if the segment is full.
     #[inline]
     fn try_write(&mut self, channel: usize, record: &T) -> TaskResult<bool> {
-        let segment_size = self.pool.segment_size();
-        let mut arena = std::mem::take(&mut self.arena);
-        let builder = self.builder(channel)?;
-        let written = builder.try_record(record, &mut arena);
-        let empty = builder.is_empty();
-        self.arena = arena;
-        if !written && empty {
+        let builder = Self::open_segment(&mut self.channels, &self.pool, channel)?;
+        if builder.try_record(record, &mut self.arena) {
+            return Ok(true);
+        }
+        if builder.is_empty() {
             return Err(TaskError::user(format!(
-                "a record does not fit in a network segment of {segment_size} bytes; raise \
-                 taskmanager.memory.segment-size"
+                "a record does not fit in a network segment of {} bytes; raise \
+                 taskmanager.memory.segment-size",
+                self.pool.segment_size()
             ))
             .in_operator(&self.metrics.name));
         }
-        Ok(written)
+        Ok(false)
     }
 
     /// Sends the channel's open segment, waiting for credit if the receiver has none to give.
@@ -130,8 +137,20 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         }
     }
 
+    /// Writes a record to a channel. The common case — it fits the open segment — stays
+    /// synchronous; only a full segment (or per-record flushing) takes the awaiting path.
+    #[inline]
     async fn write(&mut self, channel: usize, record: &T) -> TaskResult {
-        if !self.try_write(channel, record)? {
+        let written = self.try_write(channel, record)?;
+        if !written || self.flush_per_record {
+            self.write_slow(channel, record, written).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends what must be sent before (a full segment) or after (per-record flushing) `record`.
+    async fn write_slow(&mut self, channel: usize, record: &T, written: bool) -> TaskResult {
+        if !written {
             self.send(channel).await?;
             let fitted = self.try_write(channel, record)?;
             debug_assert!(
