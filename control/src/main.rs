@@ -1,1 +1,246 @@
-fn main() {}
+//! `weir`: the one entry point. Runs jobs embedded (local mode), benchmarks, and shows
+//! configuration.
+// The CLI's results go to stdout by design; library crates keep the lint.
+#![allow(clippy::print_stdout)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use weir_engine::api::RunOptions;
+use weir_engine::{Configuration, StreamEnvironment};
+use weir_examples::Output;
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Parser)]
+#[command(
+    name = "weir",
+    version,
+    about = "Weir: a thread-per-core stream processing engine with Flink's semantics"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Configuration sources shared by every subcommand: file, then environment, then flags.
+#[derive(clap::Args, Clone, Debug, Default)]
+struct ConfigArgs {
+    /// A TOML configuration file (Flink-style keys).
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    file: Option<PathBuf>,
+    /// Set a configuration key, e.g. -D taskmanager.numberOfTaskSlots=2 (repeatable).
+    #[arg(short = 'D', value_name = "KEY=VALUE")]
+    pairs: Vec<String>,
+}
+
+impl ConfigArgs {
+    fn load(&self) -> Result<Configuration> {
+        let mut config = match &self.file {
+            Some(path) => Configuration::from_toml_file(path)?,
+            None => Configuration::default(),
+        };
+        config.apply_env()?;
+        config.apply_pairs(self.pairs.iter().map(String::as_str))?;
+        Ok(config)
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+enum Job {
+    /// Streaming word count over a text file (or a directory of them).
+    WordCount,
+    /// Running per-sensor statistics over generated readings.
+    KeyedAggregation,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run an example job embedded (local mode) on every configured core.
+    Run {
+        /// The job to run.
+        #[arg(value_enum)]
+        job: Job,
+        /// word-count: the text file or directory to read (default: the bundled sample).
+        #[arg(long)]
+        input: Option<PathBuf>,
+        /// Write results as part files into this directory instead of printing them.
+        #[arg(long, conflicts_with = "discard")]
+        output: Option<PathBuf>,
+        /// Drop results instead of printing them (throughput runs).
+        #[arg(long)]
+        discard: bool,
+        /// keyed-aggregation: number of generated readings.
+        #[arg(long, default_value_t = 10_000_000)]
+        events: u64,
+        /// keyed-aggregation: number of sensors.
+        #[arg(long, default_value_t = 100)]
+        sensors: u32,
+        /// keyed-aggregation: report a sensor every this many readings.
+        #[arg(long, default_value_t = 25_000)]
+        report_every: u64,
+        /// Print the StreamGraph, JobGraph and ExecutionGraph instead of running.
+        #[arg(long)]
+        explain: bool,
+        /// Do not print progress to stderr.
+        #[arg(long)]
+        quiet: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Throughput benchmarks, each against a hand-written baseline measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+    /// List every configuration key with its effective value and meaning.
+    Config {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Source → map → filter → discard, chained on one shard, against a hand-written loop.
+    Chain {
+        /// Records to generate.
+        #[arg(long, default_value_t = 50_000_000)]
+        records: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The same with a hash exchange between shards, against a two-thread hand-off.
+    Exchange {
+        /// Records to generate.
+        #[arg(long, default_value_t = 20_000_000)]
+        records: u64,
+        /// Shards (at most the number of cores).
+        #[arg(long, default_value_t = 2)]
+        shards: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Run {
+            job,
+            input,
+            output,
+            discard,
+            events,
+            sensors,
+            report_every,
+            explain,
+            quiet,
+            config,
+        } => {
+            let config = config.load()?;
+            let env = StreamEnvironment::new(config)?;
+            let output = match (output, discard) {
+                (Some(dir), _) => Output::Files(dir),
+                (None, true) => Output::Discard,
+                (None, false) => Output::Print,
+            };
+            let name = match job {
+                Job::WordCount => {
+                    let input = input
+                        .unwrap_or_else(|| PathBuf::from(weir_examples::word_count::SAMPLE_INPUT));
+                    if !input.exists() {
+                        bail!(
+                            "word-count input '{}' does not exist; pass --input FILE",
+                            input.display()
+                        );
+                    }
+                    weir_examples::word_count::build(&env, &input, output);
+                    "word-count"
+                }
+                Job::KeyedAggregation => {
+                    weir_examples::keyed_aggregation::build(
+                        &env,
+                        events,
+                        sensors,
+                        report_every,
+                        output,
+                    );
+                    "keyed-aggregation"
+                }
+            };
+            if explain {
+                print!("{}", env.explain(name)?);
+                return Ok(());
+            }
+            let options = RunOptions {
+                progress: (!quiet).then_some(Duration::from_secs(1)),
+            };
+            let result = env
+                .execute_with(name, options)
+                .with_context(|| format!("job '{name}' failed"))?;
+            eprintln!(
+                "job '{name}' finished in {:.3} s on {} shard(s)",
+                result.duration.as_secs_f64(),
+                env.slots()
+            );
+            for op in &result.operators {
+                eprintln!(
+                    "  {:<28} in {:>12}  out {:>12}  backpressure waits {}",
+                    op.name, op.records_in, op.records_out, op.backpressure_waits
+                );
+            }
+            Ok(())
+        }
+        Command::Bench { bench } => run_bench(bench),
+        Command::Config { config } => {
+            let config = config.load()?;
+            for (key, value, description) in config.describe() {
+                println!("{key} = {value}\n    {description}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn print_report<R: serde::Serialize + std::fmt::Debug>(report: &R, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        println!("{report:#?}");
+    }
+    Ok(())
+}
+
+fn run_bench(bench: Bench) -> Result<()> {
+    match bench {
+        Bench::Chain { records, json } => print_report(&weir_bench::chain::run(records)?, json),
+        Bench::Exchange {
+            records,
+            shards,
+            json,
+        } => print_report(&weir_bench::exchange::run(records, shards)?, json),
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

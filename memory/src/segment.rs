@@ -8,9 +8,7 @@
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-
-use crossbeam_queue::ArrayQueue;
+use std::sync::{Arc, Mutex};
 
 /// Alignment of every segment: the pool is one anonymous mapping (page aligned) and segment
 /// sizes are powers of two of at least 64 bytes.
@@ -42,7 +40,9 @@ struct PoolInner {
     segment_size: usize,
     segments: usize,
     slot: usize,
-    free: ArrayQueue<u32>,
+    /// Free segment indices, used last-in first-out so that recently used (cache-warm)
+    /// segments are handed out again first.
+    free: Mutex<Vec<u32>>,
     in_use: AtomicUsize,
     high_water: AtomicUsize,
     acquired: AtomicU64,
@@ -131,10 +131,7 @@ impl SegmentPool {
             std::io::Error::last_os_error()
         );
         let memory = NonNull::new(ptr.cast::<u8>()).expect("mmap returns a non-null address");
-        let free = ArrayQueue::new(segments);
-        for index in 0..segments as u32 {
-            free.push(index).expect("queue sized to the pool");
-        }
+        let free = Mutex::new((0..segments as u32).rev().collect());
         SegmentPool {
             inner: Arc::new(PoolInner {
                 memory,
@@ -153,11 +150,13 @@ impl SegmentPool {
     /// Takes a free segment, or fails if every segment is in flight.
     pub fn acquire(&self) -> Result<Segment, SegmentPoolError> {
         let inner = &self.inner;
-        let index = inner.free.pop().ok_or(SegmentPoolError::Exhausted {
-            slot: inner.slot,
-            segments: inner.segments,
-            segment_size: inner.segment_size,
-        })?;
+        let index = inner.free.lock().expect("segment pool lock").pop().ok_or(
+            SegmentPoolError::Exhausted {
+                slot: inner.slot,
+                segments: inner.segments,
+                segment_size: inner.segment_size,
+            },
+        )?;
         let in_use = inner.in_use.fetch_add(1, Ordering::Relaxed) + 1;
         inner.high_water.fetch_max(in_use, Ordering::Relaxed);
         inner.acquired.fetch_add(1, Ordering::Relaxed);
@@ -265,8 +264,14 @@ impl Segment {
 impl Drop for Segment {
     fn drop(&mut self) {
         self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
-        // The queue has room for every index and this one is not in it, so the push succeeds.
-        let _ = self.pool.free.push(self.index);
+        // A poisoned lock only means another thread panicked while holding it; the list of
+        // indices itself is always consistent.
+        let mut free = self
+            .pool
+            .free
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        free.push(self.index);
     }
 }
 

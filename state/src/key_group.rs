@@ -168,13 +168,26 @@ impl KeyGroup {
     /// The key group of a key whose stable hash is `hash`.
     #[inline]
     pub fn of_hash(hash: u64, max_parallelism: u32) -> KeyGroup {
-        KeyGroup((hash % u64::from(max_parallelism)) as u32)
+        let max = u64::from(max_parallelism);
+        // Same value as `%`; a mask when the number of key groups is a power of two (the
+        // default 128), which the hash partitioner pays for on every record.
+        if max.is_power_of_two() {
+            KeyGroup((hash & (max - 1)) as u32)
+        } else {
+            KeyGroup((hash % max) as u32)
+        }
     }
 
     /// The subtask (of `parallelism`) that owns this key group.
     #[inline]
     pub fn subtask(self, max_parallelism: u32, parallelism: u32) -> u32 {
-        (u64::from(self.0) * u64::from(parallelism) / u64::from(max_parallelism)) as u32
+        let scaled = u64::from(self.0) * u64::from(parallelism);
+        // Same value as the division; a shift when `max_parallelism` is a power of two.
+        if max_parallelism.is_power_of_two() {
+            (scaled >> max_parallelism.trailing_zeros()) as u32
+        } else {
+            (scaled / u64::from(max_parallelism)) as u32
+        }
     }
 }
 

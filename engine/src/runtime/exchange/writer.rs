@@ -137,8 +137,8 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         }
     }
 
-    /// Writes a record to a channel. The common case — it fits the open segment — stays
-    /// synchronous; only a full segment (or per-record flushing) takes the awaiting path.
+    /// Writes a record to a channel. The common case — it fits the open segment — is
+    /// synchronous and builds no future; only a full segment (or per-record flushing) awaits.
     #[inline]
     async fn write(&mut self, channel: usize, record: &T) -> TaskResult {
         let written = self.try_write(channel, record)?;
@@ -195,7 +195,12 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
             let channels = self.channels.len();
             for record in batch.drain(..) {
                 match self.partitioner.channel(&record, channels) {
-                    Some(channel) => self.write(channel, &record).await?,
+                    Some(channel) => {
+                        let written = self.try_write(channel, &record)?;
+                        if !written || self.flush_per_record {
+                            self.write_slow(channel, &record, written).await?;
+                        }
+                    }
                     None => {
                         for channel in 0..channels {
                             self.write(channel, &record).await?;

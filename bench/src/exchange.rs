@@ -1,0 +1,204 @@
+//! The exchange benchmark: `DataGeneratorSource` → `map` → `filter` → `key_by(key)` → keyed
+//! `process` (forwards each record) → `DiscardSink`, on `S` shards. The `key_by` edge is a hash
+//! exchange: each source subtask archives its records into network segments and hands them to
+//! the shard that owns the record's key group, which reads them back and sinks them.
+//!
+//! The baseline is a hand-written two-thread hand-off of the same records: a producer thread
+//! generates, maps and filters, and pushes batches of [`BATCH`] records through a bounded
+//! channel (buffers recycled, like the engine's segments) to a consumer thread that
+//! `black_box`es each record.
+
+use std::hint::black_box;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::time::Instant;
+
+use serde::Serialize;
+use weir_engine::prelude::*;
+use weir_engine::runtime::available_cores;
+
+use crate::error::BenchError;
+use crate::measure::{alternate, rate, Measurement, ROUNDS};
+use crate::record::BenchRecord;
+
+const JOB: &str = "bench-exchange";
+const SINK: &str = "discard";
+
+/// Records per batch the baseline hands from producer to consumer.
+pub const BATCH: usize = 1024;
+
+/// Batches the baseline's channel holds before the producer waits (the engine's default
+/// credits per channel).
+const IN_FLIGHT: usize = 4;
+
+/// What `weir bench exchange --json` prints.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExchangeReport {
+    /// Records generated (each run, over all shards).
+    pub records: u64,
+    /// Shards the engine ran on (= source and sink parallelism).
+    pub shards: usize,
+    /// Rounds run; the best round of each side is reported.
+    pub rounds: usize,
+    /// The engine's best wall time, in seconds.
+    pub seconds: f64,
+    /// The engine's throughput: generated records per second, all shards together.
+    pub records_per_second: f64,
+    /// `records_per_second / shards`.
+    pub records_per_second_per_shard: f64,
+    /// The two-thread hand-off's best wall time, in seconds.
+    pub baseline_seconds: f64,
+    /// The two-thread hand-off's throughput: generated records per second.
+    pub baseline_records_per_second: f64,
+    /// Records that passed the filter (the engine's sink input, all shards together).
+    pub surviving_records: u64,
+    /// Whether the engine's sinks received as many records as the baseline's consumer.
+    pub results_match: bool,
+}
+
+/// Checks `shards` against the cores this process may run on.
+fn check_shards(shards: usize) -> Result<(), BenchError> {
+    let cores = available_cores().len();
+    match shards {
+        0 => Err(BenchError::NoShards),
+        s if s > cores => Err(BenchError::TooManyShards { shards, cores }),
+        _ => Ok(()),
+    }
+}
+
+/// Runs the exchange job on `shards` shards with `records` records and returns what it
+/// measured.
+pub fn run_engine(records: u64, shards: usize) -> Result<Measurement, BenchError> {
+    check_shards(shards)?;
+    let config = Configuration::default()
+        .with("taskmanager.numberOfTaskSlots", shards.to_string())
+        .map_err(|e| BenchError::job(JOB)(e.into()))?;
+    let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
+    env.from_source(
+        DataGeneratorSource::new(Some(records), BenchRecord::generate),
+        "generator",
+    )
+    .parallelism(shards)
+    .map(BenchRecord::mapped)
+    .filter(BenchRecord::survives)
+    .key_by(|record: &BenchRecord| record.key)
+    .process(
+        |record: BenchRecord, ctx: &mut KeyedProcessContext<'_, u64, BenchRecord>| ctx.emit(record),
+    )
+    .sink_to(DiscardSink::new(), SINK)
+    .parallelism(shards);
+    let result = env.execute(JOB).map_err(BenchError::job(JOB))?;
+    Ok(Measurement {
+        duration: result.duration,
+        surviving_records: result.records_in(&format!("Sink: {SINK}")),
+    })
+}
+
+fn produce(records: u64, full: SyncSender<Vec<BenchRecord>>, empty: Receiver<Vec<BenchRecord>>) {
+    let mut batch = Vec::with_capacity(BATCH);
+    for i in 0..records {
+        let record = BenchRecord::generate(i).mapped();
+        if record.survives() {
+            batch.push(record);
+            if batch.len() == BATCH {
+                let next = empty
+                    .try_recv()
+                    .unwrap_or_else(|_| Vec::with_capacity(BATCH));
+                full.send(std::mem::replace(&mut batch, next))
+                    .expect("consumer alive");
+            }
+        }
+    }
+    if !batch.is_empty() {
+        full.send(batch).expect("consumer alive");
+    }
+}
+
+fn consume(full: Receiver<Vec<BenchRecord>>, empty: SyncSender<Vec<BenchRecord>>) -> u64 {
+    let mut surviving = 0u64;
+    for mut batch in full {
+        surviving += batch.len() as u64;
+        for record in batch.drain(..) {
+            black_box(record);
+        }
+        // The producer may have finished and dropped its end: then the buffer is not needed.
+        let _ = empty.try_send(batch);
+    }
+    surviving
+}
+
+/// The hand-written two-thread hand-off: one producer thread generates, maps and filters,
+/// a consumer thread `black_box`es each record.
+pub fn run_baseline(records: u64) -> Measurement {
+    let (full_tx, full_rx) = sync_channel(IN_FLIGHT);
+    let (empty_tx, empty_rx) = sync_channel(IN_FLIGHT + 1);
+    let started = Instant::now();
+    let consumer = std::thread::spawn(move || consume(full_rx, empty_tx));
+    produce(records, full_tx, empty_rx);
+    let surviving = consumer.join().expect("baseline consumer thread");
+    Measurement {
+        duration: started.elapsed(),
+        surviving_records: surviving,
+    }
+}
+
+/// Runs the hand-off baseline and the engine job alternately, [`ROUNDS`] times each, and
+/// reports the best round of each. Refuses more shards than cores.
+pub fn run(records: u64, shards: usize) -> Result<ExchangeReport, BenchError> {
+    if records == 0 {
+        return Err(BenchError::NoRecords);
+    }
+    check_shards(shards)?;
+    let (engine, baseline) = alternate(|| run_baseline(records), || run_engine(records, shards))?;
+    let records_per_second = rate(records, engine.duration);
+    Ok(ExchangeReport {
+        records,
+        shards,
+        rounds: ROUNDS,
+        seconds: engine.duration.as_secs_f64(),
+        records_per_second,
+        records_per_second_per_shard: records_per_second / shards as f64,
+        baseline_seconds: baseline.duration.as_secs_f64(),
+        baseline_records_per_second: rate(records, baseline.duration),
+        surviving_records: engine.surviving_records,
+        results_match: engine.surviving_records == baseline.surviving_records,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_run_matches_the_baseline() {
+        let shards = available_cores().len().min(2);
+        let report = run(10_000, shards).unwrap();
+        assert!(report.results_match, "{report:?}");
+        assert!(report.surviving_records > 8_000, "{report:?}");
+        assert!(report.records_per_second > 0.0, "{report:?}");
+        assert!(report.records_per_second_per_shard > 0.0, "{report:?}");
+        assert!(report.baseline_records_per_second > 0.0, "{report:?}");
+        let json = serde_json::to_value(&report).unwrap();
+        for field in [
+            "records",
+            "seconds",
+            "records_per_second",
+            "records_per_second_per_shard",
+            "shards",
+            "baseline_records_per_second",
+        ] {
+            assert!(json.get(field).is_some(), "missing {field} in {json}");
+        }
+    }
+
+    #[test]
+    fn more_shards_than_cores_is_refused() {
+        let cores = available_cores().len();
+        let err = run(1_000, cores + 1).unwrap_err();
+        assert!(matches!(err, BenchError::TooManyShards { .. }), "{err}");
+        assert!(
+            err.to_string().contains(&format!("--shards {cores}")),
+            "{err}"
+        );
+        assert!(matches!(run(1_000, 0), Err(BenchError::NoShards)));
+    }
+}
