@@ -54,21 +54,20 @@ impl ShardQueues {
         }
     }
 
-    /// Publishes how long each queue has run.
+    /// Adds to `load` how long each queue has run since the last sample (glommio hands out a
+    /// queue's statistics once: reading them resets them).
     pub(crate) fn sample(&self, load: &ShardLoad) {
         let executor = glommio::executor();
-        let runtime = |queue| {
-            executor
+        let add = |total: &AtomicU64, queue| {
+            let ran = executor
                 .task_queue_stats(queue)
-                .map(|s| s.runtime().as_nanos() as u64)
-                .unwrap_or(0)
+                .map_or(0, |s| s.runtime().as_nanos() as u64);
+            // This shard is the only writer.
+            total.store(total.load(Ordering::Relaxed) + ran, Ordering::Relaxed);
         };
-        load.processing_ns
-            .store(runtime(self.processing), Ordering::Relaxed);
-        load.checkpoint_io_ns
-            .store(runtime(self.checkpoint_io), Ordering::Relaxed);
-        load.background_ns
-            .store(runtime(self.background), Ordering::Relaxed);
+        add(&load.processing_ns, self.processing);
+        add(&load.checkpoint_io_ns, self.checkpoint_io);
+        add(&load.background_ns, self.background);
     }
 }
 
