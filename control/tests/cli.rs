@@ -100,56 +100,84 @@ fn explain_prints_the_three_graphs() {
     }
 }
 
+/// Runs `weir` expecting failure, and returns its stderr after checking it names `needle`.
+fn fails_naming(args: &[&str], needle: &str) -> String {
+    let result = weir(args);
+    let stderr = text(&result.stderr);
+    assert!(
+        !result.status.success(),
+        "expected failure of {args:?}, got:\n{stderr}"
+    );
+    assert!(stderr.contains(needle), "expected '{needle}' in:\n{stderr}");
+    stderr
+}
+
 #[test]
-fn bad_settings_and_inputs_exit_nonzero_with_a_clear_message() {
-    let result = weir(&["run", "word-count", "-D", "taskmanager.numberOfTaskSlot=2"]);
-    assert!(!result.status.success());
-    assert!(
-        text(&result.stderr).contains("did you mean 'taskmanager.numberOfTaskSlots'"),
-        "{}",
-        text(&result.stderr)
+fn bad_settings_exit_nonzero_with_a_clear_message() {
+    fails_naming(
+        &["run", "word-count", "-D", "taskmanager.numberOfTaskSlot=2"],
+        "did you mean 'taskmanager.numberOfTaskSlots'",
     );
-
-    let result = weir(&[
-        "run",
-        "word-count",
-        "-D",
-        "taskmanager.numberOfTaskSlots=4096",
-    ]);
-    assert!(!result.status.success());
-    assert!(
-        text(&result.stderr).contains("taskmanager.numberOfTaskSlots"),
-        "{}",
-        text(&result.stderr)
+    fails_naming(
+        &[
+            "run",
+            "word-count",
+            "-D",
+            "taskmanager.numberOfTaskSlots=4096",
+        ],
+        "taskmanager.numberOfTaskSlots",
     );
-
-    let result = weir(&[
-        "run",
-        "word-count",
-        "--input",
+    fails_naming(
+        &["run", "word-count", "-D", "execution.buffer-timeout=soon"],
+        "a duration",
+    );
+    fails_naming(
+        &[
+            "run",
+            "word-count",
+            "--input",
+            "/nonexistent/weir-input.txt",
+        ],
         "/nonexistent/weir-input.txt",
-    ]);
-    assert!(!result.status.success());
-    assert!(
-        text(&result.stderr).contains("/nonexistent/weir-input.txt"),
-        "{}",
-        text(&result.stderr)
     );
+}
 
+#[test]
+fn a_failing_job_exits_nonzero_naming_the_operator_and_the_record() {
     let dir = tempfile::tempdir().unwrap();
-    let unreadable = dir.path().join("dir-as-file");
-    std::fs::create_dir(&unreadable).unwrap();
-    std::fs::create_dir(unreadable.join("nested")).unwrap();
+    let input = dir.path().join("broken.txt");
+    std::fs::write(&input, b"fine line\nnot \xff utf-8\n").unwrap();
+    let stderr = fails_naming(
+        &[
+            "run",
+            "word-count",
+            "--quiet",
+            "--input",
+            input.to_str().unwrap(),
+        ],
+        "Source: lines",
+    );
+    assert!(stderr.contains("line 2"), "{stderr}");
+    assert!(stderr.contains("broken.txt"), "{stderr}");
+}
+
+#[test]
+fn an_empty_directory_is_an_empty_input() {
+    let dir = tempfile::tempdir().unwrap();
     let result = weir(&[
         "run",
         "word-count",
         "--quiet",
-        "--input",
-        unreadable.join("nested").to_str().unwrap(),
         "--discard",
+        "--input",
+        dir.path().to_str().unwrap(),
     ]);
-    // An empty directory is a valid, empty input: the job runs and ends.
     assert!(result.status.success(), "{}", text(&result.stderr));
+    assert!(
+        text(&result.stderr).contains("Sink: discard"),
+        "{}",
+        text(&result.stderr)
+    );
 }
 
 #[test]

@@ -11,7 +11,7 @@
 //!     .filter(|n: &u64| n % 3 == 0)
 //!     .sink_to(DiscardSink::new(), "blackhole");
 //! let result = env.execute("example").unwrap();
-//! println!("{} records in {:?}", result.records_out("blackhole"), result.duration);
+//! println!("{} records in {:?}", result.records_in("Sink: blackhole"), result.duration);
 //! ```
 #![warn(missing_docs)]
 

@@ -175,5 +175,5 @@ impl StreamEnvironment {
     }
 }
 
-/// Marker so that `DataStream<T>` is neither `Send` nor tied to `T`'s auto traits.
+/// Ties a stream to its record type without holding a record.
 pub(crate) type StreamMarker<T> = PhantomData<fn() -> T>;
