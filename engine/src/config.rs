@@ -47,6 +47,8 @@ pub enum ConfigError {
 pub enum OptionKind {
     /// A whole number of at least the given minimum.
     Count(u64),
+    /// A whole number in the given inclusive range.
+    Range(u64, u64),
     /// A duration such as `1 ms`, `200ms`, `10 s`, `0`.
     Duration,
     /// A size such as `1728m`, `32kb`, `1 gb`.
@@ -91,7 +93,7 @@ pub const OPTIONS: &[ConfigOption] = &[
         "CPU core ids the shards are pinned to, in shard order. Default: the available cores."),
     option!("parallelism.default", OptionKind::Count(1), "",
         "Parallelism of operators that set none. Default: the number of slots."),
-    option!("pipeline.max-parallelism", OptionKind::Count(1), "128",
+    option!("pipeline.max-parallelism", OptionKind::Range(1, 32768), "128",
         "Number of key groups; the upper bound of any keyed operator's parallelism."),
     option!("pipeline.operator-chaining.enabled", OptionKind::Bool, "true",
         "Chain operators connected by forward edges with equal parallelism into one task."),
@@ -112,7 +114,7 @@ pub const OPTIONS: &[ConfigOption] = &[
     option!("taskmanager.memory.segment-size", OptionKind::Size, "32kb",
         "Size of one network segment."),
     option!("taskmanager.network.memory.buffers-per-channel", OptionKind::Count(1), "4",
-        "Credits per exchange channel: segments a sender may have in flight to one receiver."),
+        "Credits per exchange channel: segments a sender may have in flight to one receiver (rounded up to a power of two)."),
     option!("taskmanager.shard.spin-before-park", OptionKind::Duration, "1 ms",
         "How long an idle shard spins before it sleeps; shorter saves CPU, longer cuts wake-up latency."),
 ];
@@ -168,6 +170,10 @@ fn parse_core_list(text: &str) -> Option<Vec<usize>> {
 fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
     let ok = match option.kind {
         OptionKind::Count(min) => value.trim().parse::<u64>().is_ok_and(|v| v >= min),
+        OptionKind::Range(min, max) => value
+            .trim()
+            .parse::<u64>()
+            .is_ok_and(|v| (min..=max).contains(&v)),
         OptionKind::Duration => parse_duration(value).is_some(),
         OptionKind::Size => parse_size(value).is_some(),
         OptionKind::Fraction => value
@@ -182,6 +188,7 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
     }
     let expected = match option.kind {
         OptionKind::Count(min) => format!("a whole number of at least {min}"),
+        OptionKind::Range(min, max) => format!("a whole number from {min} to {max}"),
         OptionKind::Duration => "a duration such as '1 ms', '200ms', '10 s' or '0'".into(),
         OptionKind::Size => "a size such as '1728m', '32kb' or '1 gb'".into(),
         OptionKind::Fraction => "a fraction between 0 and 1, e.g. 0.1".into(),
@@ -398,10 +405,12 @@ impl Configuration {
         self.count("execution.batch-size").expect("has a default")
     }
 
-    /// `taskmanager.network.memory.buffers-per-channel`.
+    /// `taskmanager.network.memory.buffers-per-channel`, rounded up to a power of two: the
+    /// capacity glommio gives a channel's ring, and so the credits a receiver really grants.
     pub fn buffers_per_channel(&self) -> usize {
         self.count("taskmanager.network.memory.buffers-per-channel")
             .expect("has a default")
+            .next_power_of_two()
     }
 
     /// `taskmanager.shard.spin-before-park`.
@@ -488,6 +497,11 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("at least 1"), "{err}");
+        let err = Configuration::default()
+            .set("pipeline.max-parallelism", "4294967296")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("from 1 to 32768"), "{err}");
         let err = Configuration::default()
             .set("execution.buffer-timeout", "fast")
             .unwrap_err()

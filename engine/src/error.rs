@@ -28,7 +28,7 @@ impl fmt::Display for FailureKind {
 /// Why a job did not run to completion.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
-    /// The job graph is malformed (parallelism 0, forward edge between different parallelisms...).
+    /// The job graph is malformed (no sink, parallelism 0 or above the slots, duplicate uid...).
     #[error("invalid job: {0}")]
     InvalidJob(String),
     /// A setting is unknown or has a bad value.

@@ -34,7 +34,8 @@ pub use record::{Key, Record, Watermark};
 pub mod prelude {
     pub use crate::api::{
         Collector, DataStream, DataStreamSink, JobResult, KeyedProcessContext,
-        KeyedProcessFunction, KeyedStream, ProcessContext, ProcessFunction, StreamEnvironment,
+        KeyedProcessFunction, KeyedStream, ProcessContext, ProcessFunction, RuntimeContext,
+        StreamEnvironment,
     };
     pub use crate::config::Configuration;
     pub use crate::connector::{

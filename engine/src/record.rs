@@ -37,6 +37,12 @@ where
 {
     #[inline]
     fn encode(&self, out: &mut [u8], arena: &mut Arena) -> Option<usize> {
+        const {
+            assert!(
+                std::mem::align_of::<T::Archived>() <= 16,
+                "segments align record archives to 16 bytes"
+            )
+        };
         let buffer = Buffer::from(out);
         rkyv::api::low::to_bytes_in_with_alloc::<_, _, Failure>(self, buffer, arena.acquire())
             .ok()

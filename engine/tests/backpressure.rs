@@ -16,14 +16,7 @@ const SEGMENT_SIZE: usize = 4 << 10;
 /// An environment whose slots each own a pool of [`SEGMENTS_PER_SLOT`] 4 KiB segments: the
 /// network share is pinned (min = max) to exactly that many segments over all slots.
 fn small_pool_env(slots: usize, extra: &[(&str, &str)]) -> StreamEnvironment {
-    let network = format!("{}b", slots * SEGMENTS_PER_SLOT * SEGMENT_SIZE);
-    let mut pairs = vec![
-        ("taskmanager.memory.segment-size", "4kb"),
-        ("taskmanager.memory.network.min", network.as_str()),
-        ("taskmanager.memory.network.max", network.as_str()),
-    ];
-    pairs.extend_from_slice(extra);
-    common::env_with(slots, &pairs)
+    pool_env(slots, SEGMENTS_PER_SLOT, extra)
 }
 
 /// About 120 bytes per record: a 4 KiB segment holds a few dozen.
@@ -146,4 +139,58 @@ fn a_pool_too_small_for_the_channels_is_refused_before_running() {
         "{text}"
     );
     assert!(collected.is_empty(), "nothing ran");
+}
+
+/// An environment whose slots each own exactly `segments` 4 KiB segments.
+fn pool_env(slots: usize, segments: usize, extra: &[(&str, &str)]) -> StreamEnvironment {
+    let network = format!("{}b", slots * segments * SEGMENT_SIZE);
+    let mut pairs = vec![
+        ("taskmanager.memory.segment-size", "4kb"),
+        ("taskmanager.memory.network.min", network.as_str()),
+        ("taskmanager.memory.network.max", network.as_str()),
+    ];
+    pairs.extend_from_slice(extra);
+    common::env_with(slots, &pairs)
+}
+
+/// Credits that are not a power of two are rounded up (a channel's ring holds a power of two),
+/// and the up-front pool check counts the rounded credits: 3 credits need 4 + 2 segments per
+/// channel, so a pool sized for 3 + 2 is refused, and one sized for 4 + 2 never runs dry even
+/// with a slow sink keeping every ring full.
+#[test]
+fn credits_round_up_and_the_admitted_pool_is_never_exhausted() {
+    let slots = common::slots();
+    // Rebalance from `slots` senders to `slots` receivers: `slots` channels per sending slot.
+    let credits = [
+        ("taskmanager.network.memory.buffers-per-channel", "3"),
+        ("execution.batch-size", "4"),
+    ];
+    let build = |env: &StreamEnvironment| {
+        let (sink, collected) = CollectSink::new();
+        let sink = sink.with_delay_per_batch(Duration::from_millis(1));
+        env.from_sequence(0, 3_000)
+            .map(payload)
+            .rebalance()
+            .sink_to(sink, "slow");
+        collected
+    };
+
+    let too_small = pool_env(slots, slots * 5, &credits);
+    build(&too_small);
+    let err = too_small
+        .execute("pool for unrounded credits")
+        .expect_err("refused up front");
+    assert!(err.to_string().contains("buffers-per-channel"), "{err}");
+
+    let enough = pool_env(slots, slots * 6, &credits);
+    let collected = build(&enough);
+    let result = enough
+        .execute("pool for rounded credits")
+        .expect("the admitted job runs");
+    for pool in &result.pools {
+        assert_eq!(pool.segments, slots * 6);
+        assert!(pool.high_water <= pool.segments, "{pool:?}");
+    }
+    let expected: Vec<String> = (0..3_000).map(payload).collect();
+    assert_same_multiset(&collected.records(), &expected);
 }

@@ -329,3 +329,67 @@ fn a_receiver_failing_while_its_sender_waits_for_credit_ends_the_job() {
     .expect_err("the map panics");
     assert_exploded(&err, 0, 2);
 }
+
+/// A panic in a key selector is reported as the key selector of the keyed operator — a user
+/// error — even though it runs on the sending side, inside the upstream operator's output.
+#[test]
+fn panic_in_a_key_selector_names_the_keyed_operator() {
+    let env = common::env();
+    let (sink, _collected) = CollectSink::new();
+    env.from_sequence(0, 10_000)
+        .map(|n: u64| n + 1)
+        .key_by(|n: &u64| {
+            if *n == POISON {
+                panic!("poison key {n}");
+            }
+            *n % 10
+        })
+        .reduce(|a, b| a + b)
+        .name("sums")
+        .sink_to(sink, "out");
+    let err = env.execute("bad key").expect_err("the key selector panics");
+    match &err {
+        JobError::TaskFailed {
+            operator,
+            message,
+            kind,
+            ..
+        } => {
+            assert_eq!(operator, "key selector of 'sums'", "{err}");
+            assert!(message.contains("poison key 777"), "{err}");
+            assert_eq!(*kind, weir_engine::error::FailureKind::User, "{err}");
+        }
+        other => panic!("expected TaskFailed, got {other:?}"),
+    }
+}
+
+/// A panic in a process function's `open` names that operator.
+#[test]
+fn panic_in_open_names_the_operator() {
+    #[derive(Clone)]
+    struct FailsToOpen;
+    impl ProcessFunction<u64, u64> for FailsToOpen {
+        fn open(&mut self, ctx: &RuntimeContext) {
+            panic!("cannot open subtask {}", ctx.subtask);
+        }
+        fn process_element(&mut self, value: u64, ctx: &mut ProcessContext<'_, u64>) {
+            ctx.emit(value);
+        }
+    }
+    let env = common::env();
+    let (sink, _collected) = CollectSink::new();
+    env.from_sequence(0, 100)
+        .process(FailsToOpen)
+        .name("opener")
+        .sink_to(sink, "out");
+    let err = env.execute("bad open").expect_err("open panics");
+    match &err {
+        JobError::TaskFailed {
+            operator, message, ..
+        } => {
+            assert_eq!(operator, "opener", "{err}");
+            assert!(message.contains("cannot open subtask"), "{err}");
+        }
+        other => panic!("expected TaskFailed, got {other:?}"),
+    }
+}

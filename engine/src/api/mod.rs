@@ -12,3 +12,5 @@ pub use function::{
 };
 pub use keyed::KeyedStream;
 pub use stream::{DataStream, DataStreamSink};
+
+pub use crate::operator::RuntimeContext;

@@ -122,10 +122,6 @@ impl<T> SinkWriter<T> for CollectWriter<T> {
         })
     }
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        Box::pin(async { Ok(()) })
-    }
-
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         Box::pin(async { Ok(()) })
     }

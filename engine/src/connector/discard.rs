@@ -36,10 +36,6 @@ impl<T> SinkWriter<T> for DiscardSink {
         Box::pin(async { Ok(()) })
     }
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        Box::pin(async { Ok(()) })
-    }
-
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         Box::pin(async { Ok(()) })
     }

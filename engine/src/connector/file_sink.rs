@@ -122,15 +122,6 @@ impl<T> SinkWriter<T> for FileWriter<T> {
         Box::pin(polled_when_woken(self.write_batch(batch)))
     }
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        Box::pin(polled_when_woken(async move {
-            match self.writer.as_mut() {
-                Some(writer) => writer.flush().await.map_err(|e| self.io_error("flush", e)),
-                None => Ok(()),
-            }
-        }))
-    }
-
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         Box::pin(polled_when_woken(self.close()))
     }

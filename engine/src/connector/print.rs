@@ -65,10 +65,6 @@ impl<T: Debug> SinkWriter<T> for PrintWriter {
         Box::pin(async move { result })
     }
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        Box::pin(async { Ok(()) })
-    }
-
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         Box::pin(async { Ok(()) })
     }

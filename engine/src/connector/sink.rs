@@ -13,9 +13,6 @@ pub trait SinkWriter<T> {
         batch: &'a mut Vec<T>,
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>>;
 
-    /// Makes buffered records visible (called on the buffer timeout).
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>>;
-
     /// The input ended: write out everything and close.
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>>;
 }

@@ -18,6 +18,6 @@ pub use execution_graph::{ExecutionGraph, ExecutionVertex};
 pub use job_graph::{JobEdge, JobGraph, JobVertex};
 pub(crate) use stream_graph::{
     AnyOutput, EdgeRequest, NodeKind, OperatorFactory, SharedEnumerator, SinkFactory,
-    SourceFactory, StreamEdge, StreamNode, TypeOps, WriterFactory,
+    SourceFactory, StreamEdge, StreamNode, TypeOps, WriterFactory, WriterParts,
 };
 pub use stream_graph::{StreamGraph, StreamNodeInfo};

@@ -55,17 +55,25 @@ pub(crate) trait SourceFactory: Send + Sync {
     ) -> Box<dyn Subtask>;
 }
 
+/// What an exchange writer of one subtask on one edge is built from.
+pub(crate) struct WriterParts<'a> {
+    pub(crate) kind: PartitionKind,
+    /// One sender per receiving channel, in channel order.
+    pub(crate) senders: Vec<ConnectedSender<Segment>>,
+    /// The sending slot's segment pool.
+    pub(crate) pool: SegmentPool,
+    pub(crate) settings: &'a TaskSettings,
+    /// The producing operator's metrics (backpressure waits are counted there).
+    pub(crate) metrics: Arc<OperatorMetrics>,
+    /// Set when any subtask of the job fails; ends a wait for credit that can never come.
+    pub(crate) cancel: Arc<AtomicBool>,
+    /// The consuming operator: a key selector runs for it, and its panics are reported so.
+    pub(crate) consumer: &'a str,
+}
+
 /// Creates the exchange writer of one subtask on one edge.
 pub(crate) trait WriterFactory: Send + Sync {
-    fn create(
-        &self,
-        kind: PartitionKind,
-        senders: Vec<ConnectedSender<Segment>>,
-        pool: SegmentPool,
-        settings: &TaskSettings,
-        metrics: Arc<OperatorMetrics>,
-        cancel: Arc<AtomicBool>,
-    ) -> AnyOutput;
+    fn create(&self, parts: WriterParts<'_>) -> AnyOutput;
 }
 
 /// Operations that depend only on a record type: fanning a node's output out to several

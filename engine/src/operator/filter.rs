@@ -67,7 +67,7 @@ impl<T: 'static, F: FnMut(&T) -> bool + 'static> Output<T> for FilterLink<T, F> 
     fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             {
-                let _scope = scope::enter(&self.metrics);
+                let _scope = scope::enter(&self.metrics.name);
                 self.metrics.records_in.add(batch.len() as u64);
                 compact(batch, &mut self.predicate);
                 self.metrics.records_out.add(batch.len() as u64);

@@ -103,7 +103,10 @@ impl<O, Op> OperatorLink<O, Op> {
     where
         Op: Operator<I, O>,
     {
-        operator.open(ctx);
+        {
+            let _scope = scope::enter(&metrics.name);
+            operator.open(ctx);
+        }
         OperatorLink {
             operator,
             out: Vec::with_capacity(batch_size),
@@ -126,13 +129,16 @@ async fn emit<O>(
 impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
     fn push<'a>(&'a mut self, batch: &'a mut Vec<I>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
-            let _scope = scope::enter(&self.metrics);
             self.metrics.records_in.add(batch.len() as u64);
             if Op::AT_MOST_ONE_PER_RECORD {
+                let _scope = scope::enter(&self.metrics.name);
                 self.operator.process_batch(batch, &mut self.out);
             } else {
                 for record in batch.drain(..) {
-                    self.operator.process_element(record, &mut self.out);
+                    {
+                        let _scope = scope::enter(&self.metrics.name);
+                        self.operator.process_element(record, &mut self.out);
+                    }
                     if self.out.len() >= self.batch_size {
                         emit(&mut self.next, &mut self.out, &self.metrics).await?;
                     }
@@ -147,8 +153,10 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
 
     fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async move {
-            let _scope = scope::enter(&self.metrics);
-            self.operator.on_watermark(watermark, &mut self.out);
+            {
+                let _scope = scope::enter(&self.metrics.name);
+                self.operator.on_watermark(watermark, &mut self.out);
+            }
             if !self.out.is_empty() {
                 emit(&mut self.next, &mut self.out, &self.metrics).await?;
             }
@@ -162,8 +170,10 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
 
     fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async move {
-            let _scope = scope::enter(&self.metrics);
-            self.operator.finish(&mut self.out);
+            {
+                let _scope = scope::enter(&self.metrics.name);
+                self.operator.finish(&mut self.out);
+            }
             if !self.out.is_empty() {
                 emit(&mut self.next, &mut self.out, &self.metrics).await?;
             }

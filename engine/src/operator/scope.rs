@@ -1,24 +1,25 @@
 //! Which operator a panic came from.
 //!
-//! Every link enters a scope while it runs its operator. When a user function panics, the
-//! scopes unwind innermost first; the first one to drop while the thread is panicking records
-//! its operator, and the task that catches the panic reports that operator and subtask.
+//! Every link enters a scope while it calls into its operator's user code (and only then: not
+//! while its output travels downstream). When user code panics, the first scope to drop while
+//! the thread is panicking records its operator, and the task that catches the panic reports
+//! that operator. A panic outside every scope is a bug in Weir or a library, not in the job.
 
 use std::cell::RefCell;
 
-use crate::metrics::OperatorMetrics;
-
 thread_local! {
-    static CULPRIT: RefCell<Option<(String, usize)>> = const { RefCell::new(None) };
+    static CULPRIT: RefCell<Option<String>> = const { RefCell::new(None) };
 }
 
 /// Marks an operator as running until dropped.
 pub(crate) struct Scope<'a> {
-    metrics: &'a OperatorMetrics,
+    operator: &'a str,
 }
 
-pub(crate) fn enter(metrics: &OperatorMetrics) -> Scope<'_> {
-    Scope { metrics }
+/// Marks `operator`'s user code as running until the scope drops.
+#[inline]
+pub(crate) fn enter(operator: &str) -> Scope<'_> {
+    Scope { operator }
 }
 
 impl Drop for Scope<'_> {
@@ -27,7 +28,7 @@ impl Drop for Scope<'_> {
             CULPRIT.with(|c| {
                 let mut c = c.borrow_mut();
                 if c.is_none() {
-                    *c = Some((self.metrics.name.clone(), self.metrics.subtask));
+                    *c = Some(self.operator.to_string());
                 }
             });
         }
@@ -35,6 +36,6 @@ impl Drop for Scope<'_> {
 }
 
 /// Takes the operator recorded by the last panic on this thread.
-pub(crate) fn take_culprit() -> Option<(String, usize)> {
+pub(crate) fn take_culprit() -> Option<String> {
     CULPRIT.with(|c| c.borrow_mut().take())
 }

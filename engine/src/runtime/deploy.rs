@@ -21,7 +21,7 @@ use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::task::{Subtask, TaskSettings};
 use crate::config::Configuration;
 use crate::error::{JobError, TaskError, TaskResult};
-use crate::graph::{AnyOutput, ExecutionGraph, NodeKind, SharedEnumerator};
+use crate::graph::{AnyOutput, ExecutionGraph, NodeKind, SharedEnumerator, WriterParts};
 use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
 use crate::operator::{scope, RuntimeContext};
 
@@ -161,16 +161,17 @@ impl ChainBuilder<'_> {
                     .senders
                     .remove(&index)
                     .expect("senders of every outgoing edge");
-                let factory = &graph.nodes[edge.target_node].inputs[edge.input_index].writer;
-                let metrics = self.metrics(node);
-                outputs.push(factory.create(
-                    edge.kind,
+                let consumer = &graph.nodes[edge.target_node];
+                let parts = WriterParts {
+                    kind: edge.kind,
                     senders,
-                    self.pool.clone(),
-                    &self.shared.settings,
-                    metrics,
-                    Arc::clone(&self.shared.cancel),
-                ));
+                    pool: self.pool.clone(),
+                    settings: &self.shared.settings,
+                    metrics: self.metrics(node),
+                    cancel: Arc::clone(&self.shared.cancel),
+                    consumer: &consumer.name,
+                };
+                outputs.push(consumer.inputs[edge.input_index].writer.create(parts));
             }
         }
         match outputs.len() {
@@ -268,10 +269,8 @@ async fn run_subtask(
             // is a bug in Weir or a library it uses.
             let message = panic_message(&*payload);
             let error = match scope::take_culprit() {
-                Some((operator, _)) => {
-                    TaskError::user(format!("a user function panicked: {message}"))
-                        .in_operator(&operator)
-                }
+                Some(operator) => TaskError::user(format!("a user function panicked: {message}"))
+                    .in_operator(&operator),
                 None => TaskError::internal(format!("the task panicked: {message}")),
             };
             Err(fail(error))

@@ -5,9 +5,6 @@ use std::marker::PhantomData;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
-use glommio::channels::shared_channel::ConnectedSender;
-use weir_memory::{Segment, SegmentPool};
-
 use super::exchange::partitioner::{
     BroadcastPartitioner, ForwardPartitioner, KeyGroupPartitioner, RebalancePartitioner,
 };
@@ -19,7 +16,7 @@ use crate::connector::{Boundedness, Sink, Source, SplitEnumerator};
 use crate::error::{TaskError, TaskResult};
 use crate::graph::SharedEnumerator;
 use crate::graph::{
-    AnyOutput, OperatorFactory, SinkFactory, SourceFactory, TypeOps, WriterFactory,
+    AnyOutput, OperatorFactory, SinkFactory, SourceFactory, TypeOps, WriterFactory, WriterParts,
 };
 use crate::metrics::OperatorMetrics;
 use crate::operator::{FanOut, FilterLink, Operator, OperatorLink, Output, RuntimeContext};
@@ -221,45 +218,16 @@ impl<T> PlainWriter<T> {
 }
 
 impl<T: Record> WriterFactory for PlainWriter<T> {
-    fn create(
-        &self,
-        kind: PartitionKind,
-        senders: Vec<ConnectedSender<Segment>>,
-        pool: SegmentPool,
-        settings: &TaskSettings,
-        metrics: Arc<OperatorMetrics>,
-        cancel: Arc<AtomicBool>,
-    ) -> AnyOutput {
-        let flush = settings.flush_per_record();
-        let writer: Box<dyn Output<T>> = match kind {
-            PartitionKind::Forward => Box::new(ExchangeWriter::new(
-                senders,
-                ForwardPartitioner,
-                pool,
-                flush,
-                metrics,
-                cancel,
-            )),
-            PartitionKind::Broadcast => Box::new(ExchangeWriter::new(
-                senders,
-                BroadcastPartitioner,
-                pool,
-                flush,
-                metrics,
-                cancel,
-            )),
-            PartitionKind::Rebalance | PartitionKind::Hash => {
+    fn create(&self, parts: WriterParts<'_>) -> AnyOutput {
+        let writer: Box<dyn Output<T>> = match parts.kind {
+            PartitionKind::Forward => Box::new(ExchangeWriter::new(parts, ForwardPartitioner)),
+            PartitionKind::Broadcast => Box::new(ExchangeWriter::new(parts, BroadcastPartitioner)),
+            PartitionKind::Rebalance => {
                 // Start each sender at a different receiver so that small inputs spread out.
-                let next = metrics.subtask % senders.len().max(1);
-                Box::new(ExchangeWriter::new(
-                    senders,
-                    RebalancePartitioner { next },
-                    pool,
-                    flush,
-                    metrics,
-                    cancel,
-                ))
+                let next = parts.metrics.subtask % parts.senders.len().max(1);
+                Box::new(ExchangeWriter::new(parts, RebalancePartitioner { next }))
             }
+            PartitionKind::Hash => unreachable!("keyed edges get their writer from KeyedWriter"),
         };
         erase_output::<T>(writer)
     }
@@ -286,29 +254,14 @@ where
     K: Key,
     KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
 {
-    fn create(
-        &self,
-        kind: PartitionKind,
-        senders: Vec<ConnectedSender<Segment>>,
-        pool: SegmentPool,
-        settings: &TaskSettings,
-        metrics: Arc<OperatorMetrics>,
-        cancel: Arc<AtomicBool>,
-    ) -> AnyOutput {
-        debug_assert_eq!(kind, PartitionKind::Hash);
+    fn create(&self, parts: WriterParts<'_>) -> AnyOutput {
+        debug_assert_eq!(parts.kind, PartitionKind::Hash);
         let partitioner = KeyGroupPartitioner {
             key_selector: self.key_selector.clone(),
-            max_parallelism: settings.max_parallelism as u32,
+            max_parallelism: parts.settings.max_parallelism as u32,
+            consumer: format!("key selector of '{}'", parts.consumer),
             _key: PhantomData,
         };
-        let flush = settings.flush_per_record();
-        erase_output::<T>(Box::new(ExchangeWriter::new(
-            senders,
-            partitioner,
-            pool,
-            flush,
-            metrics,
-            cancel,
-        )))
+        erase_output::<T>(Box::new(ExchangeWriter::new(parts, partitioner)))
     }
 }

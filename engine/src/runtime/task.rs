@@ -105,7 +105,7 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
                 return Err(TaskError::cancelled("the job was cancelled"));
             }
             let status = {
-                let _scope = scope::enter(&self.metrics);
+                let _scope = scope::enter(&self.metrics.name);
                 self.reader
                     .poll_next(&mut batch, self.settings.batch_size)
                     .await
@@ -183,8 +183,9 @@ impl<T: Record> NetworkTask<T> {
                 match entry {
                     Entry::Record(bytes) => {
                         // SAFETY: the sender wrote these bytes with `T::encode` at a 16-byte
-                        // aligned offset of a page-aligned segment (see `frame`), and the
-                        // edge's type is `T` on both ends (checked when the task was built).
+                        // aligned offset of a page-aligned segment (see `frame`). Both ends of
+                        // an edge are built from one typed API call (`DataStream<T>` feeding an
+                        // operator of input `T`), so the sender's type is this task's `T`.
                         batch.push(unsafe { T::decode(bytes) });
                         if batch.len() >= self.settings.batch_size {
                             self.chain.push(&mut batch).await?;
@@ -236,9 +237,12 @@ impl<T> SinkOutput<T> {
 impl<T: 'static> Output<T> for SinkOutput<T> {
     fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
-            let _scope = scope::enter(&self.metrics);
+            let _scope = scope::enter(&self.metrics.name);
             self.metrics.records_in.add(batch.len() as u64);
             let result = self.writer.write(batch).await;
+            // A writer must take every record; one that only looked at them must not see them
+            // again with the next batch.
+            batch.clear();
             result.map_err(|e| self.error(e))
         })
     }
@@ -247,16 +251,15 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
         Box::pin(async { Ok(()) })
     }
 
+    /// The buffer timeout bounds how long records wait in network segments (as in Flink), not
+    /// in a sink's own buffers: a sink writes out what it buffered when its input ends.
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            let result = self.writer.flush().await;
-            result.map_err(|e| self.error(e))
-        })
+        Box::pin(async { Ok(()) })
     }
 
     fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async move {
-            let _scope = scope::enter(&self.metrics);
+            let _scope = scope::enter(&self.metrics.name);
             let result = self.writer.finish().await;
             result.map_err(|e| self.error(e))
         })

@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 
 use weir_state::KeyGroup;
 
+use crate::operator::scope;
 use crate::record::Key;
 
 /// The kind of an edge between two operators.
@@ -75,13 +76,18 @@ impl<T> Partitioner<T> for BroadcastPartitioner {
 pub(crate) struct KeyGroupPartitioner<K, KS> {
     pub(crate) key_selector: KS,
     pub(crate) max_parallelism: u32,
+    /// Names the key selector in the report of a panic inside it.
+    pub(crate) consumer: String,
     pub(crate) _key: PhantomData<fn() -> K>,
 }
 
 impl<T, K: Key, KS: Fn(&T) -> K + 'static> Partitioner<T> for KeyGroupPartitioner<K, KS> {
     #[inline]
     fn channel(&mut self, record: &T, channels: usize) -> Option<usize> {
-        let key = (self.key_selector)(record);
+        let key = {
+            let _scope = scope::enter(&self.consumer);
+            (self.key_selector)(record)
+        };
         let group = KeyGroup::of(&key, self.max_parallelism);
         Some(group.subtask(self.max_parallelism, channels as u32) as usize)
     }

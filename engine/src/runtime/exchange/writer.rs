@@ -18,6 +18,7 @@ use weir_memory::{Segment, SegmentPool};
 use super::frame::{Event, SegmentBuilder};
 use super::partitioner::Partitioner;
 use crate::error::{TaskError, TaskResult};
+use crate::graph::WriterParts;
 use crate::metrics::OperatorMetrics;
 use crate::operator::Output;
 use crate::record::{Record, Watermark};
@@ -41,25 +42,19 @@ pub(crate) struct ExchangeWriter<T, P> {
 }
 
 impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
-    pub(crate) fn new(
-        senders: Vec<ConnectedSender<Segment>>,
-        partitioner: P,
-        pool: SegmentPool,
-        flush_per_record: bool,
-        metrics: Arc<OperatorMetrics>,
-        cancel: Arc<AtomicBool>,
-    ) -> Self {
+    pub(crate) fn new(parts: WriterParts<'_>, partitioner: P) -> Self {
         ExchangeWriter {
-            channels: senders
+            channels: parts
+                .senders
                 .into_iter()
                 .map(|sender| Channel { sender, open: None })
                 .collect(),
             partitioner,
-            pool,
+            pool: parts.pool,
             arena: Arena::new(),
-            flush_per_record,
-            metrics,
-            cancel,
+            flush_per_record: parts.settings.flush_per_record(),
+            metrics: parts.metrics,
+            cancel: parts.cancel,
             _record: PhantomData,
         }
     }
@@ -170,6 +165,9 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
                 self.send(channel).await?;
                 let fitted = self.builder(channel)?.try_event(event);
                 debug_assert!(fitted, "an empty segment takes any event");
+            }
+            if self.flush_per_record {
+                self.send(channel).await?;
             }
         }
         Ok(())
