@@ -42,6 +42,17 @@ pub enum ConfigError {
     },
 }
 
+impl From<weir_memory::MemoryConfigError> for ConfigError {
+    fn from(error: weir_memory::MemoryConfigError) -> ConfigError {
+        let weir_memory::MemoryConfigError::Invalid { key, value, fix } = error;
+        ConfigError::InvalidValue {
+            key: key.into(),
+            value,
+            expected: fix,
+        }
+    }
+}
+
 /// The type of a configuration value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OptionKind {

@@ -54,14 +54,10 @@ impl StreamEnvironment {
     /// than cores, unknown cores, bad memory settings).
     pub fn new(config: Configuration) -> Result<StreamEnvironment, JobError> {
         let cores = resolve_cores(config.slots(), config.cores())?;
-        config.memory().validate().map_err(|e| {
-            let weir_memory::MemoryConfigError::Invalid { key, value, fix } = e;
-            JobError::Config(crate::config::ConfigError::InvalidValue {
-                key: key.into(),
-                value,
-                expected: fix,
-            })
-        })?;
+        config
+            .memory()
+            .validate()
+            .map_err(crate::config::ConfigError::from)?;
         Ok(StreamEnvironment {
             state: Rc::new(RefCell::new(EnvState {
                 config,
@@ -144,13 +140,9 @@ impl StreamEnvironment {
             job_name: job_name.to_string(),
             nodes: state.nodes.iter().map(StreamNode::share).collect(),
         };
-        let default_parallelism = state
-            .config
-            .default_parallelism()
-            .unwrap_or(state.cores.len());
         let job = JobGraph::from_stream_graph(
             graph,
-            default_parallelism,
+            self.default_parallelism(),
             state.config.max_parallelism(),
             state.config.chaining_enabled(),
         )?;

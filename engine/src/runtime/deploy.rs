@@ -334,14 +334,9 @@ pub fn run_job(
         .max()
         .unwrap_or(1);
     let memory = config.memory();
-    memory.validate().map_err(|e| {
-        let weir_memory::MemoryConfigError::Invalid { key, value, fix } = e;
-        JobError::Config(crate::config::ConfigError::InvalidValue {
-            key: key.into(),
-            value,
-            expected: fix,
-        })
-    })?;
+    memory
+        .validate()
+        .map_err(crate::config::ConfigError::from)?;
     let budget = memory.slot_budget(exec.slots);
     let credits = config.buffers_per_channel();
     for (slot, &needed) in exec.required_segments(credits).iter().enumerate() {

@@ -13,7 +13,7 @@ use super::exchange::writer::ExchangeWriter;
 use super::exchange::PartitionKind;
 use super::task::{NetworkTask, SinkOutput, SourceTask, Subtask, TaskSettings};
 use crate::connector::{Boundedness, Sink, Source, SplitEnumerator};
-use crate::error::{TaskError, TaskResult};
+use crate::error::TaskResult;
 use crate::graph::SharedEnumerator;
 use crate::graph::{
     AnyOutput, OperatorFactory, SinkFactory, SourceFactory, TypeOps, WriterFactory, WriterParts,
@@ -146,14 +146,10 @@ impl<T, S> SinkNode<T, S> {
 
 impl<T: Record, S: Sink<T>> SinkFactory for SinkNode<T, S> {
     fn create(&self, ctx: &RuntimeContext, metrics: Arc<OperatorMetrics>) -> TaskResult<AnyOutput> {
-        let writer = self.sink.create_writer(ctx).map_err(|e| {
-            let kind = if e.bad_input {
-                TaskError::user
-            } else {
-                TaskError::external
-            };
-            kind(e.message).in_operator(&metrics.name)
-        })?;
+        let writer = self
+            .sink
+            .create_writer(ctx)
+            .map_err(|e| e.in_operator(&metrics.name))?;
         Ok(erase_output::<T>(Box::new(SinkOutput { writer, metrics })))
     }
 }

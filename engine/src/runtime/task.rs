@@ -87,13 +87,16 @@ pub(crate) struct SourceTask<T, S> {
     pub(crate) cancel: Arc<AtomicBool>,
 }
 
-fn source_error(error: ConnectorError, source: &str) -> TaskError {
-    let error_kind = if error.bad_input {
-        TaskError::user
-    } else {
-        TaskError::external
-    };
-    error_kind(error.message).in_operator(source)
+impl ConnectorError {
+    /// The task failure this connector error means, raised by `operator`.
+    pub(crate) fn in_operator(self, operator: &str) -> TaskError {
+        let kind = if self.bad_input {
+            TaskError::user
+        } else {
+            TaskError::external
+        };
+        kind(self.message).in_operator(operator)
+    }
 }
 
 impl<T: 'static, S: 'static> SourceTask<T, S> {
@@ -110,7 +113,7 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
                     .poll_next(&mut batch, self.settings.batch_size)
                     .await
             };
-            match status.map_err(|e| source_error(e, &self.metrics.name))? {
+            match status.map_err(|e| e.in_operator(&self.metrics.name))? {
                 ReadStatus::Records => {
                     if !batch.is_empty() {
                         self.metrics.records_out.add(batch.len() as u64);
@@ -228,12 +231,6 @@ pub(crate) struct SinkOutput<T> {
     pub(crate) metrics: Arc<OperatorMetrics>,
 }
 
-impl<T> SinkOutput<T> {
-    fn error(&self, error: ConnectorError) -> TaskError {
-        source_error(error, &self.metrics.name)
-    }
-}
-
 impl<T: 'static> Output<T> for SinkOutput<T> {
     fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
@@ -243,7 +240,7 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
             // A writer must take every record; one that only looked at them must not see them
             // again with the next batch.
             batch.clear();
-            result.map_err(|e| self.error(e))
+            result.map_err(|e| e.in_operator(&self.metrics.name))
         })
     }
 
@@ -261,7 +258,7 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
         Box::pin(async move {
             let _scope = scope::enter(&self.metrics.name);
             let result = self.writer.finish().await;
-            result.map_err(|e| self.error(e))
+            result.map_err(|e| e.in_operator(&self.metrics.name))
         })
     }
 }
