@@ -14,13 +14,43 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// Runs `weir` expecting success, and returns its stdout and stderr.
+fn succeeds(args: &[&str]) -> (String, String) {
+    let result = weir(args);
+    let (stdout, stderr) = (text(&result.stdout), text(&result.stderr));
+    assert!(result.status.success(), "{args:?} failed:\n{stderr}");
+    (stdout, stderr)
+}
+
+/// Runs `weir` expecting failure, and returns its stderr after checking it names `needle`.
+fn fails_naming(args: &[&str], needle: &str) -> String {
+    let result = weir(args);
+    let stderr = text(&result.stderr);
+    assert!(
+        !result.status.success(),
+        "expected failure of {args:?}, got:\n{stderr}"
+    );
+    assert!(stderr.contains(needle), "expected '{needle}' in:\n{stderr}");
+    stderr
+}
+
+/// Runs a `weir bench ... --json` command and checks it printed one JSON object with `fields`.
+fn bench_json(args: &[&str], fields: &[&str]) -> serde_json::Value {
+    let (stdout, _) = succeeds(args);
+    let json: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    for field in fields {
+        assert!(json.get(field).is_some(), "missing {field}: {json}");
+    }
+    json
+}
+
 #[test]
 fn word_count_writes_the_right_counts() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.txt");
     std::fs::write(&input, "the cat and the hat\nThe end\n").unwrap();
     let out = dir.path().join("out");
-    let result = weir(&[
+    let (_, stderr) = succeeds(&[
         "run",
         "word-count",
         "--quiet",
@@ -29,7 +59,6 @@ fn word_count_writes_the_right_counts() {
         "--output",
         out.to_str().unwrap(),
     ]);
-    assert!(result.status.success(), "{}", text(&result.stderr));
     let mut counts: HashMap<String, u64> = HashMap::new();
     for entry in std::fs::read_dir(&out).unwrap() {
         for line in std::fs::read_to_string(entry.unwrap().path())
@@ -46,37 +75,29 @@ fn word_count_writes_the_right_counts() {
             .map(|(w, c)| (w.to_string(), c))
             .into();
     assert_eq!(counts, expected);
-    assert!(
-        text(&result.stderr).contains("job 'word-count' finished"),
-        "{}",
-        text(&result.stderr)
-    );
+    assert!(stderr.contains("job 'word-count' finished"), "{stderr}");
 }
 
 #[test]
 fn word_count_prints_and_reports_progress() {
-    let result = weir(&["run", "word-count"]);
-    assert!(result.status.success(), "{}", text(&result.stderr));
-    let stdout = text(&result.stdout);
+    let (stdout, stderr) = succeeds(&["run", "word-count"]);
     // The bundled sample has "a" many times; its running count reaches at least 10.
     assert!(
         stdout.lines().any(|l| l.ends_with("(\"a\", 10)")),
         "{stdout}"
     );
-    assert!(text(&result.stderr).contains("Sink: print"));
+    assert!(stderr.contains("Sink: print"), "{stderr}");
 }
 
 #[test]
 fn keyed_aggregation_runs_and_counts_every_event() {
-    let result = weir(&[
+    let (_, stderr) = succeeds(&[
         "run",
         "keyed-aggregation",
         "--events",
         "200000",
         "--discard",
     ]);
-    assert!(result.status.success(), "{}", text(&result.stderr));
-    let stderr = text(&result.stderr);
     let source = stderr
         .lines()
         .find(|l| l.contains("Source: sensor readings"))
@@ -86,9 +107,7 @@ fn keyed_aggregation_runs_and_counts_every_event() {
 
 #[test]
 fn explain_prints_the_three_graphs() {
-    let result = weir(&["run", "word-count", "--explain"]);
-    assert!(result.status.success(), "{}", text(&result.stderr));
-    let stdout = text(&result.stdout);
+    let (stdout, _) = succeeds(&["run", "word-count", "--explain"]);
     for part in [
         "== StreamGraph",
         "== JobGraph",
@@ -98,18 +117,6 @@ fn explain_prints_the_three_graphs() {
     ] {
         assert!(stdout.contains(part), "missing {part} in\n{stdout}");
     }
-}
-
-/// Runs `weir` expecting failure, and returns its stderr after checking it names `needle`.
-fn fails_naming(args: &[&str], needle: &str) -> String {
-    let result = weir(args);
-    let stderr = text(&result.stderr);
-    assert!(
-        !result.status.success(),
-        "expected failure of {args:?}, got:\n{stderr}"
-    );
-    assert!(stderr.contains(needle), "expected '{needle}' in:\n{stderr}");
-    stderr
 }
 
 #[test]
@@ -164,7 +171,7 @@ fn a_failing_job_exits_nonzero_naming_the_operator_and_the_record() {
 #[test]
 fn an_empty_directory_is_an_empty_input() {
     let dir = tempfile::tempdir().unwrap();
-    let result = weir(&[
+    let (_, stderr) = succeeds(&[
         "run",
         "word-count",
         "--quiet",
@@ -172,19 +179,12 @@ fn an_empty_directory_is_an_empty_input() {
         "--input",
         dir.path().to_str().unwrap(),
     ]);
-    assert!(result.status.success(), "{}", text(&result.stderr));
-    assert!(
-        text(&result.stderr).contains("Sink: discard"),
-        "{}",
-        text(&result.stderr)
-    );
+    assert!(stderr.contains("Sink: discard"), "{stderr}");
 }
 
 #[test]
 fn config_lists_every_key() {
-    let result = weir(&["config", "-D", "execution.buffer-timeout=5 ms"]);
-    assert!(result.status.success(), "{}", text(&result.stderr));
-    let stdout = text(&result.stdout);
+    let (stdout, _) = succeeds(&["config", "-D", "execution.buffer-timeout=5 ms"]);
     assert!(
         stdout.contains("execution.buffer-timeout = 5 ms"),
         "{stdout}"
@@ -197,49 +197,52 @@ fn config_lists_every_key() {
 
 #[test]
 fn bench_commands_print_one_json_object() {
-    let result = weir(&["bench", "chain", "--records", "200000", "--json"]);
-    assert!(result.status.success(), "{}", text(&result.stderr));
-    let json: serde_json::Value = serde_json::from_str(text(&result.stdout).trim()).unwrap();
-    for field in [
-        "records",
-        "seconds",
-        "records_per_second",
-        "baseline_records_per_second",
-    ] {
-        assert!(json.get(field).is_some(), "missing {field}: {json}");
-    }
+    let json = bench_json(
+        &["bench", "chain", "--records", "200000", "--json"],
+        &[
+            "records",
+            "seconds",
+            "records_per_second",
+            "baseline_records_per_second",
+        ],
+    );
     assert_eq!(json["records"], 200000);
 
-    let result = weir(&[
-        "bench",
-        "exchange",
-        "--records",
-        "200000",
-        "--shards",
-        "2",
-        "--json",
-    ]);
-    assert!(result.status.success(), "{}", text(&result.stderr));
-    let json: serde_json::Value = serde_json::from_str(text(&result.stdout).trim()).unwrap();
-    for field in [
-        "records",
-        "seconds",
-        "records_per_second",
-        "records_per_second_per_shard",
-        "shards",
-        "baseline_records_per_second",
-    ] {
-        assert!(json.get(field).is_some(), "missing {field}: {json}");
-    }
+    let shards = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(2)
+        .to_string();
+    let json = bench_json(
+        &[
+            "bench",
+            "exchange",
+            "--records",
+            "200000",
+            "--shards",
+            &shards,
+            "--json",
+        ],
+        &[
+            "records",
+            "seconds",
+            "records_per_second",
+            "records_per_second_per_shard",
+            "shards",
+            "baseline_records_per_second",
+        ],
+    );
+    assert_eq!(json["shards"].to_string(), shards);
 
-    let result = weir(&[
-        "bench",
-        "exchange",
-        "--records",
-        "1000",
-        "--shards",
+    fails_naming(
+        &[
+            "bench",
+            "exchange",
+            "--records",
+            "1000",
+            "--shards",
+            "4096",
+            "--json",
+        ],
         "4096",
-        "--json",
-    ]);
-    assert!(!result.status.success());
+    );
 }
