@@ -180,6 +180,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             let options = RunOptions {
                 progress: (!quiet).then_some(Duration::from_secs(1)),
+                ..RunOptions::default()
             };
             let result = env
                 .execute_with(name, options)

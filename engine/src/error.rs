@@ -50,6 +50,12 @@ pub enum JobError {
         /// Whether restarting could help.
         kind: FailureKind,
     },
+    /// The job was cancelled on request before it finished.
+    #[error("job '{job}' was cancelled")]
+    Cancelled {
+        /// The job's name.
+        job: String,
+    },
     /// The shard executors could not be started.
     #[error("cannot start shard {shard} on core {core}: {message}")]
     Runtime {

@@ -14,7 +14,7 @@ use crate::graph::{
 };
 use crate::record::Record;
 use crate::runtime::factories::{type_ops, SourceNode};
-use crate::runtime::{resolve_cores, run_job, JobResult, RunOptions};
+use crate::runtime::{resolve_cores, run_job, CancelHandle, JobResult, RunOptions};
 
 pub(crate) struct EnvState {
     pub(crate) config: Configuration,
@@ -164,6 +164,52 @@ impl StreamEnvironment {
         let exec = self.plan(job_name)?;
         let config = self.config();
         run_job(exec, &config, options)
+    }
+
+    /// Starts the job on a thread of its own and returns at once: an unbounded job runs until
+    /// [`JobClient::cancel`]. The job is translated and checked before this returns.
+    pub fn execute_async(
+        &self,
+        job_name: &str,
+        options: RunOptions,
+    ) -> Result<JobClient, JobError> {
+        let exec = self.plan(job_name)?;
+        let config = self.config();
+        let cancel = options.cancel.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("weir-job-{job_name}"))
+            .spawn(move || run_job(exec, &config, options))
+            .map_err(|e| {
+                JobError::InvalidJob(format!("cannot start a thread for job '{job_name}': {e}"))
+            })?;
+        Ok(JobClient { thread, cancel })
+    }
+}
+
+/// A job running on its own thread (see [`StreamEnvironment::execute_async`]).
+#[derive(Debug)]
+pub struct JobClient {
+    thread: std::thread::JoinHandle<Result<JobResult, JobError>>,
+    cancel: CancelHandle,
+}
+
+impl JobClient {
+    /// Asks the job to stop; [`JobClient::wait`] then returns [`JobError::Cancelled`] (or the
+    /// job's result, if it finished first).
+    pub fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Whether the job has ended.
+    pub fn is_finished(&self) -> bool {
+        self.thread.is_finished()
+    }
+
+    /// Waits for the job to end.
+    pub fn wait(self) -> Result<JobResult, JobError> {
+        self.thread
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     }
 }
 

@@ -5,8 +5,8 @@ mod function;
 mod keyed;
 mod stream;
 
-pub use crate::runtime::{JobResult, RunOptions};
-pub use environment::StreamEnvironment;
+pub use crate::runtime::{CancelHandle, JobResult, RunOptions};
+pub use environment::{JobClient, StreamEnvironment};
 pub use function::{
     Collector, KeyedProcessContext, KeyedProcessFunction, ProcessContext, ProcessFunction,
 };

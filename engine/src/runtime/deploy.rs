@@ -64,6 +64,31 @@ impl JobResult {
 pub struct RunOptions {
     /// Print a progress line to stderr this often.
     pub progress: Option<Duration>,
+    /// Cancels the run from another thread.
+    pub cancel: CancelHandle,
+}
+
+/// Cancels a running job: its sources stop, every subtask winds down, and the run ends with
+/// [`JobError::Cancelled`]. Cloning shares the handle.
+#[derive(Clone, Debug, Default)]
+pub struct CancelHandle {
+    /// The job's stop flag: set by a cancel request or by any failing subtask.
+    stop: Arc<AtomicBool>,
+    /// Set only by [`CancelHandle::cancel`]: tells a requested stop from a failure.
+    requested: Arc<AtomicBool>,
+}
+
+impl CancelHandle {
+    /// Asks the job to stop.
+    pub fn cancel(&self) {
+        self.requested.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether [`CancelHandle::cancel`] was called.
+    pub fn is_requested(&self) -> bool {
+        self.requested.load(Ordering::Relaxed)
+    }
 }
 
 /// Channel endpoints of one subtask, before connecting.
@@ -423,7 +448,7 @@ pub fn run_job(
         settings,
         enumerators,
         metrics: metrics.clone(),
-        cancel: Arc::new(AtomicBool::new(false)),
+        cancel: Arc::clone(&options.cancel.stop),
     });
 
     let mut per_slot: Vec<Vec<SubtaskPlan>> = (0..slots).map(|_| Vec::new()).collect();
@@ -450,6 +475,10 @@ pub fn run_job(
 
     let mut failures: Vec<SubtaskFailure> = results.into_iter().flatten().collect();
     failures.sort_by_key(|f| f.error.secondary);
+    let requested_stop_only = failures.first().is_some_and(|f| f.error.secondary);
+    if options.cancel.is_requested() && requested_stop_only {
+        return Err(JobError::Cancelled { job: job_name });
+    }
     if let Some(failure) = failures.into_iter().next() {
         let vertex = &shared.exec.job.vertices[failure.vertex];
         let operator = failure

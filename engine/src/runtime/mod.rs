@@ -8,5 +8,5 @@ mod progress;
 pub mod shard;
 pub mod task;
 
-pub use deploy::{run_job, JobResult, RunOptions};
+pub use deploy::{run_job, CancelHandle, JobResult, RunOptions};
 pub use shard::{available_cores, resolve_cores, ShardLoad};
