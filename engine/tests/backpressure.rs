@@ -24,6 +24,16 @@ fn payload(n: u64) -> String {
     format!("{n:08}-{}", "p".repeat(100 + (n % 16) as usize))
 }
 
+/// The operator named "payload" (ahead of the exchange) had to wait for credit.
+#[track_caller]
+fn assert_producer_waited(result: &JobResult) {
+    assert!(
+        result.backpressure_waits("payload") > 0,
+        "the producer never waited for credit: {:?}",
+        result.operators
+    );
+}
+
 fn assert_pools_small_and_within_bounds(result: &JobResult) {
     assert!(!result.pools.is_empty());
     for pool in &result.pools {
@@ -60,11 +70,7 @@ fn slow_sink_behind_rebalance_blocks_the_source_and_loses_nothing() {
     let expected: Vec<String> = (0..10_000).map(payload).collect();
     assert_same_multiset(&collected.records(), &expected);
     assert_eq!(result.records_in("Sink: slow"), 10_000);
-    assert!(
-        result.backpressure_waits("payload") > 0,
-        "the producer never waited for credit: {:?}",
-        result.operators
-    );
+    assert_producer_waited(&result);
     assert_pools_small_and_within_bounds(&result);
 }
 
@@ -88,11 +94,7 @@ fn slow_keyed_sink_blocks_the_source_and_loses_nothing() {
 
     let expected: Vec<(u64, String)> = (0..8_000).map(|n| (n % 97, payload(n))).collect();
     assert_same_multiset(&collected.records(), &expected);
-    assert!(
-        result.backpressure_waits("payload") > 0,
-        "the producer never waited for credit: {:?}",
-        result.operators
-    );
+    assert_producer_waited(&result);
     assert_pools_small_and_within_bounds(&result);
 }
 
@@ -114,7 +116,7 @@ fn one_credit_per_channel_still_delivers_everything() {
     let result = env.execute("one credit").expect("the job succeeds");
     let expected: Vec<u64> = (0..5_000).map(|n| payload(n).len() as u64).collect();
     assert_same_multiset(&collected.records(), &expected);
-    assert!(result.backpressure_waits("payload") > 0);
+    assert_producer_waited(&result);
     assert_pools_small_and_within_bounds(&result);
 }
 

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use weir_engine::api::RunOptions;
+use weir_engine::api::{JobClient, RunOptions};
 use weir_engine::prelude::*;
 
 /// Waits until `ready` holds, failing the test after a minute.
@@ -16,6 +16,20 @@ fn eventually(what: &str, ready: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Cancels the job, waits for it to end, and checks that it ended as cancelled.
+#[track_caller]
+fn cancel_and_wait(client: JobClient) -> JobError {
+    client.cancel();
+    let err = common::within(
+        Duration::from_secs(120),
+        "the cancelled job to end",
+        move || client.wait(),
+    )
+    .expect_err("cancelled");
+    assert!(matches!(err, JobError::Cancelled { .. }), "{err:?}");
+    err
 }
 
 #[test]
@@ -34,14 +48,7 @@ fn an_unbounded_job_runs_until_cancelled() {
         !client.is_finished(),
         "an unbounded job does not end by itself"
     );
-    client.cancel();
-    let err = common::within(
-        Duration::from_secs(120),
-        "the cancelled job to end",
-        move || client.wait(),
-    )
-    .expect_err("cancelled");
-    assert!(matches!(err, JobError::Cancelled { .. }), "{err:?}");
+    let err = cancel_and_wait(client);
     assert_eq!(err.to_string(), "job 'unbounded' was cancelled");
 }
 
@@ -59,14 +66,7 @@ fn a_rate_limited_source_stops_while_idle() {
         .execute_async("rate limited", RunOptions::default())
         .expect("starts");
     eventually("a first record", || !collected.is_empty());
-    client.cancel();
-    let err = common::within(
-        Duration::from_secs(120),
-        "the cancelled job to end",
-        move || client.wait(),
-    )
-    .expect_err("cancelled");
-    assert!(matches!(err, JobError::Cancelled { .. }), "{err:?}");
+    cancel_and_wait(client);
 }
 
 #[test]
