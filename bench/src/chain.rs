@@ -48,6 +48,7 @@ pub fn run_engine(records: u64) -> Result<Measurement, BenchError> {
     let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
     env.from_source(
         DataGeneratorSource::new(Some(records), BenchRecord::generate),
+        WatermarkStrategy::no_watermarks(),
         "generator",
     )
     .map(BenchRecord::mapped)

@@ -6,6 +6,8 @@
 //!   single-threaded loop.
 //! - [`exchange`]: the same pipeline with a hash exchange (`key_by`) between shards, against a
 //!   hand-written two-thread hand-off of the same records.
+//! - [`window`]: keyed counts per tumbling, sliding or session window on one shard, against a
+//!   hand-written loop keeping the same counts in hash maps.
 //! - [`record`]: the 64-byte record both use, and the map and filter functions they share.
 //!
 //! Every report derives `serde::Serialize`; the `weir bench chain|exchange --json` commands print
@@ -17,6 +19,7 @@ mod error;
 pub mod exchange;
 mod measure;
 pub mod record;
+pub mod window;
 
 pub use error::BenchError;
 pub use measure::{Measurement, ROUNDS};

@@ -12,9 +12,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use weir_engine::api::RunOptions;
 use weir_engine::{Configuration, StreamEnvironment};
 use weir_examples::Output;
+use weir_memory::CountingAllocator;
 
+/// mimalloc, counted per thread so that each shard's heap can be held to its slot's share.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: CountingAllocator<mimalloc::MiMalloc> = CountingAllocator::new(mimalloc::MiMalloc);
 
 #[derive(Parser)]
 #[command(
@@ -86,6 +88,10 @@ enum Command {
         /// Print the StreamGraph, JobGraph and ExecutionGraph instead of running.
         #[arg(long)]
         explain: bool,
+        /// Print the per-slot memory budgets (managed/RocksDB, network, heap) and the keys that
+        /// set them, instead of running.
+        #[arg(long, conflicts_with = "explain")]
+        explain_memory: bool,
         /// Do not print progress to stderr.
         #[arg(long)]
         quiet: bool,
@@ -127,6 +133,21 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// A keyed count per window on one shard, against a hand-written loop with hash maps.
+    Window {
+        /// tumbling (10 s), sliding (10 s every 2 s) or session (1 s gap).
+        #[arg(long, default_value = "tumbling", value_parser = ["tumbling", "sliding", "session"])]
+        kind: String,
+        /// Records to generate (100 per ms of event time).
+        #[arg(long, default_value_t = 20_000_000)]
+        records: u64,
+        /// Distinct keys.
+        #[arg(long, default_value_t = 10_000)]
+        keys: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -140,10 +161,15 @@ fn run(cli: Cli) -> Result<()> {
             sensors,
             report_every,
             explain,
+            explain_memory,
             quiet,
             config,
         } => {
             let config = config.load()?;
+            if explain_memory {
+                print!("{}", memory_budget(&config)?);
+                return Ok(());
+            }
             let env = StreamEnvironment::new(config)?;
             let output = match (output, discard) {
                 (Some(dir), _) => Output::Files(dir),
@@ -209,6 +235,19 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// The memory budget of a worker with `config`: the slots it sets, else those the job would
+/// run on (every available core). A slot count this machine cannot run is still explained, so
+/// a bigger worker can be planned from here.
+fn memory_budget(config: &Configuration) -> Result<weir_memory::WorkerBudget> {
+    let memory = config.memory();
+    memory.validate()?;
+    let slots = match config.slots() {
+        Some(slots) => slots,
+        None => StreamEnvironment::new(config.clone())?.slots(),
+    };
+    Ok(memory.worker_budget(slots))
+}
+
 fn print_report<R: serde::Serialize + std::fmt::Debug>(report: &R, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(report)?);
@@ -226,6 +265,15 @@ fn run_bench(bench: Bench) -> Result<()> {
             shards,
             json,
         } => print_report(&weir_bench::exchange::run(records, shards)?, json),
+        Bench::Window {
+            kind,
+            records,
+            keys,
+            json,
+        } => {
+            let kind = kind.parse().map_err(anyhow::Error::msg)?;
+            print_report(&weir_bench::window::run(kind, records, keys)?, json)
+        }
     }
 }
 

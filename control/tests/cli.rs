@@ -98,9 +98,11 @@ fn keyed_aggregation_runs_and_counts_every_event() {
         "200000",
         "--discard",
     ]);
+    // The summary comes last; progress lines (printed when the run takes over a second)
+    // name the source too.
     let source = stderr
         .lines()
-        .find(|l| l.contains("Source: sensor readings"))
+        .rfind(|l| l.contains("Source: sensor readings"))
         .expect(&stderr);
     assert!(source.contains("out       200000"), "{source}");
 }
@@ -117,6 +119,79 @@ fn explain_prints_the_three_graphs() {
     ] {
         assert!(stdout.contains(part), "missing {part} in\n{stdout}");
     }
+}
+
+#[test]
+fn explain_memory_prints_the_per_slot_budget_without_running() {
+    let (stdout, stderr) = succeeds(&[
+        "run",
+        "word-count",
+        "--explain-memory",
+        "-D",
+        "taskmanager.memory.process.size=2g",
+        "-D",
+        "taskmanager.numberOfTaskSlots=2",
+    ]);
+    // 2 GiB over 2 slots: managed 0.4 -> 409.6 MiB a slot, all of it RocksDB's block cache,
+    // half of that its write buffers; network 0.1 -> 102.4 MiB = 3276 segments of 32 KiB;
+    // heap the remaining 1 GiB -> 512 MiB a slot.
+    assert!(stdout.contains("with 2 slot(s)"), "{stdout}");
+    let rows = [
+        // (row, worker, per slot, the key that sets it)
+        (
+            "process ",
+            "2048 MiB",
+            "1024 MiB",
+            "taskmanager.memory.process.size = 2048 MiB",
+        ),
+        (
+            "managed ",
+            "819.2 MiB",
+            "409.6 MiB",
+            "taskmanager.memory.managed.fraction = 0.4",
+        ),
+        (
+            "  RocksDB block cache ",
+            "",
+            "409.6 MiB",
+            "the whole managed share",
+        ),
+        (
+            "  RocksDB write buffers ",
+            "",
+            "204.8 MiB",
+            "write-buffer-ratio = 0.5",
+        ),
+        (
+            "network ",
+            "204.8 MiB",
+            "102.4 MiB",
+            "taskmanager.memory.network.fraction = 0.1",
+        ),
+        (
+            "  segments ",
+            "6552 x 32 KiB",
+            "3276 x 32 KiB",
+            "taskmanager.memory.segment-size",
+        ),
+        (
+            "heap ",
+            "1024.0 MiB",
+            "512 MiB",
+            "the rest of taskmanager.memory.process.size",
+        ),
+    ];
+    for (label, worker, per_slot, key) in rows {
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with(label))
+            .unwrap_or_else(|| panic!("no '{label}' row in\n{stdout}"));
+        for part in [worker, per_slot, key] {
+            assert!(line.contains(part), "'{part}' missing in: {line}");
+        }
+    }
+    // Nothing ran.
+    assert!(!stderr.contains("finished"), "{stderr}");
 }
 
 #[test]
@@ -232,6 +307,31 @@ fn bench_commands_print_one_json_object() {
         ],
     );
     assert_eq!(json["shards"].to_string(), shards);
+
+    for kind in ["tumbling", "sliding", "session"] {
+        let json = bench_json(
+            &[
+                "bench",
+                "window",
+                "--kind",
+                kind,
+                "--records",
+                "200000",
+                "--keys",
+                "100",
+                "--json",
+            ],
+            &[
+                "records",
+                "seconds",
+                "records_per_second",
+                "baseline_records_per_second",
+                "results_match",
+            ],
+        );
+        assert_eq!(json["results_match"], true, "{json}");
+    }
+    fails_naming(&["bench", "window", "--kind", "hopping"], "hopping");
 
     fails_naming(
         &[

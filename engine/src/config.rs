@@ -106,6 +106,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Parallelism of operators that set none. Default: the number of slots."),
     option!("pipeline.max-parallelism", OptionKind::Range(1, 32768), "128",
         "Number of key groups; the upper bound of any keyed operator's parallelism."),
+    option!("pipeline.auto-watermark-interval", OptionKind::Duration, "200 ms",
+        "How often sources emit periodic watermarks (0 turns periodic emission off)."),
     option!("pipeline.operator-chaining.enabled", OptionKind::Bool, "true",
         "Chain operators connected by forward edges with equal parallelism into one task."),
     option!("execution.buffer-timeout", OptionKind::Duration, "1 ms",
@@ -399,6 +401,11 @@ impl Configuration {
     pub fn max_parallelism(&self) -> usize {
         self.count("pipeline.max-parallelism")
             .expect("has a default")
+    }
+
+    /// `pipeline.auto-watermark-interval` (`None` when 0: periodic emission off).
+    pub fn auto_watermark_interval(&self) -> Option<Duration> {
+        Some(self.duration("pipeline.auto-watermark-interval")).filter(|d| !d.is_zero())
     }
 
     /// `pipeline.operator-chaining.enabled`.

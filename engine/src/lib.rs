@@ -6,7 +6,7 @@
 //! use weir_engine::prelude::*;
 //!
 //! let env = StreamEnvironment::new(Configuration::default()).unwrap();
-//! env.from_source(DataGeneratorSource::sequence(0, 1_000), "numbers")
+//! env.from_source(DataGeneratorSource::sequence(0, 1_000), WatermarkStrategy::no_watermarks(), "numbers")
 //!     .map(|n: u64| n * 2)
 //!     .filter(|n: &u64| n % 3 == 0)
 //!     .sink_to(DiscardSink::new(), "blackhole");
@@ -24,18 +24,20 @@ pub mod metrics;
 mod operator;
 pub mod record;
 pub mod runtime;
+pub mod time;
+pub mod window;
 
 pub use api::{DataStream, DataStreamSink, JobResult, KeyedStream, StreamEnvironment};
 pub use config::Configuration;
 pub use error::JobError;
-pub use record::{Key, Record, Watermark};
+pub use record::{Key, Record, Watermark, NO_TIMESTAMP};
 
 /// The names a job needs, in one import.
 pub mod prelude {
     pub use crate::api::{
         Collector, DataStream, DataStreamSink, JobResult, KeyedProcessContext,
-        KeyedProcessFunction, KeyedStream, ProcessContext, ProcessFunction, RuntimeContext,
-        StreamEnvironment,
+        KeyedProcessFunction, KeyedStream, OutputTag, ProcessContext, ProcessFunction,
+        RuntimeContext, StreamEnvironment,
     };
     pub use crate::config::Configuration;
     pub use crate::connector::{
@@ -44,4 +46,10 @@ pub mod prelude {
     };
     pub use crate::error::JobError;
     pub use crate::record::{Key, Record};
+    pub use crate::time::{TimeDomain, WatermarkStrategy};
+    pub use crate::window::{
+        AggregateFunction, EventTimeSessionWindows, GlobalWindows, ProcessWindowFunction,
+        ProcessingTimeSessionWindows, SlidingEventTimeWindows, SlidingProcessingTimeWindows,
+        TimeWindow, TumblingEventTimeWindows, TumblingProcessingTimeWindows, WindowElements,
+    };
 }

@@ -39,6 +39,9 @@ pub struct OperatorMetrics {
     /// Times a full segment found no credit on its channel and the task had to wait
     /// (backpressure from downstream).
     pub backpressure_waits: Counter,
+    /// Records that arrived after their window's allowed lateness and were dropped (Flink's
+    /// `numLateRecordsDropped`).
+    pub late_records_dropped: Counter,
 }
 
 /// A reading of one operator's counters, summed over its subtasks.
@@ -56,6 +59,8 @@ pub struct OperatorCounts {
     pub records_out: u64,
     /// Waits for credit.
     pub backpressure_waits: u64,
+    /// Late records dropped, summed over subtasks.
+    pub late_records_dropped: u64,
 }
 
 /// All operator metrics of a job.
@@ -74,6 +79,7 @@ impl MetricsRegistry {
             records_in: Counter::default(),
             records_out: Counter::default(),
             backpressure_waits: Counter::default(),
+            late_records_dropped: Counter::default(),
         });
         self.operators
             .lock()
@@ -97,6 +103,7 @@ impl MetricsRegistry {
                         records_in: 0,
                         records_out: 0,
                         backpressure_waits: 0,
+                        late_records_dropped: 0,
                     });
                     counts.last_mut().expect("just pushed")
                 }
@@ -105,6 +112,7 @@ impl MetricsRegistry {
             entry.records_in += m.records_in.get();
             entry.records_out += m.records_out.get();
             entry.backpressure_waits += m.backpressure_waits.get();
+            entry.late_records_dropped += m.late_records_dropped.get();
         }
         counts.sort_by_key(|c| c.node);
         counts

@@ -63,6 +63,10 @@ pub trait Key: Hash + Eq + Clone + Debug + Send + 'static {}
 
 impl<T: Hash + Eq + Clone + Debug + Send + 'static> Key for T {}
 
+/// The timestamp of a record that has none (no `WatermarkStrategy` assigned one). User APIs
+/// show it as `None`.
+pub const NO_TIMESTAMP: i64 = i64::MIN;
+
 /// Event time has progressed to `0` (milliseconds since the epoch): no record with a smaller
 /// timestamp is expected any more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

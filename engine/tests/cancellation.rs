@@ -36,10 +36,14 @@ fn cancel_and_wait(client: JobClient) -> JobError {
 fn an_unbounded_job_runs_until_cancelled() {
     let env = common::env();
     let (sink, collected) = CollectSink::new();
-    env.from_source(DataGeneratorSource::new(None, |i| i), "forever")
-        .key_by(|n: &u64| n % 97)
-        .reduce(|a, b| a.max(b))
-        .sink_to(sink, "out");
+    env.from_source(
+        DataGeneratorSource::new(None, |i| i),
+        WatermarkStrategy::no_watermarks(),
+        "forever",
+    )
+    .key_by(|n: &u64| n % 97)
+    .reduce(|a, b| a.max(b))
+    .sink_to(sink, "out");
     let client = env
         .execute_async("unbounded", RunOptions::default())
         .expect("starts");
@@ -58,6 +62,7 @@ fn a_rate_limited_source_stops_while_idle() {
     let (sink, collected) = CollectSink::new();
     env.from_source(
         DataGeneratorSource::new(None, |i| i).with_rate(1_000.0),
+        WatermarkStrategy::no_watermarks(),
         "slow",
     )
     .rebalance()

@@ -79,7 +79,7 @@ fn read_parts(dir: &Path) -> (Vec<String>, Vec<String>) {
 fn read_trades(source: FileSource<Trade>) -> Result<(Vec<Trade>, JobResult), JobError> {
     let env = common::env();
     let (sink, collected) = CollectSink::new();
-    env.from_source(source, "trades")
+    env.from_source(source, WatermarkStrategy::no_watermarks(), "trades")
         .rebalance()
         .sink_to(sink, "trades");
     let result = env.execute("json lines")?;
@@ -96,9 +96,13 @@ fn csv_rows_are_read_with_quoting_and_blank_lines_skipped() {
     );
     let env = common::env();
     let (sink, collected) = CollectSink::new();
-    env.from_source(FileSource::csv(&path), "csv")
-        .rebalance()
-        .sink_to(sink, "rows");
+    env.from_source(
+        FileSource::csv(&path),
+        WatermarkStrategy::no_watermarks(),
+        "csv",
+    )
+    .rebalance()
+    .sink_to(sink, "rows");
     let result = env.execute("csv").expect("the job succeeds");
     let row = |fields: &[&str]| fields.iter().map(|f| f.to_string()).collect::<Vec<_>>();
     let expected = vec![
@@ -119,8 +123,12 @@ fn malformed_csv_fails_with_file_and_line() {
     write_file(&path, "a,b\nc,d\n\"unterminated,e\nf,g\n");
     let env = common::env();
     let (sink, _collected) = CollectSink::new();
-    env.from_source(FileSource::csv(&path), "csv")
-        .sink_to(sink, "rows");
+    env.from_source(
+        FileSource::csv(&path),
+        WatermarkStrategy::no_watermarks(),
+        "csv",
+    )
+    .sink_to(sink, "rows");
     let err = env.execute("csv").expect_err("line 3 is malformed");
     let text = err.to_string();
     assert!(text.contains(&path.display().to_string()), "{text}");
@@ -223,8 +231,12 @@ fn a_missing_file_fails_naming_the_path() {
     let path = dir.path().join("does-not-exist.txt");
     let env = common::env();
     let (sink, _collected) = CollectSink::new();
-    env.from_source(FileSource::text_lines(&path), "missing")
-        .sink_to(sink, "lines");
+    env.from_source(
+        FileSource::text_lines(&path),
+        WatermarkStrategy::no_watermarks(),
+        "missing",
+    )
+    .sink_to(sink, "lines");
     let err = env.execute("missing").expect_err("no such file");
     let text = err.to_string();
     assert!(text.contains("Source: missing"), "{text}");
@@ -241,8 +253,12 @@ fn text_lines_keep_empty_lines_strip_line_ends_and_read_an_unterminated_last_lin
     );
     let env = common::env();
     let (sink, collected) = CollectSink::new();
-    env.from_source(FileSource::text_lines(&path), "text")
-        .sink_to(sink, "lines");
+    env.from_source(
+        FileSource::text_lines(&path),
+        WatermarkStrategy::no_watermarks(),
+        "text",
+    )
+    .sink_to(sink, "lines");
     env.execute("text").expect("the job succeeds");
     let lines: Vec<String> = collected.records();
     assert_eq!(
@@ -272,10 +288,14 @@ fn a_directory_path_reads_every_file_in_it() {
     for parallelism in common::parallelisms() {
         let env = common::env();
         let (sink, collected) = CollectSink::new();
-        env.from_source(FileSource::text_lines(dir.path()), "dir")
-            .parallelism(parallelism)
-            .rebalance()
-            .sink_to(sink, "lines");
+        env.from_source(
+            FileSource::text_lines(dir.path()),
+            WatermarkStrategy::no_watermarks(),
+            "dir",
+        )
+        .parallelism(parallelism)
+        .rebalance()
+        .sink_to(sink, "lines");
         let result = env.execute("directory").expect("the job succeeds");
         assert_same_multiset(&collected.records(), &expected);
         assert_eq!(result.records_out("Source: dir"), expected.len() as u64);
@@ -348,6 +368,7 @@ fn file_sink_survives_flushes_racing_with_arriving_records() {
         let env = common::env();
         env.from_source(
             DataGeneratorSource::new(Some(20_000), |i| i).with_rate(100_000.0),
+            WatermarkStrategy::no_watermarks(),
             "trickle",
         )
         .rebalance()
@@ -387,9 +408,13 @@ fn file_source_survives_backpressure_while_reading() {
     );
     let (sink, collected) = CollectSink::new();
     let sink = sink.with_delay_per_batch(std::time::Duration::from_micros(100));
-    env.from_source(FileSource::text_lines(dir.path()), "files")
-        .rebalance()
-        .sink_to(sink, "slow");
+    env.from_source(
+        FileSource::text_lines(dir.path()),
+        WatermarkStrategy::no_watermarks(),
+        "files",
+    )
+    .rebalance()
+    .sink_to(sink, "slow");
     let result = env
         .execute("backpressured file source")
         .expect("the job succeeds");

@@ -84,11 +84,15 @@ fn a_file_source_job_ends() {
     for parallelism in common::parallelisms() {
         let env = common::env();
         let (sink, collected) = CollectSink::new();
-        env.from_source(FileSource::text_lines(file.path()), "file")
-            .parallelism(parallelism)
-            .rebalance()
-            .sink_to(sink, "out")
-            .parallelism(parallelism);
+        env.from_source(
+            FileSource::text_lines(file.path()),
+            WatermarkStrategy::no_watermarks(),
+            "file",
+        )
+        .parallelism(parallelism)
+        .rebalance()
+        .sink_to(sink, "out")
+        .parallelism(parallelism);
         let result = env.execute("file").expect("the job ends");
         assert_complete(&result, "Source: file", &collected, &lines);
     }
@@ -120,9 +124,13 @@ fn empty_inputs_end_at_once() {
         let file = tempfile::NamedTempFile::new().expect("temp file");
         let env = common::env();
         let (sink, collected) = CollectSink::new();
-        env.from_source(FileSource::text_lines(file.path()), "file")
-            .parallelism(parallelism)
-            .sink_to(sink, "out");
+        env.from_source(
+            FileSource::text_lines(file.path()),
+            WatermarkStrategy::no_watermarks(),
+            "file",
+        )
+        .parallelism(parallelism)
+        .sink_to(sink, "out");
         let result = env.execute("empty file").expect("the job ends");
         assert_complete(&result, "Source: file", &collected, &[]);
     }

@@ -79,18 +79,22 @@ fn word_count_matches_a_hash_map_reference() {
 
     let env = common::env();
     let (sink, collected) = CollectSink::new();
-    env.from_source(FileSource::text_lines(file.path()), "text")
-        .flat_map(|line: String, out: &mut Collector<'_, String>| {
-            for word in words_of(&line) {
-                out.collect(word);
-            }
-        })
-        .name("tokenize")
-        .map(|word: String| (word, 1u64))
-        .key_by(|(word, _): &(String, u64)| word.clone())
-        .reduce(|(word, a): (String, u64), (_, b): (String, u64)| (word, a + b))
-        .name("count")
-        .sink_to(sink, "counts");
+    env.from_source(
+        FileSource::text_lines(file.path()),
+        WatermarkStrategy::no_watermarks(),
+        "text",
+    )
+    .flat_map(|line: String, out: &mut Collector<'_, String>| {
+        for word in words_of(&line) {
+            out.collect(word);
+        }
+    })
+    .name("tokenize")
+    .map(|word: String| (word, 1u64))
+    .key_by(|(word, _): &(String, u64)| word.clone())
+    .reduce(|(word, a): (String, u64), (_, b): (String, u64)| (word, a + b))
+    .name("count")
+    .sink_to(sink, "counts");
     let result = env.execute("word count").expect("the job succeeds");
 
     // One running-reduce output per word.
@@ -134,16 +138,20 @@ fn word_count_of_an_empty_file_emits_nothing() {
     let file = tempfile::NamedTempFile::new().expect("temp file");
     let env = common::env();
     let (sink, collected) = CollectSink::new();
-    env.from_source(FileSource::text_lines(file.path()), "text")
-        .flat_map(|line: String, out: &mut Collector<'_, String>| {
-            for word in words_of(&line) {
-                out.collect(word);
-            }
-        })
-        .map(|word: String| (word, 1u64))
-        .key_by(|(word, _): &(String, u64)| word.clone())
-        .reduce(|(word, a): (String, u64), (_, b): (String, u64)| (word, a + b))
-        .sink_to(sink, "counts");
+    env.from_source(
+        FileSource::text_lines(file.path()),
+        WatermarkStrategy::no_watermarks(),
+        "text",
+    )
+    .flat_map(|line: String, out: &mut Collector<'_, String>| {
+        for word in words_of(&line) {
+            out.collect(word);
+        }
+    })
+    .map(|word: String| (word, 1u64))
+    .key_by(|(word, _): &(String, u64)| word.clone())
+    .reduce(|(word, a): (String, u64), (_, b): (String, u64)| (word, a + b))
+    .sink_to(sink, "counts");
     let result = env.execute("word count").expect("the job succeeds");
     assert!(collected.is_empty());
     assert_eq!(result.records_out("Source: text"), 0);

@@ -62,6 +62,7 @@ pub fn reports(
     let report_every = report_every.max(1);
     env.from_source(
         DataGeneratorSource::new(Some(events), move |i| reading(i, sensors)),
+        WatermarkStrategy::no_watermarks(),
         "sensor readings",
     )
     .key_by(|r: &SensorStats| r.sensor)

@@ -22,7 +22,11 @@ pub const SAMPLE_INPUT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/words.
 /// Adds the word count job reading `input` (a file or a directory of files) to `env`.
 pub fn build(env: &StreamEnvironment, input: &Path, output: Output) {
     let counts = env
-        .from_source(FileSource::text_lines(input), "lines")
+        .from_source(
+            FileSource::text_lines(input),
+            WatermarkStrategy::no_watermarks(),
+            "lines",
+        )
         .flat_map(|line: String, out: &mut Collector<'_, (String, u64)>| {
             for word in words(&line) {
                 out.collect((word, 1));

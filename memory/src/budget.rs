@@ -1,6 +1,9 @@
-//! Memory budgets: how a worker's process size splits into per-slot shares.
+//! Memory budgets: how a worker's process size splits into per-slot shares, how RocksDB uses
+//! a slot's managed share, and the budget table `weir run --explain-memory` prints.
 
 use std::fmt;
+
+use crate::units::Mib;
 
 /// The memory settings of one worker (`taskmanager.memory.*`).
 #[derive(Clone, Debug, PartialEq)]
@@ -47,11 +50,96 @@ pub enum MemoryConfigError {
     },
 }
 
+/// Flink's default of `state.backend.rocksdb.memory.write-buffer-ratio`.
+pub const DEFAULT_WRITE_BUFFER_RATIO: f64 = 0.5;
+/// Flink's default of `state.backend.rocksdb.memory.high-prio-pool-ratio`.
+pub const DEFAULT_HIGH_PRIORITY_POOL_RATIO: f64 = 0.1;
+
+/// How RocksDB divides a slot's managed share (`state.backend.rocksdb.memory.*`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RocksDbMemoryRatios {
+    /// `state.backend.rocksdb.memory.write-buffer-ratio`: share of the managed memory that
+    /// memtables (write buffers) may take.
+    pub write_buffer_ratio: f64,
+    /// `state.backend.rocksdb.memory.high-prio-pool-ratio`: share of the block cache kept for
+    /// index and filter blocks.
+    pub high_priority_pool_ratio: f64,
+}
+
+impl Default for RocksDbMemoryRatios {
+    fn default() -> Self {
+        RocksDbMemoryRatios {
+            write_buffer_ratio: DEFAULT_WRITE_BUFFER_RATIO,
+            high_priority_pool_ratio: DEFAULT_HIGH_PRIORITY_POOL_RATIO,
+        }
+    }
+}
+
+impl RocksDbMemoryRatios {
+    /// Checks that both ratios are fractions RocksDB can use.
+    pub fn validate(&self) -> Result<(), MemoryConfigError> {
+        let invalid = |key: &'static str, value: f64, fix: &str| {
+            Err(MemoryConfigError::Invalid {
+                key,
+                value: value.to_string(),
+                fix: fix.to_string(),
+            })
+        };
+        if !(self.write_buffer_ratio > 0.0 && self.write_buffer_ratio < 1.0) {
+            return invalid(
+                "state.backend.rocksdb.memory.write-buffer-ratio",
+                self.write_buffer_ratio,
+                "use a fraction in (0, 1), e.g. 0.5",
+            );
+        }
+        if !(0.0..1.0).contains(&self.high_priority_pool_ratio) {
+            return invalid(
+                "state.backend.rocksdb.memory.high-prio-pool-ratio",
+                self.high_priority_pool_ratio,
+                "use a fraction in [0, 1), e.g. 0.1",
+            );
+        }
+        Ok(())
+    }
+}
+
+/// RocksDB's use of one slot's managed share: one block cache per slot, with a write buffer
+/// manager charged to it.
+///
+/// The memtables' memory is charged to the cache, and the cache has a strict capacity, so
+/// the cache's capacity bounds blocks, index and filter blocks and memtables together: it is
+/// the whole managed share. (Flink sizes its cache to `(3 - ratio) / 3` of the share and the
+/// write buffer manager to `2 * ratio / 3`, leaving room for overshoot, because its cache is
+/// not strict, FLINK-15532.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RocksDbBudget {
+    /// Capacity of the slot's block cache, in bytes.
+    pub block_cache: u64,
+    /// Limit of the slot's write buffer manager (all memtables of the slot), in bytes; part
+    /// of the cache, not in addition to it.
+    pub write_buffers: u64,
+    /// Part of the cache kept for index and filter blocks (the high-priority pool), in bytes.
+    pub high_priority_pool: u64,
+}
+
+impl RocksDbBudget {
+    /// RocksDB's budget for a managed share of `managed` bytes.
+    pub fn new(managed: u64, ratios: RocksDbMemoryRatios) -> RocksDbBudget {
+        RocksDbBudget {
+            block_cache: managed,
+            write_buffers: (managed as f64 * ratios.write_buffer_ratio) as u64,
+            high_priority_pool: (managed as f64 * ratios.high_priority_pool_ratio) as u64,
+        }
+    }
+}
+
 /// The shares of one slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotBudget {
     /// Bytes for the state backend (RocksDB cache and write buffers).
     pub managed: u64,
+    /// How RocksDB divides `managed`.
+    pub rocksdb: RocksDbBudget,
     /// Bytes for network segments.
     pub network: u64,
     /// Bytes left for the heap (operators, heap state, user code).
@@ -118,22 +206,193 @@ impl MemoryConfig {
             .min(self.process_size)
     }
 
-    /// The per-slot shares for a worker with `slots` slots.
+    /// The per-slot shares for a worker with `slots` slots, with RocksDB's default ratios.
     pub fn slot_budget(&self, slots: usize) -> SlotBudget {
-        let slots = slots.max(1) as u64;
+        self.worker_budget(slots).slot
+    }
+
+    /// The whole worker's budget for `slots` slots, with RocksDB's default ratios.
+    pub fn worker_budget(&self, slots: usize) -> WorkerBudget {
+        self.worker_budget_with(slots, RocksDbMemoryRatios::default())
+    }
+
+    /// The whole worker's budget for `slots` slots (at least 1).
+    pub fn worker_budget_with(&self, slots: usize, rocksdb: RocksDbMemoryRatios) -> WorkerBudget {
+        let slots = slots.max(1);
+        let per_slot = |total: u64| total / slots as u64;
         let managed_total = (self.process_size as f64 * self.managed_fraction) as u64;
         let network_total = self.network_total();
         let heap_total = self
             .process_size
             .saturating_sub(managed_total + network_total);
-        let network = network_total / slots;
-        SlotBudget {
-            managed: managed_total / slots,
-            network,
-            heap: heap_total / slots,
-            segments: (network / self.segment_size as u64) as usize,
-            segment_size: self.segment_size,
+        let managed = per_slot(managed_total);
+        let network = per_slot(network_total);
+        WorkerBudget {
+            config: self.clone(),
+            rocksdb_ratios: rocksdb,
+            slots,
+            managed_total,
+            network_total,
+            heap_total,
+            slot: SlotBudget {
+                managed,
+                rocksdb: RocksDbBudget::new(managed, rocksdb),
+                network,
+                heap: per_slot(heap_total),
+                segments: (network / self.segment_size as u64) as usize,
+                segment_size: self.segment_size,
+            },
         }
+    }
+}
+
+/// A worker's memory: the totals of each share and what one slot gets. Its `Display` is the
+/// table `weir run --explain-memory` prints, naming the key that sets each number.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerBudget {
+    /// The settings the budget comes from.
+    pub config: MemoryConfig,
+    /// How RocksDB divides the managed share.
+    pub rocksdb_ratios: RocksDbMemoryRatios,
+    /// Number of slots sharing the worker.
+    pub slots: usize,
+    /// Managed memory of the whole worker, in bytes.
+    pub managed_total: u64,
+    /// Network memory of the whole worker, in bytes.
+    pub network_total: u64,
+    /// Heap of the whole worker, in bytes.
+    pub heap_total: u64,
+    /// What each slot gets.
+    pub slot: SlotBudget,
+}
+
+impl WorkerBudget {
+    /// Which setting decided the network share: the fraction, or a bound it was clamped to.
+    fn network_source(&self) -> String {
+        let config = &self.config;
+        let fraction = format!(
+            "taskmanager.memory.network.fraction = {}",
+            config.network_fraction
+        );
+        let wanted = (config.process_size as f64 * config.network_fraction) as u64;
+        if self.network_total == wanted {
+            format!(
+                "{fraction} (within .min {} and .max {})",
+                Mib(config.network_min),
+                Mib(config.network_max)
+            )
+        } else if self.network_total == config.network_min {
+            format!(
+                "taskmanager.memory.network.min = {} (the fraction gives less)",
+                Mib(config.network_min)
+            )
+        } else if self.network_total == config.network_max {
+            format!(
+                "taskmanager.memory.network.max = {} (the fraction gives more)",
+                Mib(config.network_max)
+            )
+        } else {
+            "taskmanager.memory.process.size (the network minimum does not fit)".to_string()
+        }
+    }
+}
+
+impl fmt::Display for WorkerBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let config = &self.config;
+        let slot = &self.slot;
+        let slots = self.slots as u64;
+        let ratios = &self.rocksdb_ratios;
+        writeln!(
+            f,
+            "Memory of one worker with {} slot(s) (taskmanager.numberOfTaskSlots):",
+            self.slots
+        )?;
+        writeln!(f)?;
+        let row =
+            |f: &mut fmt::Formatter<'_>, share: &str, worker: &str, per_slot: &str, key: &str| {
+                writeln!(f, "{share:<24} {worker:>14} {per_slot:>14}   {key}")
+            };
+        row(f, "share", "worker", "per slot", "set by")?;
+        row(
+            f,
+            "process",
+            &Mib(config.process_size).to_string(),
+            &Mib(config.process_size / slots).to_string(),
+            &format!(
+                "taskmanager.memory.process.size = {}",
+                Mib(config.process_size)
+            ),
+        )?;
+        row(
+            f,
+            "managed",
+            &Mib(self.managed_total).to_string(),
+            &Mib(slot.managed).to_string(),
+            &format!(
+                "taskmanager.memory.managed.fraction = {}",
+                config.managed_fraction
+            ),
+        )?;
+        row(
+            f,
+            "  RocksDB block cache",
+            "",
+            &Mib(slot.rocksdb.block_cache).to_string(),
+            "the whole managed share (strict capacity; write buffers are charged to it)",
+        )?;
+        row(
+            f,
+            "  RocksDB write buffers",
+            "",
+            &Mib(slot.rocksdb.write_buffers).to_string(),
+            &format!(
+                "state.backend.rocksdb.memory.write-buffer-ratio = {}",
+                ratios.write_buffer_ratio
+            ),
+        )?;
+        row(
+            f,
+            "  RocksDB high-prio pool",
+            "",
+            &Mib(slot.rocksdb.high_priority_pool).to_string(),
+            &format!(
+                "state.backend.rocksdb.memory.high-prio-pool-ratio = {} (index and filter blocks)",
+                ratios.high_priority_pool_ratio
+            ),
+        )?;
+        row(
+            f,
+            "network",
+            &Mib(self.network_total).to_string(),
+            &Mib(slot.network).to_string(),
+            &self.network_source(),
+        )?;
+        let segment_size = Mib(slot.segment_size as u64);
+        row(
+            f,
+            "  segments",
+            &format!("{} x {segment_size}", slot.segments as u64 * slots),
+            &format!("{} x {segment_size}", slot.segments),
+            &format!("taskmanager.memory.segment-size = {segment_size}"),
+        )?;
+        row(
+            f,
+            "heap",
+            &Mib(self.heap_total).to_string(),
+            &Mib(slot.heap).to_string(),
+            "the rest of taskmanager.memory.process.size",
+        )?;
+        writeln!(f)?;
+        writeln!(
+            f,
+            "The managed share is RocksDB's (state.backend.type: rocksdb); with the heap backend, \
+             state lives in the heap share."
+        )?;
+        writeln!(
+            f,
+            "Each shard's heap use is counted per thread by the counting allocator."
+        )
     }
 }
 
@@ -179,6 +438,127 @@ mod tests {
             ..MemoryConfig::default()
         };
         assert_eq!(config.network_total(), 1 << 30);
+    }
+
+    /// 2 GiB over 2 slots, worked by hand:
+    /// managed 0.4 x 2147483648 = 858993459 (819.2 MiB), 429496729 per slot (409.6 MiB);
+    /// network 0.1 x 2147483648 = 214748364 (204.8 MiB, inside [64 MiB, 1 GiB]), 107374182
+    /// per slot = 3276 segments of 32 KiB; heap 2147483648 - 858993459 - 214748364 =
+    /// 1073741825, 536870912 per slot (512 MiB). RocksDB per slot: cache = 429496729, write
+    /// buffers 0.5 x = 214748364 (204.8 MiB), high-priority pool 0.1 x = 42949672 (41.0 MiB).
+    fn two_gib_two_slots() -> WorkerBudget {
+        MemoryConfig {
+            process_size: 2 << 30,
+            ..MemoryConfig::default()
+        }
+        .worker_budget(2)
+    }
+
+    #[test]
+    fn rocksdb_gets_the_managed_share_with_flink_ratios() {
+        let budget = two_gib_two_slots();
+        assert_eq!(budget.managed_total, 858_993_459);
+        assert_eq!(budget.network_total, 214_748_364);
+        assert_eq!(budget.heap_total, 1_073_741_825);
+        assert_eq!(
+            budget.slot,
+            SlotBudget {
+                managed: 429_496_729,
+                rocksdb: RocksDbBudget {
+                    block_cache: 429_496_729,
+                    write_buffers: 214_748_364,
+                    high_priority_pool: 42_949_672,
+                },
+                network: 107_374_182,
+                heap: 536_870_912,
+                segments: 3276,
+                segment_size: 32 << 10,
+            }
+        );
+        let custom = RocksDbMemoryRatios {
+            write_buffer_ratio: 0.25,
+            high_priority_pool_ratio: 0.0,
+        };
+        assert_eq!(
+            RocksDbBudget::new(400 << 20, custom),
+            RocksDbBudget {
+                block_cache: 400 << 20,
+                write_buffers: 100 << 20,
+                high_priority_pool: 0,
+            }
+        );
+        assert_eq!(
+            MemoryConfig::default().slot_budget(0),
+            MemoryConfig::default().slot_budget(1)
+        );
+    }
+
+    #[test]
+    fn the_table_shows_every_figure_and_its_key() {
+        let table = two_gib_two_slots().to_string();
+        let expected = [
+            "Memory of one worker with 2 slot(s) (taskmanager.numberOfTaskSlots):",
+            "",
+            "share                            worker       per slot   set by",
+            "process                        2048 MiB       1024 MiB   taskmanager.memory.process.size = 2048 MiB",
+            "managed                       819.2 MiB      409.6 MiB   taskmanager.memory.managed.fraction = 0.4",
+            "  RocksDB block cache                        409.6 MiB   the whole managed share (strict capacity; write buffers are charged to it)",
+            "  RocksDB write buffers                      204.8 MiB   state.backend.rocksdb.memory.write-buffer-ratio = 0.5",
+            "  RocksDB high-prio pool                      41.0 MiB   state.backend.rocksdb.memory.high-prio-pool-ratio = 0.1 (index and filter blocks)",
+            "network                       204.8 MiB      102.4 MiB   taskmanager.memory.network.fraction = 0.1 (within .min 64 MiB and .max 1024 MiB)",
+            "  segments                6552 x 32 KiB  3276 x 32 KiB   taskmanager.memory.segment-size = 32 KiB",
+            "heap                         1024.0 MiB        512 MiB   the rest of taskmanager.memory.process.size",
+            "",
+        ];
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[..expected.len()], expected, "\n{table}");
+        assert!(table.contains("state.backend.type: rocksdb"), "{table}");
+    }
+
+    #[test]
+    fn the_table_says_when_the_network_share_is_clamped() {
+        let small = MemoryConfig {
+            process_size: 100 << 20,
+            ..MemoryConfig::default()
+        };
+        let table = small.worker_budget(1).to_string();
+        assert!(
+            table.contains("taskmanager.memory.network.min = 64 MiB (the fraction gives less)"),
+            "{table}"
+        );
+        let big = MemoryConfig {
+            process_size: 100 << 30,
+            ..MemoryConfig::default()
+        };
+        let table = big.worker_budget(4).to_string();
+        assert!(
+            table.contains("taskmanager.memory.network.max = 1024 MiB (the fraction gives more)"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn bad_rocksdb_ratios_name_key_and_fix() {
+        RocksDbMemoryRatios::default().validate().unwrap();
+        let err = RocksDbMemoryRatios {
+            write_buffer_ratio: 1.0,
+            ..RocksDbMemoryRatios::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("state.backend.rocksdb.memory.write-buffer-ratio = 1 is invalid"),
+            "{err}"
+        );
+        let err = RocksDbMemoryRatios {
+            high_priority_pool_ratio: -0.1,
+            ..RocksDbMemoryRatios::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("high-prio-pool-ratio = -0.1"), "{err}");
     }
 
     #[test]

@@ -2,12 +2,26 @@
 //!
 //! A worker's `taskmanager.memory.process.size` is split into managed (state backends),
 //! network (exchange segments) and heap shares; each share is divided evenly across slots.
-//! This crate owns that arithmetic ([`MemoryConfig`], [`SlotBudget`]) and the fixed pool of
-//! network segments each slot sends its records in ([`SegmentPool`]).
+//! This crate owns that arithmetic ([`MemoryConfig`], [`SlotBudget`], [`WorkerBudget`] with
+//! RocksDB's part of the managed share, [`RocksDbBudget`]), the fixed pool of network segments
+//! each slot sends its records in ([`SegmentPool`]), the counting global allocator that
+//! measures each shard's heap ([`CountingAllocator`]) and the check that holds it to the slot's
+//! heap share ([`check_heap_budget`]).
 #![warn(missing_docs)]
 
+mod alloc;
 mod budget;
+mod heap;
 mod segment;
+mod units;
 
-pub use budget::{MemoryConfig, MemoryConfigError, SlotBudget};
+pub use alloc::{
+    current_thread_allocated_bytes, current_thread_net_bytes, heap_snapshot, is_counting,
+    register_current_thread, total_net_bytes, CountingAllocator, HeapSnapshot, ThreadHeap,
+};
+pub use budget::{
+    MemoryConfig, MemoryConfigError, RocksDbBudget, RocksDbMemoryRatios, SlotBudget, WorkerBudget,
+    DEFAULT_HIGH_PRIORITY_POOL_RATIO, DEFAULT_WRITE_BUFFER_RATIO,
+};
+pub use heap::{check_heap_budget, HeapBudgetExceeded, HeapStateSize};
 pub use segment::{PoolStats, Segment, SegmentPool, SegmentPoolError};

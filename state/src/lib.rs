@@ -1,10 +1,79 @@
-//! Keyed state for Weir operators.
+//! Keyed state for Weir operators: key groups, the state API, and the heap and RocksDB
+//! backends.
 //!
-//! Today this crate holds key groups: the stable assignment of keys to key groups and of key
-//! groups to operator subtasks that keyed exchange and (later) keyed state share. The state
-//! backends land with the keyed-state work.
+//! - [`key_group`]: the stable assignment of keys to key groups and of key groups to subtasks.
+//! - [`descriptor`]: what an operator declares in `open` (name, types, TTL).
+//! - [`handle`]: what it gets back — [`ValueState`], [`ListState`], [`MapState`],
+//!   [`ReducingState`], [`AggregatingState`] — acting on the backend's current key.
+//! - [`backend`]: [`LocalKeyedBackend`], one per keyed operator subtask, over the heap
+//!   (copy-on-write snapshots) or the slot's [`SlotRocksDb`] (checkpoints, compaction-time TTL).
+//! - [`ttl`]: time to live and the injectable [`Clock`].
+//! - [`codec`]: how values, keys and namespaces become bytes (rkyv).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use weir_state::{
+//!     KeyedBackendConfig, LocalKeyedBackend, ManualClock, ValueStateDescriptor,
+//! };
+//!
+//! # fn main() -> Result<(), weir_state::StateError> {
+//! // One backend per keyed operator subtask; here: all 128 key groups, on the heap.
+//! let backend: LocalKeyedBackend<String> =
+//!     LocalKeyedBackend::heap(KeyedBackendConfig::single(128), Arc::new(ManualClock::new(0)))?;
+//! // In `open`: register state.
+//! let count = backend.value_state(&ValueStateDescriptor::<u64>::new("count"))?;
+//! // Per record: the engine sets the key, the operator uses its state.
+//! for word in ["a", "b", "a"] {
+//!     backend.set_current_key(&word.to_string())?;
+//!     let next = count.value()?.unwrap_or(0) + 1;
+//!     count.update(next)?;
+//! }
+//! backend.set_current_key(&"a".to_string())?;
+//! assert_eq!(count.value()?, Some(2));
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 
+pub mod backend;
+pub mod codec;
+pub mod descriptor;
+pub mod error;
+pub mod handle;
 pub mod key_group;
+pub mod ttl;
 
+pub use backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
+pub use backend::rocksdb::{
+    split_key, RawEntries, RocksDbConfig, RocksDbMemoryUsage, SlotRocksDb, StateKeyParts,
+    MAX_PARALLELISM_LIMIT,
+};
+pub use backend::{BackendType, CleanupProgress, KeyedBackendConfig, LocalKeyedBackend, StateSize};
+pub use codec::StateCodec;
+pub use descriptor::{
+    AggregateFunction, AggregatingStateDescriptor, ListStateDescriptor, MapStateDescriptor,
+    ReduceFn, ReducingStateDescriptor, StateKind, ValueStateDescriptor,
+};
+pub use error::{StateError, StateErrorKind};
+pub use handle::{
+    AggregatingState, ListState, MapEntries, MapState, ReducingState, ValueState,
+    MAP_ITERATION_CHUNK,
+};
 pub use key_group::{KeyGroup, KeyGroupRange, StableHasher};
+pub use ttl::{Clock, ManualClock, StateTtlConfig, StateVisibility, SystemClock, TtlUpdateType};
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+/// What a key (or namespace, or map key) of keyed state must be: hashable for key groups and
+/// heap maps, comparable, clonable, printable for error messages. The RocksDB backend also
+/// needs [`StateCodec`].
+pub trait StateKey: Hash + Eq + Clone + Debug + 'static {}
+
+impl<T: Hash + Eq + Clone + Debug + 'static> StateKey for T {}
+
+/// What a stored value must be: encodable (RocksDB, snapshots) and clonable (heap reads hand
+/// out copies).
+pub trait StateValue: StateCodec + Clone {}
+
+impl<T: StateCodec + Clone> StateValue for T {}

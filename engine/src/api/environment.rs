@@ -5,16 +5,17 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use super::stream::DataStream;
+use super::stream::{DataStream, Upstream};
 use crate::config::Configuration;
 use crate::connector::{CollectionSource, DataGeneratorSource, Source};
 use crate::error::JobError;
 use crate::graph::{
-    EdgeRequest, ExecutionGraph, JobGraph, NodeKind, StreamEdge, StreamGraph, StreamNode, TypeOps,
+    ExecutionGraph, JobGraph, NodeKind, StreamEdge, StreamGraph, StreamNode, TypeOps,
 };
 use crate::record::Record;
 use crate::runtime::factories::{type_ops, SourceNode};
 use crate::runtime::{resolve_cores, run_job, CancelHandle, JobResult, RunOptions};
+use crate::time::WatermarkStrategy;
 
 pub(crate) struct EnvState {
     pub(crate) config: Configuration,
@@ -108,26 +109,41 @@ impl StreamEnvironment {
         self.state.borrow_mut().errors.push(message);
     }
 
-    /// Reads from `source`. The node is named `Source: <name>`.
-    pub fn from_source<T: Record, S: Source<T>>(&self, source: S, name: &str) -> DataStream<T> {
+    /// Reads from `source`; `watermarks` stamps each record with its event time and derives
+    /// watermarks per split (`WatermarkStrategy::no_watermarks()` for none). The node is named
+    /// `Source: <name>`.
+    pub fn from_source<T: Record, S: Source<T>>(
+        &self,
+        source: S,
+        watermarks: WatermarkStrategy<T>,
+        name: &str,
+    ) -> DataStream<T> {
         let node = self.add_node(NodeSpec {
             name: format!("Source: {name}"),
-            kind: NodeKind::Source(Arc::new(SourceNode::new(source))),
+            kind: NodeKind::Source(Arc::new(SourceNode::new(source, watermarks))),
             inputs: Vec::new(),
             input_ops: None,
             output_ops: Some(type_ops::<T>()),
         });
-        DataStream::new(self.clone(), vec![(node, EdgeRequest::Default)])
+        DataStream::new(self.clone(), Upstream::main(node))
     }
 
     /// Reads the elements of `elements`.
     pub fn from_collection<T: Record + Sync>(&self, elements: Vec<T>) -> DataStream<T> {
-        self.from_source(CollectionSource::new(elements), "Collection")
+        self.from_source(
+            CollectionSource::new(elements),
+            WatermarkStrategy::no_watermarks(),
+            "Collection",
+        )
     }
 
     /// The numbers `from..to`.
     pub fn from_sequence(&self, from: u64, to: u64) -> DataStream<u64> {
-        self.from_source(DataGeneratorSource::sequence(from, to), "Sequence")
+        self.from_source(
+            DataGeneratorSource::sequence(from, to),
+            WatermarkStrategy::no_watermarks(),
+            "Sequence",
+        )
     }
 
     /// Translates the job built so far into its execution graph (without running it).

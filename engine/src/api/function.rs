@@ -1,31 +1,56 @@
 //! User function traits and the contexts they receive.
 
-use crate::operator::RuntimeContext;
+use crate::operator::{Batch, Emitter, OutputTag, RuntimeContext};
+use crate::record::{Watermark, NO_TIMESTAMP};
+use crate::time::{now_ms, TimeDomain, TimerQueue};
 
-/// Where a `flat_map` function puts its output records.
+fn timestamp_of(timestamp: i64) -> Option<i64> {
+    (timestamp != NO_TIMESTAMP).then_some(timestamp)
+}
+
+/// Where a `flat_map` function puts its output records. They keep the input record's
+/// timestamp.
 pub struct Collector<'a, T> {
-    pub(crate) out: &'a mut Vec<T>,
+    pub(crate) out: &'a mut Batch<T>,
+    pub(crate) timestamp: i64,
 }
 
 impl<T> Collector<'_, T> {
     /// Emits one record.
     #[inline]
     pub fn collect(&mut self, record: T) {
-        self.out.push(record);
+        self.out.push(record, self.timestamp);
     }
 }
 
 /// The context of a [`ProcessFunction`] call.
 pub struct ProcessContext<'a, O> {
-    pub(crate) out: &'a mut Vec<O>,
+    pub(crate) out: &'a mut Emitter<O>,
+    pub(crate) timestamp: i64,
+    pub(crate) watermark: Watermark,
     pub(crate) runtime: &'a RuntimeContext,
 }
 
 impl<O> ProcessContext<'_, O> {
-    /// Emits one record.
+    /// Emits one record (with the input record's timestamp).
     #[inline]
     pub fn emit(&mut self, record: O) {
-        self.out.push(record);
+        self.out.main.push(record, self.timestamp);
+    }
+
+    /// Emits one record to the side output `tag` (read it with `get_side_output`).
+    pub fn output<X: 'static>(&mut self, tag: &OutputTag<X>, record: X) {
+        self.out.side.emit(tag, record, self.timestamp);
+    }
+
+    /// The input record's event timestamp, if it has one.
+    pub fn timestamp(&self) -> Option<i64> {
+        timestamp_of(self.timestamp)
+    }
+
+    /// The operator's current event time (the last watermark it received).
+    pub fn current_watermark(&self) -> i64 {
+        self.watermark.0
     }
 
     /// The subtask this call runs in.
@@ -55,24 +80,93 @@ where
     }
 }
 
-/// The context of a [`KeyedProcessFunction`] call.
+/// A keyed operator's timers: per key, event-time timers (fired by watermarks) and
+/// processing-time timers (fired by the wall clock).
+pub(crate) struct KeyedTimers<K> {
+    pub(crate) event: TimerQueue<K>,
+    pub(crate) processing: TimerQueue<K>,
+}
+
+impl<K> Default for KeyedTimers<K> {
+    fn default() -> Self {
+        KeyedTimers {
+            event: TimerQueue::default(),
+            processing: TimerQueue::default(),
+        }
+    }
+}
+
+/// The context of a [`KeyedProcessFunction`] call: for a record (`process_element`) or for a
+/// timer that fired (`on_timer`, where [`KeyedProcessContext::time_domain`] says which kind).
 pub struct KeyedProcessContext<'a, K, O> {
     pub(crate) key: &'a K,
-    pub(crate) out: &'a mut Vec<O>,
+    pub(crate) out: &'a mut Emitter<O>,
+    pub(crate) timestamp: i64,
+    pub(crate) watermark: Watermark,
+    pub(crate) timers: &'a mut KeyedTimers<K>,
+    pub(crate) domain: Option<TimeDomain>,
     pub(crate) runtime: &'a RuntimeContext,
 }
 
-impl<K, O> KeyedProcessContext<'_, K, O> {
-    /// The key of the record being processed.
+impl<K: std::hash::Hash + Eq + Clone, O> KeyedProcessContext<'_, K, O> {
+    /// The key of the record being processed (or of the timer that fired).
     #[inline]
     pub fn current_key(&self) -> &K {
         self.key
     }
 
-    /// Emits one record.
+    /// Emits one record. It carries the input record's timestamp, or an event-time timer's
+    /// time; records emitted from a processing-time timer have none.
     #[inline]
     pub fn emit(&mut self, record: O) {
-        self.out.push(record);
+        self.out.main.push(record, self.timestamp);
+    }
+
+    /// Emits one record to the side output `tag` (read it with `get_side_output`).
+    pub fn output<X: 'static>(&mut self, tag: &OutputTag<X>, record: X) {
+        self.out.side.emit(tag, record, self.timestamp);
+    }
+
+    /// The input record's event timestamp (or the event-time timer's time), if any.
+    pub fn timestamp(&self) -> Option<i64> {
+        timestamp_of(self.timestamp)
+    }
+
+    /// In `on_timer`: whether an event-time or a processing-time timer fired. `None` in
+    /// `process_element`.
+    pub fn time_domain(&self) -> Option<TimeDomain> {
+        self.domain
+    }
+
+    /// The operator's current event time (the last watermark it received).
+    pub fn current_watermark(&self) -> i64 {
+        self.watermark.0
+    }
+
+    /// The wall clock, in ms since the epoch.
+    pub fn current_processing_time(&self) -> i64 {
+        now_ms()
+    }
+
+    /// Calls `on_timer` for the current key once the watermark reaches `time`. Registering the
+    /// same (key, time) twice fires once.
+    pub fn register_event_time_timer(&mut self, time: i64) {
+        self.timers.event.register(self.key, time);
+    }
+
+    /// Calls `on_timer` for the current key once the wall clock reaches `time`.
+    pub fn register_processing_time_timer(&mut self, time: i64) {
+        self.timers.processing.register(self.key, time);
+    }
+
+    /// Removes the current key's event-time timer at `time`, if there is one.
+    pub fn delete_event_time_timer(&mut self, time: i64) {
+        self.timers.event.delete(self.key, time);
+    }
+
+    /// Removes the current key's processing-time timer at `time`, if there is one.
+    pub fn delete_processing_time_timer(&mut self, time: i64) {
+        self.timers.processing.delete(self.key, time);
     }
 
     /// The subtask this call runs in.
@@ -81,15 +175,18 @@ impl<K, O> KeyedProcessContext<'_, K, O> {
     }
 }
 
-/// A function over each record of a keyed stream; sees the record's key. Every record of a key
-/// reaches the same subtask (and so the same instance).
+/// A function over each record of a keyed stream; sees the record's key, and may set timers
+/// per key that call [`KeyedProcessFunction::on_timer`]. Every record of a key reaches the
+/// same subtask (and so the same instance).
 ///
-/// Closures work too: `|x: Event, ctx: &mut KeyedProcessContext<'_, u32, u64>| ...`.
+/// Closures work too (without timers): `|x: Event, ctx: &mut KeyedProcessContext<'_, u32, u64>| ...`.
 pub trait KeyedProcessFunction<K, I, O>: Clone + Send + Sync + 'static {
     /// Called once per subtask before the first record.
     fn open(&mut self, _ctx: &RuntimeContext) {}
     /// Handles one record.
     fn process_element(&mut self, value: I, ctx: &mut KeyedProcessContext<'_, K, O>);
+    /// A timer of `ctx.current_key()` fired at `timestamp`.
+    fn on_timer(&mut self, _timestamp: i64, _ctx: &mut KeyedProcessContext<'_, K, O>) {}
 }
 
 impl<K, I, O, F> KeyedProcessFunction<K, I, O> for F

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use super::environment::{NodeSpec, StreamEnvironment};
 use super::function::KeyedProcessFunction;
-use super::stream::DataStream;
-use crate::graph::{EdgeRequest, NodeKind, OperatorFactory, StreamEdge};
+use super::stream::{DataStream, Upstream};
+use crate::graph::{EdgeRequest, NodeKind, OperatorFactory, WriterFactory};
 use crate::operator::{KeyedProcessOperator, ReduceOperator};
 use crate::record::{Key, Record};
 use crate::runtime::factories::{type_ops, KeyedWriter, OperatorNode};
@@ -14,7 +14,7 @@ use crate::runtime::factories::{type_ops, KeyedWriter, OperatorNode};
 /// A stream whose records are routed by the key `KS` extracts (type `K`).
 pub struct KeyedStream<T, K, KS> {
     env: StreamEnvironment,
-    upstreams: Vec<usize>,
+    upstreams: Vec<Upstream>,
     key_selector: KS,
     _types: PhantomData<fn(T) -> K>,
 }
@@ -33,7 +33,7 @@ where
     K: Key,
     KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
 {
-    pub(crate) fn new(env: StreamEnvironment, upstreams: Vec<usize>, key_selector: KS) -> Self {
+    pub(crate) fn new(env: StreamEnvironment, upstreams: Vec<Upstream>, key_selector: KS) -> Self {
         KeyedStream {
             env,
             upstreams,
@@ -42,16 +42,22 @@ where
         }
     }
 
-    fn then<O: Record>(self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStream<O> {
-        let writer = Arc::new(KeyedWriter::<T, K, KS>::new(self.key_selector));
+    /// The key selector (a copy).
+    pub(crate) fn key_selector(&self) -> KS {
+        self.key_selector.clone()
+    }
+
+    pub(crate) fn then<O: Record>(
+        self,
+        name: &str,
+        factory: Arc<dyn OperatorFactory>,
+    ) -> DataStream<O> {
+        let writer: Arc<dyn WriterFactory> =
+            Arc::new(KeyedWriter::<T, K, KS>::new(self.key_selector));
         let inputs = self
             .upstreams
             .iter()
-            .map(|&source| StreamEdge {
-                source,
-                request: EdgeRequest::Hash,
-                writer: writer.clone(),
-            })
+            .map(|upstream| upstream.edge(EdgeRequest::Hash, Arc::clone(&writer)))
             .collect();
         let node = self.env.add_node(NodeSpec {
             name: name.to_string(),
@@ -60,7 +66,7 @@ where
             input_ops: Some(type_ops::<T>()),
             output_ops: Some(type_ops::<O>()),
         });
-        DataStream::new(self.env, vec![(node, EdgeRequest::Default)])
+        DataStream::new(self.env, Upstream::main(node))
     }
 
     /// Runs a [`KeyedProcessFunction`] over every record; its context tells the current key.

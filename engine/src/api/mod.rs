@@ -1,9 +1,10 @@
 //! The DataStream API: build a job from sources, transformations and sinks, then execute it.
 
 mod environment;
-mod function;
+pub(crate) mod function;
 mod keyed;
 mod stream;
+mod windowed;
 
 pub use crate::runtime::{CancelHandle, JobResult, RunOptions};
 pub use environment::{JobClient, StreamEnvironment};
@@ -12,5 +13,6 @@ pub use function::{
 };
 pub use keyed::KeyedStream;
 pub use stream::{DataStream, DataStreamSink};
+pub use windowed::WindowedStream;
 
-pub use crate::operator::RuntimeContext;
+pub use crate::operator::{OutputTag, RuntimeContext};

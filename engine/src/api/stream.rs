@@ -6,17 +6,46 @@ use super::environment::{NodeSpec, StreamEnvironment, StreamMarker};
 use super::function::{Collector, ProcessFunction};
 use super::keyed::KeyedStream;
 use crate::connector::Sink;
-use crate::graph::{EdgeRequest, NodeKind, OperatorFactory, StreamEdge};
-use crate::operator::{FlatMapOperator, MapOperator, ProcessOperator};
+use crate::graph::{EdgeRequest, NodeKind, OperatorFactory, StreamEdge, WriterFactory};
+use crate::operator::{FlatMapOperator, MapOperator, OutputTag, ProcessOperator};
 use crate::record::{Key, Record};
 use crate::runtime::factories::{type_ops, FilterNode, OperatorNode, PlainWriter, SinkNode};
 
-/// A stream of `T` records: the output of a source or operator, a union of streams, or a
-/// stream repartitioned with `rebalance`/`broadcast`.
+/// Where a stream's records come from: a node's main output or one of its side outputs, and
+/// how they are partitioned on the way to the next operator.
+#[derive(Clone, Debug)]
+pub(crate) struct Upstream {
+    pub(crate) node: usize,
+    pub(crate) request: EdgeRequest,
+    pub(crate) side: Option<Arc<str>>,
+}
+
+impl Upstream {
+    pub(crate) fn main(node: usize) -> Vec<Upstream> {
+        vec![Upstream {
+            node,
+            request: EdgeRequest::Default,
+            side: None,
+        }]
+    }
+
+    /// The edge from this upstream, written by `writer`.
+    pub(crate) fn edge(&self, request: EdgeRequest, writer: Arc<dyn WriterFactory>) -> StreamEdge {
+        StreamEdge {
+            source: self.node,
+            request,
+            side: self.side.clone(),
+            writer,
+        }
+    }
+}
+
+/// A stream of `T` records: the output of a source or operator, a side output, a union of
+/// streams, or a stream repartitioned with `rebalance`/`broadcast`.
 pub struct DataStream<T> {
     pub(crate) env: StreamEnvironment,
     /// The producing nodes and how records leave each of them.
-    pub(crate) upstreams: Vec<(usize, EdgeRequest)>,
+    pub(crate) upstreams: Vec<Upstream>,
     _record: StreamMarker<T>,
 }
 
@@ -101,7 +130,7 @@ impl DataStreamSink {
 }
 
 impl<T: Record> DataStream<T> {
-    pub(crate) fn new(env: StreamEnvironment, upstreams: Vec<(usize, EdgeRequest)>) -> Self {
+    pub(crate) fn new(env: StreamEnvironment, upstreams: Vec<Upstream>) -> Self {
         DataStream {
             env,
             upstreams,
@@ -110,25 +139,25 @@ impl<T: Record> DataStream<T> {
     }
 
     pub(crate) fn edges(&self) -> Vec<StreamEdge> {
-        let writer = Arc::new(PlainWriter::<T>::new());
+        let writer: Arc<dyn WriterFactory> = Arc::new(PlainWriter::<T>::new());
         self.upstreams
             .iter()
-            .map(|&(source, request)| StreamEdge {
-                source,
-                request,
-                writer: writer.clone(),
-            })
+            .map(|upstream| upstream.edge(upstream.request, Arc::clone(&writer)))
             .collect()
     }
 
     /// The node that produced this stream, for the naming and parallelism setters.
     fn producer(&self, setter: &str) -> Option<usize> {
         match self.upstreams.as_slice() {
-            [(node, EdgeRequest::Default)] => Some(*node),
+            [Upstream {
+                node,
+                request: EdgeRequest::Default,
+                side: None,
+            }] => Some(*node),
             _ => {
                 self.env.record_error(format!(
-                    "{setter}() was called on a union or repartitioned stream; call it on the operator \
-                     that produces the stream, before union/rebalance/broadcast"
+                    "{setter}() was called on a union, repartitioned or side-output stream; call it on \
+                     the operator that produces the stream, before union/rebalance/broadcast"
                 ));
                 None
             }
@@ -143,7 +172,7 @@ impl<T: Record> DataStream<T> {
             input_ops: Some(type_ops::<T>()),
             output_ops: Some(type_ops::<O>()),
         });
-        DataStream::new(self.env.clone(), vec![(node, EdgeRequest::Default)])
+        DataStream::new(self.env.clone(), Upstream::main(node))
     }
 
     /// Applies `f` to every record.
@@ -194,11 +223,7 @@ impl<T: Record> DataStream<T> {
     where
         KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
     {
-        KeyedStream::new(
-            self.env.clone(),
-            self.upstreams.iter().map(|&(n, _)| n).collect(),
-            key_selector,
-        )
+        KeyedStream::new(self.env.clone(), self.upstreams.clone(), key_selector)
     }
 
     /// Merges streams of the same type.
@@ -218,7 +243,7 @@ impl<T: Record> DataStream<T> {
     pub fn rebalance(mut self) -> DataStream<T> {
         self.upstreams
             .iter_mut()
-            .for_each(|(_, request)| *request = EdgeRequest::Rebalance);
+            .for_each(|upstream| upstream.request = EdgeRequest::Rebalance);
         self
     }
 
@@ -226,8 +251,35 @@ impl<T: Record> DataStream<T> {
     pub fn broadcast(mut self) -> DataStream<T> {
         self.upstreams
             .iter_mut()
-            .for_each(|(_, request)| *request = EdgeRequest::Broadcast);
+            .for_each(|upstream| upstream.request = EdgeRequest::Broadcast);
         self
+    }
+
+    /// The records the producing operator emitted to the side output `tag` (with
+    /// `ctx.output(&tag, ..)` in a process function, or late records of a window with
+    /// `side_output_late_data`).
+    pub fn get_side_output<X: Record>(&self, tag: &OutputTag<X>) -> DataStream<X> {
+        let node = self.producer("get_side_output").unwrap_or(usize::MAX);
+        let upstreams = if node == usize::MAX {
+            Vec::new()
+        } else {
+            if !matches!(
+                self.env.state.borrow().nodes[node].kind,
+                NodeKind::Operator(_)
+            ) {
+                self.env.record_error(format!(
+                    "get_side_output('{}') was called on a source's stream; side outputs come from \
+                     process functions and windows",
+                    tag.id
+                ));
+            }
+            vec![Upstream {
+                node,
+                request: EdgeRequest::Default,
+                side: Some(Arc::clone(&tag.id)),
+            }]
+        };
+        DataStream::new(self.env.clone(), upstreams)
     }
 
     /// Writes the stream to `sink`; the node is named `Sink: <name>`.

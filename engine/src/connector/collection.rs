@@ -63,18 +63,22 @@ impl<T: Clone + Send + Sync + 'static> Source<T> for CollectionSource<T> {
         Box::new(CollectionReader {
             elements: Arc::clone(&self.elements),
             splits: Vec::new(),
+            added: 0,
         })
     }
 }
 
 struct CollectionReader<T> {
     elements: Arc<Vec<T>>,
-    splits: Vec<CollectionSplit>,
+    /// Splits with their numbers (in the order they were added).
+    splits: Vec<(u32, CollectionSplit)>,
+    added: u32,
 }
 
 impl<T: Clone> SourceReader<T, CollectionSplit> for CollectionReader<T> {
     fn add_split(&mut self, split: CollectionSplit) {
-        self.splits.push(split);
+        self.splits.push((self.added, split));
+        self.added += 1;
     }
 
     fn poll_next<'a>(
@@ -84,20 +88,22 @@ impl<T: Clone> SourceReader<T, CollectionSplit> for CollectionReader<T> {
     ) -> LocalBoxFuture<'a, Result<ReadStatus, ConnectorError>> {
         let status = match self.splits.last_mut() {
             None => ReadStatus::NeedSplit,
-            Some(split) => {
+            Some((number, split)) if split.next == split.end => {
+                let number = *number;
+                self.splits.pop();
+                ReadStatus::SplitFinished { split: number }
+            }
+            Some((number, split)) => {
                 let end = split.end.min(split.next + max);
                 out.extend_from_slice(&self.elements[split.next..end]);
                 split.next = end;
-                if split.next == split.end {
-                    self.splits.pop();
-                }
-                ReadStatus::Records
+                ReadStatus::Records { split: *number }
             }
         };
         Box::pin(async move { Ok(status) })
     }
 
     fn snapshot_splits(&self) -> Vec<CollectionSplit> {
-        self.splits.clone()
+        self.splits.iter().map(|(_, s)| s.clone()).collect()
     }
 }

@@ -121,6 +121,7 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
             count: self.count.unwrap_or(u64::MAX),
             rate: self.records_per_second.map(|r| r / ctx.parallelism as f64),
             splits: Vec::new(),
+            added: 0,
             started: None,
             emitted: 0,
             _record: PhantomData,
@@ -133,14 +134,17 @@ struct GeneratorReader<T, G> {
     _record: PhantomData<fn() -> T>,
     count: u64,
     rate: Option<f64>,
-    splits: Vec<GeneratorSplit>,
+    /// Splits with their numbers (in the order they were added).
+    splits: Vec<(u32, GeneratorSplit)>,
+    added: u32,
     started: Option<Instant>,
     emitted: u64,
 }
 
 impl<T, G: Generator<T>> SourceReader<T, GeneratorSplit> for GeneratorReader<T, G> {
     fn add_split(&mut self, split: GeneratorSplit) {
-        self.splits.push(split);
+        self.splits.push((self.added, split));
+        self.added += 1;
     }
 
     fn poll_next<'a>(
@@ -148,6 +152,11 @@ impl<T, G: Generator<T>> SourceReader<T, GeneratorSplit> for GeneratorReader<T, 
         out: &'a mut Vec<T>,
         max: usize,
     ) -> LocalBoxFuture<'a, Result<ReadStatus, ConnectorError>> {
+        if self.splits.is_empty() {
+            // Ask for work before pacing: a split the reader holds, even one it is slow to
+            // read, counts for event time (and idleness) downstream.
+            return Box::pin(async { Ok(ReadStatus::NeedSplit) });
+        }
         let mut budget = max as u64;
         if let Some(rate) = self.rate {
             let started = *self.started.get_or_insert_with(Instant::now);
@@ -158,27 +167,28 @@ impl<T, G: Generator<T>> SourceReader<T, GeneratorSplit> for GeneratorReader<T, 
             }
             budget = budget.min(due - self.emitted);
         }
-        let status = loop {
-            let Some(split) = self.splits.last_mut() else {
-                break ReadStatus::NeedSplit;
-            };
-            if split.next >= self.count {
+        let status = match self.splits.last_mut() {
+            None => ReadStatus::NeedSplit,
+            Some((number, split)) if split.next >= self.count => {
+                let split = *number;
                 self.splits.pop();
-                continue;
+                ReadStatus::SplitFinished { split }
             }
-            let remaining = (self.count - split.next).div_ceil(split.slices);
-            let n = remaining.min(budget);
-            let (generator, first, stride) = (&*self.generator, split.next, split.slices);
-            out.extend((0..n).map(|k| generator.generate(first + k * stride)));
-            split.next += n * split.slices;
-            self.emitted += n;
-            break ReadStatus::Records;
+            Some((number, split)) => {
+                let remaining = (self.count - split.next).div_ceil(split.slices);
+                let n = remaining.min(budget);
+                let (generator, first, stride) = (&*self.generator, split.next, split.slices);
+                out.extend((0..n).map(|k| generator.generate(first + k * stride)));
+                split.next += n * split.slices;
+                self.emitted += n;
+                ReadStatus::Records { split: *number }
+            }
         };
         Box::pin(async move { Ok(status) })
     }
 
     fn snapshot_splits(&self) -> Vec<GeneratorSplit> {
-        self.splits.clone()
+        self.splits.iter().map(|(_, s)| s.clone()).collect()
     }
 }
 
@@ -208,7 +218,7 @@ mod tests {
             // Read a little, snapshot, and resume in a fresh reader.
             assert_eq!(
                 futures::executor::block_on(reader.poll_next(&mut out, 7)).unwrap(),
-                ReadStatus::Records
+                ReadStatus::Records { split: 0 }
             );
             let mut resumed = source.create_reader(&ctx(s, 3));
             for split in reader.snapshot_splits() {
@@ -216,7 +226,10 @@ mod tests {
             }
             loop {
                 match futures::executor::block_on(resumed.poll_next(&mut out, 100)).unwrap() {
-                    ReadStatus::Records => {}
+                    ReadStatus::Records { split: 0 } | ReadStatus::SplitFinished { split: 0 } => {}
+                    ReadStatus::Records { .. } | ReadStatus::SplitFinished { .. } => {
+                        unreachable!("one split")
+                    }
                     ReadStatus::NeedSplit => break,
                     ReadStatus::Idle(_) => unreachable!(),
                 }

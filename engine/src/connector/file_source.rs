@@ -184,6 +184,7 @@ impl<T: Send + 'static> Source<T> for FileSource<T> {
             decode: Arc::clone(&self.decode),
             skip_malformed: self.skip_malformed,
             pending: Vec::new(),
+            added: 0,
             current: None,
             line: Vec::new(),
         })
@@ -191,6 +192,7 @@ impl<T: Send + 'static> Source<T> for FileSource<T> {
 }
 
 struct OpenFile {
+    number: u32,
     split: FileSplit,
     reader: BufReader<StreamReader>,
 }
@@ -199,13 +201,15 @@ struct FileReader<T> {
     format: LineFormat,
     decode: Decoder<T>,
     skip_malformed: bool,
-    pending: Vec<FileSplit>,
+    /// Splits not yet opened, with their numbers (in the order they were added), last first.
+    pending: Vec<(u32, FileSplit)>,
+    added: u32,
     current: Option<OpenFile>,
     line: Vec<u8>,
 }
 
 impl<T> FileReader<T> {
-    async fn open(split: FileSplit) -> Result<OpenFile, ConnectorError> {
+    async fn open(number: u32, split: FileSplit) -> Result<OpenFile, ConnectorError> {
         let file = BufferedFile::open(&split.path).await.map_err(|e| {
             ConnectorError::bad_input(format!(
                 "file source cannot open '{}': {e}; check the path given to FileSource",
@@ -217,6 +221,7 @@ impl<T> FileReader<T> {
             .with_buffer_size(128 << 10)
             .build();
         Ok(OpenFile {
+            number,
             split,
             reader: BufReader::with_capacity(128 << 10, stream),
         })
@@ -224,10 +229,10 @@ impl<T> FileReader<T> {
 
     async fn read(&mut self, out: &mut Vec<T>, max: usize) -> Result<ReadStatus, ConnectorError> {
         if self.current.is_none() {
-            let Some(split) = self.pending.pop() else {
+            let Some((number, split)) = self.pending.pop() else {
                 return Ok(ReadStatus::NeedSplit);
             };
-            self.current = Some(Self::open(split).await?);
+            self.current = Some(Self::open(number, split).await?);
         }
         let file = self.current.as_mut().expect("opened above");
         let mut emitted = 0;
@@ -245,8 +250,13 @@ impl<T> FileReader<T> {
                     ))
                 })?;
             if n == 0 {
+                let number = file.number;
+                if emitted > 0 {
+                    // Hand these records over first; the next poll finds the end again.
+                    return Ok(ReadStatus::Records { split: number });
+                }
                 self.current = None;
-                return Ok(ReadStatus::Records);
+                return Ok(ReadStatus::SplitFinished { split: number });
             }
             let (line_no, path) = (file.split.line, &file.split.path);
             file.split.offset += n as u64;
@@ -280,13 +290,14 @@ impl<T> FileReader<T> {
                 }
             }
         }
-        Ok(ReadStatus::Records)
+        Ok(ReadStatus::Records { split: file.number })
     }
 }
 
 impl<T> SourceReader<T, FileSplit> for FileReader<T> {
     fn add_split(&mut self, split: FileSplit) {
-        self.pending.insert(0, split);
+        self.pending.insert(0, (self.added, split));
+        self.added += 1;
     }
 
     fn poll_next<'a>(
@@ -301,7 +312,7 @@ impl<T> SourceReader<T, FileSplit> for FileReader<T> {
         self.current
             .iter()
             .map(|f| f.split.clone())
-            .chain(self.pending.iter().rev().cloned())
+            .chain(self.pending.iter().rev().map(|(_, s)| s.clone()))
             .collect()
     }
 }

@@ -71,8 +71,18 @@ impl<S: Send> SplitEnumerator<S> for StaticSplits<S> {
 /// What a reader's poll produced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReadStatus {
-    /// Records were appended (more may follow at once).
-    Records,
+    /// Records were appended (more may follow at once), all read from split number `split`:
+    /// a reader numbers its splits from 0 in the order `add_split` gave them to it. Event-time
+    /// watermarks are tracked per split.
+    Records {
+        /// The split the records came from.
+        split: u32,
+    },
+    /// Split number `split` has been read to its end: it no longer holds event time back.
+    SplitFinished {
+        /// The finished split.
+        split: u32,
+    },
     /// The reader has finished every split it was given and wants another.
     NeedSplit,
     /// Nothing to read for now; poll again after at most this long.

@@ -112,6 +112,12 @@ impl JobGraph {
                     }
                     EdgeRequest::Default | EdgeRequest::Rebalance => PartitionKind::Rebalance,
                     EdgeRequest::Broadcast => PartitionKind::Broadcast,
+                    // One subtask on each side holds every key group: a hash exchange would
+                    // route every record to where it already is, so the edge is forward (and
+                    // may chain).
+                    EdgeRequest::Hash if p == 1 && node_parallelism[source.id] == 1 => {
+                        PartitionKind::Forward
+                    }
                     EdgeRequest::Hash => PartitionKind::Hash,
                 };
                 if kind == PartitionKind::Hash && p > max_parallelism {

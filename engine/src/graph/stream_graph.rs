@@ -12,7 +12,7 @@ use weir_memory::{Segment, SegmentPool};
 use crate::connector::Boundedness;
 use crate::error::TaskResult;
 use crate::metrics::OperatorMetrics;
-use crate::operator::RuntimeContext;
+use crate::operator::{RuntimeContext, SideOutputs};
 use crate::runtime::exchange::PartitionKind;
 use crate::runtime::task::{Subtask, TaskSettings};
 
@@ -28,6 +28,7 @@ pub(crate) trait OperatorFactory: Send + Sync {
         settings: &TaskSettings,
         metrics: Arc<OperatorMetrics>,
         next: AnyOutput,
+        side: SideOutputs,
     ) -> AnyOutput;
 }
 
@@ -86,6 +87,10 @@ pub(crate) struct TypeOps {
         AnyOutput,
         &TaskSettings,
     ) -> Box<dyn Subtask>,
+    /// Adds an output of this type as the side output `tag` of an operator.
+    pub(crate) side_output: fn(Arc<str>, AnyOutput, &mut SideOutputs),
+    /// An output that drops records (a main output nobody reads when a side output is read).
+    pub(crate) discard: fn() -> AnyOutput,
 }
 
 /// The partitioning an edge asked for.
@@ -101,6 +106,8 @@ pub(crate) enum EdgeRequest {
 pub(crate) struct StreamEdge {
     pub(crate) source: usize,
     pub(crate) request: EdgeRequest,
+    /// The side output of `source` this edge carries (`None`: its main output).
+    pub(crate) side: Option<Arc<str>>,
     pub(crate) writer: Arc<dyn WriterFactory>,
 }
 
@@ -197,6 +204,7 @@ impl StreamNode {
                 .map(|e| StreamEdge {
                     source: e.source,
                     request: e.request,
+                    side: e.side.clone(),
                     writer: Arc::clone(&e.writer),
                 })
                 .collect(),

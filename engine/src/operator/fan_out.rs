@@ -1,13 +1,13 @@
 //! Hands one operator's output to several consumers (chained operators and exchange writers).
 
-use super::{LocalBoxFuture, Output};
+use super::{Batch, LocalBoxFuture, Output};
 use crate::error::TaskResult;
 use crate::record::Watermark;
 
 /// Copies each batch to every consumer but the last, which gets the original.
 pub(crate) struct FanOut<T> {
     outputs: Vec<Box<dyn Output<T>>>,
-    copy: Vec<T>,
+    copy: Batch<T>,
 }
 
 impl<T: Clone> FanOut<T> {
@@ -15,17 +15,17 @@ impl<T: Clone> FanOut<T> {
         assert!(outputs.len() >= 2, "a fan-out has at least two consumers");
         FanOut {
             outputs,
-            copy: Vec::new(),
+            copy: Batch::default(),
         }
     }
 }
 
 impl<T: Clone + 'static> Output<T> for FanOut<T> {
-    fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult> {
+    fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             let (last, rest) = self.outputs.split_last_mut().expect("non-empty");
             for output in rest {
-                self.copy.extend_from_slice(batch);
+                self.copy.extend_from(batch);
                 output.push(&mut self.copy).await?;
             }
             last.push(batch).await
@@ -39,6 +39,31 @@ impl<T: Clone + 'static> Output<T> for FanOut<T> {
             }
             Ok(())
         })
+    }
+
+    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            for output in &mut self.outputs {
+                output.watermark_status(idle).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            for output in &mut self.outputs {
+                output.processing_time(now).await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn next_processing_time(&self) -> Option<i64> {
+        self.outputs
+            .iter()
+            .filter_map(|o| o.next_processing_time())
+            .min()
     }
 
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {

@@ -1,6 +1,6 @@
 //! `flat_map`: each record becomes zero or more records.
 
-use super::Operator;
+use super::{Emitter, Operator};
 use crate::api::Collector;
 
 pub(crate) struct FlatMapOperator<F>(pub(crate) F);
@@ -10,7 +10,13 @@ where
     F: FnMut(I, &mut Collector<'_, O>) + 'static,
 {
     #[inline]
-    fn process_element(&mut self, record: I, out: &mut Vec<O>) {
-        (self.0)(record, &mut Collector { out });
+    fn process_element(&mut self, record: I, timestamp: i64, out: &mut Emitter<O>) {
+        (self.0)(
+            record,
+            &mut Collector {
+                out: &mut out.main,
+                timestamp,
+            },
+        );
     }
 }

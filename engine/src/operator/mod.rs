@@ -8,6 +8,7 @@
 //! Links are asynchronous because an exchange writer may have to wait for credit: when it does,
 //! the whole chain above it waits with it, which is how backpressure reaches the source.
 
+pub(crate) mod batch;
 mod fan_out;
 mod filter;
 mod flat_map;
@@ -18,6 +19,8 @@ pub(crate) mod scope;
 
 use std::sync::Arc;
 
+pub use batch::OutputTag;
+pub(crate) use batch::{Batch, Emitter, ErasedOutput, SideOutputs};
 pub(crate) use fan_out::FanOut;
 pub(crate) use filter::FilterLink;
 pub(crate) use flat_map::FlatMapOperator;
@@ -48,22 +51,32 @@ pub struct RuntimeContext {
 /// or an exchange writer.
 pub(crate) trait Output<T> {
     /// Takes every record out of `batch` (leaving it empty, capacity kept).
-    fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult>;
+    fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult>;
     /// Event time advanced.
     fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult>;
+    /// The stream became idle (no records or watermarks for a while: it no longer holds event
+    /// time back downstream) or active again.
+    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult>;
+    /// The wall clock reached `now` (ms since the epoch): fire processing-time timers due.
+    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult>;
+    /// The earliest processing-time timer registered here or downstream in the chain.
+    fn next_processing_time(&self) -> Option<i64>;
     /// Sends on whatever is buffered (the buffer timeout expired).
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult>;
     /// The input has ended: emit what is left and close.
     fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult>;
 }
 
-/// One operator of a chain. Records go in one at a time; what the operator emits is collected
-/// into `out`, which the driving [`OperatorLink`] hands downstream.
+/// One operator of a chain. Records go in one at a time, with their timestamps; what the
+/// operator emits is collected into `out`, which the driving [`OperatorLink`] hands downstream.
 pub(crate) trait Operator<I, O>: 'static {
     /// Called once on the shard before the first record.
     fn open(&mut self, _ctx: &RuntimeContext) {}
-    /// Handles one record.
-    fn process_element(&mut self, record: I, out: &mut Vec<O>);
+    /// Hands the operator its metrics (before `open`), for operators that count more than
+    /// records in and out.
+    fn bind_metrics(&mut self, _metrics: &Arc<OperatorMetrics>) {}
+    /// Handles one record (`timestamp` is `NO_TIMESTAMP` if it has none).
+    fn process_element(&mut self, record: I, timestamp: i64, out: &mut Emitter<O>);
 
     /// Whether each record yields at most one record (map, filter, reduce). The link then hands
     /// a whole batch to [`Operator::process_batch`] at once: its output cannot outgrow the batch.
@@ -72,21 +85,28 @@ pub(crate) trait Operator<I, O>: 'static {
     /// Handles every record of `batch`, leaving it empty. Operators override this with a tight
     /// loop the compiler can vectorize; only called when `AT_MOST_ONE_PER_RECORD`.
     #[inline]
-    fn process_batch(&mut self, batch: &mut Vec<I>, out: &mut Vec<O>) {
-        for record in batch.drain(..) {
-            self.process_element(record, out);
+    fn process_batch(&mut self, batch: &mut Batch<I>, out: &mut Emitter<O>) {
+        for (record, timestamp) in batch.drain() {
+            self.process_element(record, timestamp, out);
         }
     }
-    /// Event time advanced; the watermark itself is forwarded by the link afterwards.
-    fn on_watermark(&mut self, _watermark: Watermark, _out: &mut Vec<O>) {}
+    /// Event time advanced (fire event-time timers and windows); the watermark itself is
+    /// forwarded by the link afterwards.
+    fn on_watermark(&mut self, _watermark: Watermark, _out: &mut Emitter<O>) {}
+    /// The wall clock reached `now`: fire processing-time timers due.
+    fn on_processing_time(&mut self, _now: i64, _out: &mut Emitter<O>) {}
+    /// The earliest processing-time timer this operator holds.
+    fn next_processing_time(&self) -> Option<i64> {
+        None
+    }
     /// The input ended; emit anything held back.
-    fn finish(&mut self, _out: &mut Vec<O>) {}
+    fn finish(&mut self, _out: &mut Emitter<O>) {}
 }
 
 /// Drives one operator inside a chain and passes its output on.
 pub(crate) struct OperatorLink<O, Op> {
     operator: Op,
-    out: Vec<O>,
+    out: Emitter<O>,
     next: Box<dyn Output<O>>,
     batch_size: usize,
     metrics: Arc<OperatorMetrics>,
@@ -97,19 +117,21 @@ impl<O, Op> OperatorLink<O, Op> {
         mut operator: Op,
         ctx: &RuntimeContext,
         next: Box<dyn Output<O>>,
+        side: SideOutputs,
         batch_size: usize,
         metrics: Arc<OperatorMetrics>,
     ) -> Self
     where
         Op: Operator<I, O>,
     {
+        operator.bind_metrics(&metrics);
         {
             let _scope = scope::enter(&metrics.name);
             operator.open(ctx);
         }
         OperatorLink {
             operator,
-            out: Vec::with_capacity(batch_size),
+            out: Emitter::new(batch_size, side),
             next,
             batch_size,
             metrics,
@@ -117,37 +139,44 @@ impl<O, Op> OperatorLink<O, Op> {
     }
 }
 
-async fn emit<O>(
-    next: &mut Box<dyn Output<O>>,
-    out: &mut Vec<O>,
-    metrics: &OperatorMetrics,
-) -> TaskResult {
-    metrics.records_out.add(out.len() as u64);
-    next.push(out).await
+impl<O: 'static, Op> OperatorLink<O, Op> {
+    /// Sends what the operator emitted on: the main output, then the side outputs.
+    async fn emit(&mut self) -> TaskResult {
+        if !self.out.main.is_empty() {
+            self.metrics.records_out.add(self.out.main.len() as u64);
+            self.next.push(&mut self.out.main).await?;
+        }
+        if !self.out.side.is_empty() {
+            self.out.side.push_all().await?;
+        }
+        Ok(())
+    }
 }
 
 impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
-    fn push<'a>(&'a mut self, batch: &'a mut Vec<I>) -> LocalBoxFuture<'a, TaskResult> {
+    fn push<'a>(&'a mut self, batch: &'a mut Batch<I>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             self.metrics.records_in.add(batch.len() as u64);
             if Op::AT_MOST_ONE_PER_RECORD {
                 let _scope = scope::enter(&self.metrics.name);
                 self.operator.process_batch(batch, &mut self.out);
             } else {
-                for record in batch.drain(..) {
+                let Batch {
+                    records,
+                    timestamps,
+                } = batch;
+                for (record, timestamp) in records.drain(..).zip(timestamps.drain(..)) {
                     {
                         let _scope = scope::enter(&self.metrics.name);
-                        self.operator.process_element(record, &mut self.out);
+                        self.operator
+                            .process_element(record, timestamp, &mut self.out);
                     }
-                    if self.out.len() >= self.batch_size {
-                        emit(&mut self.next, &mut self.out, &self.metrics).await?;
+                    if self.out.main.len() >= self.batch_size {
+                        self.emit().await?;
                     }
                 }
             }
-            if !self.out.is_empty() {
-                emit(&mut self.next, &mut self.out, &self.metrics).await?;
-            }
-            Ok(())
+            self.emit().await
         })
     }
 
@@ -157,15 +186,61 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                 let _scope = scope::enter(&self.metrics.name);
                 self.operator.on_watermark(watermark, &mut self.out);
             }
-            if !self.out.is_empty() {
-                emit(&mut self.next, &mut self.out, &self.metrics).await?;
+            self.emit().await?;
+            for side in self.out.side.outputs() {
+                side.watermark(watermark).await?;
             }
             self.next.watermark(watermark).await
         })
     }
 
+    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            for side in self.out.side.outputs() {
+                side.watermark_status(idle).await?;
+            }
+            self.next.watermark_status(idle).await
+        })
+    }
+
+    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            if self
+                .operator
+                .next_processing_time()
+                .is_some_and(|t| t <= now)
+            {
+                {
+                    let _scope = scope::enter(&self.metrics.name);
+                    self.operator.on_processing_time(now, &mut self.out);
+                }
+                self.emit().await?;
+            }
+            for side in self.out.side.outputs() {
+                side.processing_time(now).await?;
+            }
+            self.next.processing_time(now).await
+        })
+    }
+
+    fn next_processing_time(&self) -> Option<i64> {
+        [
+            self.operator.next_processing_time(),
+            self.next.next_processing_time(),
+            self.out.side.next_processing_time(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        self.next.flush()
+        Box::pin(async move {
+            for side in self.out.side.outputs() {
+                side.flush().await?;
+            }
+            self.next.flush().await
+        })
     }
 
     fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
@@ -174,8 +249,9 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                 let _scope = scope::enter(&self.metrics.name);
                 self.operator.finish(&mut self.out);
             }
-            if !self.out.is_empty() {
-                emit(&mut self.next, &mut self.out, &self.metrics).await?;
+            self.emit().await?;
+            for side in self.out.side.outputs() {
+                side.finish().await?;
             }
             self.next.finish().await
         })

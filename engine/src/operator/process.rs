@@ -1,13 +1,18 @@
-//! `process`: user functions with a context that emits records and tells the current key.
+//! `process`: user functions with a context that emits records (main and side outputs), tells
+//! the current key and event time, and — on keyed streams — sets timers.
 
 use std::marker::PhantomData;
 
-use super::{Operator, RuntimeContext};
+use super::{Emitter, Operator, RuntimeContext};
+use crate::api::function::KeyedTimers;
 use crate::api::{KeyedProcessContext, KeyedProcessFunction, ProcessContext, ProcessFunction};
+use crate::record::{Key, Watermark, NO_TIMESTAMP};
+use crate::time::TimeDomain;
 
 pub(crate) struct ProcessOperator<F> {
     function: F,
     runtime: Option<RuntimeContext>,
+    watermark: Watermark,
 }
 
 impl<F> ProcessOperator<F> {
@@ -15,6 +20,7 @@ impl<F> ProcessOperator<F> {
         ProcessOperator {
             function,
             runtime: None,
+            watermark: Watermark::MIN,
         }
     }
 }
@@ -26,10 +32,21 @@ impl<I, O, F: ProcessFunction<I, O>> Operator<I, O> for ProcessOperator<F> {
     }
 
     #[inline]
-    fn process_element(&mut self, record: I, out: &mut Vec<O>) {
+    fn process_element(&mut self, record: I, timestamp: i64, out: &mut Emitter<O>) {
         let runtime = self.runtime.as_ref().expect("opened");
-        self.function
-            .process_element(record, &mut ProcessContext { out, runtime });
+        self.function.process_element(
+            record,
+            &mut ProcessContext {
+                out,
+                timestamp,
+                watermark: self.watermark,
+                runtime,
+            },
+        );
+    }
+
+    fn on_watermark(&mut self, watermark: Watermark, _out: &mut Emitter<O>) {
+        self.watermark = watermark;
     }
 }
 
@@ -37,6 +54,8 @@ pub(crate) struct KeyedProcessOperator<K, KS, F> {
     key_selector: KS,
     function: F,
     runtime: Option<RuntimeContext>,
+    timers: KeyedTimers<K>,
+    watermark: Watermark,
     _key: PhantomData<fn() -> K>,
 }
 
@@ -46,14 +65,52 @@ impl<K, KS, F> KeyedProcessOperator<K, KS, F> {
             key_selector,
             function,
             runtime: None,
+            timers: KeyedTimers::default(),
+            watermark: Watermark::MIN,
             _key: PhantomData,
+        }
+    }
+}
+
+impl<K: Key, KS, F> KeyedProcessOperator<K, KS, F> {
+    /// Fires the timers of `domain` due at `limit`, earliest first; timers a callback sets at
+    /// or before `limit` fire in the same pass.
+    fn fire<I, O>(&mut self, domain: TimeDomain, limit: i64, out: &mut Emitter<O>)
+    where
+        F: KeyedProcessFunction<K, I, O>,
+    {
+        let runtime = self.runtime.as_ref().expect("opened");
+        loop {
+            let queue = match domain {
+                TimeDomain::EventTime => &mut self.timers.event,
+                TimeDomain::ProcessingTime => &mut self.timers.processing,
+            };
+            let Some((time, key)) = queue.pop_due(limit) else {
+                break;
+            };
+            let timestamp = match domain {
+                TimeDomain::EventTime => time,
+                TimeDomain::ProcessingTime => NO_TIMESTAMP,
+            };
+            self.function.on_timer(
+                time,
+                &mut KeyedProcessContext {
+                    key: &key,
+                    out,
+                    timestamp,
+                    watermark: self.watermark,
+                    timers: &mut self.timers,
+                    domain: Some(domain),
+                    runtime,
+                },
+            );
         }
     }
 }
 
 impl<K, I, O, KS, F> Operator<I, O> for KeyedProcessOperator<K, KS, F>
 where
-    K: 'static,
+    K: Key,
     KS: Fn(&I) -> K + 'static,
     F: KeyedProcessFunction<K, I, O>,
 {
@@ -63,7 +120,7 @@ where
     }
 
     #[inline]
-    fn process_element(&mut self, record: I, out: &mut Vec<O>) {
+    fn process_element(&mut self, record: I, timestamp: i64, out: &mut Emitter<O>) {
         let key = (self.key_selector)(&record);
         let runtime = self.runtime.as_ref().expect("opened");
         self.function.process_element(
@@ -71,8 +128,25 @@ where
             &mut KeyedProcessContext {
                 key: &key,
                 out,
+                timestamp,
+                watermark: self.watermark,
+                timers: &mut self.timers,
+                domain: None,
                 runtime,
             },
         );
+    }
+
+    fn on_watermark(&mut self, watermark: Watermark, out: &mut Emitter<O>) {
+        self.watermark = watermark;
+        self.fire(TimeDomain::EventTime, watermark.0, out);
+    }
+
+    fn on_processing_time(&mut self, now: i64, out: &mut Emitter<O>) {
+        self.fire(TimeDomain::ProcessingTime, now, out);
+    }
+
+    fn next_processing_time(&self) -> Option<i64> {
+        self.timers.processing.next_time()
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::Operator;
+use super::{Emitter, Operator};
 use crate::record::Key;
 
 pub(crate) struct ReduceOperator<K, T, KS, F> {
@@ -30,13 +30,13 @@ where
     F: FnMut(T, T) -> T + 'static,
 {
     #[inline]
-    fn process_element(&mut self, record: T, out: &mut Vec<T>) {
+    fn process_element(&mut self, record: T, timestamp: i64, out: &mut Emitter<T>) {
         let key = (self.key_selector)(&record);
         let value = match self.values.remove(&key) {
             Some(previous) => (self.reduce)(previous, record),
             None => record,
         };
-        out.push(value.clone());
+        out.main.push(value.clone(), timestamp);
         self.values.insert(key, value);
     }
 

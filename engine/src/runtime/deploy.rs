@@ -21,9 +21,11 @@ use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::task::{Subtask, TaskSettings};
 use crate::config::Configuration;
 use crate::error::{JobError, TaskError, TaskResult};
-use crate::graph::{AnyOutput, ExecutionGraph, NodeKind, SharedEnumerator, WriterParts};
+use crate::graph::{
+    AnyOutput, ExecutionGraph, JobEdge, NodeKind, SharedEnumerator, TypeOps, WriterParts,
+};
 use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
-use crate::operator::{scope, RuntimeContext};
+use crate::operator::{scope, RuntimeContext, SideOutputs};
 
 /// What a finished job reports.
 #[derive(Debug)]
@@ -51,6 +53,11 @@ impl JobResult {
     /// Records the named operator received (0 if there is no such operator).
     pub fn records_in(&self, operator: &str) -> u64 {
         self.counts(operator).map_or(0, |c| c.records_in)
+    }
+
+    /// Records the named (window) operator dropped as too late.
+    pub fn late_records_dropped(&self, operator: &str) -> u64 {
+        self.counts(operator).map_or(0, |c| c.late_records_dropped)
     }
 
     /// Times the named operator waited for credit downstream.
@@ -164,51 +171,89 @@ impl ChainBuilder<'_> {
         match &graph.nodes[node].kind {
             NodeKind::Sink(factory) => factory.create(&ctx, metrics),
             NodeKind::Operator(factory) => {
-                let next = self.output_of(node)?;
-                Ok(factory.create(&ctx, &self.shared.settings, metrics, next))
+                let (next, side) = self.outputs_of(node)?;
+                Ok(factory.create(&ctx, &self.shared.settings, metrics, next, side))
             }
             NodeKind::Source(_) => Err(TaskError::internal("a source cannot consume a stream")),
         }
     }
 
-    /// A `Box<dyn Output<Out>>` taking what `node` emits.
-    fn output_of(&mut self, node: usize) -> TaskResult<AnyOutput> {
+    /// The output feeding one consumer of `node` over `edge`: the consumer's own chain if the
+    /// edge is chained, else an exchange writer.
+    fn edge_output(&mut self, node: usize, index: usize, edge: &JobEdge) -> TaskResult<AnyOutput> {
+        if edge.chained {
+            return self.input_of(edge.target_node);
+        }
+        let graph = Arc::clone(&self.shared.exec.job.graph);
+        let senders = self
+            .senders
+            .remove(&index)
+            .expect("senders of every outgoing edge");
+        let consumer = &graph.nodes[edge.target_node];
+        let parts = WriterParts {
+            kind: edge.kind,
+            senders,
+            pool: self.pool.clone(),
+            settings: &self.shared.settings,
+            metrics: self.metrics(node),
+            cancel: Arc::clone(&self.shared.cancel),
+            consumer: &consumer.name,
+        };
+        Ok(consumer.inputs[edge.input_index].writer.create(parts))
+    }
+
+    /// What takes `node`'s output: its main output (fanned out to every consumer) and its
+    /// side outputs (per tag, fanned out to that tag's consumers).
+    fn outputs_of(&mut self, node: usize) -> TaskResult<(AnyOutput, SideOutputs)> {
         let job = &self.shared.exec.job;
         let graph = Arc::clone(&job.graph);
-        let edges: Vec<(usize, crate::graph::JobEdge)> =
+        let edges: Vec<(usize, JobEdge)> =
             job.out_edges(node).map(|(i, e)| (i, e.clone())).collect();
-        let mut outputs = Vec::with_capacity(edges.len());
-        for (index, edge) in edges {
-            if edge.chained {
-                outputs.push(self.input_of(edge.target_node)?);
-            } else {
-                let senders = self
-                    .senders
-                    .remove(&index)
-                    .expect("senders of every outgoing edge");
-                let consumer = &graph.nodes[edge.target_node];
-                let parts = WriterParts {
-                    kind: edge.kind,
-                    senders,
-                    pool: self.pool.clone(),
-                    settings: &self.shared.settings,
-                    metrics: self.metrics(node),
-                    cancel: Arc::clone(&self.shared.cancel),
-                    consumer: &consumer.name,
-                };
-                outputs.push(consumer.inputs[edge.input_index].writer.create(parts));
+        let mut main = Vec::with_capacity(edges.len());
+        let mut sides: Vec<(Arc<str>, TypeOps, Vec<AnyOutput>)> = Vec::new();
+        for (index, edge) in &edges {
+            let output = self.edge_output(node, *index, edge)?;
+            let consumer = &graph.nodes[edge.target_node];
+            match &consumer.inputs[edge.input_index].side {
+                None => main.push(output),
+                Some(tag) => {
+                    let ops = consumer
+                        .input_ops
+                        .expect("a consuming node has an input type");
+                    match sides.iter_mut().find(|(t, _, _)| t == tag) {
+                        Some((_, _, outputs)) => outputs.push(output),
+                        None => sides.push((Arc::clone(tag), ops, vec![output])),
+                    }
+                }
             }
         }
-        match outputs.len() {
-            0 => Err(TaskError::internal(format!("node {node} has no consumer"))),
-            1 => Ok(outputs.pop().expect("one")),
-            _ => {
-                let ops = graph.nodes[node]
-                    .output_ops
-                    .expect("a node with consumers has an output type");
-                Ok((ops.fan_out)(outputs))
-            }
+        let ops = graph.nodes[node]
+            .output_ops
+            .expect("a node with consumers has an output type");
+        let mut side_outputs = SideOutputs::default();
+        for (tag, side_ops, mut outputs) in sides {
+            let output = match outputs.len() {
+                1 => outputs.pop().expect("one"),
+                _ => (side_ops.fan_out)(outputs),
+            };
+            (side_ops.side_output)(tag, output, &mut side_outputs);
         }
+        let main = match main.len() {
+            0 if !side_outputs.is_empty() => (ops.discard)(),
+            0 => return Err(TaskError::internal(format!("node {node} has no consumer"))),
+            1 => main.pop().expect("one"),
+            _ => (ops.fan_out)(main),
+        };
+        Ok((main, side_outputs))
+    }
+
+    /// A `Box<dyn Output<Out>>` taking what a source emits.
+    fn output_of_source(&mut self, node: usize) -> TaskResult<AnyOutput> {
+        let (main, side) = self.outputs_of(node)?;
+        if !side.is_empty() {
+            return Err(TaskError::internal("a source has no side outputs"));
+        }
+        Ok(main)
     }
 
     fn build(
@@ -222,7 +267,7 @@ impl ChainBuilder<'_> {
         let node = &graph.nodes[head];
         match &node.kind {
             NodeKind::Source(factory) => {
-                let chain = self.output_of(head)?;
+                let chain = self.output_of_source(head)?;
                 let ctx = self.context(head);
                 let metrics = self.metrics(head);
                 let enumerator = self.shared.enumerators[head]
@@ -440,6 +485,7 @@ pub fn run_job(
         batch_size: config.batch_size(),
         buffer_timeout: config.buffer_timeout(),
         max_parallelism: exec.job.max_parallelism,
+        auto_watermark_interval: config.auto_watermark_interval(),
     };
     let cores = exec.cores[..slots].to_vec();
     let job_name = exec.job.job_name().to_string();

@@ -11,7 +11,7 @@ use super::exchange::partitioner::{
 use super::exchange::reader::InputGate;
 use super::exchange::writer::ExchangeWriter;
 use super::exchange::PartitionKind;
-use super::task::{NetworkTask, SinkOutput, SourceTask, Subtask, TaskSettings};
+use super::task::{DiscardOutput, NetworkTask, SinkOutput, SourceTask, Subtask, TaskSettings};
 use crate::connector::{Boundedness, Sink, Source, SplitEnumerator};
 use crate::error::TaskResult;
 use crate::graph::SharedEnumerator;
@@ -19,8 +19,12 @@ use crate::graph::{
     AnyOutput, OperatorFactory, SinkFactory, SourceFactory, TypeOps, WriterFactory, WriterParts,
 };
 use crate::metrics::OperatorMetrics;
-use crate::operator::{FanOut, FilterLink, Operator, OperatorLink, Output, RuntimeContext};
+use crate::operator::{
+    FanOut, FilterLink, Operator, OperatorLink, Output, RuntimeContext, SideOutputs,
+};
 use crate::record::{Key, Record};
+use crate::time::watermark::SplitWatermarkTracker;
+use crate::time::WatermarkStrategy;
 
 /// Unwraps an [`AnyOutput`] built for `T`.
 pub(crate) fn downcast_output<T: 'static>(output: AnyOutput) -> Box<dyn Output<T>> {
@@ -54,11 +58,21 @@ fn network_task<T: Record>(
     })
 }
 
+fn side_output<T: Record>(tag: Arc<str>, output: AnyOutput, sides: &mut SideOutputs) {
+    sides.add(tag, downcast_output::<T>(output));
+}
+
+fn discard<T: Record>() -> AnyOutput {
+    erase_output::<T>(Box::new(DiscardOutput))
+}
+
 /// The record-type operations of `T`.
 pub(crate) fn type_ops<T: Record>() -> TypeOps {
     TypeOps {
         fan_out: fan_out::<T>,
         network_task: network_task::<T>,
+        side_output: side_output::<T>,
+        discard: discard::<T>,
     }
 }
 
@@ -90,9 +104,10 @@ where
         settings: &TaskSettings,
         metrics: Arc<OperatorMetrics>,
         next: AnyOutput,
+        side: SideOutputs,
     ) -> AnyOutput {
         let next = downcast_output::<O>(next);
-        let link = OperatorLink::new((self.make)(), ctx, next, settings.batch_size, metrics);
+        let link = OperatorLink::new((self.make)(), ctx, next, side, settings.batch_size, metrics);
         erase_output::<I>(Box::new(link))
     }
 }
@@ -123,6 +138,7 @@ where
         _settings: &TaskSettings,
         metrics: Arc<OperatorMetrics>,
         next: AnyOutput,
+        _side: SideOutputs,
     ) -> AnyOutput {
         let link = FilterLink::new(self.predicate.clone(), downcast_output::<T>(next), metrics);
         erase_output::<T>(Box::new(link))
@@ -157,15 +173,12 @@ impl<T: Record, S: Sink<T>> SinkFactory for SinkNode<T, S> {
 /// Creates a source's enumerator and reader tasks.
 pub(crate) struct SourceNode<T, S> {
     source: S,
-    _types: PhantomData<fn() -> T>,
+    watermarks: WatermarkStrategy<T>,
 }
 
 impl<T, S> SourceNode<T, S> {
-    pub(crate) fn new(source: S) -> Self {
-        SourceNode {
-            source,
-            _types: PhantomData,
-        }
+    pub(crate) fn new(source: S, watermarks: WatermarkStrategy<T>) -> Self {
+        SourceNode { source, watermarks }
     }
 }
 
@@ -200,6 +213,10 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
             settings: settings.clone(),
             metrics,
             cancel,
+            watermarks: SplitWatermarkTracker::new(
+                self.watermarks.clone(),
+                settings.auto_watermark_interval,
+            ),
         })
     }
 }
@@ -251,6 +268,10 @@ where
     KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
 {
     fn create(&self, parts: WriterParts<'_>) -> AnyOutput {
+        if parts.kind == PartitionKind::Forward {
+            // One subtask on each side (see `JobGraph`): every key group is downstream.
+            return erase_output::<T>(Box::new(ExchangeWriter::new(parts, ForwardPartitioner)));
+        }
         debug_assert_eq!(parts.kind, PartitionKind::Hash);
         let partitioner = KeyGroupPartitioner {
             key_selector: self.key_selector.clone(),

@@ -8,12 +8,14 @@ use std::time::{Duration, Instant};
 use futures::future::{self, Either, LocalBoxFuture};
 
 use super::exchange::frame::{Entries, Entry, Event};
-use super::exchange::reader::InputGate;
+use super::exchange::reader::{GateEvent, InputGate};
 use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SplitEnumerator};
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
-use crate::operator::{scope, Output};
+use crate::operator::{scope, Batch, Output};
 use crate::record::{Record, Watermark};
+use crate::time::now_ms;
+use crate::time::watermark::{SplitWatermarkTracker, WatermarkUpdate};
 
 /// Settings every task of a job shares.
 #[derive(Clone, Debug)]
@@ -24,6 +26,8 @@ pub struct TaskSettings {
     pub buffer_timeout: Duration,
     /// Number of key groups.
     pub max_parallelism: usize,
+    /// `pipeline.auto-watermark-interval` (`None` when 0: no periodic watermarks).
+    pub auto_watermark_interval: Option<Duration>,
 }
 
 impl TaskSettings {
@@ -75,6 +79,24 @@ impl FlushTimer {
     }
 }
 
+/// Fires the chain's processing-time timers that are due.
+async fn fire_processing_timers<T>(chain: &mut Box<dyn Output<T>>) -> TaskResult {
+    if let Some(due) = chain.next_processing_time() {
+        let now = now_ms();
+        if due <= now {
+            chain.processing_time(now).await?;
+        }
+    }
+    Ok(())
+}
+
+/// How long until the chain's next processing-time timer is due.
+fn until_next_timer<T>(chain: &dyn Output<T>) -> Option<Duration> {
+    chain
+        .next_processing_time()
+        .map(|due| Duration::from_millis(due.saturating_sub(now_ms()).max(0) as u64))
+}
+
 /// The source subtask loop: poll the reader, push batches down the chain, ask the enumerator
 /// for splits, end with the final watermark.
 pub(crate) struct SourceTask<T, S> {
@@ -85,6 +107,7 @@ pub(crate) struct SourceTask<T, S> {
     pub(crate) settings: TaskSettings,
     pub(crate) metrics: Arc<OperatorMetrics>,
     pub(crate) cancel: Arc<AtomicBool>,
+    pub(crate) watermarks: SplitWatermarkTracker<T>,
 }
 
 impl ConnectorError {
@@ -100,8 +123,60 @@ impl ConnectorError {
 }
 
 impl<T: 'static, S: 'static> SourceTask<T, S> {
+    /// Sends on what the watermark tracker decided: status changes and advanced watermarks.
+    /// Returns whether anything was sent (it waits in the output buffers until a flush).
+    async fn emit_watermarks(&mut self, updates: &mut Vec<WatermarkUpdate>) -> TaskResult<bool> {
+        self.watermarks.updates(updates);
+        let emitted = !updates.is_empty();
+        for update in std::mem::take(updates) {
+            self.emit_update(update).await?;
+        }
+        Ok(emitted)
+    }
+
+    async fn emit_update(&mut self, update: WatermarkUpdate) -> TaskResult {
+        match update {
+            WatermarkUpdate::Advanced(watermark) => self.chain.watermark(watermark).await,
+            WatermarkUpdate::Idle => self.chain.watermark_status(true).await,
+            WatermarkUpdate::Active => self.chain.watermark_status(false).await,
+        }
+    }
+
+    /// Pushes `batch` down the chain with the watermarks a per-record generator emitted
+    /// between its records, each after the records that precede it.
+    async fn push_with_cuts(
+        &mut self,
+        batch: &mut Batch<T>,
+        cuts: &mut Vec<(usize, WatermarkUpdate)>,
+    ) -> TaskResult {
+        let mut part = Batch::with_capacity(batch.len());
+        let mut next_cut = 0;
+        let mut records = std::mem::take(batch);
+        for (position, (record, timestamp)) in records.drain().enumerate() {
+            while next_cut < cuts.len() && cuts[next_cut].0 == position {
+                if !part.is_empty() {
+                    self.chain.push(&mut part).await?;
+                }
+                self.emit_update(cuts[next_cut].1).await?;
+                next_cut += 1;
+            }
+            part.push(record, timestamp);
+        }
+        if !part.is_empty() {
+            self.chain.push(&mut part).await?;
+        }
+        for &(_, update) in &cuts[next_cut..] {
+            self.emit_update(update).await?;
+        }
+        cuts.clear();
+        *batch = records;
+        Ok(())
+    }
+
     async fn run_loop(mut self) -> TaskResult {
-        let mut batch = Vec::with_capacity(self.settings.batch_size);
+        let mut batch = Batch::with_capacity(self.settings.batch_size);
+        let mut updates = Vec::new();
+        let mut cuts = Vec::new();
         let mut timer = FlushTimer::new(self.settings.buffer_timeout);
         loop {
             if self.cancel.load(Ordering::Relaxed) {
@@ -110,17 +185,33 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
             let status = {
                 let _scope = scope::enter(&self.metrics.name);
                 self.reader
-                    .poll_next(&mut batch, self.settings.batch_size)
+                    .poll_next(&mut batch.records, self.settings.batch_size)
                     .await
             };
             match status.map_err(|e| e.in_operator(&self.metrics.name))? {
-                ReadStatus::Records => {
+                ReadStatus::Records { split } => {
                     if !batch.is_empty() {
+                        if self.watermarks.generates() {
+                            let _scope = scope::enter(&self.metrics.name);
+                            self.watermarks.on_records(
+                                split,
+                                &batch.records,
+                                &mut batch.timestamps,
+                                &mut cuts,
+                            );
+                        } else {
+                            batch.stamp_missing();
+                        }
                         self.metrics.records_out.add(batch.len() as u64);
-                        self.chain.push(&mut batch).await?;
+                        if cuts.is_empty() {
+                            self.chain.push(&mut batch).await?;
+                        } else {
+                            self.push_with_cuts(&mut batch, &mut cuts).await?;
+                        }
                         timer.dirty = true;
                     }
                 }
+                ReadStatus::SplitFinished { split } => self.watermarks.on_split_finished(split),
                 ReadStatus::NeedSplit => {
                     let next = self
                         .enumerator
@@ -128,7 +219,10 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
                         .expect("enumerator lock")
                         .next_split(self.subtask);
                     match next {
-                        Some(split) => self.reader.add_split(split),
+                        Some(split) => {
+                            self.reader.add_split(split);
+                            self.watermarks.on_split_added();
+                        }
                         None => break,
                     }
                 }
@@ -136,9 +230,21 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
                     if timer.dirty {
                         timer.flush(&mut self.chain).await?;
                     }
-                    glommio::timer::sleep(wait.min(Duration::from_millis(100))).await;
+                    let mut wait = wait.min(Duration::from_millis(100));
+                    if let Some(periodic) = self.watermarks.next_periodic() {
+                        wait = wait.min(periodic.saturating_duration_since(Instant::now()));
+                    }
+                    if let Some(timer) = until_next_timer(&*self.chain) {
+                        wait = wait.min(timer);
+                    }
+                    glommio::timer::sleep(wait).await;
                 }
             }
+            if self.watermarks.generates() {
+                self.watermarks.on_periodic(Instant::now());
+                timer.dirty |= self.emit_watermarks(&mut updates).await?;
+            }
+            fire_processing_timers(&mut self.chain).await?;
             timer.flush_if_due(&mut self.chain).await?;
             glommio::yield_if_needed().await;
         }
@@ -162,18 +268,34 @@ pub(crate) struct NetworkTask<T> {
 }
 
 impl<T: Record> NetworkTask<T> {
+    async fn on_gate_events(&mut self, events: &mut Vec<GateEvent>) -> TaskResult {
+        for event in events.drain(..) {
+            match event {
+                GateEvent::Watermark(watermark) => self.chain.watermark(watermark).await?,
+                GateEvent::Status { idle } => self.chain.watermark_status(idle).await?,
+            }
+        }
+        Ok(())
+    }
+
     async fn run_loop(mut self) -> TaskResult {
-        let mut batch: Vec<T> = Vec::with_capacity(self.settings.batch_size);
+        let mut batch: Batch<T> = Batch::with_capacity(self.settings.batch_size);
+        let mut events = Vec::new();
         let mut timer = FlushTimer::new(self.settings.buffer_timeout);
         loop {
-            let next = match timer.due_in() {
+            let wake = match (timer.due_in(), until_next_timer(&*self.chain)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let next = match wake {
                 None => self.gate.next().await?,
                 Some(wait) => {
                     let sleep = glommio::timer::sleep(wait);
                     match future::select(Box::pin(self.gate.next()), Box::pin(sleep)).await {
                         Either::Left((next, _)) => next?,
                         Either::Right(_) => {
-                            timer.flush(&mut self.chain).await?;
+                            fire_processing_timers(&mut self.chain).await?;
+                            timer.flush_if_due(&mut self.chain).await?;
                             continue;
                         }
                     }
@@ -184,12 +306,12 @@ impl<T: Record> NetworkTask<T> {
             };
             for entry in Entries::new(&segment) {
                 match entry {
-                    Entry::Record(bytes) => {
+                    Entry::Record(bytes, timestamp) => {
                         // SAFETY: the sender wrote these bytes with `T::encode` at a 16-byte
                         // aligned offset of a page-aligned segment (see `frame`). Both ends of
                         // an edge are built from one typed API call (`DataStream<T>` feeding an
                         // operator of input `T`), so the sender's type is this task's `T`.
-                        batch.push(unsafe { T::decode(bytes) });
+                        batch.push(unsafe { T::decode(bytes) }, timestamp);
                         if batch.len() >= self.settings.batch_size {
                             self.chain.push(&mut batch).await?;
                         }
@@ -198,13 +320,16 @@ impl<T: Record> NetworkTask<T> {
                         if !batch.is_empty() {
                             self.chain.push(&mut batch).await?;
                         }
-                        let advanced = match event {
-                            Event::Watermark(w) => self.gate.on_watermark(channel, w),
-                            Event::EndOfPartition => self.gate.on_end_of_partition(channel),
-                        };
-                        if let Some(watermark) = advanced {
-                            self.chain.watermark(watermark).await?;
+                        match event {
+                            Event::Watermark(w) => self.gate.on_watermark(channel, w, &mut events),
+                            Event::WatermarkStatus { idle } => {
+                                self.gate.on_watermark_status(channel, idle, &mut events)
+                            }
+                            Event::EndOfPartition => {
+                                self.gate.on_end_of_partition(channel, &mut events)
+                            }
                         }
+                        self.on_gate_events(&mut events).await?;
                     }
                 }
             }
@@ -213,6 +338,7 @@ impl<T: Record> NetworkTask<T> {
                 self.chain.push(&mut batch).await?;
             }
             timer.dirty = true;
+            fire_processing_timers(&mut self.chain).await?;
             timer.flush_if_due(&mut self.chain).await?;
         }
         self.chain.finish().await
@@ -232,11 +358,11 @@ pub(crate) struct SinkOutput<T> {
 }
 
 impl<T: 'static> Output<T> for SinkOutput<T> {
-    fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult> {
+    fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             let _scope = scope::enter(&self.metrics.name);
             self.metrics.records_in.add(batch.len() as u64);
-            let result = self.writer.write(batch).await;
+            let result = self.writer.write(&mut batch.records).await;
             // A writer must take every record; one that only looked at them must not see them
             // again with the next batch.
             batch.clear();
@@ -246,6 +372,18 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
 
     fn watermark(&mut self, _watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async { Ok(()) })
+    }
+
+    fn watermark_status(&mut self, _idle: bool) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn next_processing_time(&self) -> Option<i64> {
+        None
     }
 
     /// The buffer timeout bounds how long records wait in network segments (as in Flink), not
@@ -260,5 +398,39 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
             let result = self.writer.finish().await;
             result.map_err(|e| e.in_operator(&self.metrics.name))
         })
+    }
+}
+
+/// Drops every record: the main output of an operator whose side outputs alone are read.
+pub(crate) struct DiscardOutput;
+
+impl<T: 'static> Output<T> for DiscardOutput {
+    fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult> {
+        batch.clear();
+        Box::pin(async { Ok(()) })
+    }
+
+    fn watermark(&mut self, _watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn watermark_status(&mut self, _idle: bool) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn next_processing_time(&self) -> Option<i64> {
+        None
+    }
+
+    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async { Ok(()) })
     }
 }

@@ -20,7 +20,7 @@ use super::partitioner::Partitioner;
 use crate::error::{TaskError, TaskResult};
 use crate::graph::WriterParts;
 use crate::metrics::OperatorMetrics;
-use crate::operator::Output;
+use crate::operator::{Batch, Output};
 use crate::record::{Record, Watermark};
 
 struct Channel {
@@ -81,9 +81,9 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
 
     /// Appends to the channel's open segment; `false` if the segment is full.
     #[inline]
-    fn try_write(&mut self, channel: usize, record: &T) -> TaskResult<bool> {
+    fn try_write(&mut self, channel: usize, record: &T, timestamp: i64) -> TaskResult<bool> {
         let builder = Self::open_segment(&mut self.channels, &self.pool, channel)?;
-        if builder.try_record(record, &mut self.arena) {
+        if builder.try_record(record, timestamp, &mut self.arena) {
             return Ok(true);
         }
         if builder.is_empty() {
@@ -135,19 +135,25 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
     /// Writes a record to a channel. The common case — it fits the open segment — is
     /// synchronous and builds no future; only a full segment (or per-record flushing) awaits.
     #[inline]
-    async fn write(&mut self, channel: usize, record: &T) -> TaskResult {
-        let written = self.try_write(channel, record)?;
+    async fn write(&mut self, channel: usize, record: &T, timestamp: i64) -> TaskResult {
+        let written = self.try_write(channel, record, timestamp)?;
         if !written || self.flush_per_record {
-            self.write_slow(channel, record, written).await?;
+            self.write_slow(channel, record, timestamp, written).await?;
         }
         Ok(())
     }
 
     /// Sends what must be sent before (a full segment) or after (per-record flushing) `record`.
-    async fn write_slow(&mut self, channel: usize, record: &T, written: bool) -> TaskResult {
+    async fn write_slow(
+        &mut self,
+        channel: usize,
+        record: &T,
+        timestamp: i64,
+        written: bool,
+    ) -> TaskResult {
         if !written {
             self.send(channel).await?;
-            let fitted = self.try_write(channel, record)?;
+            let fitted = self.try_write(channel, record, timestamp)?;
             debug_assert!(
                 fitted,
                 "an empty segment takes any record that fits a segment"
@@ -188,20 +194,21 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
 }
 
 impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
-    fn push<'a>(&'a mut self, batch: &'a mut Vec<T>) -> LocalBoxFuture<'a, TaskResult> {
+    fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             let channels = self.channels.len();
-            for record in batch.drain(..) {
+            for (record, timestamp) in batch.drain() {
                 match self.partitioner.channel(&record, channels) {
                     Some(channel) => {
-                        let written = self.try_write(channel, &record)?;
+                        let written = self.try_write(channel, &record, timestamp)?;
                         if !written || self.flush_per_record {
-                            self.write_slow(channel, &record, written).await?;
+                            self.write_slow(channel, &record, timestamp, written)
+                                .await?;
                         }
                     }
                     None => {
                         for channel in 0..channels {
-                            self.write(channel, &record).await?;
+                            self.write(channel, &record, timestamp).await?;
                         }
                     }
                 }
@@ -212,6 +219,19 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
 
     fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(self.write_event(Event::Watermark(watermark)))
+    }
+
+    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(self.write_event(Event::WatermarkStatus { idle }))
+    }
+
+    /// Timers live in operators; an exchange writer ends its chain.
+    fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn next_processing_time(&self) -> Option<i64> {
+        None
     }
 
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {

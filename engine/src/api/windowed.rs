@@ -1,0 +1,205 @@
+//! `WindowedStream`: a keyed stream cut into windows, and the window functions that end it
+//! (`reduce`, `aggregate`, `process`).
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use super::keyed::KeyedStream;
+use super::stream::DataStream;
+use crate::operator::OutputTag;
+use crate::record::{Key, Record};
+use crate::window::function::{AggregateLogic, ProcessLogic, ReduceLogic, WindowLogic};
+use crate::window::{
+    AggregateFunction, GlobalWindows, ProcessWindowFunction, WindowAssigner, WindowParts,
+};
+
+/// A keyed stream with a window assigner (Flink's `WindowedStream`). End it with a window
+/// function; set lateness and the late-data side output first.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use weir_engine::prelude::*;
+/// use weir_engine::window::TumblingEventTimeWindows;
+///
+/// # fn job(events: DataStream<(String, u64)>) {
+/// let late = OutputTag::<(String, u64)>::new("late");
+/// let counts = events
+///     .key_by(|e: &(String, u64)| e.0.clone())
+///     .window(TumblingEventTimeWindows::of(Duration::from_secs(10)))
+///     .allowed_lateness(Duration::from_secs(5))
+///     .side_output_late_data(&late)
+///     .reduce(|a, b| (a.0, a.1 + b.1));
+/// counts.get_side_output(&late).sink_to(PrintSink::new(), "late");
+/// # }
+/// ```
+pub struct WindowedStream<T, K, KS, A> {
+    keyed: KeyedStream<T, K, KS>,
+    assigner: A,
+    allowed_lateness: i64,
+    late_tag: Option<OutputTag<T>>,
+    /// `window_all`: the window operator runs as one subtask.
+    all: bool,
+    _key: PhantomData<fn() -> K>,
+}
+
+impl<T, K, KS, A: std::fmt::Debug> std::fmt::Debug for WindowedStream<T, K, KS, A> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WindowedStream")
+            .field("assigner", &self.assigner)
+            .field("allowed_lateness", &self.allowed_lateness)
+            .finish()
+    }
+}
+
+impl<T, K, KS, A> WindowedStream<T, K, KS, A>
+where
+    T: Record,
+    K: Key,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+    A: WindowAssigner<T>,
+{
+    pub(crate) fn new(keyed: KeyedStream<T, K, KS>, assigner: A, all: bool) -> Self {
+        WindowedStream {
+            keyed,
+            assigner,
+            allowed_lateness: 0,
+            late_tag: None,
+            all,
+            _key: PhantomData,
+        }
+    }
+
+    /// Keeps each window's state until the watermark passes its end by `lateness`: a record
+    /// arriving in that time is added and the window fires again. Event-time windows only
+    /// (processing time is never late). Default: 0.
+    pub fn allowed_lateness(mut self, lateness: Duration) -> Self {
+        self.allowed_lateness = lateness.as_millis().min(i64::MAX as u128 / 2) as i64;
+        self
+    }
+
+    /// Records later than the allowed lateness go to the side output `tag` (read it with
+    /// `get_side_output` on the window's result) instead of being dropped and counted.
+    pub fn side_output_late_data(mut self, tag: &OutputTag<T>) -> Self {
+        self.late_tag = Some(tag.clone());
+        self
+    }
+
+    fn build<O: Record, L>(self, function: &str, logic: L) -> DataStream<O>
+    where
+        L: WindowLogic<K, A::Window, T, O> + Clone + Send + Sync,
+    {
+        let name = format!(
+            "{}({:?}, {function})",
+            if self.all { "Window All" } else { "Window" },
+            self.assigner
+        );
+        let parts = WindowParts {
+            key_selector: self.keyed.key_selector(),
+            allowed_lateness: self.allowed_lateness,
+            late_tag: self.late_tag,
+        };
+        let factory = self.assigner.factory(parts, logic);
+        let stream = self.keyed.then(&name, factory);
+        if self.all {
+            stream.parallelism(1)
+        } else {
+            stream
+        }
+    }
+
+    /// Folds each window's records with `f` (incrementally: one value per window, or per pane
+    /// of a sliding window) and emits the result when the window fires.
+    pub fn reduce<F>(self, f: F) -> DataStream<T>
+    where
+        F: FnMut(T, T) -> T + Clone + Send + Sync + 'static,
+    {
+        let post = |_: &K, _: &A::Window, value: T| value;
+        self.build("Reduce", ReduceLogic { reduce: f, post })
+    }
+
+    /// Like `reduce`, then `post(key, window, reduced)` makes the output (Flink's reduce with a
+    /// window function: incremental, yet the output can name its key and window).
+    pub fn reduce_with<O: Record, F, P>(self, f: F, post: P) -> DataStream<O>
+    where
+        F: FnMut(T, T) -> T + Clone + Send + Sync + 'static,
+        P: FnMut(&K, &A::Window, T) -> O + Clone + Send + Sync + 'static,
+    {
+        self.build("Reduce", ReduceLogic { reduce: f, post })
+    }
+
+    /// Aggregates each window incrementally with `aggregate` (one accumulator per window, or
+    /// per pane of a sliding window, merged when the window fires).
+    pub fn aggregate<ACC, R, F>(self, aggregate: F) -> DataStream<R>
+    where
+        ACC: 'static,
+        R: Record,
+        F: AggregateFunction<T, ACC, R>,
+    {
+        let post = |_: &K, _: &A::Window, result: R| result;
+        self.build(
+            "Aggregate",
+            AggregateLogic {
+                aggregate,
+                post,
+                _types: PhantomData,
+            },
+        )
+    }
+
+    /// Like `aggregate`, then `post(key, window, result)` makes the output.
+    pub fn aggregate_with<ACC, R, O, F, P>(self, aggregate: F, post: P) -> DataStream<O>
+    where
+        ACC: 'static,
+        R: 'static,
+        O: Record,
+        F: AggregateFunction<T, ACC, R>,
+        P: FnMut(&K, &A::Window, R) -> O + Clone + Send + Sync + 'static,
+    {
+        self.build(
+            "Aggregate",
+            AggregateLogic {
+                aggregate,
+                post,
+                _types: PhantomData,
+            },
+        )
+    }
+
+    /// Hands each firing window's records (all of them, in arrival order per pane) to `f` with
+    /// the key and the window.
+    pub fn process<O: Record, F>(self, f: F) -> DataStream<O>
+    where
+        F: ProcessWindowFunction<K, A::Window, T, O>,
+    {
+        self.build("Process", ProcessLogic { function: f })
+    }
+}
+
+impl<T, K, KS> KeyedStream<T, K, KS>
+where
+    T: Record,
+    K: Key,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+{
+    /// Cuts each key's records into the windows `assigner` gives them.
+    pub fn window<A: WindowAssigner<T>>(self, assigner: A) -> WindowedStream<T, K, KS, A> {
+        WindowedStream::new(self, assigner, false)
+    }
+
+    /// Windows of `count` records per key: each fires when full, then starts over.
+    pub fn count_window(self, count: u64) -> WindowedStream<T, K, KS, GlobalWindows> {
+        self.window(GlobalWindows::with_count_trigger(count))
+    }
+}
+
+impl<T: Record> DataStream<T> {
+    /// Windows over the whole stream, not per key (Flink's `windowAll`): the window operator
+    /// runs as a single subtask.
+    #[allow(clippy::type_complexity)]
+    pub fn window_all<A: WindowAssigner<T>>(self, assigner: A) -> WindowedStream<T, (), fn(&T), A> {
+        WindowedStream::new(self.key_by(unit_key::<T> as fn(&T)), assigner, true)
+    }
+}
+
+/// The key of `window_all`: every record has the same one.
+fn unit_key<T>(_: &T) {}

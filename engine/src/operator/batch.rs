@@ -1,0 +1,250 @@
+//! Batches: what chained operators hand each other — records and, beside them, their event-time
+//! timestamps — and the buffers an operator emits into (its main output plus side outputs).
+
+use std::any::Any;
+use std::sync::Arc;
+
+use super::{LocalBoxFuture, Output};
+use crate::error::TaskResult;
+use crate::record::{Watermark, NO_TIMESTAMP};
+
+/// Records with their timestamps (`NO_TIMESTAMP` where a record has none), in two parallel
+/// vectors of equal length: an operator that maps records in place leaves the timestamps alone.
+pub(crate) struct Batch<T> {
+    pub(crate) records: Vec<T>,
+    pub(crate) timestamps: Vec<i64>,
+}
+
+impl<T> Default for Batch<T> {
+    fn default() -> Self {
+        Batch::with_capacity(0)
+    }
+}
+
+impl<T> Batch<T> {
+    pub(crate) fn with_capacity(capacity: usize) -> Self {
+        Batch {
+            records: Vec::with_capacity(capacity),
+            timestamps: Vec::with_capacity(capacity),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn push(&mut self, record: T, timestamp: i64) {
+        self.records.push(record);
+        self.timestamps.push(timestamp);
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.records.clear();
+        self.timestamps.clear();
+    }
+
+    /// Takes every record out, with its timestamp.
+    #[inline]
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (T, i64)> + '_ {
+        self.records.drain(..).zip(self.timestamps.drain(..))
+    }
+
+    /// Records the source read (into `records`) get no timestamp.
+    pub(crate) fn stamp_missing(&mut self) {
+        self.timestamps.resize(self.records.len(), NO_TIMESTAMP);
+    }
+
+    /// Appends copies of `other`'s records.
+    pub(crate) fn extend_from(&mut self, other: &Batch<T>)
+    where
+        T: Clone,
+    {
+        self.records.extend_from_slice(&other.records);
+        self.timestamps.extend_from_slice(&other.timestamps);
+    }
+}
+
+/// Identifies a side output of an operator: a name and the record type `T` that goes there
+/// (Flink's `OutputTag`). Two tags are the same output when their names are equal.
+pub struct OutputTag<T> {
+    pub(crate) id: Arc<str>,
+    _record: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T> OutputTag<T> {
+    /// A tag named `id`.
+    pub fn new(id: &str) -> Self {
+        OutputTag {
+            id: id.into(),
+            _record: std::marker::PhantomData,
+        }
+    }
+
+    /// The tag's name.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl<T> Clone for OutputTag<T> {
+    fn clone(&self) -> Self {
+        OutputTag {
+            id: Arc::clone(&self.id),
+            _record: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for OutputTag<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OutputTag({}: {})", self.id, std::any::type_name::<T>())
+    }
+}
+
+/// One side output's buffer and downstream, with its record type erased.
+trait ErasedSideOutput {
+    fn buffer(&mut self) -> &mut dyn Any;
+    fn output(&mut self) -> &mut dyn ErasedOutput;
+    fn take_and_push(&mut self) -> LocalBoxFuture<'_, TaskResult>;
+    fn next_processing_time(&self) -> Option<i64>;
+}
+
+/// The non-record calls of an [`Output`], whatever its record type.
+pub(crate) trait ErasedOutput {
+    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult>;
+    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult>;
+    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult>;
+    fn next_processing_time(&self) -> Option<i64>;
+    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult>;
+    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult>;
+}
+
+impl<T: 'static> ErasedOutput for Box<dyn Output<T>> {
+    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
+        (**self).watermark(watermark)
+    }
+    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
+        (**self).watermark_status(idle)
+    }
+    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult> {
+        (**self).processing_time(now)
+    }
+    fn next_processing_time(&self) -> Option<i64> {
+        (**self).next_processing_time()
+    }
+    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        (**self).flush()
+    }
+    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        (**self).finish()
+    }
+}
+
+struct TypedSideOutput<T> {
+    batch: Batch<T>,
+    output: Box<dyn Output<T>>,
+}
+
+impl<T: 'static> ErasedSideOutput for TypedSideOutput<T> {
+    fn buffer(&mut self) -> &mut dyn Any {
+        &mut self.batch
+    }
+
+    fn output(&mut self) -> &mut dyn ErasedOutput {
+        &mut self.output
+    }
+
+    fn take_and_push(&mut self) -> LocalBoxFuture<'_, TaskResult> {
+        Box::pin(async move {
+            if self.batch.is_empty() {
+                return Ok(());
+            }
+            self.output.push(&mut self.batch).await
+        })
+    }
+
+    fn next_processing_time(&self) -> Option<i64> {
+        self.output.next_processing_time()
+    }
+}
+
+/// An operator's side outputs: per tag, a buffer of records waiting to go downstream.
+/// Records emitted to a tag nobody asked for (no `get_side_output`) are dropped, as in Flink.
+#[derive(Default)]
+pub(crate) struct SideOutputs {
+    outputs: Vec<(Arc<str>, Box<dyn ErasedSideOutput>)>,
+}
+
+impl SideOutputs {
+    pub(crate) fn add<T: 'static>(&mut self, tag: Arc<str>, output: Box<dyn Output<T>>) {
+        self.outputs.push((
+            tag,
+            Box::new(TypedSideOutput {
+                batch: Batch::default(),
+                output,
+            }),
+        ));
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.outputs.is_empty()
+    }
+
+    /// Buffers `record` for the side output `tag`.
+    pub(crate) fn emit<T: 'static>(&mut self, tag: &OutputTag<T>, record: T, timestamp: i64) {
+        let Some((_, side)) = self.outputs.iter_mut().find(|(id, _)| *id == tag.id) else {
+            return;
+        };
+        match side.buffer().downcast_mut::<Batch<T>>() {
+            Some(batch) => batch.push(record, timestamp),
+            None => panic!(
+                "side output '{}' was read as a stream of another type than {} it is emitted as; \
+                 use one OutputTag type per name",
+                tag.id,
+                std::any::type_name::<T>()
+            ),
+        }
+    }
+
+    /// Sends every buffered side-output record downstream.
+    pub(crate) async fn push_all(&mut self) -> TaskResult {
+        for (_, side) in &mut self.outputs {
+            side.take_and_push().await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn outputs(&mut self) -> impl Iterator<Item = &mut dyn ErasedOutput> {
+        self.outputs.iter_mut().map(|(_, side)| side.output())
+    }
+
+    pub(crate) fn next_processing_time(&self) -> Option<i64> {
+        self.outputs
+            .iter()
+            .filter_map(|(_, side)| side.next_processing_time())
+            .min()
+    }
+}
+
+/// What an operator emits into while it handles a record, a watermark or a timer: its main
+/// output batch and its side outputs. The driving link sends both on afterwards.
+pub(crate) struct Emitter<O> {
+    pub(crate) main: Batch<O>,
+    pub(crate) side: SideOutputs,
+}
+
+impl<O> Emitter<O> {
+    pub(crate) fn new(capacity: usize, side: SideOutputs) -> Self {
+        Emitter {
+            main: Batch::with_capacity(capacity),
+            side,
+        }
+    }
+}

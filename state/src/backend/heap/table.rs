@@ -1,0 +1,447 @@
+//! The heap backend's data structure: one typed map per key group, copied on write.
+//!
+//! A state's table holds, for each key group the backend owns, an `Rc` to an insertion-ordered
+//! hash map from `(key, namespace)` to the stored value. A snapshot clones the `Rc`s (one
+//! pointer per key group, no entry is copied); the next write to a key group that a snapshot
+//! still shares copies that key group's map first (`Rc::make_mut`). So a checkpoint sees a
+//! consistent version while processing goes on, and pays at most one copy of each key group it
+//! overlaps with writes — never of the whole state at once.
+//!
+//! The maps hash with [`StableHasher`] (fast, no per-map seed); they are `IndexMap`s so that
+//! background TTL cleanup can resume at a position instead of rescanning.
+//!
+//! **Size estimate.** Each table counts its entries and nested elements (list elements, map
+//! entries) as they change, and estimates its size from those counts and the inline sizes of its
+//! types: per entry `size_of::<(K, Option<N>)>() + size_of::<V>() + 24` bytes (index slot, hash
+//! and load-factor slack of the hash map), plus per nested element the inline size of the
+//! element (and 24 bytes of hash map overhead for map entries). Heap memory that keys and values
+//! own themselves (a `String`'s bytes, a `Vec`'s buffer) and spare capacity are not counted, and
+//! neither are copies held by snapshots: the estimate ranks states by size and shows growth; the
+//! authoritative per-shard number is the counting allocator's.
+
+use std::hash::BuildHasherDefault;
+use std::mem::size_of;
+use std::rc::Rc;
+
+use indexmap::IndexMap;
+
+use crate::key_group::StableHasher;
+use crate::ttl::is_expired;
+
+/// The hasher of all heap maps.
+pub(crate) type StableBuildHasher = BuildHasherDefault<StableHasher>;
+/// An insertion-ordered hash map with the stable hasher.
+pub(crate) type FastMap<K, V> = IndexMap<K, V, StableBuildHasher>;
+/// The entries of one key group: `(key, namespace)` to the stored value.
+pub(crate) type GroupMap<K, N, V> = FastMap<(K, Option<N>), V>;
+
+/// Hash map overhead per entry, in bytes (see the module docs).
+const MAP_ENTRY_OVERHEAD: usize = 24;
+
+/// A value and the instant it expires ([`crate::ttl::NEVER_EXPIRES`] without TTL).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Entry<T> {
+    pub(crate) value: T,
+    pub(crate) expires_at: i64,
+}
+
+/// What a TTL purge did to a stored value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Purge {
+    /// Nothing expired.
+    Untouched,
+    /// Some parts expired and were removed.
+    Changed,
+    /// Everything expired: remove the entry.
+    Empty,
+}
+
+/// A value a heap table stores per `(key, namespace)`.
+pub(crate) trait Stored: Clone + 'static {
+    /// Inline bytes of one nested element (0 for plain values).
+    const NESTED_BYTES: usize;
+    /// Number of nested elements (list elements, map entries).
+    fn nested_len(&self) -> usize;
+    /// Whether a container holds nothing (always false for plain values).
+    fn is_empty_container(&self) -> bool;
+    /// Whether anything in it is expired at `now` (read-only, so a shared key group is not
+    /// copied just to find out).
+    fn any_expired(&self, now: i64) -> bool;
+    /// Whether anything in it is still live at `now`.
+    fn any_live(&self, now: i64) -> bool;
+    /// Removes what is expired at `now`.
+    fn purge_expired(&mut self, now: i64) -> Purge;
+}
+
+impl<T: Clone + 'static> Stored for Entry<T> {
+    const NESTED_BYTES: usize = 0;
+
+    fn nested_len(&self) -> usize {
+        0
+    }
+
+    fn is_empty_container(&self) -> bool {
+        false
+    }
+
+    fn any_expired(&self, now: i64) -> bool {
+        is_expired(self.expires_at, now)
+    }
+
+    fn any_live(&self, now: i64) -> bool {
+        !is_expired(self.expires_at, now)
+    }
+
+    fn purge_expired(&mut self, now: i64) -> Purge {
+        if is_expired(self.expires_at, now) {
+            Purge::Empty
+        } else {
+            Purge::Untouched
+        }
+    }
+}
+
+impl<T: Clone + 'static> Stored for Vec<Entry<T>> {
+    const NESTED_BYTES: usize = size_of::<Entry<T>>();
+
+    fn nested_len(&self) -> usize {
+        self.len()
+    }
+
+    fn is_empty_container(&self) -> bool {
+        self.is_empty()
+    }
+
+    fn any_expired(&self, now: i64) -> bool {
+        self.iter()
+            .any(|element| is_expired(element.expires_at, now))
+    }
+
+    fn any_live(&self, now: i64) -> bool {
+        self.iter()
+            .any(|element| !is_expired(element.expires_at, now))
+    }
+
+    fn purge_expired(&mut self, now: i64) -> Purge {
+        let before = self.len();
+        self.retain(|element| !is_expired(element.expires_at, now));
+        purge_result(before, self.len())
+    }
+}
+
+impl<UK, UV> Stored for FastMap<UK, Entry<UV>>
+where
+    UK: std::hash::Hash + Eq + Clone + 'static,
+    UV: Clone + 'static,
+{
+    const NESTED_BYTES: usize = size_of::<UK>() + size_of::<Entry<UV>>() + MAP_ENTRY_OVERHEAD;
+
+    fn nested_len(&self) -> usize {
+        self.len()
+    }
+
+    fn is_empty_container(&self) -> bool {
+        self.is_empty()
+    }
+
+    fn any_expired(&self, now: i64) -> bool {
+        self.values().any(|entry| is_expired(entry.expires_at, now))
+    }
+
+    fn any_live(&self, now: i64) -> bool {
+        self.values()
+            .any(|entry| !is_expired(entry.expires_at, now))
+    }
+
+    fn purge_expired(&mut self, now: i64) -> Purge {
+        let before = self.len();
+        self.retain(|_, entry| !is_expired(entry.expires_at, now));
+        purge_result(before, self.len())
+    }
+}
+
+fn purge_result(before: usize, after: usize) -> Purge {
+    if after == 0 {
+        Purge::Empty
+    } else if after < before {
+        Purge::Changed
+    } else {
+        Purge::Untouched
+    }
+}
+
+/// Progress of one bounded cleanup step over one key group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct GroupCleanup {
+    /// Entries looked at.
+    pub(crate) examined: usize,
+    /// Entries removed entirely.
+    pub(crate) removed: usize,
+    /// Where the next step in this key group starts, or `None` when it is done.
+    pub(crate) next: Option<usize>,
+}
+
+/// One state's entries, partitioned by key group (see the module docs).
+pub(crate) struct KeyGroupedTable<K, N, V> {
+    groups: Vec<Rc<GroupMap<K, N, V>>>,
+    entries: usize,
+    nested: usize,
+}
+
+impl<K, N, V> KeyGroupedTable<K, N, V>
+where
+    K: std::hash::Hash + Eq + Clone + 'static,
+    N: std::hash::Hash + Eq + Clone + 'static,
+    V: Stored,
+{
+    /// An empty table for `groups` key groups.
+    pub(crate) fn new(groups: usize) -> Self {
+        KeyGroupedTable {
+            groups: (0..groups).map(|_| Rc::new(GroupMap::default())).collect(),
+            entries: 0,
+            nested: 0,
+        }
+    }
+
+    /// The value of `key` in key group `group`.
+    #[inline]
+    pub(crate) fn get(&self, group: usize, key: &(K, Option<N>)) -> Option<&V> {
+        self.groups[group].get(key)
+    }
+
+    /// Changes the value of `key` in place, if present. A container left empty is removed.
+    /// Callers check that the key is present first: a key group shared with a snapshot is
+    /// copied before the lookup.
+    #[inline]
+    pub(crate) fn modify<R>(
+        &mut self,
+        group: usize,
+        key: &(K, Option<N>),
+        change: impl FnOnce(&mut V) -> R,
+    ) -> Option<R> {
+        let map = Rc::make_mut(&mut self.groups[group]);
+        let index = map.get_index_of(key)?;
+        let (_, value) = map.get_index_mut(index)?;
+        let before = value.nested_len();
+        let result = change(value);
+        let after = value.nested_len();
+        let empty = value.is_empty_container();
+        self.nested = self.nested + after - before;
+        if empty {
+            map.swap_remove_index(index);
+            self.entries -= 1;
+        }
+        Some(result)
+    }
+
+    /// Stores `value` under `key`, replacing any previous value; clones the key only when it
+    /// is new.
+    #[inline]
+    pub(crate) fn upsert(&mut self, group: usize, key: &(K, Option<N>), value: V) {
+        let added = value.nested_len();
+        let map = Rc::make_mut(&mut self.groups[group]);
+        match map.get_mut(key) {
+            Some(slot) => {
+                self.nested = self.nested + added - slot.nested_len();
+                *slot = value;
+            }
+            None => {
+                map.insert(key.clone(), value);
+                self.entries += 1;
+                self.nested += added;
+            }
+        }
+    }
+
+    /// Removes `key`, returning its value.
+    #[inline]
+    pub(crate) fn remove(&mut self, group: usize, key: &(K, Option<N>)) -> Option<V> {
+        if !self.groups[group].contains_key(key) {
+            // Do not copy a key group shared with a snapshot for nothing.
+            return None;
+        }
+        let removed = Rc::make_mut(&mut self.groups[group]).swap_remove(key)?;
+        self.entries -= 1;
+        self.nested -= removed.nested_len();
+        Some(removed)
+    }
+
+    /// The maps of all key groups, shared (a snapshot).
+    pub(crate) fn share_groups(&self) -> Vec<Rc<GroupMap<K, N, V>>> {
+        self.groups.clone()
+    }
+
+    /// The map of one key group.
+    pub(crate) fn group(&self, group: usize) -> &GroupMap<K, N, V> {
+        &self.groups[group]
+    }
+
+    /// Number of key groups.
+    pub(crate) fn group_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Drops every entry of key group `group` (a snapshot keeps its own copy).
+    pub(crate) fn clear_group(&mut self, group: usize) {
+        let map = std::mem::take(&mut self.groups[group]);
+        self.entries -= map.len();
+        self.nested -= map.values().map(Stored::nested_len).sum::<usize>();
+    }
+
+    /// Number of `(key, namespace)` entries.
+    pub(crate) fn entries(&self) -> usize {
+        self.entries
+    }
+
+    /// Estimated bytes (see the module docs).
+    pub(crate) fn estimated_bytes(&self) -> usize {
+        self.entries * (size_of::<(K, Option<N>)>() + size_of::<V>() + MAP_ENTRY_OVERHEAD)
+            + self.nested * V::NESTED_BYTES
+    }
+
+    /// Removes what is expired at `now` among at most `budget` entries of key group `group`,
+    /// starting at position `start`. Removal swaps the last entry into the freed position, so
+    /// an entry moved from beyond the examined window may be skipped until the next round (a
+    /// read still never returns it).
+    pub(crate) fn cleanup_group(
+        &mut self,
+        group: usize,
+        start: usize,
+        budget: usize,
+        now: i64,
+    ) -> GroupCleanup {
+        let map = &self.groups[group];
+        let end = map.len().min(start.saturating_add(budget));
+        if start >= end {
+            return GroupCleanup {
+                examined: 0,
+                removed: 0,
+                next: None,
+            };
+        }
+        let examined = end - start;
+        let expired: Vec<usize> = (start..end)
+            .filter(|&index| {
+                map.get_index(index)
+                    .is_some_and(|(_, value)| value.any_expired(now))
+            })
+            .collect();
+        let mut removed = 0;
+        if !expired.is_empty() {
+            let map = Rc::make_mut(&mut self.groups[group]);
+            for &index in expired.iter().rev() {
+                let Some((_, value)) = map.get_index_mut(index) else {
+                    continue;
+                };
+                let before = value.nested_len();
+                let purge = value.purge_expired(now);
+                let after = value.nested_len();
+                self.nested = self.nested + after - before;
+                if purge == Purge::Empty {
+                    map.swap_remove_index(index);
+                    self.entries -= 1;
+                    removed += 1;
+                }
+            }
+        }
+        let next = end - removed;
+        GroupCleanup {
+            examined,
+            removed,
+            next: (next < self.groups[group].len()).then_some(next),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ttl::NEVER_EXPIRES;
+
+    fn key(k: u32) -> (u32, Option<u8>) {
+        (k, None)
+    }
+
+    #[test]
+    fn snapshot_shares_until_write() {
+        let mut table: KeyGroupedTable<u32, u8, Entry<u64>> = KeyGroupedTable::new(2);
+        table.upsert(
+            0,
+            &key(1),
+            Entry {
+                value: 10,
+                expires_at: NEVER_EXPIRES,
+            },
+        );
+        table.upsert(
+            1,
+            &key(2),
+            Entry {
+                value: 20,
+                expires_at: NEVER_EXPIRES,
+            },
+        );
+        let snapshot = table.share_groups();
+        table.modify(0, &key(1), |entry| entry.value = 11);
+        // Key group 0 was copied, key group 1 is still shared.
+        assert!(!Rc::ptr_eq(&snapshot[0], &table.groups[0]));
+        assert!(Rc::ptr_eq(&snapshot[1], &table.groups[1]));
+        assert_eq!(snapshot[0].get(&key(1)).unwrap().value, 10);
+        assert_eq!(table.get(0, &key(1)).unwrap().value, 11);
+        // Removing an absent key does not copy a shared group.
+        assert!(table.remove(1, &key(99)).is_none());
+        assert!(Rc::ptr_eq(&snapshot[1], &table.groups[1]));
+    }
+
+    #[test]
+    fn counts_follow_nested_changes() {
+        let mut table: KeyGroupedTable<u32, u8, Vec<Entry<u64>>> = KeyGroupedTable::new(1);
+        let element = |value| Entry {
+            value,
+            expires_at: NEVER_EXPIRES,
+        };
+        table.upsert(0, &key(1), vec![element(1), element(2)]);
+        table.modify(0, &key(1), |list| list.push(element(3)));
+        assert_eq!((table.entries(), table.nested), (1, 3));
+        table.modify(0, &key(1), |list| list.clear());
+        assert_eq!((table.entries(), table.nested), (0, 0));
+        assert_eq!(table.estimated_bytes(), 0);
+    }
+
+    #[test]
+    fn cleanup_is_bounded_and_complete() {
+        let mut table: KeyGroupedTable<u32, u8, Entry<u64>> = KeyGroupedTable::new(1);
+        for k in 0..100u32 {
+            let expires_at = if k % 2 == 0 { 50 } else { NEVER_EXPIRES };
+            table.upsert(
+                0,
+                &key(k),
+                Entry {
+                    value: 0,
+                    expires_at,
+                },
+            );
+        }
+        let mut position = Some(0);
+        let mut steps = 0;
+        while let Some(start) = position {
+            let step = table.cleanup_group(0, start, 10, 100);
+            assert!(step.examined <= 10);
+            position = step.next;
+            steps += 1;
+        }
+        assert!(steps >= 5);
+        // Entries skipped by swaps are caught by later rounds.
+        for _round in 0..10 {
+            let mut position = Some(0);
+            while let Some(start) = position {
+                position = table.cleanup_group(0, start, 10, 100).next;
+            }
+        }
+        assert_eq!(table.entries(), 50);
+        assert!(table
+            .group(0)
+            .values()
+            .all(|entry| entry.expires_at == NEVER_EXPIRES));
+    }
+}

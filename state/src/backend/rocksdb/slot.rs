@@ -1,0 +1,434 @@
+//! One RocksDB instance per slot, shared by every keyed backend of that slot.
+//!
+//! [`SlotRocksDb`] owns the database, its block cache and its write buffer manager. Each keyed
+//! state gets its own column family, named `<layout>:<operator>:<state>` (layout `value` or
+//! `list`, which decides the compaction filter and merge operator when the database is opened
+//! again from a checkpoint).
+//!
+//! **Memory.** The slot's managed share is handed in as two numbers: the block cache capacity
+//! and the write buffer (memtable) budget. The write buffer manager charges memtable memory to
+//! the block cache, and index and filter blocks live in the cache too, so the cache capacity is
+//! the bound for all three; the write buffer budget is the part memtables may take before they
+//! are flushed (writers stall while they are over it). The cache is an LRU cache *without* a
+//! strict capacity limit: rocksdb 0.25 does not expose one (the C API's
+//! `rocksdb_cache_create_lru_with_strict_capacity_limit` has no safe wrapper), and a strict
+//! limit makes reads fail with `Incomplete` when pinned blocks fill the cache — Flink leaves it
+//! off for the same reason. The bound is checked by measuring resident memory in
+//! `tests/rocksdb_memory.rs`.
+//!
+//! **Durability.** Writes skip the write-ahead log: a checkpoint is the unit of durability (as
+//! in Flink), and [`SlotRocksDb::create_checkpoint`] flushes memtables before it hard-links the
+//! SST files.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rocksdb::checkpoint::Checkpoint;
+use rocksdb::{
+    BlockBasedOptions, BottommostLevelCompaction, BoundColumnFamily, Cache, ColumnFamilyDescriptor,
+    CompactOptions, DBCompressionType, DBRawIteratorWithThreadMode, DBWithThreadMode,
+    MultiThreaded, Options, ReadOptions, WriteBufferManager, WriteOptions,
+};
+
+use crate::backend::rocksdb::key::key_group_bounds;
+use crate::backend::rocksdb::value::{list_append, ColumnLayout, TtlFilterFactory};
+use crate::error::{StateError, StateErrorKind};
+use crate::key_group::KeyGroupRange;
+use crate::ttl::Clock;
+
+/// The RocksDB database type: column families can be created through a shared reference.
+pub(crate) type Db = DBWithThreadMode<MultiThreaded>;
+
+/// Where and with how much memory a slot's RocksDB runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RocksDbConfig {
+    /// The database directory (created if missing; an existing database is opened).
+    pub path: PathBuf,
+    /// Block cache capacity in bytes: the bound for data blocks, index and filter blocks and
+    /// (through the write buffer manager) memtables.
+    pub block_cache_bytes: usize,
+    /// Memtable budget in bytes, charged to the block cache; at most `block_cache_bytes`.
+    pub write_buffer_bytes: usize,
+    /// Background flush and compaction threads (RocksDB's `max_background_jobs`).
+    pub background_jobs: i32,
+}
+
+impl RocksDbConfig {
+    /// A config with an explicit cache capacity and memtable budget, and 2 background jobs.
+    pub fn new(
+        path: impl Into<PathBuf>,
+        block_cache_bytes: usize,
+        write_buffer_bytes: usize,
+    ) -> Self {
+        RocksDbConfig {
+            path: path.into(),
+            block_cache_bytes,
+            write_buffer_bytes,
+            background_jobs: 2,
+        }
+    }
+
+    /// A config for a slot whose managed memory share is `managed_bytes` (from `weir-memory`'s
+    /// slot budget): the whole share is the cache, half of it may be memtables (Flink's default
+    /// write buffer ratio).
+    pub fn from_managed_memory(path: impl Into<PathBuf>, managed_bytes: u64) -> Self {
+        let managed = usize::try_from(managed_bytes).unwrap_or(usize::MAX);
+        RocksDbConfig::new(path, managed, managed / 2)
+    }
+
+    fn validate(&self) -> Result<(), StateError> {
+        const MIN_CACHE: usize = 4 << 20;
+        if self.block_cache_bytes < MIN_CACHE {
+            return Err(StateError::invalid_config(
+                "RocksDB block cache bytes",
+                self.block_cache_bytes,
+                "give the slot at least 4 MiB of managed memory (raise \
+                 taskmanager.memory.managed.fraction or taskmanager.memory.process.size)",
+            ));
+        }
+        if self.write_buffer_bytes == 0 || self.write_buffer_bytes > self.block_cache_bytes {
+            return Err(StateError::invalid_config(
+                "RocksDB write buffer bytes",
+                self.write_buffer_bytes,
+                format!(
+                    "use more than 0 and at most the block cache capacity ({} bytes): memtables \
+                     are charged to the cache",
+                    self.block_cache_bytes
+                ),
+            ));
+        }
+        if self.background_jobs < 1 {
+            return Err(StateError::invalid_config(
+                "RocksDB background jobs",
+                self.background_jobs,
+                "use at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The memtable size of one column family: a quarter of the budget, between 1 and 64 MiB,
+    /// so that one busy state flushes before it holds the whole budget.
+    fn column_write_buffer(&self) -> usize {
+        (self.write_buffer_bytes / 4).clamp(1 << 20, 64 << 20)
+    }
+}
+
+/// What a slot's RocksDB uses, from RocksDB's own accounting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RocksDbMemoryUsage {
+    /// The block cache capacity.
+    pub block_cache_capacity: usize,
+    /// Bytes in the block cache (blocks, index/filter blocks, memtable reservations).
+    pub block_cache_usage: usize,
+    /// Bytes of pinned entries in the block cache.
+    pub block_cache_pinned: usize,
+    /// The memtable budget.
+    pub write_buffer_limit: usize,
+    /// Bytes of memtables (the write buffer manager's count).
+    pub write_buffer_usage: usize,
+    /// Table reader memory not held in the cache, summed over column families.
+    pub table_readers: u64,
+}
+
+/// A slot's RocksDB instance (see the module docs). Shared by the slot's keyed backends
+/// through an `Arc`.
+pub struct SlotRocksDb {
+    db: Db,
+    config: RocksDbConfig,
+    cache: Cache,
+    write_buffer_manager: WriteBufferManager,
+    clock: Arc<dyn Clock>,
+    write_options: WriteOptions,
+    read_options: ReadOptions,
+}
+
+impl SlotRocksDb {
+    /// Opens (or creates) the database at `config.path`, with every column family it already
+    /// has. `clock` is the processing-time clock of TTL, read by the compaction filter.
+    pub fn open(
+        config: RocksDbConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<SlotRocksDb>, StateError> {
+        config.validate()?;
+        std::fs::create_dir_all(&config.path).map_err(|source| -> StateError {
+            StateErrorKind::Io {
+                path: config.path.clone(),
+                action: "creating",
+                source,
+            }
+            .into()
+        })?;
+        let cache = Cache::new_lru_cache(config.block_cache_bytes);
+        let write_buffer_manager = WriteBufferManager::new_write_buffer_manager_with_cache(
+            config.write_buffer_bytes,
+            true,
+            cache.clone(),
+        );
+        let mut db_options = column_options(&config, &cache, &clock, None);
+        db_options.create_if_missing(true);
+        db_options.create_missing_column_families(true);
+        db_options.set_write_buffer_manager(&write_buffer_manager);
+        db_options.set_max_background_jobs(config.background_jobs);
+        db_options.set_keep_log_file_num(2);
+        db_options.set_max_log_file_size(1 << 20);
+
+        let existing = Db::list_cf(&db_options, &config.path).unwrap_or_default();
+        let descriptors: Vec<ColumnFamilyDescriptor> = existing
+            .into_iter()
+            .filter(|name| name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+            .map(|name| {
+                let layout = name
+                    .split_once(':')
+                    .and_then(|(tag, _)| ColumnLayout::from_tag(tag));
+                let options = column_options(&config, &cache, &clock, layout);
+                ColumnFamilyDescriptor::new(name, options)
+            })
+            .collect();
+        let db = Db::open_cf_descriptors(&db_options, &config.path, descriptors)
+            .map_err(|source| StateError::rocksdb(&config.path, "*", "opening", source))?;
+        let mut write_options = WriteOptions::default();
+        write_options.disable_wal(true);
+        tracing::debug!(
+            path = %config.path.display(),
+            block_cache_bytes = config.block_cache_bytes,
+            write_buffer_bytes = config.write_buffer_bytes,
+            "opened slot RocksDB"
+        );
+        Ok(Arc::new(SlotRocksDb {
+            db,
+            config,
+            cache,
+            write_buffer_manager,
+            clock,
+            write_options,
+            read_options: ReadOptions::default(),
+        }))
+    }
+
+    /// The database directory.
+    pub fn path(&self) -> &Path {
+        &self.config.path
+    }
+
+    /// The configuration it was opened with.
+    pub fn config(&self) -> &RocksDbConfig {
+        &self.config
+    }
+
+    /// Names of all column families (one per keyed state of any operator, plus `default`).
+    pub fn column_families(&self) -> Result<Vec<String>, StateError> {
+        Db::list_cf(&Options::default(), self.path()).map_err(|source| {
+            StateError::rocksdb(self.path(), "*", "listing column families", source)
+        })
+    }
+
+    /// Writes a native RocksDB checkpoint into `dir` (which must not exist): memtables are
+    /// flushed, then live SST files are hard-linked (copied across file systems) with the
+    /// manifest. The directory opens as a database of its own ([`SlotRocksDb::open`]); an
+    /// incremental snapshot uploads the SST files a previous one did not have.
+    pub fn create_checkpoint(&self, dir: &Path) -> Result<(), StateError> {
+        let checkpoint = Checkpoint::new(&self.db).map_err(|source| {
+            StateError::rocksdb(self.path(), "*", "preparing a checkpoint", source)
+        })?;
+        checkpoint.create_checkpoint(dir).map_err(|source| {
+            StateError::rocksdb(self.path(), "*", "writing a checkpoint", source)
+        })?;
+        tracing::debug!(db = %self.path().display(), checkpoint = %dir.display(), "created RocksDB checkpoint");
+        Ok(())
+    }
+
+    /// Compacts every column family down to the last level, running the TTL compaction filter
+    /// over all data (RocksDB also compacts on its own; this is for tests and maintenance).
+    pub fn compact_all(&self) -> Result<(), StateError> {
+        let mut options = CompactOptions::default();
+        options.set_bottommost_level_compaction(BottommostLevelCompaction::Force);
+        for name in self.column_families()? {
+            if let Some(cf) = self.db.cf_handle(&name) {
+                self.db
+                    .compact_range_cf_opt(&cf, None::<&[u8]>, None::<&[u8]>, &options);
+            }
+        }
+        Ok(())
+    }
+
+    /// RocksDB's own account of its memory.
+    pub fn memory_usage(&self) -> RocksDbMemoryUsage {
+        let table_readers = self
+            .column_families()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|name| self.db.cf_handle(name))
+            .filter_map(|cf| {
+                self.db
+                    .property_int_value_cf(&cf, "rocksdb.estimate-table-readers-mem")
+                    .ok()
+                    .flatten()
+            })
+            .sum();
+        RocksDbMemoryUsage {
+            block_cache_capacity: self.config.block_cache_bytes,
+            block_cache_usage: self.cache.get_usage(),
+            block_cache_pinned: self.cache.get_pinned_usage(),
+            write_buffer_limit: self.config.write_buffer_bytes,
+            write_buffer_usage: self.write_buffer_manager.get_usage(),
+            table_readers,
+        }
+    }
+
+    /// The raw entries of column family `column_family` in `key_groups`, in key order: for
+    /// rescaling (copy them into another instance) and inspection. Keys split with
+    /// [`crate::split_key`]; values are frames (see `value.rs`), expired ones included.
+    pub fn raw_entries(
+        &self,
+        column_family: &str,
+        key_groups: KeyGroupRange,
+    ) -> Result<RawEntries<'_>, StateError> {
+        let cf = self.column_family(column_family)?;
+        let (start, end) = key_group_bounds(key_groups);
+        let mut options = ReadOptions::default();
+        options.set_iterate_lower_bound(start.to_vec());
+        options.set_iterate_upper_bound(end.to_vec());
+        let mut iterator = self.db.raw_iterator_cf_opt(&cf, options);
+        iterator.seek_to_first();
+        Ok(RawEntries {
+            iterator,
+            slot: self,
+            column_family: column_family.to_string(),
+            done: false,
+        })
+    }
+
+    /// Deletes every entry of `column_family` in `key_groups` (one range tombstone).
+    pub fn delete_key_groups(
+        &self,
+        column_family: &str,
+        key_groups: KeyGroupRange,
+    ) -> Result<(), StateError> {
+        let cf = self.column_family(column_family)?;
+        let (start, end) = key_group_bounds(key_groups);
+        self.db
+            .delete_range_cf_opt(&cf, start, end, &self.write_options)
+            .map_err(|source| {
+                StateError::rocksdb(self.path(), column_family, "deleting key groups", source)
+            })
+    }
+
+    /// Creates the column family `name` for values laid out as `layout`, if it is missing.
+    pub(crate) fn ensure_column_family(
+        &self,
+        name: &str,
+        layout: ColumnLayout,
+    ) -> Result<(), StateError> {
+        if self.db.cf_handle(name).is_some() {
+            return Ok(());
+        }
+        let options = column_options(&self.config, &self.cache, &self.clock, Some(layout));
+        self.db.create_cf(name, &options).map_err(|source| {
+            StateError::rocksdb(self.path(), name, "creating a column family", source)
+        })
+    }
+
+    /// The handle of column family `name`.
+    pub(crate) fn column_family(
+        &self,
+        name: &str,
+    ) -> Result<Arc<BoundColumnFamily<'_>>, StateError> {
+        self.db
+            .cf_handle(name)
+            .ok_or_else(|| StateError::unknown_state(name))
+    }
+
+    pub(crate) fn db(&self) -> &Db {
+        &self.db
+    }
+
+    pub(crate) fn write_options(&self) -> &WriteOptions {
+        &self.write_options
+    }
+
+    pub(crate) fn read_options(&self) -> &ReadOptions {
+        &self.read_options
+    }
+
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+}
+
+impl std::fmt::Debug for SlotRocksDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotRocksDb")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options of a column family (and, with `layout = None`, of the database and its default
+/// column family): the shared block cache, lz4, Bloom filters for point reads, the TTL
+/// compaction filter, and for lists the append merge operator.
+fn column_options(
+    config: &RocksDbConfig,
+    cache: &Cache,
+    clock: &Arc<dyn Clock>,
+    layout: Option<ColumnLayout>,
+) -> Options {
+    let mut table = BlockBasedOptions::default();
+    table.set_block_cache(cache);
+    table.set_cache_index_and_filter_blocks(true);
+    table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    table.set_bloom_filter(10.0, false);
+    table.set_format_version(5);
+
+    let mut options = Options::default();
+    options.set_block_based_table_factory(&table);
+    options.set_compression_type(DBCompressionType::Lz4);
+    options.set_write_buffer_size(config.column_write_buffer());
+    options.set_level_compaction_dynamic_level_bytes(true);
+    if let Some(layout) = layout {
+        options.set_compaction_filter_factory(TtlFilterFactory {
+            layout,
+            clock: Arc::clone(clock),
+        });
+        if layout == ColumnLayout::List {
+            options.set_merge_operator_associative("weir-list-append", list_append);
+        }
+    }
+    options
+}
+
+/// Raw entries of one column family in a key-group range ([`SlotRocksDb::raw_entries`]).
+pub struct RawEntries<'a> {
+    iterator: DBRawIteratorWithThreadMode<'a, Db>,
+    slot: &'a SlotRocksDb,
+    column_family: String,
+    done: bool,
+}
+
+impl Iterator for RawEntries<'_> {
+    type Item = Result<(Box<[u8]>, Box<[u8]>), StateError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        if !self.iterator.valid() {
+            self.done = true;
+            return match self.iterator.status() {
+                Ok(()) => None,
+                Err(source) => Some(Err(StateError::rocksdb(
+                    self.slot.path(),
+                    &self.column_family,
+                    "iterating key groups",
+                    source,
+                ))),
+            };
+        }
+        let item = self
+            .iterator
+            .item()
+            .map(|(key, value)| (Box::from(key), Box::from(value)));
+        self.iterator.next();
+        item.map(Ok)
+    }
+}

@@ -1,0 +1,186 @@
+//! How state values, keys and namespaces become bytes: rkyv's low-level API.
+//!
+//! [`StateCodec`] is implemented for every type that derives rkyv's `Archive`, `Serialize` and
+//! `Deserialize` (with bytecheck, rkyv's default) — the same kind of bounds as the engine's
+//! `Record`, with a growable `Vec<u8>` writer instead of a fixed segment and `rancor::Error` so
+//! that a decoding failure says what is wrong.
+//!
+//! The bytes are deterministic: rkyv writes padding as zeros and the low-level API shares no
+//! pointers, so equal values give equal bytes. The RocksDB backend relies on that for keys.
+//!
+//! Decoding is always validated (`bytecheck`): bytes come from disk, and a damaged file or a
+//! changed type must give a [`crate::StateErrorKind::Corrupt`] error, never undefined behaviour.
+
+use std::cell::RefCell;
+
+use rkyv::api::low::{LowDeserializer, LowSerializer, LowValidator};
+use rkyv::bytecheck::CheckBytes;
+use rkyv::rancor;
+use rkyv::ser::allocator::{Arena, ArenaHandle};
+use rkyv::util::AlignedVec;
+use rkyv::{Archive, Deserialize, Serialize};
+
+/// A type that can be stored in a state backend: encoded to deterministic bytes and decoded
+/// back with validation. Implemented for every rkyv-archivable type (see the module docs).
+pub trait StateCodec: Sized + 'static {
+    /// Appends the encoding of `self` to `out`.
+    fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), rancor::Error>;
+
+    /// Decodes a value from exactly the bytes [`StateCodec::encode_into`] appended. The bytes
+    /// may sit at any alignment.
+    fn decode(bytes: &[u8]) -> Result<Self, rancor::Error>;
+
+    /// The encoding of `self` as a fresh vector.
+    fn encode(&self) -> Result<Vec<u8>, rancor::Error> {
+        let mut out = Vec::new();
+        self.encode_into(&mut out)?;
+        Ok(out)
+    }
+}
+
+/// Archives are decoded from a buffer aligned to this many bytes (rkyv's largest primitive
+/// alignment); bytes already aligned to the archived type's needs are read in place.
+const DECODE_ALIGN: usize = 16;
+
+thread_local! {
+    /// A reusable arena and output buffer for encoding, so a small value costs no allocation.
+    static ENCODE_SCRATCH: RefCell<(Arena, Vec<u8>)> = RefCell::new((Arena::new(), Vec::new()));
+    /// A reusable aligned buffer for decoding bytes that come unaligned (e.g. from RocksDB).
+    static DECODE_SCRATCH: RefCell<AlignedVec<DECODE_ALIGN>> = RefCell::new(AlignedVec::new());
+}
+
+impl<T> StateCodec for T
+where
+    T: Archive + 'static,
+    T: for<'a> Serialize<LowSerializer<Vec<u8>, ArenaHandle<'a>, rancor::Error>>,
+    T::Archived: for<'a> CheckBytes<LowValidator<'a, rancor::Error>>
+        + Deserialize<T, LowDeserializer<rancor::Error>>,
+{
+    fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), rancor::Error> {
+        ENCODE_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut scratch) => {
+                let (arena, buffer) = &mut *scratch;
+                let mut writer = std::mem::take(buffer);
+                writer.clear();
+                let result = rkyv::api::low::to_bytes_in_with_alloc::<_, _, rancor::Error>(
+                    self,
+                    writer,
+                    arena.acquire(),
+                );
+                match result {
+                    Ok(written) => {
+                        out.extend_from_slice(&written);
+                        *buffer = written;
+                        Ok(())
+                    }
+                    Err(error) => Err(error),
+                }
+            }
+            // A Serialize impl that itself encodes state (re-entrant): use fresh buffers.
+            Err(_) => {
+                let mut arena = Arena::new();
+                let written = rkyv::api::low::to_bytes_in_with_alloc::<_, _, rancor::Error>(
+                    self,
+                    Vec::new(),
+                    arena.acquire(),
+                )?;
+                out.extend_from_slice(&written);
+                Ok(())
+            }
+        })
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, rancor::Error> {
+        let needed = std::mem::align_of::<T::Archived>();
+        if (bytes.as_ptr() as usize).is_multiple_of(needed) {
+            return decode_aligned::<T>(bytes);
+        }
+        if needed > DECODE_ALIGN {
+            let mut copy = AlignedVec::<64>::with_capacity(bytes.len());
+            copy.extend_from_slice(bytes);
+            return decode_aligned::<T>(&copy);
+        }
+        DECODE_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut aligned) => {
+                aligned.clear();
+                aligned.extend_from_slice(bytes);
+                decode_aligned::<T>(&aligned)
+            }
+            Err(_) => {
+                let mut aligned = AlignedVec::<DECODE_ALIGN>::with_capacity(bytes.len());
+                aligned.extend_from_slice(bytes);
+                decode_aligned::<T>(&aligned)
+            }
+        })
+    }
+}
+
+fn decode_aligned<T>(bytes: &[u8]) -> Result<T, rancor::Error>
+where
+    T: Archive,
+    T::Archived: for<'a> CheckBytes<LowValidator<'a, rancor::Error>>
+        + Deserialize<T, LowDeserializer<rancor::Error>>,
+{
+    let archived = rkyv::api::low::access::<T::Archived, rancor::Error>(bytes)?;
+    rkyv::api::low::deserialize::<T, rancor::Error>(archived)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Archive, Serialize, Deserialize, Debug, PartialEq, Clone)]
+    struct Window {
+        start: i64,
+        end: i64,
+        tag: u8,
+    }
+
+    fn round_trip<T: StateCodec + PartialEq + std::fmt::Debug>(value: &T) {
+        let bytes = value.encode().unwrap();
+        assert_eq!(&T::decode(&bytes).unwrap(), value);
+        // Unaligned input decodes too.
+        let mut shifted = vec![0u8];
+        shifted.extend_from_slice(&bytes);
+        assert_eq!(&T::decode(&shifted[1..]).unwrap(), value);
+        // Deterministic.
+        assert_eq!(value.encode().unwrap(), bytes);
+    }
+
+    #[test]
+    fn struct_with_padding_is_deterministic() {
+        round_trip(&Window {
+            start: -5,
+            end: 10,
+            tag: 3,
+        });
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_ub() {
+        // A String archive whose relative pointer points outside the buffer.
+        let long = "a string too long to be stored inline"
+            .to_string()
+            .encode()
+            .unwrap();
+        assert!(String::decode(&long[long.len() - 8..]).is_err());
+        // Bytes that are not UTF-8.
+        let mut short = "abc".to_string().encode().unwrap();
+        let at = short.iter().position(|&b| b == b'a').unwrap();
+        short[at] = 0xc0;
+        assert!(String::decode(&short).is_err());
+        assert!(u64::decode(&[1, 2, 3]).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn values_round_trip(n in any::<u64>(), s in ".{0,100}", v in proptest::collection::vec(any::<i32>(), 0..50)) {
+            round_trip(&n);
+            round_trip(&s);
+            round_trip(&(s.clone(), n));
+            round_trip(&v);
+            round_trip(&Some(s));
+        }
+    }
+}

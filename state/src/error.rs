@@ -1,0 +1,243 @@
+//! Errors of the keyed-state library.
+//!
+//! [`StateError`] is one boxed word wide, so `Result<T, StateError>` stays small on the hot path;
+//! [`StateError::kind`] gives the variant. Every message names the state (or the setting), the
+//! offending value and what to do about it.
+
+use std::path::PathBuf;
+
+/// An error from keyed state: registration, encoding, a backend, or the configuration.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct StateError(Box<StateErrorKind>);
+
+impl StateError {
+    /// What went wrong.
+    pub fn kind(&self) -> &StateErrorKind {
+        &self.0
+    }
+
+    /// Whether this is a bug or misuse on the engine side (no current key, key outside the
+    /// backend's key groups, incompatible registration) rather than bad data or a failing disk.
+    pub fn is_usage_error(&self) -> bool {
+        matches!(
+            *self.0,
+            StateErrorKind::IncompatibleRegistration { .. }
+                | StateErrorKind::NoCurrentKey { .. }
+                | StateErrorKind::KeyGroupOutOfRange { .. }
+                | StateErrorKind::UnknownState { .. }
+                | StateErrorKind::InvalidConfig { .. }
+        )
+    }
+}
+
+impl From<StateErrorKind> for StateError {
+    fn from(kind: StateErrorKind) -> Self {
+        StateError(Box::new(kind))
+    }
+}
+
+/// The variants of [`StateError`].
+#[derive(Debug, thiserror::Error)]
+pub enum StateErrorKind {
+    /// A state name was registered twice with different kinds, types or TTL.
+    #[error(
+        "state '{state}' is already registered as {registered}, but was requested as \
+         {requested}; state names are unique per operator: give one of them another name"
+    )]
+    IncompatibleRegistration {
+        /// The state name.
+        state: String,
+        /// The existing registration, e.g. `ValueState<u64> (no TTL)`.
+        registered: String,
+        /// The new request.
+        requested: String,
+    },
+
+    /// A state was accessed before the backend had a current key.
+    #[error(
+        "state '{state}' was accessed before a current key was set; call \
+         set_current_key before touching keyed state"
+    )]
+    NoCurrentKey {
+        /// The state name.
+        state: String,
+    },
+
+    /// The current key belongs to a key group this backend does not own.
+    #[error(
+        "key {key} belongs to key group {key_group}, outside this backend's key groups \
+         {start}..={end} (max parallelism {max_parallelism}); the record reached the wrong \
+         subtask: the key_by partitioner and the state backend must use the same max parallelism"
+    )]
+    KeyGroupOutOfRange {
+        /// The key, `Debug`-formatted.
+        key: String,
+        /// Its key group.
+        key_group: u32,
+        /// First key group of the backend.
+        start: u32,
+        /// Last key group of the backend.
+        end: u32,
+        /// The max parallelism both sides were configured with.
+        max_parallelism: u32,
+    },
+
+    /// A state name that was never registered with this backend.
+    #[error(
+        "state '{state}' is not registered with this keyed backend; register it with its \
+         descriptor (e.g. value_state) first"
+    )]
+    UnknownState {
+        /// The state name.
+        state: String,
+    },
+
+    /// Stored bytes do not decode as the expected type.
+    #[error(
+        "state '{state}' holds a corrupt {what} of {len} bytes that does not decode as \
+         {type_name}: {reason}; it was written by another type or a damaged file: restore from \
+         an earlier checkpoint, or clear the state if the type changed on purpose"
+    )]
+    Corrupt {
+        /// The state name.
+        state: String,
+        /// What was being read: "value", "key", "list element", "map key", ...
+        what: &'static str,
+        /// The Rust type it should decode as.
+        type_name: &'static str,
+        /// Length of the bytes.
+        len: usize,
+        /// The decoder's explanation.
+        reason: String,
+    },
+
+    /// A value could not be encoded.
+    #[error(
+        "state '{state}' could not encode a {type_name}: {reason}; the type's rkyv \
+         Serialize impl failed (check custom `with` wrappers)"
+    )]
+    Encode {
+        /// The state name.
+        state: String,
+        /// The Rust type being encoded.
+        type_name: &'static str,
+        /// The encoder's explanation.
+        reason: String,
+    },
+
+    /// A RocksDB operation failed.
+    #[error(
+        "RocksDB at {path} failed while {action} (state '{state}'): {source}; check free disk \
+         space, permissions and open-file limits of that directory"
+    )]
+    RocksDb {
+        /// The database directory.
+        path: PathBuf,
+        /// The state (or `*` for slot-wide operations).
+        state: String,
+        /// What was being done, e.g. "writing".
+        action: &'static str,
+        /// RocksDB's error.
+        source: rocksdb::Error,
+    },
+
+    /// A file-system operation failed.
+    #[error("{action} {path} failed: {source}; check that the directory is writable")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// What was being done, e.g. "creating".
+        action: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+
+    /// A configuration value that cannot work.
+    #[error("{setting} = {value} is invalid: {fix}")]
+    InvalidConfig {
+        /// The setting (or constructor argument).
+        setting: &'static str,
+        /// The offending value.
+        value: String,
+        /// What to use instead.
+        fix: String,
+    },
+}
+
+impl StateError {
+    pub(crate) fn no_current_key(state: &str) -> StateError {
+        StateErrorKind::NoCurrentKey {
+            state: state.to_string(),
+        }
+        .into()
+    }
+
+    pub(crate) fn unknown_state(state: &str) -> StateError {
+        StateErrorKind::UnknownState {
+            state: state.to_string(),
+        }
+        .into()
+    }
+
+    pub(crate) fn rocksdb(
+        path: &std::path::Path,
+        state: &str,
+        action: &'static str,
+        source: rocksdb::Error,
+    ) -> StateError {
+        StateErrorKind::RocksDb {
+            path: path.to_path_buf(),
+            state: state.to_string(),
+            action,
+            source,
+        }
+        .into()
+    }
+
+    pub(crate) fn invalid_config(
+        setting: &'static str,
+        value: impl ToString,
+        fix: impl Into<String>,
+    ) -> StateError {
+        StateErrorKind::InvalidConfig {
+            setting,
+            value: value.to_string(),
+            fix: fix.into(),
+        }
+        .into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_is_one_word() {
+        assert_eq!(
+            std::mem::size_of::<StateError>(),
+            std::mem::size_of::<usize>()
+        );
+    }
+
+    #[test]
+    fn messages_name_state_value_and_fix() {
+        let err: StateError = StateErrorKind::Corrupt {
+            state: "counts".into(),
+            what: "value",
+            type_name: "u64",
+            len: 3,
+            reason: "buffer too short".into(),
+        }
+        .into();
+        let text = err.to_string();
+        assert!(text.contains("'counts'"), "{text}");
+        assert!(text.contains("u64"), "{text}");
+        assert!(
+            text.contains("restore from an earlier checkpoint"),
+            "{text}"
+        );
+        assert!(!err.is_usage_error());
+    }
+}

@@ -1,0 +1,79 @@
+//! Backend fixtures shared by the integration tests: the same test body runs against the heap
+//! backend and the RocksDB backend.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use tempfile::TempDir;
+use weir_state::{
+    KeyedBackendConfig, LocalKeyedBackend, ManualClock, RocksDbConfig, SlotRocksDb, StateCodec,
+    StateKey,
+};
+
+/// Which backend a fixture builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Heap,
+    RocksDb,
+}
+
+/// A clock, and for RocksDB a slot database in a temporary directory.
+pub struct Fixture {
+    pub kind: Kind,
+    pub clock: ManualClock,
+    pub slot: Option<Arc<SlotRocksDb>>,
+    pub dir: Option<TempDir>,
+}
+
+impl Fixture {
+    pub fn heap() -> Fixture {
+        Fixture {
+            kind: Kind::Heap,
+            clock: ManualClock::new(1_000_000),
+            slot: None,
+            dir: None,
+        }
+    }
+
+    pub fn rocksdb() -> Fixture {
+        let clock = ManualClock::new(1_000_000);
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let config = RocksDbConfig::new(dir.path().join("db"), 16 << 20, 8 << 20);
+        let slot = SlotRocksDb::open(config, Arc::new(clock.clone())).expect("open RocksDB");
+        Fixture {
+            kind: Kind::RocksDb,
+            clock,
+            slot: Some(slot),
+            dir: Some(dir),
+        }
+    }
+
+    /// A backend over all key groups of `max_parallelism`.
+    pub fn backend<K, N>(&self, max_parallelism: u32) -> LocalKeyedBackend<K, N>
+    where
+        K: StateKey + StateCodec,
+        N: StateKey + StateCodec,
+    {
+        self.backend_for(KeyedBackendConfig::single(max_parallelism), "op")
+    }
+
+    /// A backend for `config`; on RocksDB, for operator `operator`.
+    pub fn backend_for<K, N>(
+        &self,
+        config: KeyedBackendConfig,
+        operator: &str,
+    ) -> LocalKeyedBackend<K, N>
+    where
+        K: StateKey + StateCodec,
+        N: StateKey + StateCodec,
+    {
+        match &self.slot {
+            None => {
+                LocalKeyedBackend::heap(config, Arc::new(self.clock.clone())).expect("heap backend")
+            }
+            Some(slot) => LocalKeyedBackend::rocksdb(config, Arc::clone(slot), operator)
+                .expect("RocksDB backend"),
+        }
+    }
+}

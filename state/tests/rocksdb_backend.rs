@@ -1,0 +1,324 @@
+//! RocksDB-only behaviour: compaction-time TTL, native checkpoints, column families per
+//! operator, corrupt data and configuration errors.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::Fixture;
+use weir_state::{
+    split_key, KeyGroup, KeyedBackendConfig, ListStateDescriptor, LocalKeyedBackend, ManualClock,
+    MapStateDescriptor, RocksDbConfig, SlotRocksDb, StateErrorKind, StateTtlConfig,
+    ValueStateDescriptor,
+};
+
+fn raw_count(backend: &LocalKeyedBackend<u64>, state: &str) -> usize {
+    let slot = backend.rocksdb_slot().unwrap();
+    slot.raw_entries(&backend.column_family(state).unwrap(), backend.key_groups())
+        .unwrap()
+        .map(Result::unwrap)
+        .count()
+}
+
+#[test]
+fn compaction_drops_expired_entries() {
+    let f = Fixture::rocksdb();
+    let backend: LocalKeyedBackend<u64> = f.backend(128);
+    let ttl = StateTtlConfig::new(Duration::from_millis(100));
+    let value = backend
+        .value_state(&ValueStateDescriptor::<u64>::new("v").with_ttl(ttl))
+        .unwrap();
+    let list = backend
+        .list_state(&ListStateDescriptor::<u64>::new("l").with_ttl(ttl))
+        .unwrap();
+    let map = backend
+        .map_state(&MapStateDescriptor::<u64, u64>::new("m").with_ttl(ttl))
+        .unwrap();
+    let forever = backend
+        .value_state(&ValueStateDescriptor::<u64>::new("forever"))
+        .unwrap();
+    for key in 0..1000u64 {
+        backend.set_current_key(&key).unwrap();
+        value.update(key).unwrap();
+        list.add(key).unwrap();
+        map.put_all([(1, key), (2, key)]).unwrap();
+        forever.update(key).unwrap();
+    }
+    // Keys 0..10 get a list element that is still live later: their lists must survive.
+    f.clock.advance(Duration::from_millis(50));
+    for key in 0..10u64 {
+        backend.set_current_key(&key).unwrap();
+        list.add(key + 1).unwrap();
+    }
+    let slot = backend.rocksdb_slot().unwrap();
+    slot.compact_all().unwrap();
+    assert_eq!(raw_count(&backend, "v"), 1000, "nothing expired yet");
+    assert_eq!(raw_count(&backend, "m"), 2000);
+
+    f.clock.advance(Duration::from_millis(60));
+    slot.compact_all().unwrap();
+    assert_eq!(raw_count(&backend, "v"), 0);
+    assert_eq!(raw_count(&backend, "m"), 0);
+    assert_eq!(raw_count(&backend, "l"), 10, "partly live lists are kept");
+    assert_eq!(raw_count(&backend, "forever"), 1000);
+    backend.set_current_key(&3).unwrap();
+    assert_eq!(
+        list.get().unwrap(),
+        [4],
+        "the expired element is dropped on read"
+    );
+    assert_eq!(forever.value().unwrap(), Some(3));
+}
+
+#[test]
+fn checkpoint_opens_and_holds_the_data() {
+    let f = Fixture::rocksdb();
+    let backend: LocalKeyedBackend<u64> = f.backend(128);
+    let value = backend
+        .value_state(&ValueStateDescriptor::<String>::new("v"))
+        .unwrap();
+    let list = backend
+        .list_state(&ListStateDescriptor::<u64>::new("l"))
+        .unwrap();
+    let map = backend
+        .map_state(&MapStateDescriptor::<u64, u64>::new("m"))
+        .unwrap();
+    for key in 0..500u64 {
+        backend.set_current_key(&key).unwrap();
+        value.update(format!("v{key}")).unwrap();
+        list.add_all([key, key + 1]).unwrap();
+        list.add(key + 2).unwrap();
+        map.put(key, key * 3).unwrap();
+    }
+    let checkpoint = f.dir.as_ref().unwrap().path().join("chk-1");
+    let slot = backend.rocksdb_slot().unwrap();
+    slot.create_checkpoint(&checkpoint).unwrap();
+    // Writes after the checkpoint do not reach it.
+    for key in 0..500u64 {
+        backend.set_current_key(&key).unwrap();
+        value.update("later".into()).unwrap();
+        list.add(99).unwrap();
+    }
+    // The checkpoint directory holds SST files (hard links) and opens as a database.
+    let files: Vec<String> = std::fs::read_dir(&checkpoint)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(files.iter().any(|name| name.ends_with(".sst")), "{files:?}");
+    assert!(
+        files.iter().any(|name| name.starts_with("MANIFEST")),
+        "{files:?}"
+    );
+
+    let restored_slot = SlotRocksDb::open(
+        RocksDbConfig::new(&checkpoint, 8 << 20, 4 << 20),
+        Arc::new(ManualClock::new(0)),
+    )
+    .unwrap();
+    let restored: LocalKeyedBackend<u64> =
+        LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(128), restored_slot, "op").unwrap();
+    let value = restored
+        .value_state(&ValueStateDescriptor::<String>::new("v"))
+        .unwrap();
+    let list = restored
+        .list_state(&ListStateDescriptor::<u64>::new("l"))
+        .unwrap();
+    let map = restored
+        .map_state(&MapStateDescriptor::<u64, u64>::new("m"))
+        .unwrap();
+    for key in 0..500u64 {
+        restored.set_current_key(&key).unwrap();
+        assert_eq!(value.value().unwrap(), Some(format!("v{key}")));
+        assert_eq!(list.get().unwrap(), [key, key + 1, key + 2]);
+        assert_eq!(map.get(&key).unwrap(), Some(key * 3));
+    }
+    // The restored database takes list appends (its merge operator came back with it).
+    restored.set_current_key(&0).unwrap();
+    list.add(5).unwrap();
+    assert_eq!(list.get().unwrap(), [0, 1, 2, 5]);
+}
+
+#[test]
+fn operators_sharing_a_slot_are_isolated() {
+    let f = Fixture::rocksdb();
+    let a: LocalKeyedBackend<u64> = f.backend_for(KeyedBackendConfig::single(128), "a");
+    let b: LocalKeyedBackend<u64> = f.backend_for(KeyedBackendConfig::single(128), "b");
+    let va = a
+        .value_state(&ValueStateDescriptor::<u64>::new("s"))
+        .unwrap();
+    let vb = b.list_state(&ListStateDescriptor::<u64>::new("s")).unwrap();
+    a.set_current_key(&1).unwrap();
+    b.set_current_key(&1).unwrap();
+    va.update(10).unwrap();
+    vb.add(20).unwrap();
+    assert_eq!(va.value().unwrap(), Some(10));
+    assert_eq!(vb.get().unwrap(), [20]);
+    a.delete_key_groups(a.key_groups()).unwrap();
+    assert_eq!(va.value().unwrap(), None);
+    assert_eq!(vb.get().unwrap(), [20]);
+    let names = f.slot.as_ref().unwrap().column_families().unwrap();
+    assert!(names.contains(&"value:a:s".to_string()), "{names:?}");
+    assert!(names.contains(&"list:b:s".to_string()), "{names:?}");
+}
+
+#[test]
+fn key_group_deletion_reaches_states_not_registered_in_this_run() {
+    let f = Fixture::rocksdb();
+    let before: LocalKeyedBackend<u64> = f.backend(128);
+    let old = before
+        .value_state(&ValueStateDescriptor::<u64>::new("old"))
+        .unwrap();
+    for key in 0..100u64 {
+        before.set_current_key(&key).unwrap();
+        old.update(key).unwrap();
+    }
+    let column_family = before.column_family("old").unwrap();
+    drop((old, before));
+    // After a restart only "new" is registered; the key groups still go away entirely.
+    let after: LocalKeyedBackend<u64> = f.backend(128);
+    after
+        .value_state(&ValueStateDescriptor::<u64>::new("new"))
+        .unwrap();
+    let slot = after.rocksdb_slot().unwrap();
+    let everything = after.key_groups();
+    assert_eq!(
+        slot.raw_entries(&column_family, everything)
+            .unwrap()
+            .count(),
+        100
+    );
+    after.delete_key_groups(everything).unwrap();
+    assert_eq!(
+        slot.raw_entries(&column_family, everything)
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn raw_entries_follow_the_key_layout() {
+    let f = Fixture::rocksdb();
+    let backend: LocalKeyedBackend<u64> = f.backend(128);
+    let map = backend
+        .map_state(&MapStateDescriptor::<u64, u64>::new("m"))
+        .unwrap();
+    for key in 0..50u64 {
+        backend.set_current_key(&key).unwrap();
+        map.put(key + 1, key).unwrap();
+    }
+    let slot = backend.rocksdb_slot().unwrap();
+    let range = weir_state::KeyGroupRange { start: 10, end: 40 };
+    let mut groups = BTreeMap::new();
+    for entry in slot
+        .raw_entries(&backend.column_family("m").unwrap(), range)
+        .unwrap()
+    {
+        let (key, _value) = entry.unwrap();
+        let parts = split_key(&key).unwrap();
+        assert!(range.contains(parts.key_group));
+        let decoded = <u64 as weir_state::StateCodec>::decode(parts.key).unwrap();
+        assert_eq!(KeyGroup::of(&decoded, 128), parts.key_group);
+        assert_eq!(
+            <u64 as weir_state::StateCodec>::decode(parts.user_key).unwrap(),
+            decoded + 1
+        );
+        assert!(parts.namespace.is_none());
+        groups.insert(decoded, parts.key_group);
+    }
+    let expected = (0..50u64)
+        .filter(|key| range.contains(KeyGroup::of(key, 128)))
+        .count();
+    assert_eq!(groups.len(), expected);
+}
+
+#[test]
+fn a_changed_type_is_reported_as_corrupt() {
+    let f = Fixture::rocksdb();
+    let first: LocalKeyedBackend<u64> = f.backend(128);
+    let small = first
+        .value_state(&ValueStateDescriptor::<u8>::new("x"))
+        .unwrap();
+    first.set_current_key(&1).unwrap();
+    small.update(7).unwrap();
+    drop((small, first));
+    let second: LocalKeyedBackend<u64> = f.backend(128);
+    let wide = second
+        .value_state(&ValueStateDescriptor::<u64>::new("x"))
+        .unwrap();
+    second.set_current_key(&1).unwrap();
+    let err = wide.value().unwrap_err();
+    assert!(
+        matches!(err.kind(), StateErrorKind::Corrupt { .. }),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(text.contains("'x'"), "{text}");
+    assert!(text.contains("u64"), "{text}");
+    assert!(
+        text.contains("restore from an earlier checkpoint"),
+        "{text}"
+    );
+}
+
+#[test]
+fn bad_settings_are_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(0));
+    let err = SlotRocksDb::open(
+        RocksDbConfig::new(dir.path(), 1 << 20, 1 << 19),
+        clock.clone(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("block cache") && err.contains("at least 4 MiB"),
+        "{err}"
+    );
+    let err = SlotRocksDb::open(
+        RocksDbConfig::new(dir.path(), 8 << 20, 16 << 20),
+        clock.clone(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("write buffer") && err.contains("charged to the cache"),
+        "{err}"
+    );
+    let slot = SlotRocksDb::open(
+        RocksDbConfig::from_managed_memory(dir.path(), 64 << 20),
+        clock,
+    )
+    .unwrap();
+    assert_eq!(slot.config().write_buffer_bytes, 32 << 20);
+    let err = LocalKeyedBackend::<u64>::rocksdb(
+        KeyedBackendConfig::single(128),
+        Arc::clone(&slot),
+        "a:b",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("without ':'"), "{err}");
+    let err = LocalKeyedBackend::<u64>::rocksdb(KeyedBackendConfig::single(1 << 16), slot, "a")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("pipeline.max-parallelism = 65536"), "{err}");
+    let usage = SlotRocksDb::open(
+        RocksDbConfig::new(dir.path().join("other"), 8 << 20, 4 << 20),
+        Arc::new(ManualClock::new(0)),
+    )
+    .unwrap()
+    .memory_usage();
+    assert_eq!(usage.block_cache_capacity, 8 << 20);
+    assert_eq!(usage.write_buffer_limit, 4 << 20);
+}
+
+#[test]
+fn the_slot_database_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    // The engine may create checkpoints or compact from a blocking thread.
+    assert_send_sync::<SlotRocksDb>();
+    assert_send_sync::<RocksDbConfig>();
+}
