@@ -70,3 +70,23 @@ fn side_outputs_of_a_source_are_refused() {
     let err = env.execute("bad").expect_err("refused");
     assert!(err.to_string().contains("side outputs come from"), "{err}");
 }
+
+#[test]
+fn a_side_output_of_an_operator_that_emits_none_is_an_empty_stream_that_ends() {
+    for rebalance in [false, true] {
+        let env = common::env();
+        let tag = OutputTag::<u64>::new("nothing");
+        let kept = env
+            .from_sequence(0, 100)
+            .filter(|n: &u64| n.is_multiple_of(2));
+        let side = kept.get_side_output(&tag);
+        let side = if rebalance { side.rebalance() } else { side };
+        let (sink, out) = CollectSink::new();
+        let (main_sink, main) = CollectSink::new();
+        side.sink_to(sink, "side");
+        kept.sink_to(main_sink, "main");
+        env.execute("empty side").expect("the job ends");
+        assert_eq!(out.len(), 0);
+        assert_eq!(main.len(), 50);
+    }
+}

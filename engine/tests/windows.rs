@@ -180,6 +180,32 @@ fn allowed_lateness_fires_again_for_late_records_then_drops_later_ones() {
 }
 
 #[test]
+fn a_late_record_of_a_new_key_fires_its_window_once() {
+    let input = &[
+        ("a", 1_000),
+        ("a", 16_000), // watermark 10 999: [0, 10 000) fires for "a"
+        ("b", 3_000),  // within 2 s of lateness: "b"'s first record fires [0, 10 000) once
+        ("a", 17_500), // watermark 12 499: a timer would fire "b" again here
+        ("a", 30_000),
+    ];
+    let (out, _, _) = run(input, 5_000, |s, _| {
+        s.key_by(|e: &Event| e.0.clone())
+            .window(TumblingEventTimeWindows::of(Duration::from_secs(10)))
+            .allowed_lateness(Duration::from_secs(2))
+            .aggregate_with(Count, label)
+    });
+    common::assert_same_multiset(
+        &out,
+        &[
+            ("a".into(), 0, 10_000, 1),
+            ("b".into(), 0, 10_000, 1),
+            ("a".into(), 10_000, 20_000, 2),
+            ("a".into(), 30_000, 40_000, 1),
+        ],
+    );
+}
+
+#[test]
 fn sliding_windows_hold_each_record_in_every_window_it_falls_in() {
     let input = &[("a", 1_000), ("a", 6_000), ("a", 12_000), ("b", 14_000)];
     let (out, _, _) = run(input, 0, |s, _| {
@@ -311,6 +337,7 @@ fn count_windows_fire_every_n_records_of_a_key() {
     let env = common::env();
     let (sink, out) = CollectSink::new();
     env.from_collection((1..=7u64).map(|i| (i % 2, i)).collect::<Vec<_>>())
+        .parallelism(1) // one reader: each key's records arrive in order
         .key_by(|e: &(u64, u64)| e.0)
         .count_window(2)
         .reduce(|a, b| (a.0, a.1 + b.1))

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{scope, Batch, LocalBoxFuture, Output};
+use super::{scope, Batch, LocalBoxFuture, Output, SideOutputs};
 use crate::error::TaskResult;
 use crate::metrics::OperatorMetrics;
 use crate::record::Watermark;
@@ -11,6 +11,9 @@ use crate::record::Watermark;
 pub(crate) struct FilterLink<T, F> {
     predicate: F,
     next: Box<dyn Output<T>>,
+    /// Side outputs someone read from this filter: they get no records (a filter emits none
+    /// there), but event time, flushes and the end of input, so their consumers run and end.
+    side: SideOutputs,
     metrics: Arc<OperatorMetrics>,
 }
 
@@ -18,11 +21,13 @@ impl<T, F> FilterLink<T, F> {
     pub(crate) fn new(
         predicate: F,
         next: Box<dyn Output<T>>,
+        side: SideOutputs,
         metrics: Arc<OperatorMetrics>,
     ) -> Self {
         FilterLink {
             predicate,
             next,
+            side,
             metrics,
         }
     }
@@ -90,27 +95,58 @@ impl<T: 'static, F: FnMut(&T) -> bool + 'static> Output<T> for FilterLink<T, F> 
     }
 
     fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
-        self.next.watermark(watermark)
+        Box::pin(async move {
+            for side in self.side.outputs() {
+                side.watermark(watermark).await?;
+            }
+            self.next.watermark(watermark).await
+        })
     }
 
     fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        self.next.watermark_status(idle)
+        Box::pin(async move {
+            for side in self.side.outputs() {
+                side.watermark_status(idle).await?;
+            }
+            self.next.watermark_status(idle).await
+        })
     }
 
     fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        self.next.processing_time(now)
+        Box::pin(async move {
+            for side in self.side.outputs() {
+                side.processing_time(now).await?;
+            }
+            self.next.processing_time(now).await
+        })
     }
 
     fn next_processing_time(&self) -> Option<i64> {
-        self.next.next_processing_time()
+        [
+            self.next.next_processing_time(),
+            self.side.next_processing_time(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        self.next.flush()
+        Box::pin(async move {
+            for side in self.side.outputs() {
+                side.flush().await?;
+            }
+            self.next.flush().await
+        })
     }
 
     fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        self.next.finish()
+        Box::pin(async move {
+            for side in self.side.outputs() {
+                side.finish().await?;
+            }
+            self.next.finish().await
+        })
     }
 }
 

@@ -138,9 +138,14 @@ where
         _settings: &TaskSettings,
         metrics: Arc<OperatorMetrics>,
         next: AnyOutput,
-        _side: SideOutputs,
+        side: SideOutputs,
     ) -> AnyOutput {
-        let link = FilterLink::new(self.predicate.clone(), downcast_output::<T>(next), metrics);
+        let link = FilterLink::new(
+            self.predicate.clone(),
+            downcast_output::<T>(next),
+            side,
+            metrics,
+        );
         erase_output::<T>(Box::new(link))
     }
 }

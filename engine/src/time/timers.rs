@@ -35,12 +35,14 @@ impl<T> Default for TimerQueue<T> {
 impl<T: Hash + Eq + Clone> TimerQueue<T> {
     /// Registers a timer; a second registration of the same (payload, time) is a no-op.
     pub(crate) fn register(&mut self, payload: &T, time: i64) {
-        if self.index.contains_key(&(payload.clone(), time)) {
+        let std::collections::hash_map::Entry::Vacant(slot) =
+            self.index.entry((payload.clone(), time))
+        else {
             return;
-        }
+        };
         let number = self.registered;
         self.registered += 1;
-        self.index.insert((payload.clone(), time), number);
+        slot.insert(number);
         self.by_time.insert((time, number), payload.clone());
     }
 

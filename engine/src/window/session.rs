@@ -72,11 +72,14 @@ where
             && window.max_timestamp().saturating_add(lateness) <= self.watermark.0
     }
 
-    /// The session of `key` that ends at `end`, if it still exists.
-    fn session_ending_at(&self, key: &K, end: i64) -> Option<i64> {
+    /// The session of `key` whose timers at `time` (its `max_timestamp()`, or an earlier one
+    /// if it grew since the timer was set) belong to it: (start, end).
+    fn session_at(&self, key: &K, time: i64) -> Option<(i64, i64)> {
         let sessions = self.keys.get(key)?;
-        let (&start, &(session_end, _)) = sessions.range(..end).next_back()?;
-        (session_end == end).then_some(start)
+        // `..=time + 1`: a session may be empty at the very end of time (`[MAX, MAX)`);
+        // sessions never touch, so no other one starts right after `time`.
+        let (&start, &(end, _)) = sessions.range(..=time.saturating_add(1)).next_back()?;
+        (end.saturating_sub(1) >= time).then_some((start, end))
     }
 
     fn remove_session(&mut self, key: &K, start: i64) {
@@ -97,19 +100,33 @@ where
             .fire(key, &window, &[acc], window.max_timestamp(), &mut out.main);
     }
 
+    /// Fires the sessions whose end the watermark (or clock) passed. Timers are set lazily:
+    /// a session that grew after its timer was set gets a new timer when the old one comes
+    /// due, instead of one per record.
     fn advance(&mut self, limit: i64, out: &mut Emitter<O>) {
         while let Some((time, key)) = self.fire_timers.pop_due(limit) {
-            if let Some(start) = self.session_ending_at(&key, time + 1) {
-                self.fire(&key, start, out);
-                if self.allowed_lateness == 0 {
-                    self.remove_session(&key, start);
+            match self.session_at(&key, time) {
+                Some((_, end)) if end - 1 > time => self.fire_timers.register(&key, end - 1),
+                Some((start, _)) => {
+                    self.fire(&key, start, out);
+                    if self.allowed_lateness == 0 {
+                        self.remove_session(&key, start);
+                    } else {
+                        self.cleanup_timers
+                            .register(&key, time.saturating_add(self.allowed_lateness));
+                    }
                 }
+                None => {}
             }
         }
         while let Some((time, key)) = self.cleanup_timers.pop_due(limit) {
-            let end = time - self.allowed_lateness + 1;
-            if let Some(start) = self.session_ending_at(&key, end) {
-                self.remove_session(&key, start);
+            let fired_at = time - self.allowed_lateness;
+            match self.session_at(&key, fired_at) {
+                Some((_, end)) if end - 1 > fired_at => self
+                    .cleanup_timers
+                    .register(&key, (end - 1).saturating_add(self.allowed_lateness)),
+                Some((start, _)) => self.remove_session(&key, start),
+                None => {}
             }
         }
     }
@@ -153,6 +170,20 @@ where
             self.late.handle(record, timestamp, out);
             return;
         }
+        if let [start] = overlapping[..] {
+            if start == merged.start {
+                // The common case: the record extends one session at its end. Update it in
+                // place; its timer catches up when it comes due (see `advance`).
+                let sessions = self.keys.get_mut(&key).expect("found above");
+                let (end, acc) = sessions.get_mut(&start).expect("found above");
+                *end = merged.end;
+                self.logic.add(acc, record);
+                if self.is_past(&merged, 0) {
+                    self.fire(&key, start, out);
+                }
+                return;
+            }
+        }
         let mut acc = self.logic.create();
         let sessions = self.keys.entry(key.clone()).or_default();
         for start in overlapping.iter().rev() {
@@ -168,14 +199,13 @@ where
         sessions.insert(merged.start, (merged.end, acc));
         let max = merged.max_timestamp();
         if self.is_past(&merged, 0) {
-            // Late, but within the allowed lateness: fire again at once.
+            // Late, but within the allowed lateness: fire again at once, and keep the
+            // session until its lateness has passed.
             self.fire(&key, merged.start, out);
-        } else {
-            self.fire_timers.register(&key, max);
-        }
-        if self.allowed_lateness > 0 {
             self.cleanup_timers
                 .register(&key, max.saturating_add(self.allowed_lateness));
+        } else {
+            self.fire_timers.register(&key, max);
         }
     }
 

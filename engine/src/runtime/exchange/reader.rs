@@ -100,6 +100,16 @@ impl InputGate {
             out.push(GateEvent::Watermark(min));
         }
         if idle && !self.idle_output {
+            // The last active channel went idle: event time may go as far as the most
+            // advanced channel has seen (Flink's StatusWatermarkValve does the same).
+            let highest = (0..self.watermarks.len())
+                .filter(|&c| !self.ended[c])
+                .map(|c| self.watermarks[c])
+                .max();
+            if let Some(highest) = highest.filter(|h| *h > self.current) {
+                self.current = highest;
+                out.push(GateEvent::Watermark(highest));
+            }
             self.idle_output = true;
             out.push(GateEvent::Status { idle: true });
         }
@@ -222,6 +232,28 @@ mod tests {
             vec![
                 GateEvent::Status { idle: false },
                 GateEvent::Watermark(Watermark(7))
+            ]
+        );
+    }
+
+    #[test]
+    fn when_the_last_active_channel_goes_idle_time_advances_to_the_highest_watermark() {
+        let mut g = gate(2);
+        wm(&mut g, 0, 19_999);
+        assert_eq!(
+            wm(&mut g, 1, 9_999),
+            vec![GateEvent::Watermark(Watermark(9_999))]
+        );
+        assert_eq!(
+            status(&mut g, 0, true),
+            vec![],
+            "channel 1 is still active and holds time at 9 999"
+        );
+        assert_eq!(
+            status(&mut g, 1, true),
+            vec![
+                GateEvent::Watermark(Watermark(19_999)),
+                GateEvent::Status { idle: true }
             ]
         );
     }
