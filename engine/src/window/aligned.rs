@@ -6,8 +6,9 @@
 //! window with an incremental function costs one accumulator update per record, not one per
 //! overlapping window; firing merges `size / pane` accumulators per key and window.
 //!
-//! Per key the live panes sit in a deque ordered by start (appends are at the back in the
-//! common, in-order case). One timer per (key, window) fires the window at its
+//! Per key the live panes sit in a `PaneList` ordered by start: inline in the key's map entry
+//! while there is one (tumbling windows, in-order input: no pointer to chase per record), in a
+//! deque when there are more (appends at the back in the common, in-order case). One timer per (key, window) fires the window at its
 //! `max_timestamp()`; with allowed lateness a second timer at `max_timestamp() + lateness`
 //! drops the panes no later window needs.
 
@@ -75,6 +76,66 @@ impl Geometry {
     }
 }
 
+/// A key's live panes, ordered by start: inline while there is one, else in a deque.
+pub(crate) struct PaneList<A> {
+    single: Option<(i64, A)>,
+    many: VecDeque<(i64, A)>,
+}
+
+impl<A> Default for PaneList<A> {
+    fn default() -> Self {
+        PaneList {
+            single: None,
+            many: VecDeque::new(),
+        }
+    }
+}
+
+impl<A> PaneList<A> {
+    /// The accumulator of the pane at `start`, created with `make` if there is none yet
+    /// (`true`: created).
+    #[inline]
+    fn get_mut_or_insert_with(&mut self, start: i64, make: impl FnOnce() -> A) -> (&mut A, bool) {
+        if self.many.is_empty() {
+            match self.single.as_ref().map(|(s, _)| *s == start) {
+                None => {
+                    let (_, acc) = self.single.insert((start, make()));
+                    return (acc, true);
+                }
+                Some(true) => return (&mut self.single.as_mut().expect("checked").1, false),
+                Some(false) => {
+                    let moved = self.single.take().expect("checked");
+                    self.many.push_back(moved);
+                }
+            }
+        }
+        let at = match self.many.iter().rposition(|(s, _)| *s <= start) {
+            Some(i) if self.many[i].0 == start => return (&mut self.many[i].1, false),
+            found => found.map_or(0, |i| i + 1),
+        };
+        self.many.insert(at, (start, make()));
+        (&mut self.many[at].1, true)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(i64, A)> {
+        self.single.iter().chain(self.many.iter())
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&(i64, A)) -> bool) {
+        if self.single.as_ref().is_some_and(|pane| !keep(pane)) {
+            self.single = None;
+        }
+        self.many.retain(|pane| keep(pane));
+        if self.many.len() == 1 {
+            self.single = self.many.pop_front();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.single.is_none() && self.many.is_empty()
+    }
+}
+
 /// Tumbling/sliding window operator over keys `K` with window function `L`.
 pub(crate) struct AlignedWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> {
     key_selector: KS,
@@ -84,7 +145,7 @@ pub(crate) struct AlignedWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     allowed_lateness: i64,
     late: LateData<T>,
     operator: Arc<str>,
-    keys: HashMap<K, VecDeque<(i64, L::Acc)>>,
+    keys: HashMap<K, PaneList<L::Acc>>,
     /// Window firings, at each window's `max_timestamp()`.
     fire_timers: TimerQueue<K>,
     /// Pane clean-ups at `max_timestamp() + lateness` (only with allowed lateness).
@@ -229,34 +290,33 @@ where
             return;
         }
         let key = (self.key_selector)(&record);
-        let panes = self.keys.entry(key.clone()).or_default();
-        let index = match panes.iter().rposition(|(start, _)| *start <= pane_start) {
-            Some(i) if panes[i].0 == pane_start => i,
-            found => {
-                let at = found.map_or(0, |i| i + 1);
-                panes.insert(at, (pane_start, self.logic.create()));
-                // A new pane: make sure every window holding it will fire (and be cleaned up).
-                for window in geometry.windows_of_pane(pane_start) {
-                    let max = window.max_timestamp();
-                    if self.domain == TimeDomain::EventTime
-                        && max.saturating_add(self.allowed_lateness) <= self.watermark.0
-                    {
-                        continue;
-                    }
-                    // A window the watermark has passed (within its lateness) fires below,
-                    // at once; a timer would fire it a second time.
-                    if self.domain == TimeDomain::ProcessingTime || max > self.watermark.0 {
-                        self.fire_timers.register(&key, max);
-                    }
-                    if self.allowed_lateness > 0 {
-                        self.cleanup_timers
-                            .register(&key, max.saturating_add(self.allowed_lateness));
-                    }
+        let logic = &mut self.logic;
+        let (acc, created) = self
+            .keys
+            .entry(key.clone())
+            .or_default()
+            .get_mut_or_insert_with(pane_start, || logic.create());
+        logic.add(acc, record);
+        if created {
+            // A new pane: make sure every window holding it will fire (and be cleaned up).
+            for window in geometry.windows_of_pane(pane_start) {
+                let max = window.max_timestamp();
+                if self.domain == TimeDomain::EventTime
+                    && max.saturating_add(self.allowed_lateness) <= self.watermark.0
+                {
+                    continue;
                 }
-                at
+                // A window the watermark has passed (within its lateness) fires below, at
+                // once; a timer would fire it a second time.
+                if self.domain == TimeDomain::ProcessingTime || max > self.watermark.0 {
+                    self.fire_timers.register(&key, max);
+                }
+                if self.allowed_lateness > 0 {
+                    self.cleanup_timers
+                        .register(&key, max.saturating_add(self.allowed_lateness));
+                }
             }
-        };
-        self.logic.add(&mut panes[index].1, record);
+        }
         // A record for windows the watermark has already passed (but within the allowed
         // lateness) fires them again at once, with the record included.
         // Windows come latest first: skip those still open, stop at the first expired one.
@@ -305,6 +365,28 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pane_lists_stay_ordered_inline_or_not() {
+        let mut list = PaneList::default();
+        for start in [20, 10, 30, 20, 0] {
+            let (acc, _) = list.get_mut_or_insert_with(start, || 0u32);
+            *acc += 1;
+        }
+        let panes: Vec<(i64, u32)> = list.iter().copied().collect();
+        assert_eq!(panes, vec![(0, 1), (10, 1), (20, 2), (30, 1)]);
+        list.retain(|(start, _)| *start >= 30);
+        assert!(
+            list.single.is_some() && list.many.is_empty(),
+            "one pane goes inline"
+        );
+        assert!(
+            !list.get_mut_or_insert_with(30, || 9).1,
+            "found, not created"
+        );
+        list.retain(|_| false);
+        assert!(list.is_empty());
+    }
 
     #[test]
     fn panes_of_a_sliding_window() {
