@@ -315,6 +315,28 @@ fn session_windows_merge_when_a_record_bridges_them() {
 }
 
 #[test]
+fn a_session_that_grows_after_firing_within_its_lateness_fires_again_at_its_new_end() {
+    let input = &[
+        ("a", 0),
+        ("b", 1_500), // watermark 1 499: "a"'s session [0, 1 000) fires (1), kept for lateness
+        ("a", 900),   // not late: "a" grows to [0, 1 900), which has not ended yet
+        ("b", 2_500), // watermark 2 499: [0, 1 900) fires again (2)
+        ("b", 9_000),
+    ];
+    let (out, _, _) = run(input, 0, |s, _| {
+        s.key_by(|e: &Event| e.0.clone())
+            .window(EventTimeSessionWindows::with_gap(Duration::from_secs(1)))
+            .allowed_lateness(Duration::from_secs(5))
+            .aggregate_with(Count, label)
+    });
+    let of_a: Vec<Counted> = out.iter().filter(|c| c.0 == "a").cloned().collect();
+    assert_eq!(
+        of_a,
+        vec![("a".into(), 0, 1_000, 1), ("a".into(), 0, 1_900, 2)]
+    );
+}
+
+#[test]
 fn dynamic_gap_sessions_use_each_records_gap() {
     // The gap is the record's own timestamp digit: "a" at 1 000 (gap 1 s) and 2 500 (gap
     // 2.5 s) do not touch: [1 000, 2 000) and [2 500, 5 000).

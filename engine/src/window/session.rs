@@ -176,10 +176,15 @@ where
                 // place; its timer catches up when it comes due (see `advance`).
                 let sessions = self.keys.get_mut(&key).expect("found above");
                 let (end, acc) = sessions.get_mut(&start).expect("found above");
+                let fired_before = end.saturating_sub(1) <= self.watermark.0;
                 *end = merged.end;
                 self.logic.add(acc, record);
                 if self.is_past(&merged, 0) {
                     self.fire(&key, start, out);
+                } else if fired_before && self.domain == TimeDomain::EventTime {
+                    // It fired already (kept for its lateness) and its timer is spent: it
+                    // needs one for its new end.
+                    self.fire_timers.register(&key, merged.max_timestamp());
                 }
                 return;
             }
