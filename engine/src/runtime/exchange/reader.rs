@@ -123,9 +123,14 @@ impl InputGate {
         watermark: Watermark,
         out: &mut Vec<GateEvent>,
     ) {
-        self.idle[channel] = false;
         if watermark > self.watermarks[channel] {
             self.watermarks[channel] = watermark;
+        }
+        if self.idle[channel] {
+            // A watermark from an idle channel makes it active again (its sender sends an
+            // active status first; the final watermark of an ending input may not).
+            self.idle[channel] = false;
+            self.aligned[channel] = self.watermarks[channel] >= self.current;
         }
         self.advance(out);
     }
