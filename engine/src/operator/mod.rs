@@ -34,6 +34,11 @@ use crate::record::Watermark;
 
 pub(crate) use futures::future::LocalBoxFuture;
 
+/// The future of an `Output` call that has nothing to do (an end of a chain that ignores it).
+pub(crate) fn nothing_to_do<'a>() -> LocalBoxFuture<'a, TaskResult> {
+    Box::pin(std::future::ready(Ok(())))
+}
+
 /// What a subtask knows about itself; handed to user functions that ask for it.
 #[derive(Clone, Debug)]
 pub struct RuntimeContext {

@@ -12,7 +12,7 @@ use super::exchange::reader::{GateEvent, InputGate};
 use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SplitEnumerator};
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
-use crate::operator::{scope, Batch, Output};
+use crate::operator::{nothing_to_do, scope, Batch, Output};
 use crate::record::{Record, Watermark};
 use crate::time::now_ms;
 use crate::time::watermark::{SplitWatermarkTracker, WatermarkUpdate};
@@ -371,15 +371,15 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
     }
 
     fn watermark(&mut self, _watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn watermark_status(&mut self, _idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn next_processing_time(&self) -> Option<i64> {
@@ -389,7 +389,7 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
     /// The buffer timeout bounds how long records wait in network segments (as in Flink), not
     /// in a sink's own buffers: a sink writes out what it buffered when its input ends.
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
@@ -407,19 +407,19 @@ pub(crate) struct DiscardOutput;
 impl<T: 'static> Output<T> for DiscardOutput {
     fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult> {
         batch.clear();
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn watermark(&mut self, _watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn watermark_status(&mut self, _idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn next_processing_time(&self) -> Option<i64> {
@@ -427,10 +427,10 @@ impl<T: 'static> Output<T> for DiscardOutput {
     }
 
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 }

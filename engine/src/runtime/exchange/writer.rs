@@ -20,7 +20,7 @@ use super::partitioner::Partitioner;
 use crate::error::{TaskError, TaskResult};
 use crate::graph::WriterParts;
 use crate::metrics::OperatorMetrics;
-use crate::operator::{Batch, Output};
+use crate::operator::{nothing_to_do, Batch, Output};
 use crate::record::{Record, Watermark};
 
 struct Channel {
@@ -227,7 +227,7 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
 
     /// Timers live in operators; an exchange writer ends its chain.
     fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async { Ok(()) })
+        nothing_to_do()
     }
 
     fn next_processing_time(&self) -> Option<i64> {
