@@ -1,6 +1,9 @@
 //! Why a benchmark could not run.
 
+use std::path::PathBuf;
+
 use weir_engine::JobError;
+use weir_state::StateError;
 
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]
@@ -8,6 +11,9 @@ pub enum BenchError {
     /// A run asked for no records, so there is no rate to report.
     #[error("--records must be at least 1 (got 0)")]
     NoRecords,
+    /// A state benchmark asked for no operations.
+    #[error("--ops must be at least 1 (got 0)")]
+    NoOps,
     /// More shards than this machine has cores (one shard per core).
     #[error(
         "--shards {shards} is more than the {cores} core(s) this process may run on (one shard \
@@ -31,12 +37,41 @@ pub enum BenchError {
         #[source]
         source: Box<JobError>,
     },
+    /// The keyed state backend under benchmark failed.
+    #[error("state benchmark on the {backend} backend failed: {source}")]
+    State {
+        /// The backend (`heap` or `rocksdb`).
+        backend: &'static str,
+        /// The backend's error.
+        #[source]
+        source: Box<StateError>,
+    },
+    /// No temporary directory for the benchmark's RocksDB database.
+    #[error(
+        "could not create a temporary directory for RocksDB in {}: {source}; set TMPDIR to a \
+         writable directory",
+        dir.display()
+    )]
+    TempDir {
+        /// Where it was to be created.
+        dir: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl BenchError {
     pub(crate) fn job(job: &'static str) -> impl FnOnce(JobError) -> BenchError {
         move |source| BenchError::Job {
             job,
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn state(backend: &'static str) -> impl FnOnce(StateError) -> BenchError {
+        move |source| BenchError::State {
+            backend,
             source: Box::new(source),
         }
     }

@@ -8,10 +8,12 @@
 //!   hand-written two-thread hand-off of the same records.
 //! - [`window`]: keyed counts per tumbling, sliding or session window on one shard, against a
 //!   hand-written loop keeping the same counts in hash maps.
+//! - [`state`]: `ValueState` get + update per key on one shard, heap or RocksDB backend, against
+//!   a plain `HashMap` loop.
 //! - [`record`]: the 64-byte record both use, and the map and filter functions they share.
 //!
-//! Every report derives `serde::Serialize`; the `weir bench chain|exchange --json` commands print
-//! one as a JSON object. The criterion micro-benchmarks live in `benches/pipeline.rs`.
+//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state --json`
+//! commands print one as a JSON object. The criterion micro-benchmarks live in `benches/pipeline.rs`.
 #![warn(missing_docs)]
 
 pub mod chain;
@@ -19,6 +21,7 @@ mod error;
 pub mod exchange;
 mod measure;
 pub mod record;
+pub mod state;
 pub mod window;
 
 pub use error::BenchError;

@@ -1,6 +1,8 @@
 //! The window benchmark: a keyed count per window — tumbling (10 s), sliding (10 s every 2 s)
 //! or session (1 s gap) — on one shard, against a hand-written single-threaded loop over the
-//! same records that keeps the same counts in hash maps.
+//! same records that keeps the same counts in hash maps — hashed with the same fast hasher as
+//! the engine's window operators (`weir_state::StableHasher`), not std's SipHash: a hand-written
+//! loop would not pay for SipHash either.
 //!
 //! Records are `(key, timestamp)` pairs: keys spread by a Fibonacci hash, event time advancing
 //! 0.01 ms per record (100 000 records per second of event time, in order), watermarks
@@ -8,6 +10,7 @@
 //! output (key, window start, count) to an order-independent checksum, which must agree.
 
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::hint::black_box;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,8 +23,13 @@ use weir_engine::window::{
     TumblingEventTimeWindows,
 };
 
+use weir_state::StableHasher;
+
 use crate::error::BenchError;
 use crate::measure::{alternate, rate, Measurement, ROUNDS};
+
+/// The loop's maps: the window operators' hasher.
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<StableHasher>>;
 
 const JOB: &str = "bench-window";
 /// Records per millisecond of event time.
@@ -246,10 +254,10 @@ fn run_baseline(kind: WindowKind, records: u64, keys: u64) -> (Measurement, Chec
                 SLIDE_MS
             };
             // Per key: counts of the last `panes_per_window` panes, newest last.
-            let mut panes: HashMap<u64, Vec<(i64, u64)>> = HashMap::new();
+            let mut panes: FastMap<u64, Vec<(i64, u64)>> = FastMap::default();
             let mut pane_end = slide;
             let flush =
-                |panes: &mut HashMap<u64, Vec<(i64, u64)>>, end: i64, sum: &mut Checksum| {
+                |panes: &mut FastMap<u64, Vec<(i64, u64)>>, end: i64, sum: &mut Checksum| {
                     // Windows ending at `end`: sum each key's panes inside [end - size, end).
                     panes.retain(|key, list| {
                         let count: u64 = list
@@ -284,7 +292,7 @@ fn run_baseline(kind: WindowKind, records: u64, keys: u64) -> (Measurement, Chec
         }
         WindowKind::Session => {
             // Per key: (session start, last timestamp, count).
-            let mut sessions: HashMap<u64, (i64, i64, u64)> = HashMap::new();
+            let mut sessions: FastMap<u64, (i64, i64, u64)> = FastMap::default();
             for i in 0..records {
                 let (key, ts) = record(i, keys);
                 let session = sessions.entry(key).or_insert((ts, ts, 0));

@@ -148,6 +148,21 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// ValueState get + update per key on one shard, against a plain HashMap loop.
+    State {
+        /// heap or rocksdb (a fresh database in a temporary directory).
+        #[arg(long, default_value = "heap", value_parser = ["heap", "rocksdb"])]
+        backend: String,
+        /// Distinct keys.
+        #[arg(long, default_value_t = 10_000)]
+        keys: u64,
+        /// Operations: each reads one key's value and writes it back.
+        #[arg(long, default_value_t = 10_000_000)]
+        ops: u64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -239,13 +254,11 @@ fn run(cli: Cli) -> Result<()> {
 /// run on (every available core). A slot count this machine cannot run is still explained, so
 /// a bigger worker can be planned from here.
 fn memory_budget(config: &Configuration) -> Result<weir_memory::WorkerBudget> {
-    let memory = config.memory();
-    memory.validate()?;
     let slots = match config.slots() {
         Some(slots) => slots,
         None => StreamEnvironment::new(config.clone())?.slots(),
     };
-    Ok(memory.worker_budget(slots))
+    Ok(config.worker_budget(slots)?)
 }
 
 fn print_report<R: serde::Serialize + std::fmt::Debug>(report: &R, json: bool) -> Result<()> {
@@ -273,6 +286,15 @@ fn run_bench(bench: Bench) -> Result<()> {
         } => {
             let kind = kind.parse().map_err(anyhow::Error::msg)?;
             print_report(&weir_bench::window::run(kind, records, keys)?, json)
+        }
+        Bench::State {
+            backend,
+            keys,
+            ops,
+            json,
+        } => {
+            let backend = backend.parse().map_err(anyhow::Error::msg)?;
+            print_report(&weir_bench::state::run(backend, keys, ops)?, json)
         }
     }
 }

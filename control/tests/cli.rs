@@ -333,6 +333,38 @@ fn bench_commands_print_one_json_object() {
     }
     fails_naming(&["bench", "window", "--kind", "hopping"], "hopping");
 
+    for backend in ["heap", "rocksdb"] {
+        let json = bench_json(
+            &[
+                "bench",
+                "state",
+                "--backend",
+                backend,
+                "--keys",
+                "100",
+                "--ops",
+                "20000",
+                "--json",
+            ],
+            &[
+                "benchmark",
+                "backend",
+                "keys",
+                "ops",
+                "seconds",
+                "ops_per_second",
+                "baseline_ops_per_second",
+                "ratio",
+                "results_match",
+            ],
+        );
+        assert_eq!(json["backend"], backend, "{json}");
+        assert_eq!(json["ops"], 20000, "{json}");
+        assert_eq!(json["results_match"], true, "{json}");
+    }
+    fails_naming(&["bench", "state", "--backend", "memory"], "memory");
+    fails_naming(&["bench", "state", "--ops", "0"], "--ops");
+
     fails_naming(
         &[
             "bench",

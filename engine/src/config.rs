@@ -6,10 +6,11 @@
 //! Configuration is passed explicitly, never read from a global.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use weir_memory::MemoryConfig;
+use weir_memory::{MemoryConfig, RocksDbMemoryRatios, WorkerBudget};
+use weir_state::BackendType;
 
 /// A setting that cannot be used.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -70,6 +71,10 @@ pub enum OptionKind {
     Bool,
     /// A comma-separated list of CPU core ids, e.g. `0,1,2`.
     CoreList,
+    /// One of the listed words.
+    Choice(&'static [&'static str]),
+    /// A filesystem path (not empty).
+    Path,
 }
 
 /// One known configuration key.
@@ -130,6 +135,12 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Credits per exchange channel: segments a sender may have in flight to one receiver (rounded up to a power of two)."),
     option!("taskmanager.shard.spin-before-park", OptionKind::Duration, "1 ms",
         "How long an idle shard spins before it sleeps; shorter saves CPU, longer cuts wake-up latency."),
+    option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
+        "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or one RocksDB instance per slot ('rocksdb')."),
+    option!("state.backend.rocksdb.localdir", OptionKind::Path, "",
+        "Directory for the slots' RocksDB working files (a job's files are removed when it ends). Default: the system temp directory."),
+    option!("state.backend.rocksdb.memory.write-buffer-ratio", OptionKind::Fraction, "0.5",
+        "Share of a slot's managed memory RocksDB's memtables may take (charged to its block cache)."),
 ];
 
 fn option(key: &str) -> Option<&'static ConfigOption> {
@@ -195,6 +206,8 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
             .is_ok_and(|v| (0.0..=1.0).contains(&v)),
         OptionKind::Bool => matches!(value.trim(), "true" | "false"),
         OptionKind::CoreList => parse_core_list(value).is_some(),
+        OptionKind::Choice(words) => words.contains(&value.trim()),
+        OptionKind::Path => !value.trim().is_empty(),
     };
     if ok {
         return Ok(());
@@ -207,6 +220,8 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
         OptionKind::Fraction => "a fraction between 0 and 1, e.g. 0.1".into(),
         OptionKind::Bool => "true or false".into(),
         OptionKind::CoreList => "a comma-separated list of core ids, e.g. 0,1".into(),
+        OptionKind::Choice(words) => format!("one of {}", words.join(", ")),
+        OptionKind::Path => "a directory path".into(),
     };
     Err(ConfigError::InvalidValue {
         key: option.key.to_string(),
@@ -446,6 +461,38 @@ impl Configuration {
             network_max: self.size("taskmanager.memory.network.max"),
             segment_size: self.size("taskmanager.memory.segment-size") as usize,
         }
+    }
+
+    /// `state.backend.type`.
+    pub fn state_backend(&self) -> BackendType {
+        match self.raw("state.backend.type").map(str::trim) {
+            Some("rocksdb") => BackendType::RocksDb,
+            _ => BackendType::Heap,
+        }
+    }
+
+    /// `state.backend.rocksdb.localdir`, else the system temp directory.
+    pub fn rocksdb_local_dir(&self) -> PathBuf {
+        self.raw("state.backend.rocksdb.localdir")
+            .map(|dir| PathBuf::from(dir.trim()))
+            .unwrap_or_else(std::env::temp_dir)
+    }
+
+    /// How RocksDB divides a slot's managed memory (`state.backend.rocksdb.memory.*`).
+    pub fn rocksdb_memory_ratios(&self) -> RocksDbMemoryRatios {
+        RocksDbMemoryRatios {
+            write_buffer_ratio: self.fraction("state.backend.rocksdb.memory.write-buffer-ratio"),
+            ..RocksDbMemoryRatios::default()
+        }
+    }
+
+    /// The memory budget of a worker with `slots` slots under these settings.
+    pub fn worker_budget(&self, slots: usize) -> Result<WorkerBudget, ConfigError> {
+        let memory = self.memory();
+        memory.validate()?;
+        let ratios = self.rocksdb_memory_ratios();
+        ratios.validate()?;
+        Ok(memory.worker_budget_with(slots, ratios))
     }
 
     /// Every key with its effective value (set, default, or "derived").

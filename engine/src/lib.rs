@@ -24,6 +24,7 @@ pub mod metrics;
 mod operator;
 pub mod record;
 pub mod runtime;
+pub mod state;
 pub mod time;
 pub mod window;
 
@@ -34,6 +35,10 @@ pub use record::{Key, Record, Watermark, NO_TIMESTAMP};
 
 /// The names a job needs, in one import.
 pub mod prelude {
+    pub use crate::api::{
+        CoGroupFunction, CoProcessFunction, Either, FlatJoinFunction, JoinFunction,
+        KeyedCoProcessFunction, ProcessJoinContext, ProcessJoinFunction,
+    };
     pub use crate::api::{
         Collector, DataStream, DataStreamSink, JobResult, KeyedProcessContext,
         KeyedProcessFunction, KeyedStream, OutputTag, ProcessContext, ProcessFunction,
@@ -46,6 +51,11 @@ pub mod prelude {
     };
     pub use crate::error::JobError;
     pub use crate::record::{Key, Record};
+    pub use crate::state::{
+        AggregatingState, AggregatingStateDescriptor, ListState, ListStateDescriptor, MapState,
+        MapStateDescriptor, ReducingState, ReducingStateDescriptor, StateError, StateTtlConfig,
+        ValueState, ValueStateDescriptor,
+    };
     pub use crate::time::{TimeDomain, WatermarkStrategy};
     pub use crate::window::{
         AggregateFunction, EventTimeSessionWindows, GlobalWindows, ProcessWindowFunction,

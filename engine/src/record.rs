@@ -58,10 +58,13 @@ where
     }
 }
 
-/// A key of a keyed stream.
-pub trait Key: Hash + Eq + Clone + Debug + Send + 'static {}
+/// A key of a keyed stream: hashed to its key group (with the stable hash, see
+/// `weir_state::key_group`) and, on the RocksDB state backend, stored as rkyv bytes — so any
+/// type deriving rkyv's `Archive`, `Serialize` and `Deserialize` (with the default bytecheck)
+/// plus `Hash + Eq + Clone + Debug` is one: integers, `String`, tuples of them.
+pub trait Key: Hash + Eq + Clone + Debug + Send + weir_state::StateCodec + 'static {}
 
-impl<T: Hash + Eq + Clone + Debug + Send + 'static> Key for T {}
+impl<T: Hash + Eq + Clone + Debug + Send + weir_state::StateCodec + 'static> Key for T {}
 
 /// The timestamp of a record that has none (no `WatermarkStrategy` assigned one). User APIs
 /// show it as `None`.

@@ -106,17 +106,18 @@ pub struct ReducingStateDescriptor<T> {
     reduce: ReduceFn<T>,
 }
 
-/// An incremental aggregation (Flink's `AggregateFunction`): inputs are added to an
-/// accumulator, which yields the result.
+/// An incremental aggregation (Flink's `AggregateFunction`): inputs are folded into an
+/// accumulator as they arrive, which yields the result. The same trait serves
+/// [`AggregatingStateDescriptor`] and the engine's window `aggregate`.
 pub trait AggregateFunction<IN, ACC, OUT>: Send + Sync + 'static {
     /// A fresh, empty accumulator.
     fn create_accumulator(&self) -> ACC;
-    /// Adds `value` to `accumulator`.
+    /// Folds `value` into `accumulator`.
     fn add(&self, value: IN, accumulator: &mut ACC);
-    /// The result for `accumulator`.
+    /// The result of what was folded into `accumulator`.
     fn get_result(&self, accumulator: &ACC) -> OUT;
-    /// Combines two accumulators (used when windows merge).
-    fn merge(&self, a: ACC, b: ACC) -> ACC;
+    /// Folds `other` into `into` (the panes of a sliding window, merging sessions).
+    fn merge(&self, into: &mut ACC, other: &ACC);
 }
 
 /// Declares a [`crate::AggregatingState<IN, OUT>`] with accumulator type `ACC`.

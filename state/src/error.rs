@@ -27,6 +27,8 @@ impl StateError {
                 | StateErrorKind::KeyGroupOutOfRange { .. }
                 | StateErrorKind::UnknownState { .. }
                 | StateErrorKind::InvalidConfig { .. }
+                | StateErrorKind::IncompatibleRestore { .. }
+                | StateErrorKind::OperatorStateTtl { .. }
         )
     }
 }
@@ -151,6 +153,49 @@ pub enum StateErrorKind {
         action: &'static str,
         /// The OS error.
         source: std::io::Error,
+    },
+
+    /// A restored operator state was registered with another kind or redistribution mode than
+    /// the one it was checkpointed with.
+    #[error(
+        "state '{state}' was checkpointed as {restored}, but is now registered as {requested}; \
+         a restored operator state keeps its kind and redistribution mode: register it as \
+         {restored} again, or give the new state another name"
+    )]
+    IncompatibleRestore {
+        /// The state name.
+        state: String,
+        /// What the checkpoint holds, e.g. `ListState<u64> (union redistribution)`.
+        restored: String,
+        /// What the operator asked for.
+        requested: String,
+    },
+
+    /// An operator (non-keyed) state descriptor carries a TTL, which operator state does not
+    /// support (as in Flink).
+    #[error(
+        "state '{state}' is operator state ({kind}), which has no time to live (as in Flink); \
+         remove with_ttl from its descriptor, or keep the entries in keyed state if they must \
+         expire"
+    )]
+    OperatorStateTtl {
+        /// The state name.
+        state: String,
+        /// What was requested, e.g. `ListState<u64> (split redistribution)`.
+        kind: String,
+    },
+
+    /// Snapshot bytes that are truncated, damaged, or of a format version this build does not
+    /// read.
+    #[error(
+        "{what} is corrupt: {problem}; the file is damaged, truncated or was written by \
+         another Weir version: restore from an earlier checkpoint"
+    )]
+    CorruptSnapshot {
+        /// What was being read, e.g. "operator state snapshot".
+        what: &'static str,
+        /// What is wrong, with the offending values.
+        problem: String,
     },
 
     /// A configuration value that cannot work.

@@ -55,6 +55,24 @@ impl StableHasher {
         }
     }
 
+    /// Folds one 8-byte integer: a single fold when no partial word is pending (every key made
+    /// of 8-byte integers, and every enum discriminant), else the general path. Same result as
+    /// `write_le(&word.to_le_bytes())`; kept small so that it inlines into the key's `Hash`.
+    #[inline(always)]
+    fn write_word(&mut self, word: u64) {
+        if self.tail_len == 0 {
+            self.total += 8;
+            self.fold(word);
+        } else {
+            self.write_le_outlined(&word.to_le_bytes());
+        }
+    }
+
+    #[inline(never)]
+    fn write_le_outlined(&mut self, bytes: &[u8]) {
+        self.write_le(bytes);
+    }
+
     #[inline]
     fn write_le(&mut self, bytes: &[u8]) {
         self.total += bytes.len() as u64;
@@ -110,7 +128,7 @@ impl Hasher for StableHasher {
     }
     #[inline]
     fn write_u64(&mut self, i: u64) {
-        self.write_le(&i.to_le_bytes());
+        self.write_word(i);
     }
     #[inline]
     fn write_u128(&mut self, i: u128) {
@@ -118,7 +136,7 @@ impl Hasher for StableHasher {
     }
     #[inline]
     fn write_usize(&mut self, i: usize) {
-        self.write_le(&(i as u64).to_le_bytes());
+        self.write_word(i as u64);
     }
     #[inline]
     fn write_i8(&mut self, i: i8) {
@@ -262,7 +280,47 @@ mod tests {
         assert_eq!(a.finish(), b.finish());
     }
 
+    /// One `write_*` call of a hashed key.
+    #[derive(Clone, Debug)]
+    enum Write {
+        Bytes(Vec<u8>),
+        U8(u8),
+        U32(u32),
+        U64(u64),
+        Usize(usize),
+        Isize(isize),
+    }
+
+    fn write() -> impl Strategy<Value = Write> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..20).prop_map(Write::Bytes),
+            any::<u8>().prop_map(Write::U8),
+            any::<u32>().prop_map(Write::U32),
+            any::<u64>().prop_map(Write::U64),
+            any::<usize>().prop_map(Write::Usize),
+            any::<isize>().prop_map(Write::Isize),
+        ]
+    }
+
     proptest! {
+        /// The integer fast paths hash exactly like the little-endian bytes (Weir key hash v1).
+        #[test]
+        fn integer_writes_hash_like_their_bytes(writes in proptest::collection::vec(write(), 0..12)) {
+            let mut fast = StableHasher::new();
+            let mut bytes = StableHasher::new();
+            for write in &writes {
+                match write {
+                    Write::Bytes(b) => { fast.write(b); bytes.write(b); }
+                    Write::U8(i) => { fast.write_u8(*i); bytes.write(&i.to_le_bytes()); }
+                    Write::U32(i) => { fast.write_u32(*i); bytes.write(&i.to_le_bytes()); }
+                    Write::U64(i) => { fast.write_u64(*i); bytes.write(&i.to_le_bytes()); }
+                    Write::Usize(i) => { fast.write_usize(*i); bytes.write(&(*i as u64).to_le_bytes()); }
+                    Write::Isize(i) => { fast.write_isize(*i); bytes.write(&(*i as i64).to_le_bytes()); }
+                }
+            }
+            prop_assert_eq!(fast.finish(), bytes.finish());
+        }
+
         #[test]
         fn every_key_group_has_exactly_one_owner(max in 1u32..=512, p_seed in 0u32..512) {
             let p = p_seed % max + 1;

@@ -9,6 +9,10 @@
 //!   (copy-on-write snapshots) or the slot's [`SlotRocksDb`] (checkpoints, compaction-time TTL).
 //! - [`ttl`]: time to live and the injectable [`Clock`].
 //! - [`codec`]: how values, keys and namespaces become bytes (rkyv).
+//! - [`operator`]: operator (non-keyed) state — [`OperatorStateStore`], one per operator
+//!   subtask, with split and union [`OperatorListState`]s and [`BroadcastState`]; its
+//!   [`OperatorStateSnapshot`] (a checksummed byte format for checkpoint files) and
+//!   [`redistribute`], Flink's rules for handing it to a new parallelism on restore.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -41,6 +45,7 @@ pub mod descriptor;
 pub mod error;
 pub mod handle;
 pub mod key_group;
+pub mod operator;
 pub mod ttl;
 
 pub use backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
@@ -60,6 +65,10 @@ pub use handle::{
     MAP_ITERATION_CHUNK,
 };
 pub use key_group::{KeyGroup, KeyGroupRange, StableHasher};
+pub use operator::{
+    redistribute, BroadcastState, DistributionMode, OperatorListState, OperatorStateImage,
+    OperatorStateSnapshot, OperatorStateStore, SNAPSHOT_FORMAT_VERSION,
+};
 pub use ttl::{Clock, ManualClock, StateTtlConfig, StateVisibility, SystemClock, TtlUpdateType};
 
 use std::fmt::Debug;

@@ -287,8 +287,9 @@ impl AggregateFunction<u32, (u64, u64), f64> for Average {
     fn get_result(&self, accumulator: &(u64, u64)) -> f64 {
         accumulator.0 as f64 / accumulator.1 as f64
     }
-    fn merge(&self, a: (u64, u64), b: (u64, u64)) -> (u64, u64) {
-        (a.0 + b.0, a.1 + b.1)
+    fn merge(&self, into: &mut (u64, u64), other: &(u64, u64)) {
+        into.0 += other.0;
+        into.1 += other.1;
     }
 }
 
@@ -311,7 +312,9 @@ fn aggregating_state_averages(f: &Fixture) {
     assert_eq!(average.get().unwrap(), None);
     backend.set_current_namespace(window(0)).unwrap();
     assert_eq!(average.get().unwrap(), Some(3.0));
-    assert_eq!(Average.merge((1, 1), (3, 1)), (4, 2));
+    let mut merged = (1, 1);
+    Average.merge(&mut merged, &(3, 1));
+    assert_eq!(merged, (4, 2));
 }
 
 fn key_group_range_keys_and_deletion(f: &Fixture) {

@@ -1,7 +1,12 @@
 //! User function traits and the contexts they receive.
 
 use crate::operator::{Batch, Emitter, OutputTag, RuntimeContext};
-use crate::record::{Watermark, NO_TIMESTAMP};
+use crate::record::{Key, Watermark, NO_TIMESTAMP};
+use crate::state::{
+    AggregatingState, AggregatingStateDescriptor, KeyedStateStore, ListState, ListStateDescriptor,
+    MapState, MapStateDescriptor, ReducingState, ReducingStateDescriptor, StateValue, ValueState,
+    ValueStateDescriptor,
+};
 use crate::time::{now_ms, TimeDomain, TimerQueue};
 
 fn timestamp_of(timestamp: i64) -> Option<i64> {
@@ -106,6 +111,58 @@ pub struct KeyedProcessContext<'a, K, O> {
     pub(crate) timers: &'a mut KeyedTimers<K>,
     pub(crate) domain: Option<TimeDomain>,
     pub(crate) runtime: &'a RuntimeContext,
+    pub(crate) state: &'a KeyedStateStore<K>,
+}
+
+/// Keyed state, scoped to the current key. Each method returns the handle of the state its
+/// descriptor declares, registering it on first use (see [`crate::state`]); registering a name
+/// again with another type fails the job. Handles are cheap (a reference count) and act on the
+/// current key only: take them per call, keep descriptors in the function.
+impl<K: Key, O> KeyedProcessContext<'_, K, O> {
+    /// A single value per key (Flink's `ValueState`).
+    pub fn value_state<T: StateValue>(
+        &self,
+        descriptor: &ValueStateDescriptor<T>,
+    ) -> ValueState<T> {
+        self.state
+            .handle(self.key, descriptor.name(), |b| b.value_state(descriptor))
+    }
+
+    /// A list per key (Flink's `ListState`; on RocksDB appends are merges, no read).
+    pub fn list_state<T: StateValue>(&self, descriptor: &ListStateDescriptor<T>) -> ListState<T> {
+        self.state
+            .handle(self.key, descriptor.name(), |b| b.list_state(descriptor))
+    }
+
+    /// A map per key (Flink's `MapState`; iterate with `entries`).
+    pub fn map_state<UK, UV>(&self, descriptor: &MapStateDescriptor<UK, UV>) -> MapState<UK, UV>
+    where
+        UK: weir_state::StateKey + weir_state::StateCodec,
+        UV: StateValue,
+    {
+        self.state
+            .handle(self.key, descriptor.name(), |b| b.map_state(descriptor))
+    }
+
+    /// A value per key folded with the descriptor's reduce function on every `add`.
+    pub fn reducing_state<T: StateValue>(
+        &self,
+        descriptor: &ReducingStateDescriptor<T>,
+    ) -> ReducingState<T> {
+        self.state.handle(self.key, descriptor.name(), |b| {
+            b.reducing_state(descriptor)
+        })
+    }
+
+    /// An accumulator per key, fed by `add`, read as the descriptor's aggregate result.
+    pub fn aggregating_state<IN: 'static, ACC: StateValue, OUT: 'static>(
+        &self,
+        descriptor: &AggregatingStateDescriptor<IN, ACC, OUT>,
+    ) -> AggregatingState<IN, OUT> {
+        self.state.handle(self.key, descriptor.name(), |b| {
+            b.aggregating_state(descriptor)
+        })
+    }
 }
 
 impl<K: std::hash::Hash + Eq + Clone, O> KeyedProcessContext<'_, K, O> {

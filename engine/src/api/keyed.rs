@@ -47,6 +47,12 @@ where
         self.key_selector.clone()
     }
 
+    /// The stream as it was before `key_by` (same producers, same partitioning requests): for
+    /// two-input constructs, which tag each keyed input and key the union again.
+    pub(crate) fn into_unkeyed(self) -> DataStream<T> {
+        DataStream::new(self.env, self.upstreams)
+    }
+
     pub(crate) fn then<O: Record>(
         self,
         name: &str,
@@ -79,8 +85,10 @@ where
     }
 
     /// A running reduce: folds each record into its key's value with `f` and emits the result.
+    /// The values are keyed state (`state.backend.type` decides where they live).
     pub fn reduce<F>(self, f: F) -> DataStream<T>
     where
+        T: crate::state::StateValue,
         F: FnMut(T, T) -> T + Clone + Send + Sync + 'static,
     {
         let key_selector = self.key_selector.clone();

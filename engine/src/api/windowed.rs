@@ -133,7 +133,7 @@ where
     where
         ACC: 'static,
         R: Record,
-        F: AggregateFunction<T, ACC, R>,
+        F: AggregateFunction<T, ACC, R> + Clone,
     {
         let post = |_: &K, _: &A::Window, result: R| result;
         self.build(
@@ -152,7 +152,7 @@ where
         ACC: 'static,
         R: 'static,
         O: Record,
-        F: AggregateFunction<T, ACC, R>,
+        F: AggregateFunction<T, ACC, R> + Clone,
         P: FnMut(&K, &A::Window, R) -> O + Clone + Send + Sync + 'static,
     {
         self.build(

@@ -197,12 +197,7 @@ mod tests {
     use super::*;
 
     fn ctx(subtask: usize, parallelism: usize) -> RuntimeContext {
-        RuntimeContext {
-            operator_name: "gen".into(),
-            subtask,
-            parallelism,
-            max_parallelism: 128,
-        }
+        RuntimeContext::new("gen", subtask, parallelism, 128)
     }
 
     #[test]

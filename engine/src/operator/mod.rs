@@ -17,6 +17,7 @@ mod process;
 mod reduce;
 pub(crate) mod scope;
 
+use std::rc::Rc;
 use std::sync::Arc;
 
 pub use batch::OutputTag;
@@ -31,6 +32,8 @@ pub(crate) use reduce::ReduceOperator;
 use crate::error::TaskResult;
 use crate::metrics::OperatorMetrics;
 use crate::record::Watermark;
+use crate::state::{OperatorStateId, StateEnv};
+use weir_state::OperatorStateStore;
 
 pub(crate) use futures::future::LocalBoxFuture;
 
@@ -50,6 +53,43 @@ pub struct RuntimeContext {
     pub parallelism: usize,
     /// The job's maximum parallelism (number of key groups).
     pub max_parallelism: usize,
+    /// Where a keyed operator's state lives.
+    pub(crate) state: StateEnv,
+    /// Names this subtask's operator (non-keyed) state on its shard.
+    pub(crate) operator_state: OperatorStateId,
+}
+
+impl RuntimeContext {
+    /// The context of subtask `subtask` of `parallelism` of `operator_name`, with heap state:
+    /// for testing a source, sink or function outside a job.
+    pub fn new(
+        operator_name: &str,
+        subtask: usize,
+        parallelism: usize,
+        max_parallelism: usize,
+    ) -> Self {
+        RuntimeContext {
+            operator_name: operator_name.into(),
+            subtask,
+            parallelism,
+            max_parallelism,
+            state: StateEnv::default(),
+            operator_state: OperatorStateId::fresh(),
+        }
+    }
+
+    /// This subtask's operator state (Flink's `OperatorStateStore`): list state (split evenly
+    /// across subtasks when the parallelism changes), union list state and broadcast state, for
+    /// sources, sinks and functions without a key. One store per operator subtask; handles
+    /// belong to the subtask's shard, so a source reader or sink writer may keep them, while a
+    /// function (cloned to every subtask) takes them from here per call. Snapshots of it
+    /// (`OperatorStateStore::snapshot`) are what checkpoints will persist; until a job is
+    /// checkpointed, its contents live as long as the run.
+    /// The store belongs to the subtask's shard: called on another thread (a context cloned
+    /// there), this gives that thread's own, separate store.
+    pub fn operator_state(&self) -> Rc<OperatorStateStore> {
+        self.operator_state.store()
+    }
 }
 
 /// The receiving end of a stream of `T` inside a task: a chained operator, a fan-out, a sink

@@ -2,11 +2,13 @@
 //! the current key and event time, and — on keyed streams — sets timers.
 
 use std::marker::PhantomData;
+use std::rc::Rc;
 
 use super::{Emitter, Operator, RuntimeContext};
 use crate::api::function::KeyedTimers;
 use crate::api::{KeyedProcessContext, KeyedProcessFunction, ProcessContext, ProcessFunction};
 use crate::record::{Key, Watermark, NO_TIMESTAMP};
+use crate::state::KeyedStateStore;
 use crate::time::TimeDomain;
 
 pub(crate) struct ProcessOperator<F> {
@@ -54,6 +56,7 @@ pub(crate) struct KeyedProcessOperator<K, KS, F> {
     key_selector: KS,
     function: F,
     runtime: Option<RuntimeContext>,
+    state: Option<Rc<KeyedStateStore<K>>>,
     timers: KeyedTimers<K>,
     watermark: Watermark,
     _key: PhantomData<fn() -> K>,
@@ -65,6 +68,7 @@ impl<K, KS, F> KeyedProcessOperator<K, KS, F> {
             key_selector,
             function,
             runtime: None,
+            state: None,
             timers: KeyedTimers::default(),
             watermark: Watermark::MIN,
             _key: PhantomData,
@@ -80,6 +84,7 @@ impl<K: Key, KS, F> KeyedProcessOperator<K, KS, F> {
         F: KeyedProcessFunction<K, I, O>,
     {
         let runtime = self.runtime.as_ref().expect("opened");
+        let state = self.state.as_deref().expect("opened");
         loop {
             let queue = match domain {
                 TimeDomain::EventTime => &mut self.timers.event,
@@ -92,6 +97,7 @@ impl<K: Key, KS, F> KeyedProcessOperator<K, KS, F> {
                 TimeDomain::EventTime => time,
                 TimeDomain::ProcessingTime => NO_TIMESTAMP,
             };
+            state.next_call();
             self.function.on_timer(
                 time,
                 &mut KeyedProcessContext {
@@ -102,6 +108,7 @@ impl<K: Key, KS, F> KeyedProcessOperator<K, KS, F> {
                     timers: &mut self.timers,
                     domain: Some(domain),
                     runtime,
+                    state,
                 },
             );
         }
@@ -115,6 +122,9 @@ where
     F: KeyedProcessFunction<K, I, O>,
 {
     fn open(&mut self, ctx: &RuntimeContext) {
+        let state = KeyedStateStore::open(ctx)
+            .unwrap_or_else(|error| panic!("cannot open the keyed state backend: {error}"));
+        self.state = Some(state);
         self.function.open(ctx);
         self.runtime = Some(ctx.clone());
     }
@@ -123,6 +133,8 @@ where
     fn process_element(&mut self, record: I, timestamp: i64, out: &mut Emitter<O>) {
         let key = (self.key_selector)(&record);
         let runtime = self.runtime.as_ref().expect("opened");
+        let state = self.state.as_deref().expect("opened");
+        state.next_call();
         self.function.process_element(
             record,
             &mut KeyedProcessContext {
@@ -133,6 +145,7 @@ where
                 timers: &mut self.timers,
                 domain: None,
                 runtime,
+                state,
             },
         );
     }

@@ -1,23 +1,29 @@
-//! Running `reduce` on a keyed stream: folds each record into its key's value and emits the
-//! new value. The per-key values live in memory until the keyed-state backends land.
+//! Running `reduce` on a keyed stream: folds each record into its key's value, kept in keyed
+//! state (heap or RocksDB, as `state.backend.type` says), and emits the new value.
 
-use std::collections::HashMap;
+use std::rc::Rc;
 
-use super::{Emitter, Operator};
+use super::{Emitter, Operator, RuntimeContext};
 use crate::record::Key;
+use crate::state::{KeyedStateStore, StateValue, ValueStateDescriptor};
+
+/// The state's name, as Flink's `StreamGroupedReduceOperator` calls it.
+const STATE_NAME: &str = "_op_state";
 
 pub(crate) struct ReduceOperator<K, T, KS, F> {
     key_selector: KS,
     reduce: F,
-    values: HashMap<K, T>,
+    descriptor: ValueStateDescriptor<T>,
+    state: Option<Rc<KeyedStateStore<K>>>,
 }
 
-impl<K, T, KS, F> ReduceOperator<K, T, KS, F> {
+impl<K, T: 'static, KS, F> ReduceOperator<K, T, KS, F> {
     pub(crate) fn new(key_selector: KS, reduce: F) -> Self {
         ReduceOperator {
             key_selector,
             reduce,
-            values: HashMap::new(),
+            descriptor: ValueStateDescriptor::new(STATE_NAME),
+            state: None,
         }
     }
 }
@@ -25,19 +31,30 @@ impl<K, T, KS, F> ReduceOperator<K, T, KS, F> {
 impl<K, T, KS, F> Operator<T, T> for ReduceOperator<K, T, KS, F>
 where
     K: Key,
-    T: Clone + 'static,
+    T: StateValue,
     KS: Fn(&T) -> K + 'static,
     F: FnMut(T, T) -> T + 'static,
 {
+    fn open(&mut self, ctx: &RuntimeContext) {
+        let state = KeyedStateStore::open(ctx)
+            .unwrap_or_else(|error| panic!("cannot open the keyed state backend: {error}"));
+        self.state = Some(state);
+    }
+
     #[inline]
     fn process_element(&mut self, record: T, timestamp: i64, out: &mut Emitter<T>) {
         let key = (self.key_selector)(&record);
-        let value = match self.values.remove(&key) {
+        let store = self.state.as_deref().expect("opened");
+        store.next_call();
+        let state = store.handle(&key, STATE_NAME, |b| b.value_state(&self.descriptor));
+        let value = match state.value().unwrap_or_else(|e| panic!("keyed state: {e}")) {
             Some(previous) => (self.reduce)(previous, record),
             None => record,
         };
-        out.main.push(value.clone(), timestamp);
-        self.values.insert(key, value);
+        state
+            .update(value.clone())
+            .unwrap_or_else(|e| panic!("keyed state: {e}"));
+        out.main.push(value, timestamp);
     }
 
     const AT_MOST_ONE_PER_RECORD: bool = true;

@@ -2,8 +2,10 @@
 //! front, then each shard connects, builds and runs its subtasks; the first real failure (not
 //! one caused by another failure) becomes the job's error.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +28,7 @@ use crate::graph::{
 };
 use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
 use crate::operator::{scope, RuntimeContext, SideOutputs};
+use crate::state::{self, BackendType, JobRocksDb, OperatorStateId, StateEnv};
 
 /// What a finished job reports.
 #[derive(Debug)]
@@ -102,6 +105,7 @@ impl CancelHandle {
 struct SubtaskPlan {
     vertex: usize,
     subtask: usize,
+    slot: usize,
     /// Per outgoing exchange edge: its senders, in channel order.
     senders: Vec<(usize, Vec<SharedSender<Segment>>)>,
     receivers: Vec<SharedReceiver<Segment>>,
@@ -114,6 +118,9 @@ struct JobShared {
     enumerators: Vec<Option<SharedEnumerator>>,
     metrics: MetricsRegistry,
     cancel: Arc<AtomicBool>,
+    state_backend: BackendType,
+    /// The slots' RocksDB instances, when state lives there.
+    rocksdb: Option<JobRocksDb>,
 }
 
 /// A subtask's failure, attributed.
@@ -122,6 +129,35 @@ struct SubtaskFailure {
     vertex: usize,
     subtask: usize,
     error: TaskError,
+    /// The parallelism to report, where it is not the vertex's (the operator named in `error`
+    /// runs elsewhere in the job).
+    parallelism: Option<usize>,
+}
+
+/// The failure a shard reports when it outgrew its heap share: blamed on the operator holding
+/// the largest state when that state is most of the heap, else on the shard's first subtask.
+fn heap_failure_of(
+    slot: usize,
+    first_vertex: usize,
+    exceeded: state::HeapExceeded,
+) -> SubtaskFailure {
+    let error = TaskError::user(exceeded.error.to_string());
+    match (&exceeded.error.largest_state, exceeded.holder) {
+        (Some(state), Some((subtask, parallelism))) if exceeded.error.blames_state() => {
+            SubtaskFailure {
+                vertex: first_vertex,
+                subtask,
+                error: error.in_operator(&state.operator),
+                parallelism: Some(parallelism),
+            }
+        }
+        _ => SubtaskFailure {
+            vertex: first_vertex,
+            subtask: slot,
+            error,
+            parallelism: None,
+        },
+    }
 }
 
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
@@ -136,19 +172,41 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 struct ChainBuilder<'a> {
     shared: &'a JobShared,
     subtask: usize,
+    slot: usize,
     pool: &'a SegmentPool,
     senders: HashMap<usize, Vec<ConnectedSender<Segment>>>,
     metrics: HashMap<usize, Arc<OperatorMetrics>>,
+    /// Each node's operator state in this subtask.
+    operator_states: HashMap<usize, OperatorStateId>,
 }
 
 impl ChainBuilder<'_> {
-    fn context(&self, node: usize) -> RuntimeContext {
+    fn context(&mut self, node: usize) -> RuntimeContext {
+        let operator_state = *self
+            .operator_states
+            .entry(node)
+            .or_insert_with(OperatorStateId::fresh);
         let job = &self.shared.exec.job;
+        let graph_node = &job.graph.nodes[node];
+        let operator_id = match &graph_node.uid {
+            Some(uid) => uid.replace(':', "_"),
+            None => format!("node-{node}"),
+        };
         RuntimeContext {
-            operator_name: job.graph.nodes[node].name.as_str().into(),
+            operator_name: graph_node.name.as_str().into(),
             subtask: self.subtask,
             parallelism: job.node_parallelism[node],
             max_parallelism: job.max_parallelism,
+            state: StateEnv {
+                backend: self.shared.state_backend,
+                rocksdb: self
+                    .shared
+                    .rocksdb
+                    .as_ref()
+                    .map(|dbs| Arc::clone(&dbs.slots[self.slot])),
+                operator_id: operator_id.into(),
+            },
+            operator_state,
         }
     }
 
@@ -303,6 +361,7 @@ async fn run_subtask(
     let SubtaskPlan {
         vertex,
         subtask,
+        slot,
         senders,
         receivers,
     } = plan;
@@ -319,14 +378,17 @@ async fn run_subtask(
             vertex,
             subtask,
             error,
+            parallelism: None,
         }
     };
     let builder = ChainBuilder {
         shared: &shared,
         subtask,
+        slot,
         pool: &pool,
         senders: senders.into_iter().collect(),
         metrics: HashMap::new(),
+        operator_states: HashMap::new(),
     };
     let outcome = AssertUnwindSafe(async { builder.build(vertex, receivers)?.run().await })
         .catch_unwind()
@@ -348,7 +410,11 @@ async fn run_subtask(
     }
 }
 
+/// What a shard runs: its subtasks, and a background loop that samples its load and, with
+/// `heap_share`, checks its heap use against the slot's share every 100 ms.
 fn run_shard(
+    slot: usize,
+    heap_share: Option<u64>,
     plans: Vec<SubtaskPlan>,
     shared: Arc<JobShared>,
     pool: SegmentPool,
@@ -356,11 +422,27 @@ fn run_shard(
 ) -> impl FnOnce(ShardQueues) -> LocalBoxFuture<'static, Vec<SubtaskFailure>> + Send {
     move |queues: ShardQueues| {
         Box::pin(async move {
+            weir_memory::register_current_thread(&format!("shard-{slot}"));
+            state::clear_shard_states();
             let sampler_load = Arc::clone(&load);
+            let heap_failure = Rc::new(Cell::new(None));
+            let sampler_failure = Rc::clone(&heap_failure);
+            let sampler_cancel = Arc::clone(&shared.cancel);
+            let first_vertex = plans.first().map_or(0, |plan| plan.vertex);
             let sampler = glommio::spawn_local_into(
                 async move {
                     loop {
                         queues.sample(&sampler_load);
+                        let checked = heap_share.map(|share| state::check_shard_heap(slot, share));
+                        if let Some(Err(exceeded)) = checked {
+                            sampler_cancel.store(true, Ordering::Relaxed);
+                            sampler_failure.set(Some(heap_failure_of(
+                                slot,
+                                first_vertex,
+                                exceeded,
+                            )));
+                            break;
+                        }
                         glommio::timer::sleep(Duration::from_millis(100)).await;
                     }
                 },
@@ -377,7 +459,7 @@ fn run_shard(
                     .expect("spawn subtask")
                 })
                 .collect();
-            let failures = join_all(tasks)
+            let mut failures: Vec<SubtaskFailure> = join_all(tasks)
                 .await
                 .into_iter()
                 .filter_map(Result::err)
@@ -385,6 +467,8 @@ fn run_shard(
             // Dropping a glommio task cancels it: the sampler stops without finishing its sleep.
             drop(sampler);
             queues.sample(&load);
+            state::clear_shard_states();
+            failures.extend(heap_failure.take());
             failures
         })
     }
@@ -403,11 +487,7 @@ pub fn run_job(
         .map(|v| v.parallelism)
         .max()
         .unwrap_or(1);
-    let memory = config.memory();
-    memory
-        .validate()
-        .map_err(crate::config::ConfigError::from)?;
-    let budget = memory.slot_budget(exec.slots);
+    let budget = config.worker_budget(exec.slots)?.slot;
     let credits = config.buffers_per_channel();
     for (slot, &needed) in exec.required_segments(credits).iter().enumerate() {
         if needed > budget.segments {
@@ -431,6 +511,7 @@ pub fn run_job(
         .map(|s| SubtaskPlan {
             vertex: s.vertex,
             subtask: s.subtask,
+            slot: s.slot,
             senders: Vec::new(),
             receivers: Vec::new(),
         })
@@ -489,12 +570,27 @@ pub fn run_job(
     };
     let cores = exec.cores[..slots].to_vec();
     let job_name = exec.job.job_name().to_string();
+    let state_backend = config.state_backend();
+    let rocksdb = match state_backend {
+        BackendType::RocksDb => Some(JobRocksDb::open(
+            &config.rocksdb_local_dir(),
+            slots,
+            budget.rocksdb,
+        )?),
+        BackendType::Heap => None,
+    };
+    // A shard's heap figure is its heap use when state lives on the heap. RocksDB allocates
+    // memtables on the writing shard and frees them on its flush threads, so with RocksDB the
+    // figure drifts; its memory is bounded by its cache instead (`JobRocksDb`).
+    let heap_share = (state_backend == BackendType::Heap).then_some(budget.heap);
     let shared = Arc::new(JobShared {
         exec,
         settings,
         enumerators,
         metrics: metrics.clone(),
         cancel: Arc::clone(&options.cancel.stop),
+        state_backend,
+        rocksdb,
     });
 
     let mut per_slot: Vec<Vec<SubtaskPlan>> = (0..slots).map(|_| Vec::new()).collect();
@@ -510,6 +606,8 @@ pub fn run_job(
     let mut per_slot = per_slot.into_iter();
     let results = run_on_shards(&cores, config.spin_before_park(), |shard| {
         run_shard(
+            shard,
+            heap_share,
             per_slot.next().expect("a plan list per shard"),
             Arc::clone(&shared),
             pools[shard].clone(),
@@ -535,7 +633,7 @@ pub fn run_job(
         return Err(JobError::TaskFailed {
             operator,
             subtask: failure.subtask,
-            parallelism: vertex.parallelism,
+            parallelism: failure.parallelism.unwrap_or(vertex.parallelism),
             message: failure.error.message,
             kind: failure.error.kind,
         });

@@ -61,6 +61,28 @@ pub trait WatermarkGenerator<T>: Send {
     fn on_event(&mut self, event: &T, timestamp: i64, output: &mut WatermarkOutput);
     /// Called every `pipeline.auto-watermark-interval`; periodic generators emit here.
     fn on_periodic_emit(&mut self, output: &mut WatermarkOutput);
+
+    /// Sees records in bulk (`timestamps[i]` is `events[i]`'s), as `on_event` would one by
+    /// one, stopping after the first on which it emits a watermark or marks the output idle;
+    /// returns how many it saw (at least one, unless `events` is empty). Sources call this
+    /// once per batch; the default calls `on_event` per record, and a generator that only
+    /// follows the timestamps (as [`BoundedOutOfOrderness`] does) can override it with a
+    /// loop over `timestamps` alone.
+    fn on_events(
+        &mut self,
+        events: &[T],
+        timestamps: &[i64],
+        output: &mut WatermarkOutput,
+    ) -> usize {
+        let before = output.watermark;
+        for (i, (event, &timestamp)) in events.iter().zip(timestamps).enumerate() {
+            self.on_event(event, timestamp, output);
+            if output.watermark != before || output.idle {
+                return i + 1;
+            }
+        }
+        events.len()
+    }
 }
 
 /// Watermarks that trail the highest timestamp seen by a fixed bound: `max_ts - bound - 1`
@@ -91,6 +113,19 @@ impl<T> WatermarkGenerator<T> for BoundedOutOfOrderness {
     fn on_periodic_emit(&mut self, output: &mut WatermarkOutput) {
         output.emit_watermark(self.max_timestamp - self.bound - 1);
     }
+
+    /// Emits nothing per record: the batch's maximum timestamp is all it needs.
+    #[inline]
+    fn on_events(
+        &mut self,
+        events: &[T],
+        timestamps: &[i64],
+        _output: &mut WatermarkOutput,
+    ) -> usize {
+        let seen = &timestamps[..events.len()];
+        self.max_timestamp = seen.iter().copied().fold(self.max_timestamp, i64::max);
+        events.len()
+    }
 }
 
 struct NoWatermarks;
@@ -101,7 +136,9 @@ impl<T> WatermarkGenerator<T> for NoWatermarks {
 }
 
 type GeneratorFactory<T> = Arc<dyn Fn() -> Box<dyn WatermarkGenerator<T>> + Send + Sync>;
-type TimestampAssigner<T> = Arc<dyn Fn(&T, Option<i64>) -> i64 + Send + Sync>;
+/// The user's timestamp assigner, run over a whole batch: one dynamic call per batch, not
+/// per record.
+type TimestampAssigner<T> = Arc<dyn Fn(&[T], &mut Vec<i64>) + Send + Sync>;
 
 /// How a stream's records get event timestamps and how watermarks are derived from them.
 ///
@@ -184,7 +221,9 @@ impl<T: 'static> WatermarkStrategy<T> {
         mut self,
         assigner: impl Fn(&T, Option<i64>) -> i64 + Send + Sync + 'static,
     ) -> Self {
-        self.assigner = Some(Arc::new(assigner));
+        self.assigner = Some(Arc::new(move |records: &[T], into: &mut Vec<i64>| {
+            into.extend(records.iter().map(|record| assigner(record, None)));
+        }));
         self
     }
 
@@ -285,7 +324,12 @@ impl<T: 'static> SplitWatermarkTracker<T> {
         timestamps: &mut Vec<i64>,
         cuts: &mut Vec<(usize, WatermarkUpdate)>,
     ) {
-        let assigner = self.strategy.assigner.clone();
+        let first = timestamps.len();
+        match &self.strategy.assigner {
+            Some(assign) => assign(records, timestamps),
+            None => timestamps.resize(first + records.len(), NO_TIMESTAMP),
+        }
+        let stamped = &timestamps[first..];
         self.split(split);
         let index = self
             .splits
@@ -293,28 +337,26 @@ impl<T: 'static> SplitWatermarkTracker<T> {
             .position(|(id, _)| *id == split)
             .expect("created above");
         let mut updates = Vec::new();
-        for (i, record) in records.iter().enumerate() {
-            let timestamp = match &assigner {
-                Some(assign) => assign(record, None),
-                None => NO_TIMESTAMP,
-            };
-            timestamps.push(timestamp);
+        let mut seen = 0;
+        while seen < records.len() {
             let state = &mut self.splits[index].1;
             state.seen_since_check = true;
             if state.output.idle {
                 // The split is back: the subtask may be active again before this record.
                 state.output.mark_active();
                 self.updates(&mut updates);
-                cuts.extend(updates.drain(..).map(|update| (i, update)));
+                cuts.extend(updates.drain(..).map(|update| (seen, update)));
             }
             let state = &mut self.splits[index].1;
             let before = state.output.watermark;
-            state
-                .generator
-                .on_event(record, timestamp, &mut state.output);
+            let taken =
+                state
+                    .generator
+                    .on_events(&records[seen..], &stamped[seen..], &mut state.output);
+            seen += taken.clamp(1, records.len() - seen);
             if state.output.watermark != before {
                 self.updates(&mut updates);
-                cuts.extend(updates.drain(..).map(|update| (i + 1, update)));
+                cuts.extend(updates.drain(..).map(|update| (seen, update)));
             }
         }
     }

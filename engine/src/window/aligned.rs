@@ -6,22 +6,39 @@
 //! window with an incremental function costs one accumulator update per record, not one per
 //! overlapping window; firing merges `size / pane` accumulators per key and window.
 //!
-//! Per key the live panes sit in a `PaneList` ordered by start: inline in the key's map entry
-//! while there is one (tumbling windows, in-order input: no pointer to chase per record), in a
-//! deque when there are more (appends at the back in the common, in-order case). One timer per (key, window) fires the window at its
-//! `max_timestamp()`; with allowed lateness a second timer at `max_timestamp() + lateness`
-//! drops the panes no later window needs.
+//! Per key the live panes sit in a `PaneList` ordered by start: the newest inline in the key's
+//! map entry (in-order input: no pointer to chase per record), older ones in a deque (the
+//! watermark trails the input, so a key has a few panes waiting to fire).
+//!
+//! A key has at most one live fire timer: at the `max_timestamp()` of its next window to fire.
+//! Firing it emits that window and moves the timer on to the key's next window that holds one
+//! of its panes; a new pane moves it earlier only if the pane's first open window ends sooner
+//! (out-of-order input). So a sliding window costs one timer per key and window, not one per
+//! pane and window. Every key's windows end at the same instants, so the timers sit in one
+//! bucket of keys per instant ([`TimerBuckets`]); a registration the key's timer has moved
+//! away from is skipped when its bucket comes due. With allowed lateness each pane also gets
+//! a clean-up timer, at `max_timestamp() + lateness` of the last window holding it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::hash_map::Entry;
+use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use super::function::WindowLogic;
-use super::{element_time, LateData, TimeWindow, Window};
+use super::{element_time, KeyMap, LateData, TimeWindow, Window};
 use crate::metrics::OperatorMetrics;
-use crate::operator::{Emitter, Operator, OutputTag, RuntimeContext};
+use crate::operator::{Batch, Emitter, Operator, OutputTag, RuntimeContext};
 use crate::record::{Key, Watermark};
-use crate::time::{TimeDomain, TimerQueue};
+use crate::time::timers::TimerBuckets;
+use crate::time::TimeDomain;
+
+/// A key's timer time when it has no timer. Window ends are at most `i64::MAX - 1`.
+const NO_TIMER: i64 = i64::MAX;
+
+/// Whether a timer at `due` comes before the one at `current` (or there is none).
+fn sooner(due: i64, current: i64) -> bool {
+    current == NO_TIMER || due < current
+}
 
 fn gcd(a: i64, b: i64) -> i64 {
     if b == 0 {
@@ -54,6 +71,11 @@ impl Geometry {
         TimeWindow::start_with_offset(timestamp, self.offset, self.pane)
     }
 
+    /// The `max_timestamp()` of the window starting at `start`.
+    fn window_max(&self, start: i64) -> i64 {
+        start.saturating_add(self.size) - 1
+    }
+
     /// The start of the last (latest-starting) window that holds the pane at `pane_start`.
     fn last_window_start(&self, pane_start: i64) -> i64 {
         TimeWindow::start_with_offset(pane_start, self.offset, self.slide)
@@ -69,24 +91,50 @@ impl Geometry {
             .map(move |start| TimeWindow::new(start, start.saturating_add(size)))
     }
 
+    /// The `max_timestamp()` of the first (earliest-starting) window that holds the pane at
+    /// `pane_start`.
+    fn pane_first_max_timestamp(&self, pane_start: i64) -> i64 {
+        let last = self.last_window_start(pane_start);
+        // Windows start `slide` apart; those before `last` that still reach past the pane.
+        let earlier = (self.size - 1 - (pane_start - last)) / self.slide;
+        self.window_max(last - earlier * self.slide)
+    }
+
     /// The `max_timestamp()` of the last window that holds the pane at `pane_start`.
     fn pane_last_max_timestamp(&self, pane_start: i64) -> i64 {
-        self.last_window_start(pane_start)
-            .saturating_add(self.size - 1)
+        self.window_max(self.last_window_start(pane_start))
+    }
+
+    /// The earliest `max_timestamp()` after `after` of the windows holding the pane at
+    /// `pane_start` (`None`: they all end at or before it).
+    fn next_window_max(&self, pane_start: i64, after: i64) -> Option<i64> {
+        let first = self.pane_first_max_timestamp(pane_start);
+        if first > after {
+            return Some(first);
+        }
+        let last = self.pane_last_max_timestamp(pane_start);
+        if last <= after {
+            return None;
+        }
+        // Window ends are `slide` apart, from `first` to `last`.
+        let steps = (after - first) / self.slide + 1;
+        Some(first.saturating_add(steps * self.slide).min(last))
     }
 }
 
-/// A key's live panes, ordered by start: inline while there is one, else in a deque.
+/// A key's live panes, ordered by start: the newest inline in the key's map entry (in-order
+/// input adds to it without chasing a pointer), older ones (those windows still need) in a
+/// deque. Invariant: no newest pane, no older ones.
 pub(crate) struct PaneList<A> {
-    single: Option<(i64, A)>,
-    many: VecDeque<(i64, A)>,
+    newest: Option<(i64, A)>,
+    older: VecDeque<(i64, A)>,
 }
 
 impl<A> Default for PaneList<A> {
     fn default() -> Self {
         PaneList {
-            single: None,
-            many: VecDeque::new(),
+            newest: None,
+            older: VecDeque::new(),
         }
     }
 }
@@ -96,64 +144,257 @@ impl<A> PaneList<A> {
     /// (`true`: created).
     #[inline]
     fn get_mut_or_insert_with(&mut self, start: i64, make: impl FnOnce() -> A) -> (&mut A, bool) {
-        if self.many.is_empty() {
-            match self.single.as_ref().map(|(s, _)| *s == start) {
-                None => {
-                    let (_, acc) = self.single.insert((start, make()));
-                    return (acc, true);
-                }
-                Some(true) => return (&mut self.single.as_mut().expect("checked").1, false),
-                Some(false) => {
-                    let moved = self.single.take().expect("checked");
-                    self.many.push_back(moved);
-                }
+        match self.newest.as_ref().map(|(newest, _)| *newest) {
+            Some(newest) if newest == start => {
+                return (&mut self.newest.as_mut().expect("checked").1, false);
+            }
+            Some(newest) if newest > start => {}
+            Some(_) => {
+                let previous = self.newest.replace((start, make())).expect("checked");
+                self.older.push_back(previous);
+                return (&mut self.newest.as_mut().expect("set").1, true);
+            }
+            None => {
+                let (_, acc) = self.newest.insert((start, make()));
+                return (acc, true);
             }
         }
-        let at = match self.many.iter().rposition(|(s, _)| *s <= start) {
-            Some(i) if self.many[i].0 == start => return (&mut self.many[i].1, false),
+        // Older than the newest pane (out-of-order input): in the deque, searched from the
+        // back, where the recent ones are.
+        let at = match self.older.iter().rposition(|(s, _)| *s <= start) {
+            Some(i) if self.older[i].0 == start => return (&mut self.older[i].1, false),
             found => found.map_or(0, |i| i + 1),
         };
-        self.many.insert(at, (start, make()));
-        (&mut self.many[at].1, true)
+        self.older.insert(at, (start, make()));
+        (&mut self.older[at].1, true)
     }
 
     fn iter(&self) -> impl Iterator<Item = &(i64, A)> {
-        self.single.iter().chain(self.many.iter())
+        self.older.iter().chain(self.newest.iter())
     }
 
-    fn retain(&mut self, mut keep: impl FnMut(&(i64, A)) -> bool) {
-        if self.single.as_ref().is_some_and(|pane| !keep(pane)) {
-            self.single = None;
+    /// The accumulators of the panes starting in `[from, to)`, oldest first: O(log n) to find
+    /// the first (the watermark trails the input, so there may be many panes after them).
+    fn range(&self, from: i64, to: i64) -> impl Iterator<Item = &A> {
+        // In order, the firing window is the oldest: no search (its cache misses cost more
+        // than comparing the front).
+        let first = match self.older.front() {
+            Some((start, _)) if *start < from => {
+                self.older.partition_point(|(start, _)| *start < from)
+            }
+            _ => 0,
+        };
+        self.older
+            .range(first..)
+            .chain(self.newest.iter())
+            .take_while(move |(start, _)| *start < to)
+            .filter(move |(start, _)| *start >= from)
+            .map(|(_, acc)| acc)
+    }
+
+    /// Drops the panes that start before `start` (the oldest: O(dropped)).
+    fn drop_before(&mut self, start: i64) {
+        self.drop_while(|pane| pane.0 < start);
+    }
+
+    /// Drops the oldest panes while `gone` holds for them (`gone` must hold for a prefix).
+    fn drop_while(&mut self, mut gone: impl FnMut(&(i64, A)) -> bool) {
+        while self.older.front().is_some_and(&mut gone) {
+            self.older.pop_front();
         }
-        self.many.retain(|pane| keep(pane));
-        if self.many.len() == 1 {
-            self.single = self.many.pop_front();
+        if self.newest.as_ref().is_some_and(gone) {
+            self.newest = self.older.pop_back();
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.single.is_none() && self.many.is_empty()
+        self.newest.is_none()
+    }
+}
+
+/// A key's panes and the time of its live fire timer (`NO_TIMER`: none).
+struct KeyState<A> {
+    panes: PaneList<A>,
+    fire_at: i64,
+}
+
+impl<A> Default for KeyState<A> {
+    fn default() -> Self {
+        KeyState {
+            panes: PaneList::default(),
+            fire_at: NO_TIMER,
+        }
+    }
+}
+
+/// The pane the last record fell in, `[start, end)`, with what the per-record path needs of
+/// it: in-order input hits it almost always and skips the divisions.
+#[derive(Clone, Copy, Debug)]
+struct RecentPane {
+    start: i64,
+    end: i64,
+    /// `max_timestamp() + lateness` of its last window: its records are late once the
+    /// watermark reaches this.
+    expires: i64,
+    /// `max_timestamp()` of its first window: up to there, the watermark has passed some.
+    first_max: i64,
+}
+
+/// When windows fire and panes go: the geometry, the time, and the timers.
+struct Schedule<K> {
+    geometry: Geometry,
+    domain: TimeDomain,
+    allowed_lateness: i64,
+    watermark: Watermark,
+    /// Window firings; the key's live one is `KeyState::fire_at`.
+    fire_timers: TimerBuckets<K>,
+    /// Pane clean-ups (only with allowed lateness): one per pane, each dropping the key's
+    /// panes whose lateness has passed (so a spent or repeated one does no harm).
+    cleanup_timers: TimerBuckets<K>,
+}
+
+impl<K: Clone> Schedule<K> {
+    /// `key` has a new pane, `pane`: brings its fire timer forward where the pane needs it,
+    /// and sets the pane's clean-up.
+    fn on_new_pane<A>(&mut self, key: &K, state: &mut KeyState<A>, pane: RecentPane) {
+        // Windows the watermark has passed (within their lateness) fire at once, in
+        // `process_element`; a timer would fire them a second time.
+        let after = match self.domain {
+            TimeDomain::EventTime => self.watermark.0,
+            TimeDomain::ProcessingTime => i64::MIN,
+        };
+        let due = if pane.first_max > after {
+            Some(pane.first_max)
+        } else {
+            self.geometry.next_window_max(pane.start, after)
+        };
+        if let Some(due) = due {
+            if sooner(due, state.fire_at) {
+                state.fire_at = due;
+                self.fire_timers.register(key.clone(), due);
+            }
+        }
+        if self.allowed_lateness > 0 {
+            // `expires` is this instant: the last window's end plus the lateness.
+            self.cleanup_timers.register(key.clone(), pane.expires);
+        }
+    }
+}
+
+/// Fires windows: the window function, and a buffer for a window's pane accumulators that
+/// outlives each firing.
+struct Firing<L, A: 'static> {
+    logic: L,
+    panes: Vec<&'static A>,
+}
+
+/// An empty vector of references in `refs`'s allocation: the standard library collects
+/// `into_iter().map(..)` of a vector in place when the element layouts agree, so the buffer
+/// is reused across firings though its references live only for one.
+fn recycle<'a, 'b, A>(mut refs: Vec<&'a A>) -> Vec<&'b A> {
+    refs.clear();
+    refs.into_iter()
+        .map(|_| -> &'b A { unreachable!("cleared") })
+        .collect()
+}
+
+impl<L, A: 'static> Firing<L, A> {
+    /// Emits `window`'s output for `key` from the panes it spans (nothing if it has none).
+    fn fire<K, T, O>(
+        &mut self,
+        key: &K,
+        panes: &PaneList<A>,
+        window: TimeWindow,
+        out: &mut Batch<O>,
+    ) where
+        L: WindowLogic<K, TimeWindow, T, O, Acc = A>,
+    {
+        let mut in_window: Vec<&A> = recycle(std::mem::take(&mut self.panes));
+        in_window.extend(panes.range(window.start, window.end));
+        if !in_window.is_empty() {
+            self.logic
+                .fire(key, &window, &in_window, window.max_timestamp(), out);
+        }
+        self.panes = recycle(in_window);
+    }
+
+    /// Fires `key`'s window ending at `time` (its fire timer came due), drops the panes no
+    /// later window holds (without allowed lateness), and sets the key's next fire time:
+    /// returned to be registered (`None`: no window left to fire).
+    fn fire_due<K, T, O>(
+        &mut self,
+        schedule: &Schedule<K>,
+        key: &K,
+        state: &mut KeyState<A>,
+        time: i64,
+        out: &mut Batch<O>,
+    ) -> Option<i64>
+    where
+        L: WindowLogic<K, TimeWindow, T, O, Acc = A>,
+    {
+        let geometry = schedule.geometry;
+        let end = time.saturating_add(1);
+        let window = TimeWindow::new(end - geometry.size, end);
+        self.fire(key, &state.panes, window, out);
+        // Panes from the next window's start on are in later windows; the ones before are
+        // in none (no division per pane to find out).
+        let later = window.start + geometry.slide;
+        if schedule.allowed_lateness == 0 {
+            state.panes.drop_before(later);
+        }
+        // Panes are in order, and so are their windows' ends: the first pane with a window
+        // left has the next one.
+        let next = state
+            .panes
+            .iter()
+            .find(|(start, _)| *start >= later)
+            .and_then(|(start, _)| {
+                if *start < end.saturating_add(geometry.slide) {
+                    // In the very next window (in-order input): no division.
+                    Some(time.saturating_add(geometry.slide))
+                } else {
+                    geometry.next_window_max(*start, time)
+                }
+            });
+        state.fire_at = next.unwrap_or(NO_TIMER);
+        next
+    }
+
+    /// Fires again, at once, the windows of the pane at `pane_start` that the watermark has
+    /// passed but whose lateness has not: a late record joined them.
+    fn fire_late<K, T, O>(
+        &mut self,
+        schedule: &Schedule<K>,
+        key: &K,
+        panes: &PaneList<A>,
+        pane_start: i64,
+        out: &mut Batch<O>,
+    ) where
+        L: WindowLogic<K, TimeWindow, T, O, Acc = A>,
+    {
+        let watermark = schedule.watermark.0;
+        let lateness = schedule.allowed_lateness;
+        // Windows come latest first: skip those still open, stop at the first expired one.
+        for window in schedule
+            .geometry
+            .windows_of_pane(pane_start)
+            .skip_while(|w| w.max_timestamp() > watermark)
+            .take_while(|w| w.max_timestamp().saturating_add(lateness) > watermark)
+        {
+            self.fire(key, panes, window, out);
+        }
     }
 }
 
 /// Tumbling/sliding window operator over keys `K` with window function `L`.
 pub(crate) struct AlignedWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> {
     key_selector: KS,
-    logic: L,
-    geometry: Geometry,
-    domain: TimeDomain,
-    allowed_lateness: i64,
+    firing: Firing<L, L::Acc>,
+    schedule: Schedule<K>,
     late: LateData<T>,
     operator: Arc<str>,
-    keys: HashMap<K, PaneList<L::Acc>>,
-    /// Window firings, at each window's `max_timestamp()`.
-    fire_timers: TimerQueue<K>,
-    /// Pane clean-ups at `max_timestamp() + lateness` (only with allowed lateness).
-    cleanup_timers: TimerQueue<K>,
-    watermark: Watermark,
-    /// The last pane a record fell in, `[start, end)`, and the start of its last window:
-    /// in-order input hits it almost always and skips two divisions per record.
-    recent_pane: (i64, i64, i64),
+    keys: KeyMap<K, KeyState<L::Acc>>,
+    recent: RecentPane,
     _output: PhantomData<fn() -> O>,
 }
 
@@ -171,21 +412,31 @@ impl<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> AlignedWindowOperator<K, 
     {
         AlignedWindowOperator {
             key_selector,
-            logic,
-            geometry,
-            domain,
-            allowed_lateness: if domain == TimeDomain::EventTime {
-                allowed_lateness
-            } else {
-                0
+            firing: Firing {
+                logic,
+                panes: Vec::new(),
+            },
+            schedule: Schedule {
+                geometry,
+                domain,
+                allowed_lateness: if domain == TimeDomain::EventTime {
+                    allowed_lateness
+                } else {
+                    0
+                },
+                watermark: Watermark::MIN,
+                fire_timers: TimerBuckets::default(),
+                cleanup_timers: TimerBuckets::default(),
             },
             late: LateData::new(late_tag),
             operator: "".into(),
-            keys: HashMap::new(),
-            fire_timers: TimerQueue::default(),
-            cleanup_timers: TimerQueue::default(),
-            watermark: Watermark::MIN,
-            recent_pane: (0, 0, 0),
+            keys: KeyMap::default(),
+            recent: RecentPane {
+                start: 0,
+                end: 0,
+                expires: 0,
+                first_max: 0,
+            },
             _output: PhantomData,
         }
     }
@@ -197,62 +448,103 @@ where
     T: 'static,
     L: WindowLogic<K, TimeWindow, T, O>,
 {
-    /// Whether `window` has passed its allowed lateness (its state is gone or going).
-    fn is_expired(&self, window: &TimeWindow) -> bool {
-        self.domain == TimeDomain::EventTime
-            && window.max_timestamp().saturating_add(self.allowed_lateness) <= self.watermark.0
+    /// The pane that holds `time`.
+    #[inline]
+    fn pane_of(&mut self, time: i64) -> RecentPane {
+        let recent = self.recent;
+        if recent.start <= time && time < recent.end {
+            return recent;
+        }
+        let geometry = self.schedule.geometry;
+        let start = geometry.pane_start(time);
+        self.recent = RecentPane {
+            start,
+            end: start.saturating_add(geometry.pane),
+            expires: geometry
+                .pane_last_max_timestamp(start)
+                .saturating_add(self.schedule.allowed_lateness),
+            first_max: geometry.pane_first_max_timestamp(start),
+        };
+        self.recent
     }
 
-    /// Emits `window`'s output for `key` from the panes it spans (nothing if it has none).
-    fn fire_window(&mut self, key: &K, window: TimeWindow, out: &mut Emitter<O>) {
-        let Some(panes) = self.keys.get(key) else {
+    /// `key`'s fire timer at `time` came due: fires its window ending there (unless the timer
+    /// moved) and moves the timer on to the key's next window.
+    fn fire_key(&mut self, key: K, time: i64, out: &mut Emitter<O>) {
+        let Some(state) = self.keys.get_mut(&key) else {
             return;
         };
-        let in_window: Vec<&L::Acc> = panes
-            .iter()
-            .filter(|(start, _)| *start >= window.start && *start < window.end)
-            .map(|(_, acc)| acc)
-            .collect();
-        if in_window.is_empty() {
+        if state.fire_at != time {
             return;
         }
-        self.logic.fire(
-            key,
-            &window,
-            &in_window,
-            window.max_timestamp(),
-            &mut out.main,
-        );
+        match self
+            .firing
+            .fire_due(&self.schedule, &key, state, time, &mut out.main)
+        {
+            Some(next) => self.schedule.fire_timers.register(key, next),
+            None if state.panes.is_empty() => {
+                self.keys.remove(&key);
+            }
+            None => {}
+        }
     }
 
-    /// Drops `key`'s panes that no window needs any more at `time`.
-    fn clean_up(&mut self, key: &K, time: i64) {
-        let geometry = self.geometry;
-        let lateness = self.allowed_lateness;
-        if let Some(panes) = self.keys.get_mut(key) {
-            panes.retain(|(start, _)| {
-                geometry
-                    .pane_last_max_timestamp(*start)
-                    .saturating_add(lateness)
-                    > time
-            });
-            if panes.is_empty() {
-                self.keys.remove(key);
+    /// Fires every key whose timer is due at `time`, in one pass over the map: when most keys
+    /// fire, memory order beats a random probe per key.
+    fn fire_all_due(&mut self, time: i64, out: &mut Emitter<O>) {
+        let (firing, schedule) = (&mut self.firing, &mut self.schedule);
+        self.keys.retain(|key, state| {
+            if state.fire_at != time {
+                return true;
             }
+            match firing.fire_due(schedule, key, state, time, &mut out.main) {
+                Some(next) => {
+                    schedule.fire_timers.register(key.clone(), next);
+                    true
+                }
+                None => !state.panes.is_empty(),
+            }
+        });
+    }
+
+    /// A clean-up timer of `key` at `time` came due: drops its panes that no window needs
+    /// any more (the oldest ones), and the key with the last of them.
+    fn clean_up_key(&mut self, key: K, time: i64) {
+        let Some(state) = self.keys.get_mut(&key) else {
+            return;
+        };
+        let geometry = self.schedule.geometry;
+        let lateness = self.schedule.allowed_lateness;
+        state.panes.drop_while(|(start, _)| {
+            geometry
+                .pane_last_max_timestamp(*start)
+                .saturating_add(lateness)
+                <= time
+        });
+        if state.panes.is_empty() {
+            self.keys.remove(&key);
         }
     }
 
     /// Fires the windows whose timers are due at `limit` in `domain`, then cleans up.
     fn advance(&mut self, limit: i64, out: &mut Emitter<O>) {
-        while let Some((time, key)) = self.fire_timers.pop_due(limit) {
-            let end = time.saturating_add(1);
-            self.fire_window(&key, TimeWindow::new(end - self.geometry.size, end), out);
-            if self.allowed_lateness == 0 {
-                self.clean_up(&key, time);
+        while let Some((time, mut due)) = self.schedule.fire_timers.pop_due(limit) {
+            // A scan costs O(keys); it is taken only when the bucket is at least half that.
+            if due.len() >= self.keys.len() / 2 {
+                due.clear();
+                self.fire_all_due(time, out);
+            } else {
+                for key in due.drain(..) {
+                    self.fire_key(key, time, out);
+                }
             }
+            self.schedule.fire_timers.recycle(due);
         }
-        while let Some((time, key)) = self.cleanup_timers.pop_due(limit) {
-            self.clean_up(&key, time);
+        while let Some((time, mut due)) = self.schedule.cleanup_timers.pop_due(limit) {
+            for key in due.drain(..) {
+                self.clean_up_key(key, time);
+            }
+            self.schedule.cleanup_timers.recycle(due);
         }
     }
 }
@@ -272,83 +564,83 @@ where
 
     fn open(&mut self, _ctx: &RuntimeContext) {}
 
+    #[inline]
     fn process_element(&mut self, record: T, timestamp: i64, out: &mut Emitter<O>) {
-        let time = element_time(self.domain, timestamp, &self.operator);
-        let geometry = self.geometry;
-        let (pane_start, last_start) = match self.recent_pane {
-            (start, end, last) if start <= time && time < end => (start, last),
-            _ => {
-                let start = geometry.pane_start(time);
-                let last = geometry.last_window_start(start);
-                self.recent_pane = (start, start.saturating_add(geometry.pane), last);
-                (start, last)
-            }
-        };
-        let last_window = TimeWindow::new(last_start, last_start.saturating_add(geometry.size));
-        if self.is_expired(&last_window) {
+        let time = element_time(self.schedule.domain, timestamp, &self.operator);
+        let pane = self.pane_of(time);
+        let event_time = self.schedule.domain == TimeDomain::EventTime;
+        let watermark = self.schedule.watermark.0;
+        if event_time && pane.expires <= watermark {
             self.late.handle(record, timestamp, out);
             return;
         }
-        let key = (self.key_selector)(&record);
-        let logic = &mut self.logic;
-        let (acc, created) = self
-            .keys
-            .entry(key.clone())
-            .or_default()
-            .get_mut_or_insert_with(pane_start, || logic.create());
-        logic.add(acc, record);
-        if created {
-            // A new pane: make sure every window holding it will fire (and be cleaned up).
-            for window in geometry.windows_of_pane(pane_start) {
-                let max = window.max_timestamp();
-                if self.domain == TimeDomain::EventTime
-                    && max.saturating_add(self.allowed_lateness) <= self.watermark.0
-                {
-                    continue;
-                }
-                // A window the watermark has passed (within its lateness) fires below, at
-                // once; a timer would fire it a second time.
-                if self.domain == TimeDomain::ProcessingTime || max > self.watermark.0 {
-                    self.fire_timers.register(&key, max);
-                }
-                if self.allowed_lateness > 0 {
-                    self.cleanup_timers
-                        .register(&key, max.saturating_add(self.allowed_lateness));
-                }
-            }
-        }
         // A record for windows the watermark has already passed (but within the allowed
         // lateness) fires them again at once, with the record included.
-        // Windows come latest first: skip those still open, stop at the first expired one.
-        if self.domain == TimeDomain::EventTime && self.allowed_lateness > 0 {
-            let watermark = self.watermark.0;
-            let late_windows: Vec<TimeWindow> = geometry
-                .windows_of_pane(pane_start)
-                .skip_while(|w| w.max_timestamp() > watermark)
-                .take_while(|w| !self.is_expired(w))
-                .collect();
-            for window in late_windows {
-                self.fire_window(&key, window, out);
+        let fires_late =
+            event_time && self.schedule.allowed_lateness > 0 && pane.first_max <= watermark;
+        let key = (self.key_selector)(&record);
+        let firing = &mut self.firing;
+        match self.keys.entry(key) {
+            Entry::Occupied(mut entry) => {
+                let state = entry.get_mut();
+                let (acc, created) = state
+                    .panes
+                    .get_mut_or_insert_with(pane.start, || firing.logic.create());
+                firing.logic.add(acc, record);
+                if created || fires_late {
+                    let key = entry.key().clone();
+                    let state = entry.into_mut();
+                    if created {
+                        self.schedule.on_new_pane(&key, state, pane);
+                    }
+                    if fires_late {
+                        firing.fire_late(
+                            &self.schedule,
+                            &key,
+                            &state.panes,
+                            pane.start,
+                            &mut out.main,
+                        );
+                    }
+                }
+            }
+            Entry::Vacant(entry) => {
+                let key = entry.key().clone();
+                let state = entry.insert(KeyState::default());
+                let (acc, _) = state
+                    .panes
+                    .get_mut_or_insert_with(pane.start, || firing.logic.create());
+                firing.logic.add(acc, record);
+                self.schedule.on_new_pane(&key, state, pane);
+                if fires_late {
+                    firing.fire_late(
+                        &self.schedule,
+                        &key,
+                        &state.panes,
+                        pane.start,
+                        &mut out.main,
+                    );
+                }
             }
         }
     }
 
     fn on_watermark(&mut self, watermark: Watermark, out: &mut Emitter<O>) {
-        self.watermark = watermark;
-        if self.domain == TimeDomain::EventTime {
+        self.schedule.watermark = watermark;
+        if self.schedule.domain == TimeDomain::EventTime {
             self.advance(watermark.0, out);
         }
     }
 
     fn on_processing_time(&mut self, now: i64, out: &mut Emitter<O>) {
-        if self.domain == TimeDomain::ProcessingTime {
+        if self.schedule.domain == TimeDomain::ProcessingTime {
             self.advance(now, out);
         }
     }
 
     fn next_processing_time(&self) -> Option<i64> {
-        match self.domain {
-            TimeDomain::ProcessingTime => self.fire_timers.next_time(),
+        match self.schedule.domain {
+            TimeDomain::ProcessingTime => self.schedule.fire_timers.next_time(),
             TimeDomain::EventTime => None,
         }
     }
@@ -356,7 +648,7 @@ where
     /// Processing-time windows still open when the input ends fire now (event-time windows
     /// have already fired on the final watermark).
     fn finish(&mut self, out: &mut Emitter<O>) {
-        if self.domain == TimeDomain::ProcessingTime {
+        if self.schedule.domain == TimeDomain::ProcessingTime {
             self.advance(i64::MAX, out);
         }
     }
@@ -367,7 +659,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pane_lists_stay_ordered_inline_or_not() {
+    fn pane_lists_stay_ordered_with_the_newest_inline() {
         let mut list = PaneList::default();
         for start in [20, 10, 30, 20, 0] {
             let (acc, _) = list.get_mut_or_insert_with(start, || 0u32);
@@ -375,16 +667,23 @@ mod tests {
         }
         let panes: Vec<(i64, u32)> = list.iter().copied().collect();
         assert_eq!(panes, vec![(0, 1), (10, 1), (20, 2), (30, 1)]);
-        list.retain(|(start, _)| *start >= 30);
-        assert!(
-            list.single.is_some() && list.many.is_empty(),
-            "one pane goes inline"
+        assert_eq!(list.newest, Some((30, 1)), "the newest inline");
+        assert_eq!(list.range(5, 30).copied().collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(list.range(15, 31).copied().collect::<Vec<_>>(), vec![2, 1]);
+        assert_eq!(list.range(25, 30).count(), 0);
+        list.drop_before(20);
+        assert_eq!(
+            list.iter().copied().collect::<Vec<_>>(),
+            vec![(20, 2), (30, 1)]
         );
         assert!(
             !list.get_mut_or_insert_with(30, || 9).1,
             "found, not created"
         );
-        list.retain(|_| false);
+        list.drop_before(25);
+        assert_eq!(list.iter().copied().collect::<Vec<_>>(), vec![(30, 1)]);
+        assert!(list.older.is_empty());
+        list.drop_while(|_| true);
         assert!(list.is_empty());
     }
 
@@ -405,6 +704,11 @@ mod tests {
             ]
         );
         assert_eq!(g.pane_last_max_timestamp(12_000), 21_999);
+        assert_eq!(g.pane_first_max_timestamp(12_000), 13_999);
+        assert_eq!(g.next_window_max(12_000, i64::MIN), Some(13_999));
+        assert_eq!(g.next_window_max(12_000, 13_999), Some(15_999));
+        assert_eq!(g.next_window_max(12_000, 20_000), Some(21_999));
+        assert_eq!(g.next_window_max(12_000, 21_999), None);
 
         let odd = Geometry::new(10_000, 4_000, 0);
         assert_eq!(odd.pane, 2_000);
@@ -422,5 +726,123 @@ mod tests {
             tumbling.windows_of_pane(30_000).collect::<Vec<_>>(),
             vec![TimeWindow::new(30_000, 40_000)]
         );
+    }
+
+    /// What Flink's window operator emits, window by window (no panes): (key, window start,
+    /// count) per firing. `input` holds records `Ok((key, timestamp))` and watermarks `Err(w)`.
+    fn reference(
+        g: &Geometry,
+        lateness: i64,
+        input: &[Result<(u8, i64), i64>],
+    ) -> Vec<(u8, i64, u64)> {
+        let mut windows = std::collections::BTreeMap::<(u8, i64), u64>::new();
+        let mut watermark = i64::MIN;
+        let mut out = Vec::new();
+        for item in input {
+            match *item {
+                Ok((key, ts)) => {
+                    for w in g.windows_of_pane(g.pane_start(ts)) {
+                        if w.start > ts || w.max_timestamp().saturating_add(lateness) <= watermark {
+                            continue;
+                        }
+                        let count = windows.entry((key, w.start)).or_default();
+                        *count += 1;
+                        if w.max_timestamp() <= watermark {
+                            out.push((key, w.start, *count));
+                        }
+                    }
+                }
+                Err(w) if w > watermark => {
+                    for (&(key, start), &count) in &windows {
+                        let max = g.window_max(start);
+                        if max > watermark && max <= w {
+                            out.push((key, start, count));
+                        }
+                    }
+                    windows
+                        .retain(|&(_, start), _| g.window_max(start).saturating_add(lateness) > w);
+                    watermark = w;
+                }
+                Err(_) => {}
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    proptest::proptest! {
+        /// Tumbling and sliding windows, out of order, with and without lateness: the pane
+        /// operator emits what Flink's per-window operator would.
+        #[test]
+        fn fires_what_a_per_window_operator_fires(
+            size in 1i64..30,
+            slide_part in 1i64..30,
+            offset_part in 0i64..30,
+            lateness in proptest::prop_oneof![proptest::strategy::Just(0i64), 0i64..40],
+            steps in proptest::collection::vec((0u8..4, 0u8..8, -40i64..10), 1..160),
+        ) {
+            let slide = slide_part.min(size);
+            let g = Geometry::new(size, slide, offset_part % slide);
+            // Time moves forward; records land up to 40 ms behind it; watermarks trail it.
+            let mut now = 0;
+            let mut input = Vec::new();
+            for (kind, key, jitter) in steps {
+                now += jitter.rem_euclid(7);
+                match kind {
+                    0 => input.push(Err(now + jitter / 2)),
+                    _ => input.push(Ok((key, now + jitter))),
+                }
+            }
+            input.push(Err(i64::MAX));
+            let logic = super::super::function::ReduceLogic {
+                reduce: |a: (u8, u64), b: (u8, u64)| (a.0, a.1 + b.1),
+                post: |key: &u8, w: &TimeWindow, r: (u8, u64)| (*key, w.start, r.1),
+            };
+            let mut op = AlignedWindowOperator::new(
+                |r: &(u8, u64)| r.0,
+                logic,
+                g,
+                TimeDomain::EventTime,
+                lateness,
+                None,
+            );
+            let mut out = Emitter::new(0, crate::operator::SideOutputs::default());
+            for item in &input {
+                match *item {
+                    Ok((key, ts)) => op.process_element((key, 1), ts, &mut out),
+                    Err(w) => {
+                        if w > op.schedule.watermark.0 {
+                            op.on_watermark(Watermark(w), &mut out);
+                        }
+                    }
+                }
+            }
+            let mut fired: Vec<(u8, i64, u64)> = out.main.records.clone();
+            fired.sort_unstable();
+            proptest::prop_assert_eq!(fired, reference(&g, lateness, &input));
+            proptest::prop_assert!(op.keys.is_empty(), "state left after the last watermark");
+        }
+    }
+
+    proptest::proptest! {
+        /// The first, last and next window ends of a pane agree with listing its windows.
+        #[test]
+        fn window_ends_of_a_pane_agree_with_its_windows(
+            size in 1i64..50,
+            slide_part in 1i64..50,
+            offset in -60i64..60,
+            time in -500i64..500,
+            after in -600i64..600,
+        ) {
+            let slide = slide_part.min(size);
+            let g = Geometry::new(size, slide, offset % slide);
+            let pane = g.pane_start(time);
+            let ends: Vec<i64> = g.windows_of_pane(pane).map(|w| w.max_timestamp()).collect();
+            proptest::prop_assert!(!ends.is_empty());
+            proptest::prop_assert_eq!(g.pane_last_max_timestamp(pane), ends[0]);
+            proptest::prop_assert_eq!(g.pane_first_max_timestamp(pane), *ends.last().unwrap());
+            let next = ends.iter().copied().filter(|&end| end > after).min();
+            proptest::prop_assert_eq!(g.next_window_max(pane, after), next);
+        }
     }
 }

@@ -9,17 +9,9 @@ use crate::operator::Batch;
 
 /// An incremental aggregation (Flink's `AggregateFunction`): records are folded into an
 /// accumulator as they arrive; the window's result is computed from it when the window fires.
-/// `merge` combines accumulators (the panes of a sliding window, merging sessions).
-pub trait AggregateFunction<IN, ACC, OUT>: Clone + Send + Sync + 'static {
-    /// A fresh, empty accumulator.
-    fn create_accumulator(&self) -> ACC;
-    /// Folds one record in.
-    fn add(&self, value: IN, accumulator: &mut ACC);
-    /// The result of the records folded into `accumulator`.
-    fn get_result(&self, accumulator: &ACC) -> OUT;
-    /// Folds `other` into `into`.
-    fn merge(&self, into: &mut ACC, other: &ACC);
-}
+/// One trait with keyed state's `AggregatingStateDescriptor`; windows also need `Clone` (one
+/// copy per subtask).
+pub use weir_state::AggregateFunction;
 
 /// The records of a firing window, in arrival order per pane (a tumbling window has one pane,
 /// a sliding window `size / gcd(size, slide)`). Iterating does not copy them.
@@ -178,7 +170,7 @@ impl<K, W, T, ACC, R, O, A, P> WindowLogic<K, W, T, O> for AggregateLogic<A, ACC
 where
     ACC: 'static,
     R: 'static,
-    A: AggregateFunction<T, ACC, R>,
+    A: AggregateFunction<T, ACC, R> + Clone,
     P: FnMut(&K, &W, R) -> O + 'static,
 {
     type Acc = ACC;

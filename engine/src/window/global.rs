@@ -2,11 +2,10 @@
 //! window fires with them and starts over. Records of a window that never fills up are not
 //! emitted (as in Flink, a count window fires only when full).
 
-use std::collections::HashMap;
 use std::marker::PhantomData;
 
 use super::function::WindowLogic;
-use super::{GlobalWindow, Window};
+use super::{GlobalWindow, KeyMap, Window};
 use crate::operator::{Emitter, Operator};
 use crate::record::Key;
 
@@ -14,7 +13,7 @@ pub(crate) struct CountWindowOperator<K, T, O, KS, L: WindowLogic<K, GlobalWindo
     key_selector: KS,
     logic: L,
     count: u64,
-    keys: HashMap<K, (u64, L::Acc)>,
+    keys: KeyMap<K, (u64, L::Acc)>,
     _types: PhantomData<fn(T) -> O>,
 }
 
@@ -24,7 +23,7 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
             key_selector,
             logic,
             count,
-            keys: HashMap::new(),
+            keys: KeyMap::default(),
             _types: PhantomData,
         }
     }

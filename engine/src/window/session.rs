@@ -1,22 +1,100 @@
 //! Session windows: per key, a record opens the window `[t, t + gap)`, and windows that
 //! overlap merge (their accumulators merged, their timers replaced by the merged window's).
-//! A key's sessions sit in a `BTreeMap` by start, so finding the ones a record overlaps is
-//! O(log n + merged).
+//! A key's latest session sits inline in its map entry (in-order input extends it without
+//! chasing a pointer), earlier ones in a `BTreeMap` by start, so finding the ones a record
+//! overlaps is O(log n + merged).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use super::assigner::SessionGap;
 use super::function::WindowLogic;
-use super::{element_time, LateData, TimeWindow, Window};
+use super::{element_time, KeyMap, LateData, TimeWindow, Window};
 use crate::metrics::OperatorMetrics;
 use crate::operator::{Emitter, Operator, OutputTag};
 use crate::record::{Key, Watermark};
 use crate::time::{TimeDomain, TimerQueue};
 
-/// A key's sessions: start → (end, accumulator).
-type Sessions<A> = BTreeMap<i64, (i64, A)>;
+/// A key's sessions, start → (end, accumulator): the latest-starting one inline, the others
+/// in a map. Invariant: no latest session, no others.
+struct Sessions<A> {
+    latest: Option<(i64, (i64, A))>,
+    earlier: BTreeMap<i64, (i64, A)>,
+}
+
+impl<A> Default for Sessions<A> {
+    fn default() -> Self {
+        Sessions {
+            latest: None,
+            earlier: BTreeMap::new(),
+        }
+    }
+}
+
+impl<A> Sessions<A> {
+    /// The sessions starting at or before `to`, latest first.
+    fn starting_until(&self, to: i64) -> impl Iterator<Item = (i64, &(i64, A))> {
+        let latest = self.latest.as_ref().filter(|(start, _)| *start <= to);
+        latest
+            .map(|(start, session)| (*start, session))
+            .into_iter()
+            .chain(
+                self.earlier
+                    .range(..=to)
+                    .rev()
+                    .map(|(s, session)| (*s, session)),
+            )
+    }
+
+    /// The latest session starting at or before `to`.
+    #[inline]
+    fn last_starting_until_mut(&mut self, to: i64) -> Option<(i64, &mut (i64, A))> {
+        match &mut self.latest {
+            Some((start, session)) if *start <= to => Some((*start, session)),
+            _ => self
+                .earlier
+                .range_mut(..=to)
+                .next_back()
+                .map(|(start, session)| (*start, session)),
+        }
+    }
+
+    fn get(&self, start: i64) -> Option<&(i64, A)> {
+        match &self.latest {
+            Some((latest, session)) if *latest == start => Some(session),
+            _ => self.earlier.get(&start),
+        }
+    }
+
+    fn insert(&mut self, start: i64, session: (i64, A)) {
+        match &self.latest {
+            Some((latest, _)) if *latest > start => {
+                self.earlier.insert(start, session);
+            }
+            _ => {
+                if let Some((latest, previous)) = self.latest.replace((start, session)) {
+                    // Never equal: a session starting there would have been merged.
+                    self.earlier.insert(latest, previous);
+                }
+            }
+        }
+    }
+
+    fn remove(&mut self, start: i64) -> Option<(i64, A)> {
+        match &self.latest {
+            Some((latest, _)) if *latest == start => {
+                let (_, session) = std::mem::replace(&mut self.latest, self.earlier.pop_last())?;
+                Some(session)
+            }
+            _ => self.earlier.remove(&start),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.latest.is_none()
+    }
+}
 
 pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> {
     key_selector: KS,
@@ -26,7 +104,7 @@ pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     allowed_lateness: i64,
     late: LateData<T>,
     operator: Arc<str>,
-    keys: HashMap<K, Sessions<L::Acc>>,
+    keys: KeyMap<K, Sessions<L::Acc>>,
     fire_timers: TimerQueue<K>,
     cleanup_timers: TimerQueue<K>,
     watermark: Watermark,
@@ -59,7 +137,7 @@ where
             },
             late: LateData::new(late_tag),
             operator: "".into(),
-            keys: HashMap::new(),
+            keys: KeyMap::default(),
             fire_timers: TimerQueue::default(),
             cleanup_timers: TimerQueue::default(),
             watermark: Watermark::MIN,
@@ -78,13 +156,13 @@ where
         let sessions = self.keys.get(key)?;
         // `..=time + 1`: a session may be empty at the very end of time (`[MAX, MAX)`);
         // sessions never touch, so no other one starts right after `time`.
-        let (&start, &(end, _)) = sessions.range(..=time.saturating_add(1)).next_back()?;
+        let (start, &(end, _)) = sessions.starting_until(time.saturating_add(1)).next()?;
         (end.saturating_sub(1) >= time).then_some((start, end))
     }
 
     fn remove_session(&mut self, key: &K, start: i64) {
         if let Some(sessions) = self.keys.get_mut(key) {
-            sessions.remove(&start);
+            sessions.remove(start);
             if sessions.is_empty() {
                 self.keys.remove(key);
             }
@@ -92,7 +170,7 @@ where
     }
 
     fn fire(&mut self, key: &K, start: i64, out: &mut Emitter<O>) {
-        let Some((end, acc)) = self.keys.get(key).and_then(|s| s.get(&start)) else {
+        let Some((end, acc)) = self.keys.get(key).and_then(|s| s.get(start)) else {
             return;
         };
         let window = TimeWindow::new(start, *end);
@@ -150,49 +228,62 @@ where
         let gap = self.gap.of(&record);
         let key = (self.key_selector)(&record);
         let mut merged = TimeWindow::new(time, time.saturating_add(gap));
+        if let Some(sessions) = self.keys.get_mut(&key) {
+            // The common case: the latest session starting before the new window ends starts
+            // at or before the record and reaches it. No other session overlaps then: none
+            // starts later within the new window, and sessions never touch, so earlier ones
+            // end before this one starts.
+            if let Some((start, (end, acc))) = sessions.last_starting_until_mut(merged.end) {
+                if start <= merged.start && *end >= merged.start {
+                    let grown = TimeWindow::new(start, (*end).max(merged.end));
+                    let event_time = self.domain == TimeDomain::EventTime;
+                    let watermark = self.watermark.0;
+                    let past = |lateness: i64| {
+                        event_time && grown.max_timestamp().saturating_add(lateness) <= watermark
+                    };
+                    if past(self.allowed_lateness) {
+                        self.late.handle(record, timestamp, out);
+                        return;
+                    }
+                    // Update it in place; its timer catches up when it comes due (see
+                    // `advance`).
+                    let fired_before = end.saturating_sub(1) <= watermark;
+                    *end = grown.end;
+                    self.logic.add(acc, record);
+                    if past(0) {
+                        self.fire(&key, start, out);
+                    } else if fired_before && event_time {
+                        // It fired already (kept for its lateness) and its timer is spent: it
+                        // needs one for its new end.
+                        self.fire_timers.register(&key, grown.max_timestamp());
+                    }
+                    return;
+                }
+            }
+        }
         // Sessions overlapping the new window (touching counts, as in Flink), latest first.
         let overlapping: Vec<i64> = match self.keys.get(&key) {
             None => Vec::new(),
             Some(sessions) => sessions
-                .range(..=merged.end)
-                .rev()
+                .starting_until(merged.end)
                 .take_while(|(_, (end, _))| *end >= merged.start)
-                .map(|(&start, _)| start)
+                .map(|(start, _)| start)
                 .collect(),
         };
         if let Some(sessions) = self.keys.get(&key) {
             for start in &overlapping {
                 merged.start = merged.start.min(*start);
-                merged.end = merged.end.max(sessions[start].0);
+                merged.end = merged.end.max(sessions.get(*start).expect("found above").0);
             }
         }
         if self.is_past(&merged, self.allowed_lateness) {
             self.late.handle(record, timestamp, out);
             return;
         }
-        if let [start] = overlapping[..] {
-            if start == merged.start {
-                // The common case: the record extends one session at its end. Update it in
-                // place; its timer catches up when it comes due (see `advance`).
-                let sessions = self.keys.get_mut(&key).expect("found above");
-                let (end, acc) = sessions.get_mut(&start).expect("found above");
-                let fired_before = end.saturating_sub(1) <= self.watermark.0;
-                *end = merged.end;
-                self.logic.add(acc, record);
-                if self.is_past(&merged, 0) {
-                    self.fire(&key, start, out);
-                } else if fired_before && self.domain == TimeDomain::EventTime {
-                    // It fired already (kept for its lateness) and its timer is spent: it
-                    // needs one for its new end.
-                    self.fire_timers.register(&key, merged.max_timestamp());
-                }
-                return;
-            }
-        }
         let mut acc = self.logic.create();
         let sessions = self.keys.entry(key.clone()).or_default();
         for start in overlapping.iter().rev() {
-            let (end, old) = sessions.remove(start).expect("found above");
+            let (end, old) = sessions.remove(*start).expect("found above");
             self.fire_timers.delete(&key, end - 1);
             if self.allowed_lateness > 0 {
                 self.cleanup_timers
@@ -239,5 +330,38 @@ where
         if self.domain == TimeDomain::ProcessingTime {
             self.advance(i64::MAX, out);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_latest_session_stays_inline_whatever_the_order() {
+        let mut sessions = Sessions::default();
+        for start in [20, 0, 40, 10] {
+            sessions.insert(start, (start + 5, start as u32));
+        }
+        assert_eq!(sessions.latest, Some((40, (45, 40))));
+        let until_25: Vec<i64> = sessions.starting_until(25).map(|(s, _)| s).collect();
+        assert_eq!(until_25, vec![20, 10, 0], "latest first");
+        assert_eq!(sessions.starting_until(40).next().map(|(s, _)| s), Some(40));
+        assert_eq!(
+            sessions.last_starting_until_mut(39).map(|(s, _)| s),
+            Some(20)
+        );
+        assert_eq!(sessions.get(10), Some(&(15, 10)));
+        assert_eq!(sessions.remove(40), Some((45, 40)));
+        assert_eq!(
+            sessions.latest,
+            Some((20, (25, 20))),
+            "the next moves inline"
+        );
+        assert_eq!(sessions.remove(0), Some((5, 0)));
+        assert_eq!(sessions.remove(0), None);
+        sessions.remove(20);
+        sessions.remove(10);
+        assert!(sessions.is_empty() && sessions.earlier.is_empty());
     }
 }

@@ -1,17 +1,23 @@
 //! The current key and namespace of a keyed backend, shared by all its state handles.
 //!
 //! `set_current_key` hashes the key once (Weir key hash v1) and caches its key group; the heap
-//! backend looks entries up by the cached `(key, namespace)` pair without cloning it, and the
-//! RocksDB backend keeps the encoded key prefix (key group, key, namespace) up to date so that a
-//! state access only appends what is specific to it.
+//! backend looks entries up by the cached `(key, namespace)` pair and its cached hash without
+//! cloning or hashing it again, and the RocksDB backend keeps the encoded key prefix (key group,
+//! key, namespace) up to date so that a state access only appends what is specific to it.
+//!
+//! Both hashes come from one pass over the key: the key group is `finish` of the stable hasher
+//! after the key (exactly [`KeyGroup::of`]), and the heap maps' hash of `(key, namespace)` is the
+//! same hasher continued with the namespace (exactly what the maps' `BuildHasher` computes for
+//! the tuple, which hashes its fields in order).
 
 use std::cell::{Ref, RefCell};
+use std::hash::{Hash, Hasher};
 
 use rkyv::rancor;
 
 use crate::backend::rocksdb::key as rocks_key;
 use crate::error::{StateError, StateErrorKind};
-use crate::key_group::{KeyGroup, KeyGroupRange};
+use crate::key_group::{KeyGroup, KeyGroupRange, StableHasher};
 use crate::StateKey;
 
 /// Encoders a RocksDB backend uses for keys and namespaces, captured where the types are known
@@ -35,6 +41,10 @@ pub(crate) struct KeyContext<K, N> {
 pub(crate) struct Current<K, N> {
     /// `(key, namespace)` once a key is set: the heap backend's lookup key.
     pub(crate) composite: Option<(K, Option<N>)>,
+    /// The heap maps' hash of `composite` (see the module docs).
+    pub(crate) composite_hash: u64,
+    /// The stable hasher after the current key, before the namespace.
+    key_hasher: StableHasher,
     /// The namespace, also while no key is set.
     namespace: Option<N>,
     /// Key group of the current key.
@@ -49,6 +59,16 @@ pub(crate) struct Current<K, N> {
     scratch: Vec<u8>,
 }
 
+impl<K: StateKey, N: StateKey> Current<K, N> {
+    /// Recomputes `composite_hash` from the key's hasher and the namespace.
+    #[inline]
+    fn hash_composite(&mut self) {
+        let mut hasher = self.key_hasher.clone();
+        self.namespace.hash(&mut hasher);
+        self.composite_hash = hasher.finish();
+    }
+}
+
 impl<K: StateKey, N: StateKey> KeyContext<K, N> {
     pub(crate) fn new(
         max_parallelism: u32,
@@ -60,6 +80,8 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
             key_groups,
             current: RefCell::new(Current {
                 composite: None,
+                composite_hash: 0,
+                key_hasher: StableHasher::new(),
                 namespace: None,
                 key_group: KeyGroup(key_groups.start),
                 group_index: 0,
@@ -89,8 +111,11 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
         self.current.borrow()
     }
 
+    #[inline]
     pub(crate) fn set_key(&self, key: &K) -> Result<(), StateError> {
-        let key_group = KeyGroup::of(key, self.max_parallelism);
+        let mut key_hasher = StableHasher::new();
+        key.hash(&mut key_hasher);
+        let key_group = KeyGroup::of_hash(key_hasher.finish(), self.max_parallelism);
         if !self.key_groups.contains(key_group) {
             return Err(StateErrorKind::KeyGroupOutOfRange {
                 key: format!("{key:?}"),
@@ -124,6 +149,8 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
         }
         current.key_group = key_group;
         current.group_index = (key_group.0 - self.key_groups.start) as usize;
+        current.key_hasher = key_hasher;
+        current.hash_composite();
         if self.codec.is_some() {
             self.encode_namespace(current)?;
         }
@@ -137,6 +164,7 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
             stored.clone_from(&namespace);
         }
         current.namespace = namespace;
+        current.hash_composite();
         if self.codec.is_some() && current.composite.is_some() {
             self.encode_namespace(current)?;
         }
@@ -182,5 +210,55 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
     pub(crate) fn key_group(&self) -> Option<KeyGroup> {
         let current = self.current.borrow();
         current.composite.as_ref().map(|_| current.key_group)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::BuildHasher;
+
+    use super::*;
+    use crate::backend::heap::table::StableBuildHasher;
+
+    /// The cached hashes equal what `KeyGroup::of` and the heap maps' hasher compute.
+    fn check<K: StateKey, N: StateKey>(key: K, namespace: Option<N>) {
+        let context: KeyContext<K, N> =
+            KeyContext::new(128, KeyGroupRange { start: 0, end: 127 }, None);
+        context.set_namespace(namespace.clone()).unwrap();
+        context.set_key(&key).unwrap();
+        let current = context.current();
+        assert_eq!(current.key_group, KeyGroup::of(&key, 128));
+        let composite = (key.clone(), namespace);
+        assert_eq!(
+            current.composite_hash,
+            StableBuildHasher::default().hash_one(&composite)
+        );
+        assert_eq!(current.composite.as_ref(), Some(&composite));
+    }
+
+    #[test]
+    fn cached_hashes_match_the_hashers() {
+        check::<u64, ()>(42, None);
+        check::<u64, ()>(42, Some(()));
+        check::<String, (i64, i64)>("a longer key of 29 characters".into(), Some((-5, 10)));
+        check::<(u32, String), String>((7, "k".into()), Some("window".into()));
+        check::<i8, u8>(-1, None);
+    }
+
+    #[test]
+    fn namespace_changes_rehash() {
+        let context: KeyContext<u64, u32> =
+            KeyContext::new(8, KeyGroupRange { start: 0, end: 7 }, None);
+        context.set_key(&9).unwrap();
+        let without = context.current().composite_hash;
+        context.set_namespace(Some(3)).unwrap();
+        let with = context.current().composite_hash;
+        assert_ne!(without, with);
+        assert_eq!(
+            with,
+            StableBuildHasher::default().hash_one((9u64, Some(3u32)))
+        );
+        context.set_namespace(None).unwrap();
+        assert_eq!(context.current().composite_hash, without);
     }
 }

@@ -9,7 +9,7 @@ use std::hash::Hash;
 use std::rc::Rc;
 
 use crate::backend::context::{Current, KeyContext};
-use crate::backend::heap::table::{Entry, FastMap, KeyGroupedTable, Purge, Stored};
+use crate::backend::heap::table::{Entry, FastMap, HashedKey, KeyGroupedTable, Purge, Stored};
 use crate::descriptor::StateKind;
 use crate::error::StateError;
 use crate::handle::{ListAccess, MapAccess, MapEntries, UpdateFn, ValueAccess};
@@ -24,15 +24,21 @@ pub(crate) struct HeapTable<K, N, V> {
     pub(crate) data: RefCell<KeyGroupedTable<K, N, V>>,
 }
 
-/// The `(key, namespace)` and key group index of the current key, or the error for a state
-/// accessed without one.
+/// The `(key, namespace)` (with its cached hash) and key group index of the current key, or the
+/// error for a state accessed without one.
 #[inline]
 fn lookup<'a, K, N>(
     current: &'a Current<K, N>,
     state: &str,
-) -> Result<(&'a (K, Option<N>), usize), StateError> {
+) -> Result<(HashedKey<'a, K, N>, usize), StateError> {
     match &current.composite {
-        Some(composite) => Ok((composite, current.group_index)),
+        Some(key) => Ok((
+            HashedKey {
+                key,
+                hash: current.composite_hash,
+            },
+            current.group_index,
+        )),
         None => Err(StateError::no_current_key(state)),
     }
 }

@@ -8,7 +8,9 @@
 //! overlaps with writes — never of the whole state at once.
 //!
 //! The maps hash with [`StableHasher`] (fast, no per-map seed); they are `IndexMap`s so that
-//! background TTL cleanup can resume at a position instead of rescanning.
+//! background TTL cleanup can resume at a position instead of rescanning. Lookups by the current
+//! key take its hash from the key context ([`HashedKey`]), computed once per `set_current_key`,
+//! so a read followed by a write hashes nothing.
 //!
 //! **Size estimate.** Each table counts its entries and nested elements (list elements, map
 //! entries) as they change, and estimates its size from those counts and the inline sizes of its
@@ -23,6 +25,7 @@ use std::hash::BuildHasherDefault;
 use std::mem::size_of;
 use std::rc::Rc;
 
+use indexmap::map::raw_entry_v1::{RawEntryApiV1, RawEntryMut};
 use indexmap::IndexMap;
 
 use crate::key_group::StableHasher;
@@ -34,6 +37,22 @@ pub(crate) type StableBuildHasher = BuildHasherDefault<StableHasher>;
 pub(crate) type FastMap<K, V> = IndexMap<K, V, StableBuildHasher>;
 /// The entries of one key group: `(key, namespace)` to the stored value.
 pub(crate) type GroupMap<K, N, V> = FastMap<(K, Option<N>), V>;
+
+/// A `(key, namespace)` and its hash under [`StableBuildHasher`], as the key context caches
+/// them. The hash must be that of `key`: a wrong one finds nothing, or files an entry where
+/// lookups by key never find it.
+pub(crate) struct HashedKey<'a, K, N> {
+    pub(crate) key: &'a (K, Option<N>),
+    pub(crate) hash: u64,
+}
+
+impl<K, N> Clone for HashedKey<'_, K, N> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<K, N> Copy for HashedKey<'_, K, N> {}
 
 /// Hash map overhead per entry, in bytes (see the module docs).
 const MAP_ENTRY_OVERHEAD: usize = 24;
@@ -205,8 +224,11 @@ where
 
     /// The value of `key` in key group `group`.
     #[inline]
-    pub(crate) fn get(&self, group: usize, key: &(K, Option<N>)) -> Option<&V> {
-        self.groups[group].get(key)
+    pub(crate) fn get(&self, group: usize, key: HashedKey<'_, K, N>) -> Option<&V> {
+        self.groups[group]
+            .raw_entry_v1()
+            .from_key_hashed_nocheck(key.hash, key.key)
+            .map(|(_, value)| value)
     }
 
     /// Changes the value of `key` in place, if present. A container left empty is removed.
@@ -216,11 +238,13 @@ where
     pub(crate) fn modify<R>(
         &mut self,
         group: usize,
-        key: &(K, Option<N>),
+        key: HashedKey<'_, K, N>,
         change: impl FnOnce(&mut V) -> R,
     ) -> Option<R> {
         let map = Rc::make_mut(&mut self.groups[group]);
-        let index = map.get_index_of(key)?;
+        let index = map
+            .raw_entry_v1()
+            .index_from_hash(key.hash, |stored| stored == key.key)?;
         let (_, value) = map.get_index_mut(index)?;
         let before = value.nested_len();
         let result = change(value);
@@ -237,16 +261,19 @@ where
     /// Stores `value` under `key`, replacing any previous value; clones the key only when it
     /// is new.
     #[inline]
-    pub(crate) fn upsert(&mut self, group: usize, key: &(K, Option<N>), value: V) {
+    pub(crate) fn upsert(&mut self, group: usize, key: HashedKey<'_, K, N>, value: V) {
         let added = value.nested_len();
         let map = Rc::make_mut(&mut self.groups[group]);
-        match map.get_mut(key) {
-            Some(slot) => {
-                self.nested = self.nested + added - slot.nested_len();
-                *slot = value;
+        match map
+            .raw_entry_mut_v1()
+            .from_key_hashed_nocheck(key.hash, key.key)
+        {
+            RawEntryMut::Occupied(mut slot) => {
+                self.nested = self.nested + added - slot.get().nested_len();
+                slot.insert(value);
             }
-            None => {
-                map.insert(key.clone(), value);
+            RawEntryMut::Vacant(slot) => {
+                slot.insert_hashed_nocheck(key.hash, key.key.clone(), value);
                 self.entries += 1;
                 self.nested += added;
             }
@@ -255,12 +282,17 @@ where
 
     /// Removes `key`, returning its value.
     #[inline]
-    pub(crate) fn remove(&mut self, group: usize, key: &(K, Option<N>)) -> Option<V> {
-        if !self.groups[group].contains_key(key) {
-            // Do not copy a key group shared with a snapshot for nothing.
+    pub(crate) fn remove(&mut self, group: usize, key: HashedKey<'_, K, N>) -> Option<V> {
+        // Do not copy a key group shared with a snapshot for nothing.
+        self.get(group, key)?;
+        let map = Rc::make_mut(&mut self.groups[group]);
+        let RawEntryMut::Occupied(slot) = map
+            .raw_entry_mut_v1()
+            .from_key_hashed_nocheck(key.hash, key.key)
+        else {
             return None;
-        }
-        let removed = Rc::make_mut(&mut self.groups[group]).swap_remove(key)?;
+        };
+        let removed = slot.swap_remove();
         self.entries -= 1;
         self.nested -= removed.nested_len();
         Some(removed)
@@ -358,8 +390,17 @@ mod tests {
     use super::*;
     use crate::ttl::NEVER_EXPIRES;
 
+    use std::hash::BuildHasher;
+
     fn key(k: u32) -> (u32, Option<u8>) {
         (k, None)
+    }
+
+    fn hashed(key: &(u32, Option<u8>)) -> HashedKey<'_, u32, u8> {
+        HashedKey {
+            key,
+            hash: StableBuildHasher::default().hash_one(key),
+        }
     }
 
     #[test]
@@ -367,7 +408,7 @@ mod tests {
         let mut table: KeyGroupedTable<u32, u8, Entry<u64>> = KeyGroupedTable::new(2);
         table.upsert(
             0,
-            &key(1),
+            hashed(&key(1)),
             Entry {
                 value: 10,
                 expires_at: NEVER_EXPIRES,
@@ -375,21 +416,21 @@ mod tests {
         );
         table.upsert(
             1,
-            &key(2),
+            hashed(&key(2)),
             Entry {
                 value: 20,
                 expires_at: NEVER_EXPIRES,
             },
         );
         let snapshot = table.share_groups();
-        table.modify(0, &key(1), |entry| entry.value = 11);
+        table.modify(0, hashed(&key(1)), |entry| entry.value = 11);
         // Key group 0 was copied, key group 1 is still shared.
         assert!(!Rc::ptr_eq(&snapshot[0], &table.groups[0]));
         assert!(Rc::ptr_eq(&snapshot[1], &table.groups[1]));
         assert_eq!(snapshot[0].get(&key(1)).unwrap().value, 10);
-        assert_eq!(table.get(0, &key(1)).unwrap().value, 11);
+        assert_eq!(table.get(0, hashed(&key(1))).unwrap().value, 11);
         // Removing an absent key does not copy a shared group.
-        assert!(table.remove(1, &key(99)).is_none());
+        assert!(table.remove(1, hashed(&key(99))).is_none());
         assert!(Rc::ptr_eq(&snapshot[1], &table.groups[1]));
     }
 
@@ -400,10 +441,10 @@ mod tests {
             value,
             expires_at: NEVER_EXPIRES,
         };
-        table.upsert(0, &key(1), vec![element(1), element(2)]);
-        table.modify(0, &key(1), |list| list.push(element(3)));
+        table.upsert(0, hashed(&key(1)), vec![element(1), element(2)]);
+        table.modify(0, hashed(&key(1)), |list| list.push(element(3)));
         assert_eq!((table.entries(), table.nested), (1, 3));
-        table.modify(0, &key(1), |list| list.clear());
+        table.modify(0, hashed(&key(1)), |list| list.clear());
         assert_eq!((table.entries(), table.nested), (0, 0));
         assert_eq!(table.estimated_bytes(), 0);
     }
@@ -415,7 +456,7 @@ mod tests {
             let expires_at = if k % 2 == 0 { 50 } else { NEVER_EXPIRES };
             table.upsert(
                 0,
-                &key(k),
+                hashed(&key(k)),
                 Entry {
                     value: 0,
                     expires_at,

@@ -98,6 +98,21 @@ pub fn split_key(bytes: &[u8]) -> Option<StateKeyParts<'_>> {
     })
 }
 
+/// The `(key group, key, namespace)` part of a stored key: RocksDB's prefix extractor, so that
+/// a memtable finds a value (or a map's entries) by hashing it. A key that does not follow the
+/// layout is its own prefix.
+pub(crate) fn state_prefix(bytes: &[u8]) -> &[u8] {
+    match split_key(bytes) {
+        Some(parts) => &bytes[..parts.prefix_len],
+        None => bytes,
+    }
+}
+
+/// Whether `bytes` follows the key layout (the domain of [`state_prefix`]).
+pub(crate) fn has_state_prefix(bytes: &[u8]) -> bool {
+    split_key(bytes).is_some()
+}
+
 /// The smallest key after every key that starts with `prefix` (`None`: no such bound).
 pub(crate) fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     let mut end = prefix.to_vec();
@@ -160,6 +175,19 @@ mod tests {
             let pb = build(3, &b, nb.as_deref(), &[]);
             prop_assert!(!pb.starts_with(&pa) && !pa.starts_with(&pb));
         }
+    }
+
+    #[test]
+    fn state_prefix_is_the_key_and_namespace() {
+        let plain = build(3, b"key", None, &[]);
+        assert_eq!(state_prefix(&plain), &plain[..]);
+        let map_entry = build(3, b"key", Some(b"ns"), b"user key");
+        let prefix = build(3, b"key", Some(b"ns"), &[]);
+        assert_eq!(state_prefix(&map_entry), &prefix[..]);
+        assert!(has_state_prefix(&map_entry));
+        // Bounds of key-group scans are not state keys: their own prefix, out of the domain.
+        assert_eq!(state_prefix(&[0, 5]), &[0, 5]);
+        assert!(!has_state_prefix(&[0, 5]));
     }
 
     #[test]

@@ -74,7 +74,7 @@ impl RocksStorage {
             name,
             TtlPolicy::new(ttl, self.slot.clock()),
             Arc::clone(&self.slot),
-        ));
+        )?);
         self.columns.borrow_mut().push(Rc::clone(&column));
         Ok(column)
     }
@@ -174,10 +174,9 @@ impl RocksStorage {
             .iter()
             .map(|column| {
                 let property = |name: &str| -> u64 {
-                    column
-                        .cf()
+                    db.property_int_value_cf(column.cf(), name)
                         .ok()
-                        .and_then(|cf| db.property_int_value_cf(&cf, name).ok().flatten())
+                        .flatten()
                         .unwrap_or(0)
                 };
                 StateSize {

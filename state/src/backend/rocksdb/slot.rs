@@ -19,6 +19,30 @@
 //! **Durability.** Writes skip the write-ahead log: a checkpoint is the unit of durability (as
 //! in Flink), and [`SlotRocksDb::create_checkpoint`] flushes memtables before it hard-links the
 //! SST files.
+//!
+//! **Memtables for read-modify-write.** Keyed state is read, changed and written back, again and
+//! again, on the same keys. With RocksDB's defaults a counter updated a million times leaves a
+//! million versions in the memtable, and every read and every write searches one skip list over
+//! all of them. Two column family options change that (`bench/RESULTS.md`, "State backends",
+//! has the measurements):
+//!
+//! - `inplace_update_support`: a put whose key's newest memtable entry is a put of a value at
+//!   least as long overwrites that value in place, so the memtable holds about one entry per
+//!   live key. RocksDB's conditions hold: a slot has one writer (its shard's thread), so memtable
+//!   writes are not concurrent (`allow_concurrent_memtable_write` is off); nothing takes
+//!   snapshots; an open iterator may see a value written after it was created, which map
+//!   iteration already allows ("writes made while iterating may or may not be seen", as in
+//!   Flink). One interaction needs care: an in-place update keeps the entry's old sequence
+//!   number, so after a range deletion the memtable could hold a new value older than the
+//!   tombstone, which would hide it. [`SlotRocksDb::delete_key_groups`] therefore flushes the
+//!   column family after its range tombstone, so later writes start a fresh memtable.
+//! - A hash memtable (`HashLinkList`) keyed by a prefix extractor that cuts a stored key after
+//!   its namespace (key group, key, namespace; see `key.rs`): a point read or write hashes to the
+//!   bucket of its `(key, namespace)` instead of searching the whole memtable, and a map's
+//!   entries share one bucket, so its prefix scans stay cheap. A bucket is a sorted list that
+//!   RocksDB turns into a skip list past 256 entries (a big map). Iterators that cross prefixes
+//!   (the key-group scans of [`SlotRocksDb::raw_entries`]) ask for total order seek, which sorts
+//!   the memtable for that iterator; those are for rescaling and inspection, not per record.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,10 +51,11 @@ use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
     BlockBasedOptions, BottommostLevelCompaction, BoundColumnFamily, Cache, ColumnFamilyDescriptor,
     CompactOptions, DBCompressionType, DBRawIteratorWithThreadMode, DBWithThreadMode,
-    MultiThreaded, Options, ReadOptions, WriteBufferManager, WriteOptions,
+    MemtableFactory, MultiThreaded, Options, ReadOptions, SliceTransform, WriteBufferManager,
+    WriteOptions,
 };
 
-use crate::backend::rocksdb::key::key_group_bounds;
+use crate::backend::rocksdb::key::{has_state_prefix, key_group_bounds, state_prefix};
 use crate::backend::rocksdb::value::{list_append, ColumnLayout, TtlFilterFactory};
 use crate::error::{StateError, StateErrorKind};
 use crate::key_group::KeyGroupRange;
@@ -38,6 +63,10 @@ use crate::ttl::Clock;
 
 /// The RocksDB database type: column families can be created through a shared reference.
 pub(crate) type Db = DBWithThreadMode<MultiThreaded>;
+
+/// Hash buckets of a state's memtable (8 bytes each, allocated with the memtable: 128 KiB). More
+/// live keys than buckets cost a short list walk per access, not a failure.
+const MEMTABLE_BUCKETS: usize = 16 << 10;
 
 /// Where and with how much memory a slot's RocksDB runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -289,6 +318,8 @@ impl SlotRocksDb {
         let mut options = ReadOptions::default();
         options.set_iterate_lower_bound(start.to_vec());
         options.set_iterate_upper_bound(end.to_vec());
+        // The scan crosses key prefixes: no prefix seek (see the module docs).
+        options.set_total_order_seek(true);
         let mut iterator = self.db.raw_iterator_cf_opt(&cf, options);
         iterator.seek_to_first();
         Ok(RawEntries {
@@ -299,7 +330,9 @@ impl SlotRocksDb {
         })
     }
 
-    /// Deletes every entry of `column_family` in `key_groups` (one range tombstone).
+    /// Deletes every entry of `column_family` in `key_groups` (one range tombstone), then
+    /// flushes the column family so that no later in-place update can land behind the tombstone
+    /// (see the module docs).
     pub fn delete_key_groups(
         &self,
         column_family: &str,
@@ -311,7 +344,15 @@ impl SlotRocksDb {
             .delete_range_cf_opt(&cf, start, end, &self.write_options)
             .map_err(|source| {
                 StateError::rocksdb(self.path(), column_family, "deleting key groups", source)
-            })
+            })?;
+        self.db.flush_cf(&cf).map_err(|source| {
+            StateError::rocksdb(
+                self.path(),
+                column_family,
+                "flushing after deleting key groups",
+                source,
+            )
+        })
     }
 
     /// Creates the column family `name` for values laid out as `layout`, if it is missing.
@@ -365,8 +406,9 @@ impl std::fmt::Debug for SlotRocksDb {
 }
 
 /// Options of a column family (and, with `layout = None`, of the database and its default
-/// column family): the shared block cache, lz4, Bloom filters for point reads, the TTL
-/// compaction filter, and for lists the append merge operator.
+/// column family): the shared block cache, lz4, Bloom filters for point reads, in-place memtable
+/// updates; for states also the hash memtable by `(key, namespace)` prefix (see the module
+/// docs), the TTL compaction filter, and for lists the append merge operator.
 fn column_options(
     config: &RocksDbConfig,
     cache: &Cache,
@@ -385,7 +427,20 @@ fn column_options(
     options.set_compression_type(DBCompressionType::Lz4);
     options.set_write_buffer_size(config.column_write_buffer());
     options.set_level_compaction_dynamic_level_bytes(true);
+    // One writer per slot (its shard): update values in place in the memtable (see the module
+    // docs), which RocksDB allows only without concurrent memtable writes (a database option,
+    // set here for the database and its default column family).
+    options.set_inplace_update_support(true);
+    options.set_allow_concurrent_memtable_write(false);
     if let Some(layout) = layout {
+        options.set_prefix_extractor(SliceTransform::create(
+            "weir.state-key-prefix",
+            state_prefix,
+            Some(has_state_prefix),
+        ));
+        options.set_memtable_factory(MemtableFactory::HashLinkList {
+            bucket_count: MEMTABLE_BUCKETS,
+        });
         options.set_compaction_filter_factory(TtlFilterFactory {
             layout,
             clock: Arc::clone(clock),
@@ -430,5 +485,43 @@ impl Iterator for RawEntries<'_> {
             .map(|(key, value)| (Box::from(key), Box::from(value)));
         self.iterator.next();
         item.map(Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ttl::ManualClock;
+    use crate::{KeyedBackendConfig, LocalKeyedBackend, ValueStateDescriptor};
+
+    /// A value written in place after its key group was deleted is visible (the range
+    /// tombstone does not hide it), and so is one written to a key never seen before.
+    #[test]
+    fn writes_after_deleting_key_groups_are_visible() {
+        let dir = tempfile::tempdir().unwrap();
+        let slot = SlotRocksDb::open(
+            RocksDbConfig::new(dir.path(), 8 << 20, 4 << 20),
+            Arc::new(ManualClock::new(0)),
+        )
+        .unwrap();
+        let backend: LocalKeyedBackend<u64> =
+            LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(8), slot, "op").unwrap();
+        let value = backend
+            .value_state(&ValueStateDescriptor::<u64>::new("v"))
+            .unwrap();
+        for round in 1..=3u64 {
+            for key in 0..20u64 {
+                backend.set_current_key(&key).unwrap();
+                value.update(key * 10 + round).unwrap();
+                value.update(key * 100 + round).unwrap();
+            }
+            backend.delete_key_groups(backend.key_groups()).unwrap();
+            for key in 0..20u64 {
+                backend.set_current_key(&key).unwrap();
+                assert_eq!(value.value().unwrap(), None, "key {key}, round {round}");
+                value.update(key + round).unwrap();
+                assert_eq!(value.value().unwrap(), Some(key + round), "key {key}");
+            }
+        }
     }
 }

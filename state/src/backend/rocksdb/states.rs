@@ -40,6 +40,10 @@ pub(crate) struct RocksColumn {
     pub(crate) layout: ColumnLayout,
     pub(crate) column_family: String,
     pub(crate) ttl: Option<TtlPolicy>,
+    /// The column family's handle, looked up once: `cf_handle` takes a lock, searches a map by
+    /// name and counts a reference, twice per read-modify-write. Declared before `slot` so that
+    /// it is dropped first (see [`RocksColumn::new`]).
+    handle: Arc<BoundColumnFamily<'static>>,
     pub(crate) slot: Arc<SlotRocksDb>,
     /// Encoding buffer for values.
     scratch: RefCell<Vec<u8>>,
@@ -48,6 +52,7 @@ pub(crate) struct RocksColumn {
 }
 
 impl RocksColumn {
+    /// The state `state` stored in the existing column family `column_family` of `slot`.
     pub(crate) fn new(
         state: &str,
         kind: StateKind,
@@ -55,17 +60,31 @@ impl RocksColumn {
         column_family: String,
         ttl: Option<TtlPolicy>,
         slot: Arc<SlotRocksDb>,
-    ) -> RocksColumn {
-        RocksColumn {
+    ) -> Result<RocksColumn, StateError> {
+        let handle = slot.column_family(&column_family)?;
+        // SAFETY: only the lifetime changes (the type is otherwise the same, and rocksdb itself
+        // makes handles of any lifetime from the same `Arc`). The lifetime stands for "the
+        // database is open"; that holds while `handle` lives, because the `slot` field keeps
+        // the database open and is dropped after `handle` (fields drop in declaration order),
+        // and no column family is ever dropped while the database is open (there is no
+        // `drop_cf` in this crate). `handle` is private and never handed out with the longer
+        // lifetime: `cf` returns it borrowed from `self`.
+        let handle = unsafe {
+            std::mem::transmute::<Arc<BoundColumnFamily<'_>>, Arc<BoundColumnFamily<'static>>>(
+                handle,
+            )
+        };
+        Ok(RocksColumn {
             state: Rc::from(state),
             kind,
             layout,
             column_family,
             ttl,
+            handle,
             slot,
             scratch: RefCell::new(Vec::new()),
             key_scratch: RefCell::new(Vec::new()),
-        }
+        })
     }
 
     fn error(&self, action: &'static str, source: rocksdb::Error) -> StateError {
@@ -89,39 +108,37 @@ impl RocksColumn {
         .into()
     }
 
-    pub(crate) fn cf(&self) -> Result<Arc<BoundColumnFamily<'_>>, StateError> {
-        self.slot.column_family(&self.column_family)
+    /// The column family's handle.
+    #[inline]
+    pub(crate) fn cf(&self) -> &Arc<BoundColumnFamily<'_>> {
+        &self.handle
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<DBPinnableSlice<'_>>, StateError> {
-        let cf = self.cf()?;
         self.slot
             .db()
-            .get_pinned_cf_opt(&cf, key, self.slot.read_options())
+            .get_pinned_cf_opt(self.cf(), key, self.slot.read_options())
             .map_err(|source| self.error("reading", source))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        let cf = self.cf()?;
         self.slot
             .db()
-            .put_cf_opt(&cf, key, value, self.slot.write_options())
+            .put_cf_opt(self.cf(), key, value, self.slot.write_options())
             .map_err(|source| self.error("writing", source))
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StateError> {
-        let cf = self.cf()?;
         self.slot
             .db()
-            .delete_cf_opt(&cf, key, self.slot.write_options())
+            .delete_cf_opt(self.cf(), key, self.slot.write_options())
             .map_err(|source| self.error("deleting", source))
     }
 
     fn merge(&self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
-        let cf = self.cf()?;
         self.slot
             .db()
-            .merge_cf_opt(&cf, key, value, self.slot.write_options())
+            .merge_cf_opt(self.cf(), key, value, self.slot.write_options())
             .map_err(|source| self.error("appending", source))
     }
 
@@ -430,7 +447,7 @@ where
         let current = self.context.current();
         let prefix = prefix(&current, &self.column.state)?;
         let expires_at = AccessTime::of(self.column.ttl.as_ref()).write_expiry;
-        let cf = self.column.cf()?;
+        let cf = self.column.cf();
         let mut batch = WriteBatch::default();
         let mut value = Vec::new();
         for (user_key, user_value) in &entries {
@@ -438,7 +455,7 @@ where
             value.clear();
             self.column
                 .encode_frame(user_value, expires_at, &mut value)?;
-            batch.put_cf(&cf, &*key, &value);
+            batch.put_cf(cf, &*key, &value);
         }
         self.column.write(batch)
     }
@@ -483,17 +500,17 @@ where
     fn clear(&self) -> Result<(), StateError> {
         let current = self.context.current();
         let prefix = prefix(&current, &self.column.state)?;
-        let cf = self.column.cf()?;
+        let cf = self.column.cf();
         let mut options = ReadOptions::default();
         options.set_iterate_lower_bound(prefix.to_vec());
         if let Some(upper) = prefix_end(prefix) {
             options.set_iterate_upper_bound(upper);
         }
-        let mut iterator = self.column.slot.db().raw_iterator_cf_opt(&cf, options);
+        let mut iterator = self.column.slot.db().raw_iterator_cf_opt(cf, options);
         iterator.seek_to_first();
         let mut batch = WriteBatch::default();
         while let Some(key) = iterator.key() {
-            batch.delete_cf(&cf, key);
+            batch.delete_cf(cf, key);
             if batch.len() >= CLEAR_BATCH {
                 self.column.write(std::mem::take(&mut batch))?;
             }
@@ -526,13 +543,13 @@ impl<UK: StateCodec, UV: StateCodec> RocksMapEntries<UK, UV> {
     fn fill(&mut self) -> Result<(), StateError> {
         let column = &self.column;
         let access = AccessTime::of(column.ttl.as_ref());
-        let cf = column.cf()?;
+        let cf = column.cf();
         let mut options = ReadOptions::default();
         options.set_iterate_lower_bound(self.lower.clone());
         if let Some(upper) = &self.upper {
             options.set_iterate_upper_bound(upper.clone());
         }
-        let mut iterator = column.slot.db().raw_iterator_cf_opt(&cf, options);
+        let mut iterator = column.slot.db().raw_iterator_cf_opt(cf, options);
         iterator.seek_to_first();
         let mut batch = WriteBatch::default();
         let mut read = 0;
@@ -543,14 +560,14 @@ impl<UK: StateCodec, UV: StateCodec> RocksMapEntries<UK, UV> {
             read += 1;
             let frame = column.parse("map value", type_name::<UV>(), value)?;
             if access.expired(frame.expires_at) {
-                batch.delete_cf(&cf, key);
+                batch.delete_cf(cf, key);
             } else {
                 let user_key = column.decode::<UK>("map key", &key[self.prefix_len..])?;
                 let user_value = column.decode::<UV>("map value", frame.payload)?;
                 if access.refresh_on_read && frame.expires_at != access.write_expiry {
                     let mut refreshed = value.to_vec();
                     set_expiry(&mut refreshed, access.write_expiry);
-                    batch.put_cf(&cf, key, refreshed);
+                    batch.put_cf(cf, key, refreshed);
                 }
                 self.buffer.push_back((user_key, user_value));
             }

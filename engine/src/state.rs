@@ -1,0 +1,308 @@
+//! Keyed state in a running job.
+//!
+//! A keyed `process` function declares its state with descriptors (Flink's API, from
+//! `weir-state`) and reaches it through its context, scoped to the current key:
+//!
+//! ```
+//! use weir_engine::prelude::*;
+//!
+//! /// Emits each key's running count.
+//! #[derive(Clone)]
+//! struct Count {
+//!     count: ValueStateDescriptor<u64>,
+//! }
+//!
+//! impl KeyedProcessFunction<String, String, (String, u64)> for Count {
+//!     fn process_element(&mut self, word: String, ctx: &mut KeyedProcessContext<'_, String, (String, u64)>) {
+//!         let count = ctx.value_state(&self.count);
+//!         let next = count.value().expect("read count").unwrap_or(0) + 1;
+//!         count.update(next).expect("write count");
+//!         ctx.emit((word, next));
+//!     }
+//! }
+//! # let _ = Count { count: ValueStateDescriptor::new("count") };
+//! ```
+//!
+//! The function holds descriptors, not handles: functions are cloned to every subtask (so they
+//! are `Send`), while handles belong to one shard. The context hands out a handle per call from
+//! a small cache (a name comparison per registered state, no hashing); the first call with a
+//! descriptor registers it, and a second descriptor with the same name but another type fails
+//! the job with both types named.
+//!
+//! `state.backend.type` picks the storage: typed maps on the heap (`hashmap`, the default) or
+//! one RocksDB instance per slot (`rocksdb`), sized from the slot's managed memory. Each keyed
+//! operator subtask gets a [`weir_state::LocalKeyedBackend`] over its key groups. A shard's
+//! heap use is checked against its slot's heap share ([`check_shard_heap`]); the job fails
+//! naming the slot, the largest state and its operator when it is exceeded.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::{Rc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use weir_memory::{HeapBudgetExceeded, HeapStateSize, RocksDbBudget};
+use weir_state::{KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, SlotRocksDb, SystemClock};
+
+pub use weir_state::{BroadcastState, OperatorListState, OperatorStateStore};
+
+pub use weir_state::{
+    AggregatingState, AggregatingStateDescriptor, BackendType, ListState, ListStateDescriptor,
+    MapEntries, MapState, MapStateDescriptor, ReducingState, ReducingStateDescriptor, StateError,
+    StateErrorKind, StateTtlConfig, StateValue, StateVisibility, TtlUpdateType, ValueState,
+    ValueStateDescriptor,
+};
+
+use crate::error::JobError;
+use crate::operator::RuntimeContext;
+use crate::record::Key;
+
+/// What a subtask needs to build its keyed state backend.
+#[derive(Clone, Debug)]
+pub(crate) struct StateEnv {
+    pub(crate) backend: BackendType,
+    /// The slot's RocksDB instance (`state.backend.type: rocksdb`).
+    pub(crate) rocksdb: Option<Arc<SlotRocksDb>>,
+    /// Names the operator's column families: its uid, else its node id.
+    pub(crate) operator_id: Arc<str>,
+}
+
+impl Default for StateEnv {
+    fn default() -> Self {
+        StateEnv {
+            backend: BackendType::Heap,
+            rocksdb: None,
+            operator_id: "operator".into(),
+        }
+    }
+}
+
+/// The slots' RocksDB instances of one job, in a directory removed when the job ends.
+pub(crate) struct JobRocksDb {
+    dir: PathBuf,
+    pub(crate) slots: Vec<Arc<SlotRocksDb>>,
+}
+
+impl JobRocksDb {
+    /// Opens one instance per slot under `local_dir`, each with the slot's RocksDB budget.
+    pub(crate) fn open(
+        local_dir: &Path,
+        slots: usize,
+        budget: RocksDbBudget,
+    ) -> Result<JobRocksDb, JobError> {
+        static JOBS: AtomicU64 = AtomicU64::new(0);
+        let dir = local_dir.join(format!(
+            "weir-{}-{}",
+            std::process::id(),
+            JOBS.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut job = JobRocksDb {
+            dir,
+            slots: Vec::with_capacity(slots),
+        };
+        for slot in 0..slots {
+            let config = RocksDbConfig::new(
+                job.dir.join(format!("slot-{slot}")),
+                usize::try_from(budget.block_cache).unwrap_or(usize::MAX),
+                usize::try_from(budget.write_buffers).unwrap_or(usize::MAX),
+            );
+            let db = SlotRocksDb::open(config, Arc::new(SystemClock)).map_err(|error| {
+                JobError::InvalidJob(format!(
+                    "cannot open the RocksDB state backend of slot {slot}: {error}; check \
+                     state.backend.rocksdb.localdir ({}) and the slot's managed memory \
+                     (taskmanager.memory.process.size, taskmanager.memory.managed.fraction)",
+                    local_dir.display()
+                ))
+            })?;
+            job.slots.push(db);
+        }
+        Ok(job)
+    }
+}
+
+impl Drop for JobRocksDb {
+    fn drop(&mut self) {
+        // The instances close when their last handle goes; the job's operators are gone by now.
+        self.slots.clear();
+        if let Err(error) = std::fs::remove_dir_all(&self.dir) {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %self.dir.display(), %error, "cannot remove RocksDB working files");
+            }
+        }
+    }
+}
+
+/// A registered state's handle, type-erased, with the state's name.
+type CachedHandle = (Box<str>, Box<dyn Any>);
+
+/// A keyed operator subtask's state: its backend and the handles its function asked for.
+pub(crate) struct KeyedStateStore<K> {
+    backend: LocalKeyedBackend<K>,
+    /// Handles by state name, in registration order.
+    handles: RefCell<Vec<CachedHandle>>,
+    /// Whether the backend's current key is the key of the call in progress.
+    key_set: Cell<bool>,
+    operator: Arc<str>,
+    subtask: usize,
+    parallelism: usize,
+}
+
+impl<K: Key> KeyedStateStore<K> {
+    /// The backend of subtask `ctx.subtask`: its key groups, on the job's state backend. Lives
+    /// in an `Rc` so the shard's heap check can find it.
+    pub(crate) fn open(ctx: &RuntimeContext) -> Result<Rc<Self>, StateError> {
+        let config = KeyedBackendConfig::for_subtask(
+            ctx.max_parallelism as u32,
+            ctx.parallelism as u32,
+            ctx.subtask as u32,
+        );
+        let backend = match &ctx.state.rocksdb {
+            Some(db) if ctx.state.backend == BackendType::RocksDb => {
+                LocalKeyedBackend::rocksdb(config, Arc::clone(db), &ctx.state.operator_id)?
+            }
+            _ => LocalKeyedBackend::heap(config, Arc::new(SystemClock))?,
+        };
+        let store = Rc::new(KeyedStateStore {
+            backend,
+            handles: RefCell::new(Vec::new()),
+            key_set: Cell::new(false),
+            operator: Arc::clone(&ctx.operator_name),
+            subtask: ctx.subtask,
+            parallelism: ctx.parallelism,
+        });
+        if store.backend.backend_type() == BackendType::Heap {
+            let weak: Weak<dyn HeapStates> = Rc::downgrade(&store) as Weak<dyn HeapStates>;
+            SHARD_HEAP_STATES.with(|states| states.borrow_mut().push(weak));
+        }
+        Ok(store)
+    }
+
+    /// A new call begins (a record or a timer, maybe for another key).
+    #[inline]
+    pub(crate) fn next_call(&self) {
+        self.key_set.set(false);
+    }
+
+    /// The handle of the state `name`, registered by `register` on first use. Makes `key` the
+    /// backend's current key if this call has not yet.
+    pub(crate) fn handle<H: Clone + 'static>(
+        &self,
+        key: &K,
+        name: &str,
+        register: impl FnOnce(&LocalKeyedBackend<K>) -> Result<H, StateError>,
+    ) -> H {
+        if !self.key_set.get() {
+            self.backend
+                .set_current_key(key)
+                .unwrap_or_else(|error| panic!("keyed state: {error}"));
+            self.key_set.set(true);
+        }
+        let cached = self
+            .handles
+            .borrow()
+            .iter()
+            .find(|(cached, _)| **cached == *name)
+            .and_then(|(_, handle)| handle.downcast_ref::<H>().cloned());
+        if let Some(handle) = cached {
+            return handle;
+        }
+        // Not cached, or cached with another type: registering reports the conflict.
+        let handle = register(&self.backend).unwrap_or_else(|error| panic!("keyed state: {error}"));
+        self.handles
+            .borrow_mut()
+            .push((name.into(), Box::new(handle.clone())));
+        handle
+    }
+}
+
+/// What the shard's heap check asks of a heap backend: its largest state, and which subtask
+/// of how many holds it.
+trait HeapStates {
+    fn largest(&self) -> Option<(HeapStateSize, usize, usize)>;
+}
+
+impl<K: Key> HeapStates for KeyedStateStore<K> {
+    fn largest(&self) -> Option<(HeapStateSize, usize, usize)> {
+        let size = self.backend.state_sizes().into_iter().next()?;
+        let state = HeapStateSize {
+            operator: self.operator.to_string(),
+            state: size.name,
+            bytes: size.estimated_bytes,
+        };
+        Some((state, self.subtask, self.parallelism))
+    }
+}
+
+/// A shard outgrew its heap share.
+#[derive(Debug)]
+pub(crate) struct HeapExceeded {
+    pub(crate) error: HeapBudgetExceeded,
+    /// The subtask and parallelism of the operator whose state is the largest, if any.
+    pub(crate) holder: Option<(usize, usize)>,
+}
+
+thread_local! {
+    /// The heap backends of the job running on this shard.
+    static SHARD_HEAP_STATES: RefCell<Vec<Weak<dyn HeapStates>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Checks this shard's heap use (as the counting allocator reports it) against its slot's
+/// share; the error names the largest heap state. Always passes where no counting allocator
+/// is installed (nothing to measure).
+pub(crate) fn check_shard_heap(slot: usize, heap_share: u64) -> Result<(), HeapExceeded> {
+    if !weir_memory::is_counting() {
+        return Ok(());
+    }
+    let mut holder = None;
+    weir_memory::check_heap_budget(
+        slot,
+        heap_share,
+        weir_memory::current_thread_net_bytes(),
+        || {
+            let (state, subtask, parallelism) = SHARD_HEAP_STATES.with(|states| {
+                states
+                    .borrow()
+                    .iter()
+                    .filter_map(Weak::upgrade)
+                    .filter_map(|store| store.largest())
+                    .max_by_key(|(size, _, _)| size.bytes)
+            })?;
+            holder = Some((subtask, parallelism));
+            Some(state)
+        },
+    )
+    .map_err(|error| HeapExceeded { error, holder })
+}
+
+/// Names one operator subtask's operator state. The store itself lives on the subtask's shard
+/// (it is `!Send`), so that the `RuntimeContext` holding the name stays `Send` and functions
+/// may keep it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct OperatorStateId(u64);
+
+impl OperatorStateId {
+    /// A name never given before in this process.
+    pub(crate) fn fresh() -> OperatorStateId {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        OperatorStateId(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// The store, created on first use on this thread.
+    pub(crate) fn store(self) -> Rc<OperatorStateStore> {
+        SHARD_OPERATOR_STATES.with(|stores| Rc::clone(stores.borrow_mut().entry(self).or_default()))
+    }
+}
+
+thread_local! {
+    /// The operator state of the subtasks running on this shard.
+    static SHARD_OPERATOR_STATES: RefCell<HashMap<OperatorStateId, Rc<OperatorStateStore>>> =
+        RefCell::default();
+}
+
+/// Forgets this shard's state (the job on it ended or begins).
+pub(crate) fn clear_shard_states() {
+    SHARD_HEAP_STATES.with(|states| states.borrow_mut().clear());
+    SHARD_OPERATOR_STATES.with(|stores| stores.borrow_mut().clear());
+}
