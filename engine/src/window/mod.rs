@@ -17,6 +17,7 @@ mod aligned;
 mod assigner;
 pub(crate) mod function;
 mod global;
+mod panes;
 mod session;
 
 use std::collections::HashMap;
