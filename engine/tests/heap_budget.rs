@@ -76,3 +76,54 @@ fn heap_state_beyond_the_slot_share_fails_the_job_with_the_fix() {
     let result = env.execute("small").expect("a small job still runs");
     assert_eq!(result.records_in("remember"), 1_000);
 }
+
+/// `n` records of 64 bytes, 1 ms apart, in 1 000 keys, collected by an hour-long window per
+/// key (`process` keeps every record until the window fires); emits each window's count.
+fn collect_in_windows(env: &StreamEnvironment, n: u64) -> weir_engine::connector::Collected<u64> {
+    let (sink, out) = CollectSink::new();
+    env.from_source(
+        DataGeneratorSource::new(Some(n), |i: u64| [i; 8]),
+        WatermarkStrategy::for_monotonous_timestamps()
+            .with_timestamp_assigner(|r: &[u64; 8], _| r[0] as i64),
+        "records",
+    )
+    .key_by(|r: &[u64; 8]| r[0] % 1_000)
+    .window(TumblingEventTimeWindows::of(
+        std::time::Duration::from_secs(3_600),
+    ))
+    .process(
+        |_: &u64,
+         _: &TimeWindow,
+         records: WindowElements<'_, [u64; 8]>,
+         out: &mut Collector<'_, u64>| { out.collect(records.len() as u64) },
+    )
+    .name("hold")
+    .sink_to(sink, "counts");
+    out
+}
+
+#[test]
+fn window_contents_beyond_the_heap_share_fail_on_the_heap_and_fit_in_rocksdb() {
+    // 2 M records of 64 bytes: ~128 MiB of window contents against a ~90 MiB heap share.
+    const RECORDS: u64 = 2_000_000;
+    let env = small_worker("hashmap");
+    collect_in_windows(&env, RECORDS);
+    let message = env
+        .execute("windows on the heap")
+        .expect_err("the job fails")
+        .to_string();
+    for part in [
+        "slot 0 heap budget exceeded (",
+        "state.backend.type: rocksdb",
+    ] {
+        assert!(message.contains(part), "missing {part:?} in: {message}");
+    }
+
+    // In RocksDB the contents leave the heap; every record is counted in its window.
+    let env = small_worker("rocksdb");
+    let counts = collect_in_windows(&env, RECORDS);
+    env.execute("windows in rocksdb").expect("the job fits");
+    let counts = counts.records();
+    assert_eq!(counts.len(), 1_000, "one window per key");
+    assert_eq!(counts.iter().sum::<u64>(), RECORDS);
+}

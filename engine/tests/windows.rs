@@ -3,6 +3,9 @@
 //! counted, or go to the late side output, exactly as the allowed lateness says; sliding
 //! windows, merging sessions, count windows, full-window `process` and `window_all`.
 //!
+//! Every job runs on both state backends: with `rocksdb` the windows' contents live in RocksDB
+//! (`window/stored.rs`), and both runs must give the same output.
+//!
 //! The sources here emit a watermark after every record (`max_ts - bound - 1`), so where each
 //! watermark falls between records is known, and with one source subtask every channel
 //! carries records and watermarks in that order.
@@ -69,14 +72,38 @@ fn label(key: &String, window: &TimeWindow, count: u64) -> Counted {
     (key.clone(), window.start, window.end, count)
 }
 
+/// The state backends every job here runs on.
+const BACKENDS: [&str; 2] = ["hashmap", "rocksdb"];
+
+fn env_on(backend: &str) -> StreamEnvironment {
+    common::env_with(common::slots(), &[("state.backend.type", backend)])
+}
+
 /// Runs `input` (one source subtask, per-record watermarks with `bound_ms`) through `build`
-/// and returns the main output and the late side output.
+/// on every backend, checks that they agree, and returns the main output, the late side
+/// output and the result of the first.
 fn run(
     input: &[(&str, i64)],
     bound_ms: i64,
-    build: impl FnOnce(DataStream<Event>, &OutputTag<Event>) -> DataStream<Counted>,
+    build: impl Fn(DataStream<Event>, &OutputTag<Event>) -> DataStream<Counted>,
 ) -> (Vec<Counted>, Vec<Event>, JobResult) {
-    let env = common::env();
+    let runs = BACKENDS.map(|backend| run_on(backend, input, bound_ms, &build));
+    for (backend, (out, late, _)) in BACKENDS.iter().zip(&runs).skip(1) {
+        let (first_out, first_late, _) = &runs[0];
+        common::assert_same_multiset(out, first_out);
+        assert_eq!(late, first_late, "late records on {backend}");
+    }
+    let [first, ..] = runs;
+    first
+}
+
+fn run_on(
+    backend: &str,
+    input: &[(&str, i64)],
+    bound_ms: i64,
+    build: &impl Fn(DataStream<Event>, &OutputTag<Event>) -> DataStream<Counted>,
+) -> (Vec<Counted>, Vec<Event>, JobResult) {
+    let env = env_on(backend);
     let late = OutputTag::<Event>::new("late");
     let source = env
         .from_source(
@@ -90,7 +117,9 @@ fn run(
     let (late_sink, late_out) = CollectSink::new();
     windowed.get_side_output(&late).sink_to(late_sink, "late");
     windowed.sink_to(sink, "out");
-    let result = env.execute("windows").expect("the job succeeds");
+    let result = env
+        .execute("windows")
+        .unwrap_or_else(|e| panic!("the job succeeds on {backend}: {e}"));
     (out.records(), late_out.records(), result)
 }
 
@@ -356,17 +385,19 @@ fn dynamic_gap_sessions_use_each_records_gap() {
 
 #[test]
 fn count_windows_fire_every_n_records_of_a_key() {
-    let env = common::env();
-    let (sink, out) = CollectSink::new();
-    env.from_collection((1..=7u64).map(|i| (i % 2, i)).collect::<Vec<_>>())
-        .parallelism(1) // one reader: each key's records arrive in order
-        .key_by(|e: &(u64, u64)| e.0)
-        .count_window(2)
-        .reduce(|a, b| (a.0, a.1 + b.1))
-        .sink_to(sink, "out");
-    env.execute("count windows").expect("the job succeeds");
-    // Odd: 1+3, 5+7; even: 2+4 (6 alone never fills its window).
-    common::assert_same_multiset(&out.records(), &[(1, 4), (1, 12), (0, 6)]);
+    for backend in BACKENDS {
+        let env = env_on(backend);
+        let (sink, out) = CollectSink::new();
+        env.from_collection((1..=7u64).map(|i| (i % 2, i)).collect::<Vec<_>>())
+            .parallelism(1) // one reader: each key's records arrive in order
+            .key_by(|e: &(u64, u64)| e.0)
+            .count_window(2)
+            .reduce(|a, b| (a.0, a.1 + b.1))
+            .sink_to(sink, "out");
+        env.execute("count windows").expect("the job succeeds");
+        // Odd: 1+3, 5+7; even: 2+4 (6 alone never fills its window).
+        common::assert_same_multiset(&out.records(), &[(1, 4), (1, 12), (0, 6)]);
+    }
 }
 
 #[test]
@@ -389,16 +420,22 @@ fn window_all_sums_the_whole_stream_per_window() {
 
 #[test]
 fn processing_time_windows_count_every_record_once() {
-    let env = common::env();
-    let (sink, out) = CollectSink::new();
-    env.from_sequence(0, 10_000)
-        .key_by(|n: &u64| n % 3)
-        .window(TumblingProcessingTimeWindows::of(Duration::from_secs(3600)))
-        .reduce(|a, b| a + b)
-        .sink_to(sink, "out");
-    env.execute("processing time").expect("the job succeeds");
-    // Every record is in exactly one window per key (two if an hour boundary passed).
-    assert_eq!(out.records().iter().sum::<u64>(), (0..10_000).sum::<u64>());
+    for backend in BACKENDS {
+        let env = env_on(backend);
+        let (sink, out) = CollectSink::new();
+        env.from_sequence(0, 10_000)
+            .key_by(|n: &u64| n % 3)
+            .window(TumblingProcessingTimeWindows::of(Duration::from_secs(3600)))
+            .reduce(|a, b| a + b)
+            .sink_to(sink, "out");
+        env.execute("processing time").expect("the job succeeds");
+        // Every record is in exactly one window per key (two if an hour boundary passed).
+        assert_eq!(
+            out.records().iter().sum::<u64>(),
+            (0..10_000).sum::<u64>(),
+            "{backend}"
+        );
+    }
 }
 
 #[test]

@@ -42,6 +42,10 @@ impl HeapBudgetExceeded {
     }
 
     fn message(&self) -> String {
+        /// The fixes when no one state is to blame.
+        const WIDER: &str = "raise taskmanager.memory.process.size, use state.backend.type: \
+                             rocksdb (window contents move there) or lower \
+                             taskmanager.memory.managed.fraction";
         let head = format!(
             "slot {} heap budget exceeded ({} of {})",
             self.slot,
@@ -56,15 +60,14 @@ impl HeapBudgetExceeded {
             ),
             Some(state) => format!(
                 "{head}; the largest heap state, '{}' of operator '{}', holds only {}, so \
-                 operators or user code hold the rest; raise taskmanager.memory.process.size or \
-                 lower taskmanager.memory.managed.fraction",
+                 operators (window contents, join buffers) or user code hold the rest; {WIDER}",
                 state.state,
                 state.operator,
                 Mib(state.bytes)
             ),
             None => format!(
-                "{head} with no heap-backend state, so operators or user code hold it; raise \
-                 taskmanager.memory.process.size or lower taskmanager.memory.managed.fraction"
+                "{head} with no heap-backend state, so operators (window contents, join \
+                 buffers) or user code hold it; {WIDER}"
             ),
         }
     }
@@ -134,16 +137,18 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "slot 0 heap budget exceeded (412 MiB of 400 MiB); the largest heap state, 'counts' \
-             of operator 'window-agg', holds only 5 MiB, so operators or user code hold the \
-             rest; raise taskmanager.memory.process.size or lower \
+             of operator 'window-agg', holds only 5 MiB, so operators (window contents, join \
+             buffers) or user code hold the rest; raise taskmanager.memory.process.size, use \
+             state.backend.type: rocksdb (window contents move there) or lower \
              taskmanager.memory.managed.fraction"
         );
         let err = check_heap_budget(1, 400 << 20, 400 * MIB + MIB / 2, || None).unwrap_err();
         assert_eq!(
             err.to_string(),
             "slot 1 heap budget exceeded (400.5 MiB of 400 MiB) with no heap-backend state, so \
-             operators or user code hold it; raise taskmanager.memory.process.size or lower \
-             taskmanager.memory.managed.fraction"
+             operators (window contents, join buffers) or user code hold it; raise \
+             taskmanager.memory.process.size, use state.backend.type: rocksdb (window contents \
+             move there) or lower taskmanager.memory.managed.fraction"
         );
     }
 }

@@ -23,6 +23,7 @@ use super::either::Either;
 use super::function::Collector;
 use super::stream::DataStream;
 use crate::record::{Key, Record};
+use crate::state::StateValue;
 use crate::window::{ProcessWindowFunction, WindowAssigner, WindowElements};
 
 /// The function of a window join: one output record per (left, right) pair of a window
@@ -221,10 +222,12 @@ impl<A: Record, B: Record, KA, KB> JoinEqualTo<A, B, KA, KB> {
     }
 }
 
+/// Window contents may live in RocksDB (`state.backend.type: rocksdb`), so both sides'
+/// records must be [`StateValue`]s (rkyv-archivable, as records are).
 impl<A, B, KA, KB, W> WindowedJoin<A, B, KA, KB, W>
 where
-    A: Record,
-    B: Record,
+    A: Record + StateValue,
+    B: Record + StateValue,
     W: WindowAssigner<Either<A, B>>,
 {
     /// Keeps each window until the watermark passes its end by `lateness`; a late record in
@@ -368,8 +371,8 @@ impl<A: Record, B: Record, KA, KB> CoGroupEqualTo<A, B, KA, KB> {
 
 impl<A, B, KA, KB, W> WindowedCoGroup<A, B, KA, KB, W>
 where
-    A: Record,
-    B: Record,
+    A: Record + StateValue,
+    B: Record + StateValue,
     W: WindowAssigner<Either<A, B>>,
 {
     /// Keeps each window until the watermark passes its end by `lateness`; a late record in

@@ -8,13 +8,18 @@ use super::keyed::KeyedStream;
 use super::stream::DataStream;
 use crate::operator::OutputTag;
 use crate::record::{Key, Record};
-use crate::window::function::{AggregateLogic, ProcessLogic, ReduceLogic, WindowLogic};
+use crate::state::StateValue;
+use crate::window::function::{AggregateLogic, ProcessLogic, ReduceLogic, StoredLogic};
 use crate::window::{
     AggregateFunction, GlobalWindows, ProcessWindowFunction, WindowAssigner, WindowParts,
 };
 
 /// A keyed stream with a window assigner (Flink's `WindowedStream`). End it with a window
 /// function; set lateness and the late-data side output first.
+///
+/// What the windows hold — accumulators, or the records for `process` — lives on the heap, or
+/// with `state.backend.type: rocksdb` in the slot's RocksDB (keyed by key and pane), so
+/// accumulators and records must be [`StateValue`]s (rkyv-archivable, as records are).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -86,7 +91,7 @@ where
 
     fn build<O: Record, L>(self, function: &str, logic: L) -> DataStream<O>
     where
-        L: WindowLogic<K, A::Window, T, O> + Clone + Send + Sync,
+        L: StoredLogic<K, A::Window, T, O> + Clone + Send + Sync,
     {
         let name = format!(
             "{}({:?}, {function})",
@@ -111,6 +116,7 @@ where
     /// of a sliding window) and emits the result when the window fires.
     pub fn reduce<F>(self, f: F) -> DataStream<T>
     where
+        T: StateValue,
         F: FnMut(T, T) -> T + Clone + Send + Sync + 'static,
     {
         let post = |_: &K, _: &A::Window, value: T| value;
@@ -121,6 +127,7 @@ where
     /// window function: incremental, yet the output can name its key and window).
     pub fn reduce_with<O: Record, F, P>(self, f: F, post: P) -> DataStream<O>
     where
+        T: StateValue,
         F: FnMut(T, T) -> T + Clone + Send + Sync + 'static,
         P: FnMut(&K, &A::Window, T) -> O + Clone + Send + Sync + 'static,
     {
@@ -131,7 +138,7 @@ where
     /// per pane of a sliding window, merged when the window fires).
     pub fn aggregate<ACC, R, F>(self, aggregate: F) -> DataStream<R>
     where
-        ACC: 'static,
+        ACC: StateValue,
         R: Record,
         F: AggregateFunction<T, ACC, R> + Clone,
     {
@@ -149,7 +156,7 @@ where
     /// Like `aggregate`, then `post(key, window, result)` makes the output.
     pub fn aggregate_with<ACC, R, O, F, P>(self, aggregate: F, post: P) -> DataStream<O>
     where
-        ACC: 'static,
+        ACC: StateValue,
         R: 'static,
         O: Record,
         F: AggregateFunction<T, ACC, R> + Clone,
@@ -169,6 +176,7 @@ where
     /// the key and the window.
     pub fn process<O: Record, F>(self, f: F) -> DataStream<O>
     where
+        T: StateValue,
         F: ProcessWindowFunction<K, A::Window, T, O>,
     {
         self.build("Process", ProcessLogic { function: f })

@@ -7,6 +7,7 @@ pub(crate) mod factories;
 mod progress;
 pub mod shard;
 pub mod task;
+mod watchdog;
 
 pub use deploy::{run_job, CancelHandle, JobResult, RunOptions};
 pub use shard::{available_cores, resolve_cores, ShardLoad};

@@ -2,11 +2,13 @@
 //! task queues for record processing, checkpoint I/O and background work.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use std::time::Duration;
 
 use glommio::{Latency, LocalExecutorBuilder, Placement, Shares, TaskQueueHandle};
 
+use super::watchdog::{self, Pulse, Watchdog};
 use crate::error::JobError;
 
 /// How long each queue of a shard has run, for the progress report and metrics.
@@ -72,7 +74,7 @@ impl ShardQueues {
 }
 
 /// Runs `work` on one executor per core in `cores`, pinned, and returns each shard's result
-/// in order.
+/// in order. Each shard beats a heartbeat that a watchdog thread checks (`watchdog.rs`).
 pub(crate) fn run_on_shards<W, F, R>(
     cores: &[usize],
     spin_before_park: Duration,
@@ -84,14 +86,32 @@ where
     R: Send + 'static,
 {
     let mut handles = Vec::with_capacity(cores.len());
+    let pulses: Vec<Arc<Pulse>> = cores.iter().map(|_| Arc::default()).collect();
+    let watchdog = Watchdog::start(pulses.clone());
     for (shard, &core) in cores.iter().enumerate() {
         let job = work(shard);
+        let pulse = Arc::clone(&pulses[shard]);
         let handle = LocalExecutorBuilder::new(Placement::Fixed(core))
             .name(&format!("weir-shard-{shard}"))
             .spin_before_park(spin_before_park)
             .spawn(move || async move {
                 let queues = ShardQueues::create();
-                job(queues).await
+                pulse.start();
+                let beating = Arc::clone(&pulse);
+                let heartbeat = glommio::spawn_local_into(
+                    async move {
+                        loop {
+                            beating.beat();
+                            glommio::timer::sleep(watchdog::BEAT).await;
+                        }
+                    },
+                    queues.background,
+                );
+                let result = job(queues).await;
+                // Dropping a glommio task cancels it.
+                drop(heartbeat);
+                pulse.finish();
+                result
             })
             .map_err(|e| JobError::Runtime {
                 shard,
@@ -100,7 +120,7 @@ where
             })?;
         handles.push((shard, core, handle));
     }
-    handles
+    let results = handles
         .into_iter()
         .map(|(shard, core, handle)| {
             handle.join().map_err(|e| JobError::Runtime {
@@ -109,7 +129,12 @@ where
                 message: e.to_string(),
             })
         })
-        .collect()
+        .collect();
+    let forced = watchdog.interrupts();
+    if forced > 0 {
+        tracing::info!(forced, "the job's shards needed forced wake-ups");
+    }
+    results
 }
 
 /// Available core ids, in order.

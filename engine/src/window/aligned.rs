@@ -19,7 +19,6 @@
 //! away from is skipped when its bucket comes due. With allowed lateness each pane also gets
 //! a clean-up timer, at `max_timestamp() + lateness` of the last window holding it.
 
-use std::collections::hash_map::Entry;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -490,48 +489,25 @@ where
             event_time && self.schedule.allowed_lateness > 0 && pane.first_max <= watermark;
         let key = (self.key_selector)(&record);
         let firing = &mut self.firing;
-        match self.keys.entry(key) {
-            Entry::Occupied(mut entry) => {
-                let state = entry.get_mut();
-                let (acc, created) = state
-                    .panes
-                    .get_mut_or_insert_with(pane.start, || firing.logic.create());
-                firing.logic.add(acc, record);
-                if created || fires_late {
-                    let key = entry.key().clone();
-                    let state = entry.into_mut();
-                    if created {
-                        self.schedule.on_new_pane(&key, state, pane);
-                    }
-                    if fires_late {
-                        firing.fire_late(
-                            &self.schedule,
-                            &key,
-                            &state.panes,
-                            pane.start,
-                            &mut out.main,
-                        );
-                    }
-                }
-            }
-            Entry::Vacant(entry) => {
-                let key = entry.key().clone();
-                let state = entry.insert(KeyState::default());
-                let (acc, _) = state
-                    .panes
-                    .get_mut_or_insert_with(pane.start, || firing.logic.create());
-                firing.logic.add(acc, record);
-                self.schedule.on_new_pane(&key, state, pane);
-                if fires_late {
-                    firing.fire_late(
-                        &self.schedule,
-                        &key,
-                        &state.panes,
-                        pane.start,
-                        &mut out.main,
-                    );
-                }
-            }
+        let state = match self.keys.get_mut(&key) {
+            Some(state) => state,
+            None => self.keys.entry(key.clone()).or_default(),
+        };
+        let (acc, created) = state
+            .panes
+            .get_mut_or_insert_with(pane.start, || firing.logic.create(&key));
+        firing.logic.add(acc, record);
+        if created {
+            self.schedule.on_new_pane(&key, state, pane);
+        }
+        if fires_late {
+            firing.fire_late(
+                &self.schedule,
+                &key,
+                &state.panes,
+                pane.start,
+                &mut out.main,
+            );
         }
     }
 

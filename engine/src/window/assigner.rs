@@ -6,12 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::aligned::{AlignedWindowOperator, Geometry};
-use super::function::WindowLogic;
+use weir_state::{BackendType, LocalKeyedBackend, StateError};
+
+use super::function::{StoredLogic, WindowLogic};
+use super::stored::Stored;
 use super::{CountWindowOperator, GlobalWindow, SessionWindowOperator, TimeWindow, Window};
-use crate::graph::OperatorFactory;
-use crate::operator::{Batch, Operator, OutputTag};
+use crate::graph::{AnyOutput, OperatorFactory};
+use crate::metrics::OperatorMetrics;
+use crate::operator::{
+    Batch, Operator, OperatorLink, Output, OutputTag, RuntimeContext, SideOutputs,
+};
 use crate::record::{Key, Record};
-use crate::runtime::factories::OperatorNode;
+use crate::runtime::factories::{downcast_output, erase_output};
+use crate::runtime::task::TaskSettings;
 use crate::time::TimeDomain;
 
 fn millis(d: Duration) -> i64 {
@@ -76,7 +83,7 @@ pub trait WindowAssigner<T>: std::fmt::Debug + Send + 'static {
         K: Key,
         KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
         O: Record,
-        L: WindowLogic<K, Self::Window, T, O> + Clone + Send + Sync,
+        L: StoredLogic<K, Self::Window, T, O> + Clone + Send + Sync,
         Self: Sized,
     {
         let WindowParts {
@@ -90,35 +97,174 @@ pub trait WindowAssigner<T>: std::fmt::Debug + Send + 'static {
                 slide,
                 offset,
                 domain,
-            } => time_window_factory::<T, O, L, Self::Window, _>(logic, move |logic| {
-                AlignedWindowOperator::new(
-                    key_selector.clone(),
-                    logic,
-                    Geometry::new(size, slide, offset),
+            } => WindowNode::factory(
+                WindowAs::<TimeWindow, L, Self::Window>::new(logic),
+                AlignedMaker {
+                    key_selector,
+                    geometry: Geometry::new(size, slide, offset),
                     domain,
                     allowed_lateness,
-                    late_tag.clone(),
-                )
-            }),
-            WindowSpec::Session { gap, domain } => {
-                time_window_factory::<T, O, L, Self::Window, _>(logic, move |logic| {
-                    SessionWindowOperator::new(
-                        key_selector.clone(),
-                        logic,
-                        gap.clone(),
-                        domain,
-                        allowed_lateness,
-                        late_tag.clone(),
-                    )
-                })
-            }
-            WindowSpec::Count { count } => {
-                let logic = WindowAs::<GlobalWindow, L, Self::Window>::new(logic);
-                Arc::new(OperatorNode::<T, O, _>::new(move || {
-                    CountWindowOperator::new(key_selector.clone(), logic.clone(), count)
-                }))
-            }
+                    late_tag,
+                },
+            ),
+            WindowSpec::Session { gap, domain } => WindowNode::factory(
+                WindowAs::<TimeWindow, L, Self::Window>::new(logic),
+                SessionMaker {
+                    key_selector,
+                    gap,
+                    domain,
+                    allowed_lateness,
+                    late_tag,
+                },
+            ),
+            WindowSpec::Count { count } => WindowNode::factory(
+                WindowAs::<GlobalWindow, L, Self::Window>::new(logic),
+                CountMaker {
+                    key_selector,
+                    count,
+                },
+            ),
         }
+    }
+}
+
+/// Builds a window operator over whichever window logic a subtask gets: the function itself
+/// (contents on the heap) or the function over the state backend ([`Stored`]).
+trait MakeOperator<K, W, T, O>: Send + Sync + 'static {
+    type Op<L: WindowLogic<K, W, T, O>>: Operator<T, O>;
+    fn make<L: WindowLogic<K, W, T, O>>(&self, logic: L) -> Self::Op<L>;
+}
+
+struct AlignedMaker<T, KS> {
+    key_selector: KS,
+    geometry: Geometry,
+    domain: TimeDomain,
+    allowed_lateness: i64,
+    late_tag: Option<OutputTag<T>>,
+}
+
+impl<K, T, O, KS> MakeOperator<K, TimeWindow, T, O> for AlignedMaker<T, KS>
+where
+    K: Key,
+    T: Record,
+    O: Record,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+{
+    type Op<L: WindowLogic<K, TimeWindow, T, O>> = AlignedWindowOperator<K, T, O, KS, L>;
+
+    fn make<L: WindowLogic<K, TimeWindow, T, O>>(&self, logic: L) -> Self::Op<L> {
+        AlignedWindowOperator::new(
+            self.key_selector.clone(),
+            logic,
+            self.geometry,
+            self.domain,
+            self.allowed_lateness,
+            self.late_tag.clone(),
+        )
+    }
+}
+
+struct SessionMaker<T, KS> {
+    key_selector: KS,
+    gap: SessionGap<T>,
+    domain: TimeDomain,
+    allowed_lateness: i64,
+    late_tag: Option<OutputTag<T>>,
+}
+
+impl<K, T, O, KS> MakeOperator<K, TimeWindow, T, O> for SessionMaker<T, KS>
+where
+    K: Key,
+    T: Record,
+    O: Record,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+{
+    type Op<L: WindowLogic<K, TimeWindow, T, O>> = SessionWindowOperator<K, T, O, KS, L>;
+
+    fn make<L: WindowLogic<K, TimeWindow, T, O>>(&self, logic: L) -> Self::Op<L> {
+        SessionWindowOperator::new(
+            self.key_selector.clone(),
+            logic,
+            self.gap.clone(),
+            self.domain,
+            self.allowed_lateness,
+            self.late_tag.clone(),
+        )
+    }
+}
+
+struct CountMaker<KS> {
+    key_selector: KS,
+    count: u64,
+}
+
+impl<K, T, O, KS> MakeOperator<K, GlobalWindow, T, O> for CountMaker<KS>
+where
+    K: Key,
+    T: Record,
+    O: Record,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+{
+    type Op<L: WindowLogic<K, GlobalWindow, T, O>> = CountWindowOperator<K, T, O, KS, L>;
+
+    fn make<L: WindowLogic<K, GlobalWindow, T, O>>(&self, logic: L) -> Self::Op<L> {
+        CountWindowOperator::new(self.key_selector.clone(), logic, self.count)
+    }
+}
+
+/// The factory of a window operator: per subtask, its logic on the heap, or over the state
+/// backend when the job's is RocksDB.
+struct WindowNode<K, W, T, O, L, M> {
+    logic: L,
+    maker: M,
+    _types: PhantomData<fn(K, W, T) -> O>,
+}
+
+impl<K, W, T, O, L, M> WindowNode<K, W, T, O, L, M>
+where
+    K: Key,
+    W: 'static,
+    T: Record,
+    O: Record,
+    L: StoredLogic<K, W, T, O> + Clone + Send + Sync,
+    M: MakeOperator<K, W, T, O>,
+{
+    fn factory(logic: L, maker: M) -> Arc<dyn OperatorFactory> {
+        Arc::new(WindowNode {
+            logic,
+            maker,
+            _types: PhantomData,
+        })
+    }
+}
+
+impl<K, W, T, O, L, M> OperatorFactory for WindowNode<K, W, T, O, L, M>
+where
+    K: Key,
+    W: 'static,
+    T: Record,
+    O: Record,
+    L: StoredLogic<K, W, T, O> + Clone + Send + Sync,
+    M: MakeOperator<K, W, T, O>,
+{
+    fn create(
+        &self,
+        ctx: &RuntimeContext,
+        settings: &TaskSettings,
+        metrics: Arc<OperatorMetrics>,
+        next: AnyOutput,
+        side: SideOutputs,
+    ) -> AnyOutput {
+        let next = downcast_output::<O>(next);
+        let batch = settings.batch_size;
+        let link: Box<dyn Output<T>> = if ctx.state.backend == BackendType::RocksDb {
+            let operator = self.maker.make(Stored::open(ctx, self.logic.clone()));
+            Box::new(OperatorLink::new(operator, ctx, next, side, batch, metrics))
+        } else {
+            let operator = self.maker.make(self.logic.clone());
+            Box::new(OperatorLink::new(operator, ctx, next, side, batch, metrics))
+        };
+        erase_output::<T>(link)
     }
 }
 
@@ -168,8 +314,8 @@ where
 {
     type Acc = L::Acc;
 
-    fn create(&self) -> L::Acc {
-        self.logic.create()
+    fn create(&self, key: &K) -> L::Acc {
+        self.logic.create(key)
     }
 
     #[inline]
@@ -196,20 +342,29 @@ where
     }
 }
 
-/// The factory of a time-window operator (`make` builds one from a subtask's logic).
-fn time_window_factory<T, O, L, W, Op>(
-    logic: L,
-    make: impl Fn(WindowAs<TimeWindow, L, W>) -> Op + Send + Sync + 'static,
-) -> Arc<dyn OperatorFactory>
+impl<K, T, O, Actual, W, L> StoredLogic<K, Actual, T, O> for WindowAs<Actual, L, W>
 where
-    T: Record,
-    O: Record,
+    Actual: 'static,
     W: 'static,
-    L: Clone + Send + Sync + 'static,
-    Op: Operator<T, O>,
+    L: StoredLogic<K, W, T, O>,
 {
-    let logic = WindowAs::<TimeWindow, L, W>::new(logic);
-    Arc::new(OperatorNode::<T, O, _>::new(move || make(logic.clone())))
+    type Contents = L::Contents;
+
+    fn register(backend: &LocalKeyedBackend<K, u64>) -> Result<L::Contents, StateError> {
+        L::register(backend)
+    }
+
+    fn add_stored(&mut self, contents: &L::Contents, value: T) -> Result<(), StateError> {
+        self.logic.add_stored(contents, value)
+    }
+
+    fn load(&mut self, contents: &L::Contents) -> Result<L::Acc, StateError> {
+        self.logic.load(contents)
+    }
+
+    fn merge_stored(&mut self, contents: &L::Contents, from: L::Acc) -> Result<(), StateError> {
+        self.logic.merge_stored(contents, from)
+    }
 }
 
 fn check_size(what: &str, size: Duration) -> i64 {

@@ -4,8 +4,14 @@
 
 use std::marker::PhantomData;
 
+use weir_state::{
+    ListState, ListStateDescriptor, LocalKeyedBackend, StateError, StateValue, ValueState,
+    ValueStateDescriptor,
+};
+
 use crate::api::Collector;
 use crate::operator::Batch;
+use crate::record::Key;
 
 /// An incremental aggregation (Flink's `AggregateFunction`): records are folded into an
 /// accumulator as they arrive; the window's result is computed from it when the window fires.
@@ -73,7 +79,8 @@ where
 /// and the window's output from the accumulators of its panes.
 pub(crate) trait WindowLogic<K, W, T, O>: 'static {
     type Acc: 'static;
-    fn create(&self) -> Self::Acc;
+    /// A new accumulator for a pane or window of `key`.
+    fn create(&self, key: &K) -> Self::Acc;
     fn add(&mut self, acc: &mut Self::Acc, value: T);
     /// Folds `from` into `into`, consuming it (merging sessions).
     fn merge_owned(&mut self, into: &mut Self::Acc, from: Self::Acc);
@@ -116,7 +123,7 @@ where
 {
     type Acc = Option<T>;
 
-    fn create(&self) -> Option<T> {
+    fn create(&self, _: &K) -> Option<T> {
         None
     }
 
@@ -175,7 +182,7 @@ where
 {
     type Acc = ACC;
 
-    fn create(&self) -> ACC {
+    fn create(&self, _: &K) -> ACC {
         self.aggregate.create_accumulator()
     }
 
@@ -216,7 +223,7 @@ where
 {
     type Acc = Vec<T>;
 
-    fn create(&self) -> Vec<T> {
+    fn create(&self, _: &K) -> Vec<T> {
         Vec::new()
     }
 
@@ -236,5 +243,147 @@ where
             WindowElements { panes },
             &mut Collector { out, timestamp },
         );
+    }
+}
+
+/// The name of a window operator's contents in the state backend (one per operator).
+const CONTENTS: &str = "window-contents";
+
+/// How a window function keeps a pane's (or session's) contents in a state backend, for the
+/// window operators' RocksDB path (`stored.rs`): the namespace is the pane, and the backend's
+/// current key and namespace are set by the caller. Incremental functions keep their
+/// accumulator (read-modify-write per record); `process` appends records to a list (RocksDB's
+/// merge operator: no read per record).
+pub(crate) trait StoredLogic<K, W, T, O>: WindowLogic<K, W, T, O> {
+    /// The state handle the contents live in.
+    type Contents: Contents;
+    /// Registers the contents' state with an operator subtask's backend.
+    fn register(backend: &LocalKeyedBackend<K, u64>) -> Result<Self::Contents, StateError>;
+    /// Folds `value` into the current pane's contents.
+    fn add_stored(&mut self, contents: &Self::Contents, value: T) -> Result<(), StateError>;
+    /// The current pane's contents as an accumulator.
+    fn load(&mut self, contents: &Self::Contents) -> Result<Self::Acc, StateError>;
+    /// Folds `from` (another pane's loaded contents) into the current pane's.
+    fn merge_stored(
+        &mut self,
+        contents: &Self::Contents,
+        from: Self::Acc,
+    ) -> Result<(), StateError>;
+}
+
+/// A state handle holding window contents: what a pane's clean-up needs of it.
+pub(crate) trait Contents: 'static {
+    /// Removes the current pane's contents.
+    fn clear(&self) -> Result<(), StateError>;
+}
+
+impl<T> Contents for ValueState<T>
+where
+    T: 'static,
+{
+    fn clear(&self) -> Result<(), StateError> {
+        ValueState::clear(self)
+    }
+}
+
+impl<T> Contents for ListState<T>
+where
+    T: 'static,
+{
+    fn clear(&self) -> Result<(), StateError> {
+        ListState::clear(self)
+    }
+}
+
+impl<K, W, T, O, F, P> StoredLogic<K, W, T, O> for ReduceLogic<F, P>
+where
+    K: Key,
+    T: StateValue,
+    F: FnMut(T, T) -> T + 'static,
+    P: FnMut(&K, &W, T) -> O + 'static,
+{
+    type Contents = ValueState<T>;
+
+    fn register(backend: &LocalKeyedBackend<K, u64>) -> Result<ValueState<T>, StateError> {
+        backend.value_state(&ValueStateDescriptor::new(CONTENTS))
+    }
+
+    fn add_stored(&mut self, contents: &ValueState<T>, value: T) -> Result<(), StateError> {
+        let mut acc = contents.value()?;
+        Self::fold(&mut self.reduce, &mut acc, value);
+        contents.update(acc.expect("folded"))
+    }
+
+    fn load(&mut self, contents: &ValueState<T>) -> Result<Option<T>, StateError> {
+        contents.value()
+    }
+
+    fn merge_stored(
+        &mut self,
+        contents: &ValueState<T>,
+        from: Option<T>,
+    ) -> Result<(), StateError> {
+        match from {
+            Some(value) => self.add_stored(contents, value),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<K, W, T, ACC, R, O, A, P> StoredLogic<K, W, T, O> for AggregateLogic<A, ACC, R, P>
+where
+    K: Key,
+    ACC: StateValue,
+    R: 'static,
+    A: AggregateFunction<T, ACC, R> + Clone,
+    P: FnMut(&K, &W, R) -> O + 'static,
+{
+    type Contents = ValueState<ACC>;
+
+    fn register(backend: &LocalKeyedBackend<K, u64>) -> Result<ValueState<ACC>, StateError> {
+        backend.value_state(&ValueStateDescriptor::new(CONTENTS))
+    }
+
+    fn add_stored(&mut self, contents: &ValueState<ACC>, value: T) -> Result<(), StateError> {
+        let mut acc = self.load(contents)?;
+        self.aggregate.add(value, &mut acc);
+        contents.update(acc)
+    }
+
+    fn load(&mut self, contents: &ValueState<ACC>) -> Result<ACC, StateError> {
+        Ok(contents
+            .value()?
+            .unwrap_or_else(|| self.aggregate.create_accumulator()))
+    }
+
+    fn merge_stored(&mut self, contents: &ValueState<ACC>, from: ACC) -> Result<(), StateError> {
+        let mut acc = self.load(contents)?;
+        self.aggregate.merge(&mut acc, &from);
+        contents.update(acc)
+    }
+}
+
+impl<K, W, T, O, F> StoredLogic<K, W, T, O> for ProcessLogic<F>
+where
+    K: Key,
+    T: StateValue,
+    F: ProcessWindowFunction<K, W, T, O>,
+{
+    type Contents = ListState<T>;
+
+    fn register(backend: &LocalKeyedBackend<K, u64>) -> Result<ListState<T>, StateError> {
+        backend.list_state(&ListStateDescriptor::new(CONTENTS))
+    }
+
+    fn add_stored(&mut self, contents: &ListState<T>, value: T) -> Result<(), StateError> {
+        contents.add(value)
+    }
+
+    fn load(&mut self, contents: &ListState<T>) -> Result<Vec<T>, StateError> {
+        contents.get()
+    }
+
+    fn merge_stored(&mut self, contents: &ListState<T>, from: Vec<T>) -> Result<(), StateError> {
+        contents.add_all(from)
     }
 }

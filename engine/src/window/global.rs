@@ -43,7 +43,7 @@ where
         let (seen, acc) = self
             .keys
             .entry(key.clone())
-            .or_insert_with(|| (0, logic.create()));
+            .or_insert_with(|| (0, logic.create(&key)));
         logic.add(acc, record);
         *seen += 1;
         if *seen >= self.count {

@@ -19,6 +19,7 @@ pub(crate) mod function;
 mod global;
 mod panes;
 mod session;
+mod stored;
 
 use std::collections::HashMap;
 use std::fmt::Debug;

@@ -280,7 +280,7 @@ where
             self.late.handle(record, timestamp, out);
             return;
         }
-        let mut acc = self.logic.create();
+        let mut acc = self.logic.create(&key);
         let sessions = self.keys.entry(key.clone()).or_default();
         for start in overlapping.iter().rev() {
             let (end, old) = sessions.remove(*start).expect("found above");

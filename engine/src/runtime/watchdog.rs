@@ -1,0 +1,228 @@
+//! A guard against shards that sleep through their wake-up.
+//!
+//! A parked glommio executor sleeps in `io_uring_enter` until a completion arrives; its timers
+//! reach it through a second ring linked to the first. Rarely (about once in a few thousand
+//! short jobs on this project's machines) that wake-up is lost and the shard sleeps on with
+//! work due: a job that never ends, its shard in `io_cqring_wait`, until anything interrupts
+//! the system call — attaching a debugger was enough to resume it. Every shard therefore runs
+//! a heartbeat task on a timer, and a watchdog thread per job checks the beats: a shard that
+//! has missed them for [`STALL`] gets a signal whose handler does nothing, which makes
+//! `io_uring_enter` return `EINTR`; glommio then processes its timers and shared channels and
+//! carries on. Other system calls on the shard restart (`SA_RESTART`), so a shard that is
+//! merely busy (a function that does not yield) loses nothing by it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often a shard's heartbeat task beats.
+pub(crate) const BEAT: Duration = Duration::from_millis(50);
+/// How often the watchdog looks at the beats.
+const LOOK: Duration = Duration::from_millis(100);
+/// How long a shard may go without a beat before the watchdog interrupts its sleep.
+pub(crate) const STALL: Duration = Duration::from_millis(1_000);
+
+/// The signal that interrupts a stalled shard. Nothing else in the process uses it (its
+/// default action is to be ignored; the handler installed here does nothing).
+const INTERRUPT: libc::c_int = libc::SIGURG;
+
+/// One shard's heartbeat, shared with the watchdog.
+#[derive(Debug, Default)]
+pub(crate) struct Pulse {
+    beats: AtomicU64,
+    /// The shard thread's `pthread_t`, once it runs.
+    thread: AtomicU64,
+    started: AtomicBool,
+    /// Whether the shard's work is done. The watchdog holds the lock while it signals, so once
+    /// `finish` has returned no signal can reach the thread after it exits.
+    finished: Mutex<bool>,
+}
+
+impl Pulse {
+    /// Called on the shard thread when it starts.
+    pub(crate) fn start(&self) {
+        install_handler();
+        // SAFETY: `pthread_self` has no preconditions.
+        let thread = unsafe { libc::pthread_self() };
+        self.thread.store(thread as u64, Ordering::Relaxed);
+        self.started.store(true, Ordering::Release);
+    }
+
+    /// One beat of the shard's heartbeat task.
+    pub(crate) fn beat(&self) {
+        self.beats.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Called on the shard thread when its work is done: it is no longer watched.
+    pub(crate) fn finish(&self) {
+        *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+}
+
+extern "C" fn ignore(_: libc::c_int) {}
+
+/// Installs the do-nothing handler of [`INTERRUPT`], once per process.
+fn install_handler() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        // SAFETY: a zeroed `sigaction` is a valid value (empty mask, no flags); the handler
+        // is an `extern "C" fn(c_int)` that touches nothing, so it is async-signal-safe.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = ignore as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            if libc::sigaction(INTERRUPT, &action, std::ptr::null_mut()) != 0 {
+                tracing::warn!(
+                    error = %std::io::Error::last_os_error(),
+                    "cannot install the shard watchdog's signal handler; a stalled shard will not be woken"
+                );
+            }
+        }
+    });
+}
+
+/// Interrupts the blocking system call the shard of `pulse` is in (see the module docs),
+/// unless it has finished. Returns whether it did.
+fn interrupt(pulse: &Pulse) -> bool {
+    let finished = pulse.finished.lock().unwrap_or_else(|e| e.into_inner());
+    if *finished {
+        return false;
+    }
+    // SAFETY: the thread is a started shard thread that has not called `finish` — and cannot
+    // until the lock is released —, which it does before exiting, so the `pthread_t` is that
+    // of a live thread; the signal has the handler installed by `Pulse::start`.
+    unsafe {
+        libc::pthread_kill(
+            pulse.thread.load(Ordering::Relaxed) as libc::pthread_t,
+            INTERRUPT,
+        );
+    }
+    true
+}
+
+/// Watches the shards of one job until dropped.
+pub(crate) struct Watchdog {
+    stop: Arc<AtomicBool>,
+    interrupts: Arc<AtomicU64>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Watchdog {
+    /// Starts watching `pulses` (shard `i` has `pulses[i]`).
+    pub(crate) fn start(pulses: Vec<Arc<Pulse>>) -> Watchdog {
+        let stop = Arc::new(AtomicBool::new(false));
+        let interrupts = Arc::new(AtomicU64::new(0));
+        let (stopped, counted) = (Arc::clone(&stop), Arc::clone(&interrupts));
+        let thread = std::thread::Builder::new()
+            .name("weir-watchdog".into())
+            .spawn(move || watch(&pulses, &stopped, &counted))
+            .map_err(|error| tracing::warn!(%error, "cannot start the shard watchdog"))
+            .ok();
+        Watchdog {
+            stop,
+            interrupts,
+            thread,
+        }
+    }
+
+    /// How many times this watchdog has interrupted a stalled shard.
+    pub(crate) fn interrupts(&self) -> u64 {
+        self.interrupts.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+fn watch(pulses: &[Arc<Pulse>], stop: &AtomicBool, interrupts: &AtomicU64) {
+    let mut last: Vec<(u64, Duration)> = vec![(0, Duration::ZERO); pulses.len()];
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::park_timeout(LOOK);
+        for (shard, (pulse, (beats, quiet))) in pulses.iter().zip(&mut last).enumerate() {
+            if !pulse.started.load(Ordering::Acquire) {
+                continue;
+            }
+            let now = pulse.beats.load(Ordering::Relaxed);
+            if now != *beats {
+                (*beats, *quiet) = (now, Duration::ZERO);
+                continue;
+            }
+            *quiet += LOOK;
+            if *quiet >= STALL && interrupt(pulse) {
+                tracing::warn!(
+                    shard,
+                    quiet_ms = quiet.as_millis() as u64,
+                    "shard missed its heartbeat; interrupted its wait (a lost io_uring wake-up, or a task that does not yield)"
+                );
+                interrupts.fetch_add(1, Ordering::Relaxed);
+                *quiet = Duration::ZERO;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The interrupt wakes a thread out of a wait that nothing else would end: an
+    /// `epoll_wait` on an empty set without a timeout (never restarted, like `io_uring_enter`).
+    #[test]
+    fn an_interrupt_ends_a_wait_without_timeout() {
+        let pulse = Arc::new(Pulse::default());
+        let waiter = {
+            let pulse = Arc::clone(&pulse);
+            std::thread::spawn(move || {
+                pulse.start();
+                // SAFETY: plain system calls on a fresh epoll fd and a local event buffer.
+                unsafe {
+                    let fd = libc::epoll_create1(0);
+                    assert!(fd >= 0);
+                    let mut event: libc::epoll_event = std::mem::zeroed();
+                    let ready = libc::epoll_wait(fd, &mut event, 1, -1);
+                    let error = std::io::Error::last_os_error();
+                    libc::close(fd);
+                    pulse.finish();
+                    (ready, error.raw_os_error())
+                }
+            })
+        };
+        while !pulse.started.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
+        // No beats: the watchdog interrupts the waiter after `STALL`.
+        let watchdog = Watchdog::start(vec![Arc::clone(&pulse)]);
+        let (ready, error) = waiter.join().expect("the waiter returns");
+        assert_eq!((ready, error), (-1, Some(libc::EINTR)));
+        assert_eq!(watchdog.interrupts(), 1);
+    }
+
+    /// A shard that beats is left alone.
+    #[test]
+    fn a_beating_shard_is_not_interrupted() {
+        let pulse = Arc::new(Pulse::default());
+        pulse.start();
+        let watchdog = Watchdog::start(vec![Arc::clone(&pulse)]);
+        let until = std::time::Instant::now() + STALL * 2;
+        while std::time::Instant::now() < until {
+            pulse.beat();
+            std::thread::sleep(BEAT);
+        }
+        pulse.finish();
+        std::thread::sleep(STALL + LOOK * 2);
+        assert_eq!(
+            watchdog.interrupts(),
+            0,
+            "beating, then finished: never stalled"
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! Window contents in the state backend: the window operators' RocksDB path.
+//!
+//! With `state.backend.type: rocksdb` a window operator keeps what its windows hold — each
+//! pane's (or session's) accumulator, or its records for `process` — in the slot's RocksDB, as
+//! keyed state of the window's key with the pane as namespace. The operator itself is the same
+//! one the heap path runs (`aligned.rs`, `session.rs`, `global.rs`): it is built over
+//! [`Stored`], whose accumulator is a small token ([`StoredAcc`]: key and pane number) standing
+//! for the contents in RocksDB. Adding a record folds it into the stored contents, firing loads
+//! the panes, and dropping a token (the operator cleaning a pane up) deletes them. What stays on
+//! the heap is the operator's bookkeeping: which panes or sessions a key has and their timers,
+//! a few dozen bytes per key and pane (Flink's `state.backend.rocksdb.timer-service.factory:
+//! HEAP`).
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use weir_state::{BackendType, KeyedBackendConfig, LocalKeyedBackend, StateError};
+
+use super::function::{Contents, StoredLogic, WindowLogic};
+use crate::operator::{Batch, RuntimeContext};
+use crate::record::Key;
+
+/// An operator subtask's window contents: its backend (namespace = pane number) and the
+/// handle of the contents' state.
+pub(crate) struct PaneStore<K, C> {
+    backend: LocalKeyedBackend<K, u64>,
+    contents: C,
+    /// The next pane number; numbers are never reused within a subtask.
+    next: Cell<u64>,
+    /// Set when the operator is dropped: its backend's files go with the job, so the panes
+    /// still held need no deleting one by one.
+    closing: Cell<bool>,
+}
+
+impl<K: Key, C: Contents> PaneStore<K, C> {
+    /// Makes `(key, pane)` the backend's current key and namespace.
+    fn try_select(&self, key: &K, pane: u64) -> Result<(), StateError> {
+        self.backend.set_current_key(key)?;
+        self.backend.set_current_namespace(pane)
+    }
+
+    fn select(&self, key: &K, pane: u64) {
+        self.try_select(key, pane)
+            .unwrap_or_else(|error| fail(error));
+    }
+}
+
+/// A state error in a window operator fails its job with the backend's message.
+fn fail(error: StateError) -> ! {
+    panic!("window state: {error}")
+}
+
+/// The accumulator the window operators hold on the RocksDB path: which key and pane the
+/// contents in the backend belong to. Dropping it deletes them.
+pub(crate) struct StoredAcc<K: Key, C: Contents> {
+    key: K,
+    pane: u64,
+    store: Rc<PaneStore<K, C>>,
+}
+
+impl<K: Key, C: Contents> Drop for StoredAcc<K, C> {
+    /// Deletes the pane's contents. Never panics: a failing job drops its operators while
+    /// unwinding, and a second panic would abort the process.
+    fn drop(&mut self) {
+        if self.store.closing.get() || std::thread::panicking() {
+            return;
+        }
+        let cleared = self
+            .store
+            .try_select(&self.key, self.pane)
+            .and_then(|()| self.store.contents.clear());
+        if let Err(error) = cleared {
+            tracing::warn!(%error, "cannot delete a window pane's contents");
+        }
+    }
+}
+
+/// A window function whose contents live in the state backend (see the module docs).
+pub(crate) struct Stored<K: Key, L: StoredLogic<K, W, T, O>, W, T, O> {
+    logic: L,
+    store: Rc<PaneStore<K, L::Contents>>,
+    _types: std::marker::PhantomData<fn(W, T) -> O>,
+}
+
+impl<K, L, W, T, O> Stored<K, L, W, T, O>
+where
+    K: Key,
+    L: StoredLogic<K, W, T, O>,
+{
+    /// `logic` over subtask `ctx.subtask`'s key groups in the slot's RocksDB, in the column
+    /// family of the operator's contents.
+    pub(crate) fn open(ctx: &RuntimeContext, logic: L) -> Self {
+        let db = match (&ctx.state.rocksdb, ctx.state.backend) {
+            (Some(db), BackendType::RocksDb) => db,
+            _ => panic!("internal error: window contents in RocksDB without a RocksDB backend"),
+        };
+        let config = KeyedBackendConfig::for_subtask(
+            ctx.max_parallelism as u32,
+            ctx.parallelism as u32,
+            ctx.subtask as u32,
+        );
+        let backend = LocalKeyedBackend::rocksdb(config, Arc::clone(db), &ctx.state.operator_id)
+            .unwrap_or_else(|error| fail(error));
+        let contents = L::register(&backend).unwrap_or_else(|error| fail(error));
+        Stored {
+            logic,
+            store: Rc::new(PaneStore {
+                backend,
+                contents,
+                next: Cell::new(0),
+                closing: Cell::new(false),
+            }),
+            _types: std::marker::PhantomData,
+        }
+    }
+
+    /// Loads `acc`'s contents.
+    fn load(&mut self, acc: &StoredAcc<K, L::Contents>) -> L::Acc {
+        self.store.select(&acc.key, acc.pane);
+        self.logic
+            .load(&self.store.contents)
+            .unwrap_or_else(|error| fail(error))
+    }
+}
+
+impl<K, L, W, T, O> Drop for Stored<K, L, W, T, O>
+where
+    K: Key,
+    L: StoredLogic<K, W, T, O>,
+{
+    fn drop(&mut self) {
+        self.store.closing.set(true);
+    }
+}
+
+impl<K, L, W, T, O> WindowLogic<K, W, T, O> for Stored<K, L, W, T, O>
+where
+    K: Key,
+    W: 'static,
+    T: 'static,
+    O: 'static,
+    L: StoredLogic<K, W, T, O>,
+{
+    type Acc = StoredAcc<K, L::Contents>;
+
+    fn create(&self, key: &K) -> Self::Acc {
+        let pane = self.store.next.get();
+        self.store.next.set(pane + 1);
+        StoredAcc {
+            key: key.clone(),
+            pane,
+            store: Rc::clone(&self.store),
+        }
+    }
+
+    fn add(&mut self, acc: &mut Self::Acc, value: T) {
+        self.store.select(&acc.key, acc.pane);
+        self.logic
+            .add_stored(&self.store.contents, value)
+            .unwrap_or_else(|error| fail(error));
+    }
+
+    fn merge_owned(&mut self, into: &mut Self::Acc, from: Self::Acc) {
+        let loaded = self.load(&from);
+        self.store.select(&into.key, into.pane);
+        self.logic
+            .merge_stored(&self.store.contents, loaded)
+            .unwrap_or_else(|error| fail(error));
+        // Dropping `from` deletes its contents.
+    }
+
+    fn fire(
+        &mut self,
+        key: &K,
+        window: &W,
+        panes: &[&Self::Acc],
+        timestamp: i64,
+        out: &mut Batch<O>,
+    ) {
+        let loaded: Vec<L::Acc> = panes.iter().map(|acc| self.load(acc)).collect();
+        let refs: Vec<&L::Acc> = loaded.iter().collect();
+        self.logic.fire(key, window, &refs, timestamp, out);
+    }
+}
