@@ -10,6 +10,8 @@
 //!   hand-written loop keeping the same counts in hash maps.
 //! - [`state`]: `ValueState` get + update per key on one shard, heap or RocksDB backend, against
 //!   a plain `HashMap` loop.
+//! - [`nexmark`]: the Nexmark event model, its standard generator and hand-written baselines
+//!   of the queries, with the checksums engine runs are compared by.
 //! - [`record`]: the 64-byte record both use, and the map and filter functions they share.
 //!
 //! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state --json`
@@ -20,6 +22,7 @@ pub mod chain;
 mod error;
 pub mod exchange;
 mod measure;
+pub mod nexmark;
 pub mod record;
 pub mod state;
 pub mod window;
