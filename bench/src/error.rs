@@ -46,6 +46,9 @@ pub enum BenchError {
         #[source]
         source: Box<StateError>,
     },
+    /// A Nexmark option or generator setting is invalid.
+    #[error("nexmark: {0}")]
+    Nexmark(String),
     /// No temporary directory for the benchmark's RocksDB database.
     #[error(
         "could not create a temporary directory for RocksDB in {}: {source}; set TMPDIR to a \

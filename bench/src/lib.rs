@@ -10,12 +10,16 @@
 //!   hand-written loop keeping the same counts in hash maps.
 //! - [`state`]: `ValueState` get + update per key on one shard, heap or RocksDB backend, against
 //!   a plain `HashMap` loop.
-//! - [`nexmark`]: the Nexmark event model, its standard generator and hand-written baselines
-//!   of the queries, with the checksums engine runs are compared by.
+//! - [`nexmark`]: the Nexmark event model, its standard generator, hand-written baselines of
+//!   the queries, the queries as Weir jobs, and the harness behind `weir bench nexmark`
+//!   (throughput per core, generation-to-result latency, checksums against the baseline).
 //! - [`record`]: the 64-byte record both use, and the map and filter functions they share.
 //!
-//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state --json`
-//! commands print one as a JSON object. The criterion micro-benchmarks live in `benches/pipeline.rs`.
+//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state|nexmark
+//! --json` commands print one as a JSON object. The criterion micro-benchmarks live in
+//! `benches/pipeline.rs` (pipelines, key groups, record codec) and `benches/hot_paths.rs` (a
+//! Nexmark bid's codecs, segment write/read, the shard-to-shard ring, window assignment, state
+//! get/put).
 #![warn(missing_docs)]
 
 pub mod chain;

@@ -163,6 +163,40 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// A Nexmark query on the engine (or its hand-written baseline): throughput, latency,
+    /// result count and checksum.
+    Nexmark {
+        /// q0, q1, q2, q3, q4, q5, q7, q8, q11 or q12.
+        #[arg(long, default_value = "q0", required_unless_present = "all")]
+        query: String,
+        /// Run every query, engine and baseline, and print a table (or a JSON array).
+        #[arg(long, conflicts_with = "baseline")]
+        all: bool,
+        /// Events to generate.
+        #[arg(long, default_value_t = 10_000_000)]
+        events: u64,
+        /// Shards (and source subtasks); at most the number of cores.
+        #[arg(long, default_value_t = 1)]
+        parallelism: usize,
+        /// Run the hand-written single-threaded baseline instead of the engine.
+        #[arg(long)]
+        baseline: bool,
+        /// Events per second in all (event time follows it); unthrottled if absent.
+        #[arg(long)]
+        rate: Option<f64>,
+        /// hashmap or rocksdb.
+        #[arg(long, default_value = "hashmap", value_parser = ["hashmap", "heap", "rocksdb"])]
+        state_backend: String,
+        /// execution.buffer-timeout in milliseconds (0: flush every record).
+        #[arg(long, default_value_t = 1)]
+        buffer_timeout_ms: u64,
+        /// The generator's seed.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Print one JSON object (an array with --all).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn run(cli: Cli) -> Result<()> {
@@ -295,6 +329,42 @@ fn run_bench(bench: Bench) -> Result<()> {
         } => {
             let backend = backend.parse().map_err(anyhow::Error::msg)?;
             print_report(&weir_bench::state::run(backend, keys, ops)?, json)
+        }
+        Bench::Nexmark {
+            query,
+            all,
+            events,
+            parallelism,
+            baseline,
+            rate,
+            state_backend,
+            buffer_timeout_ms,
+            seed,
+            json,
+        } => {
+            use weir_bench::nexmark::harness;
+            let options = harness::NexmarkOptions {
+                query: query.parse().map_err(anyhow::Error::msg)?,
+                events,
+                parallelism,
+                rate,
+                state_backend,
+                buffer_timeout_ms,
+                seed,
+            };
+            if all {
+                let rows = harness::run_suite(&options)?;
+                if json {
+                    println!("{}", serde_json::to_string(&rows)?);
+                } else {
+                    print!("{}", harness::suite_table(&rows));
+                }
+                Ok(())
+            } else if baseline {
+                print_report(&harness::run_baseline(&options)?, json)
+            } else {
+                print_report(&harness::run_engine(&options)?, json)
+            }
         }
     }
 }

@@ -32,7 +32,7 @@ fn next_entry(pos: usize, len: usize) -> usize {
 
 /// An event travelling in-band with the records of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Event {
+pub enum Event {
     Watermark(Watermark),
     /// The sender's stream became idle (`true`) or active again.
     WatermarkStatus {
@@ -43,20 +43,20 @@ pub(crate) enum Event {
 
 /// One entry read from a segment.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Entry<'a> {
+pub enum Entry<'a> {
     /// The archived bytes of one record, 16-byte aligned, and its timestamp.
     Record(&'a [u8], i64),
     Event(Event),
 }
 
 /// Fills a segment with entries.
-pub(crate) struct SegmentBuilder {
+pub struct SegmentBuilder {
     segment: Segment,
     pos: usize,
 }
 
 impl SegmentBuilder {
-    pub(crate) fn new(segment: Segment) -> Self {
+    pub fn new(segment: Segment) -> Self {
         SegmentBuilder {
             segment,
             pos: FIRST_ENTRY,
@@ -78,12 +78,7 @@ impl SegmentBuilder {
 
     /// Appends a record; `false` if it does not fit in what is left of the segment.
     #[inline]
-    pub(crate) fn try_record<T: Record>(
-        &mut self,
-        record: &T,
-        timestamp: i64,
-        arena: &mut Arena,
-    ) -> bool {
+    pub fn try_record<T: Record>(&mut self, record: &T, timestamp: i64, arena: &mut Arena) -> bool {
         let start = self.pos + HEADER;
         let buf = self.segment.buffer_mut();
         if start >= buf.len() {
@@ -113,7 +108,7 @@ impl SegmentBuilder {
     }
 
     /// The filled segment, ready to send.
-    pub(crate) fn finish(mut self) -> Segment {
+    pub fn finish(mut self) -> Segment {
         let len = self.pos.min(self.segment.capacity());
         self.segment.set_len(len);
         self.segment
@@ -121,13 +116,13 @@ impl SegmentBuilder {
 }
 
 /// Reads the entries of a filled segment.
-pub(crate) struct Entries<'a> {
+pub struct Entries<'a> {
     bytes: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Entries<'a> {
-    pub(crate) fn new(segment: &'a Segment) -> Self {
+    pub fn new(segment: &'a Segment) -> Self {
         Entries {
             bytes: segment.filled(),
             pos: FIRST_ENTRY,

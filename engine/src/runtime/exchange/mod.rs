@@ -3,7 +3,8 @@
 //! `shared_channel`). The ring's capacity is the receiver's credit: a sender with a full ring
 //! waits. Only the segment handle moves between shards, not its bytes.
 
-pub(crate) mod frame;
+#[doc(hidden)]
+pub mod frame;
 pub(crate) mod partitioner;
 pub(crate) mod reader;
 pub(crate) mod writer;

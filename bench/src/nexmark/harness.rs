@@ -1,0 +1,845 @@
+//! `weir bench nexmark`: one Nexmark query on the engine (embedded, `--parallelism` shards) or
+//! its hand-written baseline, timed, with the output's count and checksum and — for the engine
+//! — the latency from an event's generation to the emission of the result it completes.
+//!
+//! **Latency.** The source's generator notes the wall time at which it first generates each
+//! millisecond of event time (a [`Timeline`]). The sink samples every [`SAMPLE_EVERY`]th result
+//! with the wall time of its write and its *origin*: the event time whose arrival made the
+//! result possible — the record's own time for q0–q3 (which emit per event), the window's
+//! end plus the watermark delay for window and timer outputs (the event that moves the
+//! watermark past the window). A result's latency is its write time minus the time its
+//! origin was generated; percentiles come from an HDR histogram (µs precision). The origin is
+//! resolved to the millisecond, so a figure is at most 1 ms of event time pessimistic. With
+//! `--rate` the generator's event time runs at that rate, so event time and wall time agree
+//! (as in Flink's Nexmark runner); without it the generator runs flat out at 10 M events/s of
+//! event time and latencies mostly show queueing.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use weir_engine::connector::{ConnectorError, Generator, LocalBoxFuture, Sink, SinkWriter};
+use weir_engine::prelude::*;
+use weir_engine::NO_TIMESTAMP;
+
+use super::baseline;
+use super::checksum::{checksum_of, q12_totals, q4_final, Checksum, StableHash};
+use super::generator::{NexmarkConfig, NexmarkGenerator, BASE_TIME_MS, WATERMARK_DELAY_MS};
+use super::model::{BidderWindowCount, CategoryAverage, Event};
+use super::queries;
+use crate::BenchError;
+
+/// One result in this many is sampled for latency.
+pub const SAMPLE_EVERY: u64 = 8;
+
+/// The queries of the suite.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Query {
+    /// Pass-through.
+    Q0,
+    /// Currency conversion.
+    Q1,
+    /// Selection.
+    Q2,
+    /// Local item suggestion (join).
+    Q3,
+    /// Average price per category.
+    Q4,
+    /// Hot items (sliding windows).
+    Q5,
+    /// Highest bid (tumbling windows).
+    Q7,
+    /// Monitor new users (window join).
+    Q8,
+    /// User sessions.
+    Q11,
+    /// Processing-time windows.
+    Q12,
+}
+
+impl Query {
+    /// Every query, in suite order.
+    pub const ALL: [Query; 10] = [
+        Query::Q0,
+        Query::Q1,
+        Query::Q2,
+        Query::Q3,
+        Query::Q4,
+        Query::Q5,
+        Query::Q7,
+        Query::Q8,
+        Query::Q11,
+        Query::Q12,
+    ];
+
+    /// `q0`, `q1`, …
+    pub fn name(self) -> &'static str {
+        match self {
+            Query::Q0 => "q0",
+            Query::Q1 => "q1",
+            Query::Q2 => "q2",
+            Query::Q3 => "q3",
+            Query::Q4 => "q4",
+            Query::Q5 => "q5",
+            Query::Q7 => "q7",
+            Query::Q8 => "q8",
+            Query::Q11 => "q11",
+            Query::Q12 => "q12",
+        }
+    }
+
+    /// How much later than a result's timestamp its origin event comes (see the module docs):
+    /// nothing for per-event results, the watermark delay for window and timer outputs (their
+    /// timestamp is the window's last millisecond).
+    fn origin_delay_ms(self) -> i64 {
+        match self {
+            Query::Q0 | Query::Q1 | Query::Q2 | Query::Q3 => 0,
+            _ => WATERMARK_DELAY_MS + 1,
+        }
+    }
+}
+
+impl std::str::FromStr for Query {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Query, String> {
+        Query::ALL
+            .into_iter()
+            .find(|q| q.name().eq_ignore_ascii_case(text))
+            .ok_or_else(|| {
+                let names: Vec<&str> = Query::ALL.iter().map(|q| q.name()).collect();
+                format!(
+                    "unknown Nexmark query '{text}'; the suite has {}",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct NexmarkOptions {
+    /// The query.
+    pub query: Query,
+    /// Events to generate.
+    pub events: u64,
+    /// Shards (and source subtasks) of the engine run.
+    pub parallelism: usize,
+    /// Events per second in all, or as fast as possible.
+    pub rate: Option<f64>,
+    /// `state.backend.type` of the engine run.
+    pub state_backend: String,
+    /// `execution.buffer-timeout` of the engine run, in milliseconds.
+    pub buffer_timeout_ms: u64,
+    /// The generator's seed.
+    pub seed: u64,
+}
+
+/// Latency percentiles, in milliseconds.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct LatencyMs {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest sample.
+    pub max: f64,
+    /// Results sampled.
+    pub samples: u64,
+}
+
+/// One run's report (`--json` prints it as one object).
+#[derive(Clone, Debug, Serialize)]
+pub struct NexmarkReport {
+    /// `q0`, …
+    pub query: &'static str,
+    /// `weir` or `baseline`.
+    pub engine: &'static str,
+    /// Events generated.
+    pub events: u64,
+    /// Wall time of the run (the engine's: deployment to the end of the job).
+    pub seconds: f64,
+    /// Events per second.
+    pub events_per_second: f64,
+    /// Events per second per core.
+    pub events_per_second_per_core: f64,
+    /// Cores used (shards; 1 for the baseline).
+    pub cores: usize,
+    /// Generation-to-result latency (engine runs; `None` for the baseline or without results).
+    pub latency_ms: Option<LatencyMs>,
+    /// Output records.
+    pub results: u64,
+    /// The output's checksum (q4: of the final value per category; q12: of the bids per
+    /// bidder), hexadecimal: equal for the engine and the baseline on the same events.
+    pub checksum: String,
+    /// The requested rate, if throttled.
+    pub rate: Option<f64>,
+    /// The engine's state backend (`None` for the baseline).
+    pub state_backend: Option<String>,
+}
+
+fn generator(options: &NexmarkOptions) -> Result<NexmarkGenerator, BenchError> {
+    let mut config = NexmarkConfig {
+        seed: options.seed,
+        ..NexmarkConfig::default()
+    };
+    if let Some(rate) = options.rate {
+        // Event time runs at the wall-clock rate, so windows close in real time.
+        config.first_event_rate = rate.round().max(1.0) as u64;
+    }
+    NexmarkGenerator::new(config).map_err(|e| BenchError::Nexmark(e.to_string()))
+}
+
+fn check(options: &NexmarkOptions) -> Result<(), BenchError> {
+    if options.events == 0 {
+        return Err(BenchError::NoRecords);
+    }
+    if options.parallelism == 0 {
+        return Err(BenchError::NoShards);
+    }
+    let cores = weir_engine::runtime::available_cores().len();
+    if options.parallelism > cores {
+        return Err(BenchError::TooManyShards {
+            shards: options.parallelism,
+            cores,
+        });
+    }
+    if options.rate.is_some_and(|r| !(r >= 1.0 && r.is_finite())) {
+        return Err(BenchError::Nexmark(format!(
+            "--rate must be at least 1 event per second, got {}",
+            options.rate.unwrap_or_default()
+        )));
+    }
+    Ok(())
+}
+
+/// Runs the query's hand-written baseline, single-threaded.
+pub fn run_baseline(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError> {
+    check(options)?;
+    let generator = generator(options)?;
+    let started = Instant::now();
+    let result = match options.query {
+        Query::Q0 => baseline::run_q0(&generator, options.events),
+        Query::Q1 => baseline::run_q1(&generator, options.events),
+        Query::Q2 => baseline::run_q2(&generator, options.events),
+        Query::Q3 => baseline::run_q3(&generator, options.events),
+        Query::Q4 => baseline::run_q4(&generator, options.events),
+        Query::Q5 => baseline::run_q5(&generator, options.events),
+        Query::Q7 => baseline::run_q7(&generator, options.events),
+        Query::Q8 => baseline::run_q8(&generator, options.events),
+        Query::Q11 => baseline::run_q11(&generator, options.events),
+        Query::Q12 => baseline::run_q12(&generator, options.events),
+    };
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    let rate = options.events as f64 / seconds;
+    Ok(NexmarkReport {
+        query: options.query.name(),
+        engine: "baseline",
+        events: options.events,
+        seconds,
+        events_per_second: rate,
+        events_per_second_per_core: rate,
+        cores: 1,
+        latency_ms: None,
+        results: result.results,
+        checksum: format!("{:016x}", result.checksum),
+        rate: None,
+        state_backend: None,
+    })
+}
+
+/// When the generator first reached each millisecond of event time.
+#[derive(Debug)]
+struct Timeline {
+    started: Instant,
+    latest: AtomicI64,
+    /// (event time, nanoseconds since `started`), one per millisecond reached.
+    marks: Mutex<Vec<(i64, u64)>>,
+}
+
+impl Timeline {
+    fn new() -> Self {
+        Timeline {
+            started: Instant::now(),
+            latest: AtomicI64::new(i64::MIN),
+            marks: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn nanos(&self) -> u64 {
+        self.started.elapsed().as_nanos() as u64
+    }
+
+    #[inline]
+    fn reached(&self, event_time: i64) {
+        if event_time > self.latest.load(Ordering::Relaxed)
+            && self.latest.fetch_max(event_time, Ordering::Relaxed) < event_time
+        {
+            let now = self.nanos();
+            self.marks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((event_time, now));
+        }
+    }
+
+    /// The marks sorted by event time, each with the earliest time any later millisecond was
+    /// reached (so a lookup finds when event time first reached *at least* a value).
+    fn sorted(&self) -> Vec<(i64, u64)> {
+        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        marks.sort_unstable();
+        let mut earliest = u64::MAX;
+        for mark in marks.iter_mut().rev() {
+            earliest = earliest.min(mark.1);
+            mark.1 = earliest;
+        }
+        marks
+    }
+}
+
+/// The Nexmark generator, noting its progress on a [`Timeline`].
+struct Timed {
+    generator: NexmarkGenerator,
+    timeline: Arc<Timeline>,
+}
+
+impl Generator<Event> for Timed {
+    #[inline]
+    fn generate(&self, index: u64) -> Event {
+        let event = self.generator.generate(index);
+        self.timeline.reached(event.date_time());
+        event
+    }
+}
+
+/// What the sinks of one run gathered.
+struct Gathered<T> {
+    checksum: Checksum,
+    /// (origin event time, write time in nanoseconds since the timeline started).
+    samples: Vec<(i64, u64)>,
+    kept: Vec<T>,
+}
+
+impl<T> Default for Gathered<T> {
+    fn default() -> Self {
+        Gathered {
+            checksum: Checksum::default(),
+            samples: Vec::new(),
+            kept: Vec::new(),
+        }
+    }
+}
+
+/// Counts, checksums, samples latency and (for q4 and q12) keeps the results.
+struct ResultSink<T> {
+    gathered: Arc<Mutex<Gathered<T>>>,
+    results: Arc<AtomicU64>,
+    timeline: Arc<Timeline>,
+    origin_delay_ms: i64,
+    keep: bool,
+}
+
+struct ResultWriter<T> {
+    gathered: Arc<Mutex<Gathered<T>>>,
+    results: Arc<AtomicU64>,
+    timeline: Arc<Timeline>,
+    origin_delay_ms: i64,
+    keep: bool,
+    local: Gathered<T>,
+    seen: u64,
+}
+
+impl<T: StableHash + Record> Sink<Stamped<T>> for ResultSink<T> {
+    fn create_writer(
+        &self,
+        _ctx: &RuntimeContext,
+    ) -> Result<Box<dyn SinkWriter<Stamped<T>>>, ConnectorError> {
+        Ok(Box::new(ResultWriter {
+            gathered: Arc::clone(&self.gathered),
+            results: Arc::clone(&self.results),
+            timeline: Arc::clone(&self.timeline),
+            origin_delay_ms: self.origin_delay_ms,
+            keep: self.keep,
+            local: Gathered::default(),
+            seen: 0,
+        }))
+    }
+}
+
+impl<T: StableHash + Record> SinkWriter<Stamped<T>> for ResultWriter<T> {
+    fn write<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<Stamped<T>>,
+    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
+        let now = self.timeline.nanos();
+        self.results
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        for Stamped {
+            value: record,
+            timestamp,
+        } in batch.drain(..)
+        {
+            self.local.checksum.add(&record);
+            self.seen += 1;
+            // Results 1, 1 + SAMPLE_EVERY, …: a query with few results still gets samples.
+            if self.seen % SAMPLE_EVERY == 1 && timestamp != NO_TIMESTAMP {
+                let origin = timestamp.saturating_add(self.origin_delay_ms);
+                self.local.samples.push((origin, now));
+            }
+            if self.keep {
+                self.local.kept.push(record);
+            }
+        }
+        Box::pin(async { Ok(()) })
+    }
+
+    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        let mut gathered = self.gathered.lock().unwrap_or_else(|e| e.into_inner());
+        gathered.checksum.merge(self.local.checksum);
+        gathered.samples.append(&mut self.local.samples);
+        gathered.kept.append(&mut self.local.kept);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A result with its timestamp, for the sink (which sees records, not timestamps).
+#[derive(Clone)]
+struct Stamped<T> {
+    value: T,
+    timestamp: i64,
+}
+
+/// The value's own archive, then the timestamp's 8 bytes (so the archive starts at the
+/// aligned address its `decode` needs and ends where its root is).
+impl<T: Record> Record for Stamped<T> {
+    #[inline]
+    fn encode(&self, out: &mut [u8], arena: &mut rkyv::ser::allocator::Arena) -> Option<usize> {
+        let len = self.value.encode(out, arena)?;
+        out.get_mut(len..len + 8)?
+            .copy_from_slice(&self.timestamp.to_le_bytes());
+        Some(len + 8)
+    }
+
+    #[inline]
+    unsafe fn decode(bytes: &[u8]) -> Self {
+        let (value, timestamp) = bytes.split_at(bytes.len() - 8);
+        Stamped {
+            // SAFETY: the caller passes exactly what `encode` wrote, 16-byte aligned; its
+            // first part is exactly what `T::encode` wrote, at the same address.
+            value: unsafe { T::decode(value) },
+            timestamp: i64::from_le_bytes(timestamp.try_into().expect("8 bytes")),
+        }
+    }
+}
+
+/// Stamps each result with its timestamp, for the sink.
+fn stamped<T: Record>(results: DataStream<T>) -> DataStream<Stamped<T>> {
+    results
+        .process(|value: T, ctx: &mut ProcessContext<'_, Stamped<T>>| {
+            let timestamp = ctx.timestamp().unwrap_or(NO_TIMESTAMP);
+            ctx.emit(Stamped { value, timestamp });
+        })
+        .name("stamp")
+}
+
+/// The sink end of one run, typed by the query's output.
+struct Outputs<T> {
+    gathered: Arc<Mutex<Gathered<T>>>,
+}
+
+impl<T: StableHash + Record> Outputs<T> {
+    fn attach(
+        results: DataStream<T>,
+        query: Query,
+        timeline: &Arc<Timeline>,
+        counter: &Arc<AtomicU64>,
+    ) -> Outputs<T> {
+        let gathered = Arc::new(Mutex::new(Gathered::default()));
+        let sink = ResultSink {
+            gathered: Arc::clone(&gathered),
+            results: Arc::clone(counter),
+            timeline: Arc::clone(timeline),
+            origin_delay_ms: query.origin_delay_ms(),
+            keep: matches!(query, Query::Q4 | Query::Q12),
+        };
+        stamped(results).sink_to(sink, "results");
+        Outputs { gathered }
+    }
+
+    fn take(&self) -> Gathered<T> {
+        std::mem::take(&mut *self.gathered.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// The gathered output of a run, whatever the query's output type.
+struct RunOutput {
+    checksum: Checksum,
+    results: u64,
+    samples: Vec<(i64, u64)>,
+}
+
+fn finish<T>(gathered: Gathered<T>, checksum: impl FnOnce(&Gathered<T>) -> Checksum) -> RunOutput {
+    RunOutput {
+        checksum: checksum(&gathered),
+        results: gathered.checksum.count,
+        samples: gathered.samples,
+    }
+}
+
+/// Prints a progress line on stderr every second until dropped.
+struct Progress {
+    done: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Progress {
+    fn start(query: Query, rate: f64, timeline: Arc<Timeline>, results: Arc<AtomicU64>) -> Self {
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = Arc::clone(&done);
+        let thread = std::thread::Builder::new()
+            .name("nexmark-progress".into())
+            .spawn(move || {
+                while !finished.load(Ordering::Relaxed) {
+                    std::thread::park_timeout(Duration::from_secs(1));
+                    if finished.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let latest = timeline.latest.load(Ordering::Relaxed);
+                    let generated = if latest == i64::MIN {
+                        0.0
+                    } else {
+                        (latest - BASE_TIME_MS) as f64 * rate / 1_000.0
+                    };
+                    let seconds = timeline.started.elapsed().as_secs_f64();
+                    eprintln!(
+                        "{}: {:.1} s, ~{:.2} M events generated ({:.2} M/s), {} results",
+                        query.name(),
+                        seconds,
+                        generated / 1e6,
+                        generated / 1e6 / seconds.max(1e-9),
+                        results.load(Ordering::Relaxed)
+                    );
+                }
+            })
+            .ok();
+        Progress { done, thread }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.done.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Runs the query on the engine: `options.parallelism` shards, embedded.
+pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError> {
+    check(options)?;
+    let generator = generator(options)?;
+    let event_rate = generator.config().first_event_rate as f64;
+    let mut config = Configuration::default();
+    let settings = [
+        (
+            "taskmanager.numberOfTaskSlots",
+            options.parallelism.to_string(),
+        ),
+        ("parallelism.default", options.parallelism.to_string()),
+        ("state.backend.type", options.state_backend.clone()),
+        (
+            "execution.buffer-timeout",
+            format!("{} ms", options.buffer_timeout_ms),
+        ),
+    ];
+    for (key, value) in settings {
+        config
+            .set(key, value)
+            .map_err(|e| BenchError::Nexmark(e.to_string()))?;
+    }
+    let env = StreamEnvironment::new(config).map_err(BenchError::job("nexmark"))?;
+    let timeline = Arc::new(Timeline::new());
+    let counter = Arc::new(AtomicU64::new(0));
+    let timed = Timed {
+        generator,
+        timeline: Arc::clone(&timeline),
+    };
+    let events = queries::source(&env, timed, options.events, options.rate);
+    let query = options.query;
+    let take: Box<dyn FnOnce() -> RunOutput> = match query {
+        Query::Q0 => plain(Outputs::attach(
+            queries::q0(events),
+            query,
+            &timeline,
+            &counter,
+        )),
+        Query::Q1 => plain(Outputs::attach(
+            queries::q1(events),
+            query,
+            &timeline,
+            &counter,
+        )),
+        Query::Q2 => plain(Outputs::attach(
+            queries::q2(events),
+            query,
+            &timeline,
+            &counter,
+        )),
+        Query::Q3 => plain(Outputs::attach(
+            queries::q3(events),
+            query,
+            &timeline,
+            &counter,
+        )),
+        Query::Q4 => {
+            let outputs = Outputs::attach(queries::q4(events), query, &timeline, &counter);
+            Box::new(move || {
+                finish(outputs.take(), |g: &Gathered<CategoryAverage>| {
+                    checksum_of(&q4_final(g.kept.iter().cloned()))
+                })
+            })
+        }
+        Query::Q5 => plain(Outputs::attach(
+            queries::q5(events),
+            query,
+            &timeline,
+            &counter,
+        )),
+        Query::Q7 => plain(Outputs::attach(
+            queries::q7(events),
+            query,
+            &timeline,
+            &counter,
+        )),
+        Query::Q8 => plain(Outputs::attach(
+            queries::q8(events),
+            query,
+            &timeline,
+            &counter,
+        )),
+        Query::Q11 => plain(Outputs::attach(
+            queries::q11(events),
+            query,
+            &timeline,
+            &counter,
+        )),
+        Query::Q12 => {
+            let outputs = Outputs::attach(queries::q12(events), query, &timeline, &counter);
+            Box::new(move || {
+                finish(outputs.take(), |g: &Gathered<BidderWindowCount>| {
+                    checksum_of(&q12_totals(&g.kept))
+                })
+            })
+        }
+    };
+    let progress = Progress::start(query, event_rate, Arc::clone(&timeline), counter);
+    let result = env
+        .execute(&format!("nexmark {}", query.name()))
+        .map_err(BenchError::job("nexmark"))?;
+    drop(progress);
+    let output = take();
+    let seconds = result.duration.as_secs_f64().max(1e-9);
+    let rate = options.events as f64 / seconds;
+    Ok(NexmarkReport {
+        query: query.name(),
+        engine: "weir",
+        events: options.events,
+        seconds,
+        events_per_second: rate,
+        events_per_second_per_core: rate / options.parallelism as f64,
+        cores: options.parallelism,
+        latency_ms: latency(&timeline, &output.samples),
+        results: output.results,
+        checksum: format!("{:016x}", output.checksum.sum),
+        rate: options.rate,
+        state_backend: Some(options.state_backend.clone()),
+    })
+}
+
+/// The output of a query whose checksum is over all its results.
+fn plain<T: StableHash + Record>(outputs: Outputs<T>) -> Box<dyn FnOnce() -> RunOutput> {
+    Box::new(move || finish(outputs.take(), |g| g.checksum))
+}
+
+/// Latency percentiles of `samples` (see the module docs).
+fn latency(timeline: &Timeline, samples: &[(i64, u64)]) -> Option<LatencyMs> {
+    let marks = timeline.sorted();
+    let last = marks.last()?.1;
+    // 1 µs to an hour, 3 significant figures; longer latencies count as an hour.
+    let mut histogram =
+        Histogram::<u64>::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds");
+    for &(origin, written) in samples {
+        let index = marks.partition_point(|&(time, _)| time < origin);
+        // Results of windows closed by the end of input originate when generation ended.
+        let generated = marks.get(index).map_or(last, |&(_, at)| at);
+        let micros = written.saturating_sub(generated) / 1_000;
+        histogram.saturating_record(micros.max(1));
+    }
+    if histogram.is_empty() {
+        return None;
+    }
+    let ms = |micros: u64| micros as f64 / 1_000.0;
+    Some(LatencyMs {
+        p50: ms(histogram.value_at_quantile(0.5)),
+        p99: ms(histogram.value_at_quantile(0.99)),
+        p999: ms(histogram.value_at_quantile(0.999)),
+        max: ms(histogram.max()),
+        samples: histogram.len(),
+    })
+}
+
+/// The engine's report and the baseline's on the same events, as a table row.
+#[derive(Clone, Debug, Serialize)]
+pub struct SuiteRow {
+    /// The engine run.
+    pub engine: NexmarkReport,
+    /// The baseline run.
+    pub baseline: NexmarkReport,
+    /// Baseline events/s per core over the engine's (how far from one core's best).
+    pub slowdown: f64,
+    /// Whether the checksums agree (q12: the bids per bidder).
+    pub checksums_match: bool,
+}
+
+/// Runs the engine and the baseline of every query on the same events (`--all`).
+pub fn run_suite(options: &NexmarkOptions) -> Result<Vec<SuiteRow>, BenchError> {
+    Query::ALL
+        .into_iter()
+        .map(|query| {
+            let options = NexmarkOptions {
+                query,
+                ..options.clone()
+            };
+            let baseline = run_baseline(&options)?;
+            let engine = run_engine(&options)?;
+            Ok(SuiteRow {
+                slowdown: baseline.events_per_second_per_core
+                    / engine.events_per_second_per_core.max(1e-9),
+                checksums_match: engine.checksum == baseline.checksum,
+                engine,
+                baseline,
+            })
+        })
+        .collect()
+}
+
+/// The suite as a Markdown table.
+pub fn suite_table(rows: &[SuiteRow]) -> String {
+    let mut table = String::from(
+        "| query | events | weir events/s/core | baseline events/s | baseline/weir | p50 ms | p99 ms | results | checksum |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        let (p50, p99) = row.engine.latency_ms.map_or(("-".into(), "-".into()), |l| {
+            (format!("{:.1}", l.p50), format!("{:.1}", l.p99))
+        });
+        table.push_str(&format!(
+            "| {} | {} | {:.2} M | {:.2} M | {:.2}x | {} | {} | {} | {} |\n",
+            row.engine.query,
+            row.engine.events,
+            row.engine.events_per_second_per_core / 1e6,
+            row.baseline.events_per_second / 1e6,
+            row.slowdown,
+            p50,
+            p99,
+            row.engine.results,
+            if row.checksums_match {
+                "match"
+            } else {
+                "DIFFERS"
+            },
+        ));
+    }
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(query: Query, events: u64) -> NexmarkOptions {
+        NexmarkOptions {
+            query,
+            events,
+            parallelism: 1,
+            rate: None,
+            state_backend: "hashmap".into(),
+            buffer_timeout_ms: 1,
+            seed: 0,
+        }
+    }
+
+    #[test]
+    fn a_stamped_record_round_trips_through_a_segment_encoding() {
+        let generator = NexmarkGenerator::new(NexmarkConfig::default()).expect("default config");
+        let bid = (0..)
+            .find_map(|i| generator.generate(i).as_bid().cloned())
+            .expect("a bid");
+        let stamped = Stamped {
+            value: bid.clone(),
+            timestamp: -42,
+        };
+        #[repr(align(16))]
+        struct Aligned([u8; 1024]);
+        let mut buffer = Aligned([0; 1024]);
+        let mut arena = rkyv::ser::allocator::Arena::new();
+        let len = stamped.encode(&mut buffer.0, &mut arena).expect("fits");
+        // SAFETY: exactly the bytes `encode` wrote, at a 16-byte aligned address.
+        let back =
+            unsafe { <Stamped<super::super::model::Bid> as Record>::decode(&buffer.0[..len]) };
+        assert_eq!((back.value, back.timestamp), (bid, -42));
+        assert_eq!(stamped.encode(&mut buffer.0[..len - 1], &mut arena), None);
+    }
+
+    #[test]
+    fn queries_parse_by_name_and_unknown_ones_are_named() {
+        assert_eq!("Q11".parse::<Query>(), Ok(Query::Q11));
+        let error = "q6".parse::<Query>().expect_err("no q6");
+        assert!(
+            error.contains("'q6'") && error.contains("q0, q1"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn engine_and_baseline_agree_and_the_engine_reports_latency() {
+        for query in [Query::Q0, Query::Q5] {
+            let options = options(query, 200_000);
+            let engine = run_engine(&options).expect("engine run");
+            let baseline = run_baseline(&options).expect("baseline run");
+            assert_eq!(engine.checksum, baseline.checksum, "{query:?}");
+            assert_eq!(engine.results, baseline.results, "{query:?}");
+            assert!(engine.results > 0, "{query:?}");
+            let latency = engine.latency_ms.expect("sampled results");
+            assert!(latency.samples > 0, "{latency:?}");
+            assert!(
+                latency.p50 <= latency.p99 && latency.p99 <= latency.max,
+                "{latency:?}"
+            );
+            // A result waits at least for its batch to be generated and processed.
+            assert!(latency.max >= 0.01, "{latency:?}");
+        }
+    }
+
+    #[test]
+    fn bad_options_are_refused_naming_the_fix() {
+        let mut bad = options(Query::Q0, 0);
+        assert!(matches!(run_engine(&bad), Err(BenchError::NoRecords)));
+        bad.events = 10;
+        bad.rate = Some(0.0);
+        let error = run_engine(&bad).expect_err("rate 0").to_string();
+        assert!(error.contains("--rate must be at least 1"), "{error}");
+        bad.rate = None;
+        bad.parallelism = 1_000;
+        assert!(matches!(
+            run_baseline(&bad),
+            Err(BenchError::TooManyShards { .. })
+        ));
+    }
+}
