@@ -167,6 +167,7 @@ impl SinkWriter<(u64, i64, u64)> for ChecksumWriter {
     fn write<'a>(
         &'a mut self,
         batch: &'a mut Vec<(u64, i64, u64)>,
+        _timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
         for (key, start, count) in batch.drain(..) {
             self.local.add(key, start, count);

@@ -54,6 +54,7 @@ impl SinkWriter<u64> for BufferingWriter {
     fn write<'a>(
         &'a mut self,
         batch: &'a mut Vec<u64>,
+        _timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
         for n in batch.drain(..) {
             let parity = if n % 2 == 0 { "even" } else { "odd" }.to_string();

@@ -3,7 +3,7 @@
 //! — the latency from an event's generation to the emission of the result it completes.
 //!
 //! **Latency.** The source's generator notes the wall time at which it first generates each
-//! millisecond of event time (a [`Timeline`]). The sink samples every [`SAMPLE_EVERY`]th result
+//! millisecond of event time (a timeline). The sink samples every [`SAMPLE_EVERY`]th result
 //! with the wall time of its write and its *origin*: the event time whose arrival made the
 //! result possible — the record's own time for q0–q3 (which emit per event), the window's
 //! end plus the watermark delay for window and timer outputs (the event that moves the
@@ -32,7 +32,7 @@ use super::queries;
 use crate::BenchError;
 
 /// One result in this many is sampled for latency.
-pub const SAMPLE_EVERY: u64 = 8;
+pub const SAMPLE_EVERY: u64 = 64;
 
 /// The queries of the suite.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -353,11 +353,11 @@ struct ResultWriter<T> {
     seen: u64,
 }
 
-impl<T: StableHash + Record> Sink<Stamped<T>> for ResultSink<T> {
+impl<T: StableHash + Record> Sink<T> for ResultSink<T> {
     fn create_writer(
         &self,
         _ctx: &RuntimeContext,
-    ) -> Result<Box<dyn SinkWriter<Stamped<T>>>, ConnectorError> {
+    ) -> Result<Box<dyn SinkWriter<T>>, ConnectorError> {
         Ok(Box::new(ResultWriter {
             gathered: Arc::clone(&self.gathered),
             results: Arc::clone(&self.results),
@@ -370,19 +370,16 @@ impl<T: StableHash + Record> Sink<Stamped<T>> for ResultSink<T> {
     }
 }
 
-impl<T: StableHash + Record> SinkWriter<Stamped<T>> for ResultWriter<T> {
+impl<T: StableHash + Record> SinkWriter<T> for ResultWriter<T> {
     fn write<'a>(
         &'a mut self,
-        batch: &'a mut Vec<Stamped<T>>,
+        batch: &'a mut Vec<T>,
+        timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
         let now = self.timeline.nanos();
         self.results
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        for Stamped {
-            value: record,
-            timestamp,
-        } in batch.drain(..)
-        {
+        for (record, &timestamp) in batch.drain(..).zip(timestamps) {
             self.local.checksum.add(&record);
             self.seen += 1;
             // Results 1, 1 + SAMPLE_EVERY, …: a query with few results still gets samples.
@@ -406,46 +403,6 @@ impl<T: StableHash + Record> SinkWriter<Stamped<T>> for ResultWriter<T> {
     }
 }
 
-/// A result with its timestamp, for the sink (which sees records, not timestamps).
-#[derive(Clone)]
-struct Stamped<T> {
-    value: T,
-    timestamp: i64,
-}
-
-/// The value's own archive, then the timestamp's 8 bytes (so the archive starts at the
-/// aligned address its `decode` needs and ends where its root is).
-impl<T: Record> Record for Stamped<T> {
-    #[inline]
-    fn encode(&self, out: &mut [u8], arena: &mut rkyv::ser::allocator::Arena) -> Option<usize> {
-        let len = self.value.encode(out, arena)?;
-        out.get_mut(len..len + 8)?
-            .copy_from_slice(&self.timestamp.to_le_bytes());
-        Some(len + 8)
-    }
-
-    #[inline]
-    unsafe fn decode(bytes: &[u8]) -> Self {
-        let (value, timestamp) = bytes.split_at(bytes.len() - 8);
-        Stamped {
-            // SAFETY: the caller passes exactly what `encode` wrote, 16-byte aligned; its
-            // first part is exactly what `T::encode` wrote, at the same address.
-            value: unsafe { T::decode(value) },
-            timestamp: i64::from_le_bytes(timestamp.try_into().expect("8 bytes")),
-        }
-    }
-}
-
-/// Stamps each result with its timestamp, for the sink.
-fn stamped<T: Record>(results: DataStream<T>) -> DataStream<Stamped<T>> {
-    results
-        .process(|value: T, ctx: &mut ProcessContext<'_, Stamped<T>>| {
-            let timestamp = ctx.timestamp().unwrap_or(NO_TIMESTAMP);
-            ctx.emit(Stamped { value, timestamp });
-        })
-        .name("stamp")
-}
-
 /// The sink end of one run, typed by the query's output.
 struct Outputs<T> {
     gathered: Arc<Mutex<Gathered<T>>>,
@@ -466,7 +423,7 @@ impl<T: StableHash + Record> Outputs<T> {
             origin_delay_ms: query.origin_delay_ms(),
             keep: matches!(query, Query::Q4 | Query::Q12),
         };
-        stamped(results).sink_to(sink, "results");
+        results.sink_to(sink, "results");
         Outputs { gathered }
     }
 
@@ -773,28 +730,6 @@ mod tests {
             buffer_timeout_ms: 1,
             seed: 0,
         }
-    }
-
-    #[test]
-    fn a_stamped_record_round_trips_through_a_segment_encoding() {
-        let generator = NexmarkGenerator::new(NexmarkConfig::default()).expect("default config");
-        let bid = (0..)
-            .find_map(|i| generator.generate(i).as_bid().cloned())
-            .expect("a bid");
-        let stamped = Stamped {
-            value: bid.clone(),
-            timestamp: -42,
-        };
-        #[repr(align(16))]
-        struct Aligned([u8; 1024]);
-        let mut buffer = Aligned([0; 1024]);
-        let mut arena = rkyv::ser::allocator::Arena::new();
-        let len = stamped.encode(&mut buffer.0, &mut arena).expect("fits");
-        // SAFETY: exactly the bytes `encode` wrote, at a 16-byte aligned address.
-        let back =
-            unsafe { <Stamped<super::super::model::Bid> as Record>::decode(&buffer.0[..len]) };
-        assert_eq!((back.value, back.timestamp), (bid, -42));
-        assert_eq!(stamped.encode(&mut buffer.0[..len - 1], &mut arena), None);
     }
 
     #[test]

@@ -111,6 +111,7 @@ impl<T> SinkWriter<T> for CollectWriter<T> {
     fn write<'a>(
         &'a mut self,
         batch: &'a mut Vec<T>,
+        _timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
         self.collected.lock().expect("collect lock")[self.subtask].append(batch);
         let delay = self.delay;

@@ -29,6 +29,7 @@ impl<T> SinkWriter<T> for DiscardSink {
     fn write<'a>(
         &'a mut self,
         batch: &'a mut Vec<T>,
+        _timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
         for record in batch.drain(..) {
             std::hint::black_box(record);

@@ -118,6 +118,7 @@ impl<T> SinkWriter<T> for FileWriter<T> {
     fn write<'a>(
         &'a mut self,
         batch: &'a mut Vec<T>,
+        _timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
         Box::pin(polled_when_woken(self.write_batch(batch)))
     }

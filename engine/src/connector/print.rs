@@ -56,6 +56,7 @@ impl<T: Debug> SinkWriter<T> for PrintWriter {
     fn write<'a>(
         &'a mut self,
         batch: &'a mut Vec<T>,
+        _timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
         for record in batch.drain(..) {
             // Writing into a Vec cannot fail.

@@ -7,10 +7,12 @@ use crate::operator::RuntimeContext;
 
 /// Writes one subtask's records. Lives on the subtask's shard.
 pub trait SinkWriter<T> {
-    /// Writes (and removes) every record of `batch`.
+    /// Writes (and removes) every record of `batch`. `timestamps[i]` is the event timestamp
+    /// of `batch[i]` (`NO_TIMESTAMP` if it has none), as Flink's `SinkWriter.Context` gives.
     fn write<'a>(
         &'a mut self,
         batch: &'a mut Vec<T>,
+        timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>>;
 
     /// The input ended: write out everything and close.

@@ -362,7 +362,10 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
         Box::pin(async move {
             let _scope = scope::enter(&self.metrics.name);
             self.metrics.records_in.add(batch.len() as u64);
-            let result = self.writer.write(&mut batch.records).await;
+            let result = self
+                .writer
+                .write(&mut batch.records, &batch.timestamps)
+                .await;
             // A writer must take every record; one that only looked at them must not see them
             // again with the next batch.
             batch.clear();
