@@ -92,11 +92,13 @@ impl Query {
 
     /// How much later than a result's timestamp its origin event comes (see the module docs):
     /// nothing for per-event results, the watermark delay for window and timer outputs (their
-    /// timestamp is the window's last millisecond).
-    fn origin_delay_ms(self) -> i64 {
+    /// timestamp is the window's last millisecond). `None` for q12, whose processing-time
+    /// windows are stamped with wall-clock time, not event time: it has no latency figure.
+    fn origin_delay_ms(self) -> Option<i64> {
         match self {
-            Query::Q0 | Query::Q1 | Query::Q2 | Query::Q3 => 0,
-            _ => WATERMARK_DELAY_MS + 1,
+            Query::Q0 | Query::Q1 | Query::Q2 | Query::Q3 => Some(0),
+            Query::Q12 => None,
+            _ => Some(WATERMARK_DELAY_MS + 1),
         }
     }
 }
@@ -169,7 +171,8 @@ pub struct NexmarkReport {
     pub events_per_second_per_core: f64,
     /// Cores used (shards; 1 for the baseline).
     pub cores: usize,
-    /// Generation-to-result latency (engine runs; `None` for the baseline or without results).
+    /// Generation-to-result latency (engine runs; `None` for the baseline, for q12 — its
+    /// windows are in processing time — or without results).
     pub latency_ms: Option<LatencyMs>,
     /// Output records.
     pub results: u64,
@@ -339,7 +342,7 @@ struct ResultSink<T> {
     gathered: Arc<Mutex<Gathered<T>>>,
     results: Arc<AtomicU64>,
     timeline: Arc<Timeline>,
-    origin_delay_ms: i64,
+    origin_delay_ms: Option<i64>,
     keep: bool,
 }
 
@@ -347,7 +350,7 @@ struct ResultWriter<T> {
     gathered: Arc<Mutex<Gathered<T>>>,
     results: Arc<AtomicU64>,
     timeline: Arc<Timeline>,
-    origin_delay_ms: i64,
+    origin_delay_ms: Option<i64>,
     keep: bool,
     local: Gathered<T>,
     seen: u64,
@@ -383,9 +386,12 @@ impl<T: StableHash + Record> SinkWriter<T> for ResultWriter<T> {
             self.local.checksum.add(&record);
             self.seen += 1;
             // Results 1, 1 + SAMPLE_EVERY, …: a query with few results still gets samples.
-            if self.seen % SAMPLE_EVERY == 1 && timestamp != NO_TIMESTAMP {
-                let origin = timestamp.saturating_add(self.origin_delay_ms);
-                self.local.samples.push((origin, now));
+            if let Some(delay) = self.origin_delay_ms {
+                if self.seen % SAMPLE_EVERY == 1 && timestamp != NO_TIMESTAMP {
+                    self.local
+                        .samples
+                        .push((timestamp.saturating_add(delay), now));
+                }
             }
             if self.keep {
                 self.local.kept.push(record);
@@ -760,6 +766,13 @@ mod tests {
             // A result waits at least for its batch to be generated and processed.
             assert!(latency.max >= 0.01, "{latency:?}");
         }
+    }
+
+    #[test]
+    fn processing_time_results_have_no_latency_figure() {
+        let report = run_engine(&options(Query::Q12, 50_000)).expect("engine run");
+        assert!(report.results > 0);
+        assert!(report.latency_ms.is_none(), "{report:?}");
     }
 
     #[test]
