@@ -13,6 +13,13 @@ use crate::record::{Watermark, NO_TIMESTAMP};
 pub(crate) struct Batch<T> {
     pub(crate) records: Vec<T>,
     pub(crate) timestamps: Vec<i64>,
+    /// An emitter's main output only: full chunks of `spill_at` records set aside when one
+    /// call emits more than that (a window firing for every key), so that the batch never
+    /// grows by reallocating — copying what it holds and touching fresh pages — however much
+    /// a call emits. They go downstream before `records` ([`Batch::take_spilled`]).
+    spilled: Vec<Batch<T>>,
+    /// Chunk size; 0: never spill (every other batch).
+    spill_at: usize,
 }
 
 impl<T> Default for Batch<T> {
@@ -26,13 +33,44 @@ impl<T> Batch<T> {
         Batch {
             records: Vec::with_capacity(capacity),
             timestamps: Vec::with_capacity(capacity),
+            spilled: Vec::new(),
+            spill_at: 0,
+        }
+    }
+
+    /// An emitter's main output: spills chunks of `chunk` records (see `spilled`).
+    pub(crate) fn spilling(chunk: usize) -> Self {
+        Batch {
+            spill_at: chunk,
+            ..Batch::with_capacity(chunk)
         }
     }
 
     #[inline]
     pub(crate) fn push(&mut self, record: T, timestamp: i64) {
+        if self.spill_at != 0 && self.records.len() >= self.spill_at {
+            self.spill();
+        }
         self.records.push(record);
         self.timestamps.push(timestamp);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn spill(&mut self) {
+        let records = std::mem::replace(&mut self.records, Vec::with_capacity(self.spill_at));
+        let timestamps = std::mem::replace(&mut self.timestamps, Vec::with_capacity(self.spill_at));
+        self.spilled.push(Batch {
+            records,
+            timestamps,
+            spilled: Vec::new(),
+            spill_at: 0,
+        });
+    }
+
+    /// The chunks spilled since the last call, oldest first: they precede `records`.
+    pub(crate) fn take_spilled(&mut self) -> Vec<Batch<T>> {
+        std::mem::take(&mut self.spilled)
     }
 
     #[inline]
@@ -243,8 +281,47 @@ pub(crate) struct Emitter<O> {
 impl<O> Emitter<O> {
     pub(crate) fn new(capacity: usize, side: SideOutputs) -> Self {
         Emitter {
-            main: Batch::with_capacity(capacity),
+            main: Batch::spilling(capacity),
             side,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_emitters_batch_spills_full_chunks_in_order_without_growing() {
+        let mut batch = Batch::spilling(4);
+        for n in 0..10u32 {
+            batch.push(n, i64::from(n) * 10);
+        }
+        assert!(batch.records.capacity() <= 4, "never grown past a chunk");
+        let spilled = batch.take_spilled();
+        let chunks: Vec<(Vec<u32>, Vec<i64>)> = spilled
+            .into_iter()
+            .map(|chunk| (chunk.records, chunk.timestamps))
+            .collect();
+        assert_eq!(
+            chunks,
+            vec![
+                (vec![0, 1, 2, 3], vec![0, 10, 20, 30]),
+                (vec![4, 5, 6, 7], vec![40, 50, 60, 70])
+            ]
+        );
+        assert_eq!(
+            (batch.records.clone(), batch.timestamps.clone()),
+            (vec![8, 9], vec![80, 90])
+        );
+        assert!(batch.take_spilled().is_empty(), "taken once");
+
+        // Other batches grow as vectors do.
+        let mut plain = Batch::with_capacity(2);
+        for n in 0..10u32 {
+            plain.push(n, 0);
+        }
+        assert_eq!(plain.len(), 10);
+        assert!(plain.take_spilled().is_empty());
     }
 }

@@ -43,6 +43,7 @@ fn compact<T, F: FnMut(&T) -> bool>(input: &mut Batch<T>, keep: &mut F) {
     let Batch {
         records: batch,
         timestamps,
+        ..
     } = input;
     let len = batch.len();
     assert_eq!(timestamps.len(), len, "a timestamp per record");

@@ -187,6 +187,10 @@ impl<O, Op> OperatorLink<O, Op> {
 impl<O: 'static, Op> OperatorLink<O, Op> {
     /// Sends what the operator emitted on: the main output, then the side outputs.
     async fn emit(&mut self) -> TaskResult {
+        for mut chunk in self.out.main.take_spilled() {
+            self.metrics.records_out.add(chunk.len() as u64);
+            self.next.push(&mut chunk).await?;
+        }
         if !self.out.main.is_empty() {
             self.metrics.records_out.add(self.out.main.len() as u64);
             self.next.push(&mut self.out.main).await?;
@@ -209,6 +213,7 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                 let Batch {
                     records,
                     timestamps,
+                    ..
                 } = batch;
                 for (record, timestamp) in records.drain(..).zip(timestamps.drain(..)) {
                     {
