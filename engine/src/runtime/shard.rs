@@ -96,7 +96,9 @@ where
             .spin_before_park(spin_before_park)
             .spawn(move || async move {
                 let queues = ShardQueues::create();
-                pulse.start();
+                // Finishes the pulse however the shard ends (a panic unwinding included), so
+                // the watchdog never signals a thread that has exited.
+                let _watched = pulse.start();
                 let beating = Arc::clone(&pulse);
                 let heartbeat = glommio::spawn_local_into(
                     async move {
@@ -110,7 +112,6 @@ where
                 let result = job(queues).await;
                 // Dropping a glommio task cancels it.
                 drop(heartbeat);
-                pulse.finish();
                 result
             })
             .map_err(|e| JobError::Runtime {

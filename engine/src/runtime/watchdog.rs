@@ -40,13 +40,16 @@ pub(crate) struct Pulse {
 }
 
 impl Pulse {
-    /// Called on the shard thread when it starts.
-    pub(crate) fn start(&self) {
+    /// Called on the shard thread when it starts; the shard is watched until the returned
+    /// guard is dropped (on that thread, before it exits — also when unwinding).
+    #[must_use = "the shard is watched until the guard is dropped"]
+    pub(crate) fn start(&self) -> Watched<'_> {
         install_handler();
         // SAFETY: `pthread_self` has no preconditions.
         let thread = unsafe { libc::pthread_self() };
         self.thread.store(thread as u64, Ordering::Relaxed);
         self.started.store(true, Ordering::Release);
+        Watched(self)
     }
 
     /// One beat of the shard's heartbeat task.
@@ -57,6 +60,16 @@ impl Pulse {
     /// Called on the shard thread when its work is done: it is no longer watched.
     pub(crate) fn finish(&self) {
         *self.finished.lock().unwrap_or_else(|e| e.into_inner()) = true;
+    }
+}
+
+/// While it lives, the shard thread that made it is watched; dropping it calls
+/// [`Pulse::finish`].
+pub(crate) struct Watched<'a>(&'a Pulse);
+
+impl Drop for Watched<'_> {
+    fn drop(&mut self) {
+        self.0.finish();
     }
 }
 
@@ -182,7 +195,7 @@ mod tests {
         let waiter = {
             let pulse = Arc::clone(&pulse);
             std::thread::spawn(move || {
-                pulse.start();
+                let watched = pulse.start();
                 // SAFETY: plain system calls on a fresh epoll fd and a local event buffer.
                 unsafe {
                     let fd = libc::epoll_create1(0);
@@ -191,7 +204,7 @@ mod tests {
                     let ready = libc::epoll_wait(fd, &mut event, 1, -1);
                     let error = std::io::Error::last_os_error();
                     libc::close(fd);
-                    pulse.finish();
+                    drop(watched);
                     (ready, error.raw_os_error())
                 }
             })
@@ -210,14 +223,14 @@ mod tests {
     #[test]
     fn a_beating_shard_is_not_interrupted() {
         let pulse = Arc::new(Pulse::default());
-        pulse.start();
+        let watched = pulse.start();
         let watchdog = Watchdog::start(vec![Arc::clone(&pulse)]);
         let until = std::time::Instant::now() + STALL * 2;
         while std::time::Instant::now() < until {
             pulse.beat();
             std::thread::sleep(BEAT);
         }
-        pulse.finish();
+        drop(watched);
         std::thread::sleep(STALL + LOOK * 2);
         assert_eq!(
             watchdog.interrupts(),
