@@ -14,7 +14,7 @@
 //! (as in Flink's Nexmark runner); without it the generator runs flat out at 10 M events/s of
 //! event time and latencies mostly show queueing.
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +22,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use weir_engine::connector::{ConnectorError, Generator, LocalBoxFuture, Sink, SinkWriter};
 use weir_engine::prelude::*;
+use weir_engine::runtime::PeriodicThread;
 use weir_engine::NO_TIMESTAMP;
 
 use super::baseline;
@@ -454,53 +455,30 @@ fn finish<T>(gathered: Gathered<T>, checksum: impl FnOnce(&Gathered<T>) -> Check
 }
 
 /// Prints a progress line on stderr every second until dropped.
-struct Progress {
-    done: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Progress {
-    fn start(query: Query, rate: f64, timeline: Arc<Timeline>, results: Arc<AtomicU64>) -> Self {
-        let done = Arc::new(AtomicBool::new(false));
-        let finished = Arc::clone(&done);
-        let thread = std::thread::Builder::new()
-            .name("nexmark-progress".into())
-            .spawn(move || {
-                while !finished.load(Ordering::Relaxed) {
-                    std::thread::park_timeout(Duration::from_secs(1));
-                    if finished.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let latest = timeline.latest.load(Ordering::Relaxed);
-                    let generated = if latest == i64::MIN {
-                        0.0
-                    } else {
-                        (latest - BASE_TIME_MS) as f64 * rate / 1_000.0
-                    };
-                    let seconds = timeline.started.elapsed().as_secs_f64();
-                    eprintln!(
-                        "{}: {:.1} s, ~{:.2} M events generated ({:.2} M/s), {} results",
-                        query.name(),
-                        seconds,
-                        generated / 1e6,
-                        generated / 1e6 / seconds.max(1e-9),
-                        results.load(Ordering::Relaxed)
-                    );
-                }
-            })
-            .ok();
-        Progress { done, thread }
-    }
-}
-
-impl Drop for Progress {
-    fn drop(&mut self) {
-        self.done.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
-        }
-    }
+fn progress(
+    query: Query,
+    rate: f64,
+    timeline: Arc<Timeline>,
+    results: Arc<AtomicU64>,
+) -> Option<PeriodicThread> {
+    PeriodicThread::spawn("nexmark-progress", Duration::from_secs(1), move || {
+        let latest = timeline.latest.load(Ordering::Relaxed);
+        let generated = if latest == i64::MIN {
+            0.0
+        } else {
+            (latest - BASE_TIME_MS) as f64 * rate / 1_000.0
+        };
+        let seconds = timeline.started.elapsed().as_secs_f64();
+        eprintln!(
+            "{}: {:.1} s, ~{:.2} M events generated ({:.2} M/s), {} results",
+            query.name(),
+            seconds,
+            generated / 1e6,
+            generated / 1e6 / seconds.max(1e-9),
+            results.load(Ordering::Relaxed)
+        );
+    })
+    .ok()
 }
 
 /// Runs the query on the engine: `options.parallelism` shards, embedded.
@@ -601,7 +579,7 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
             })
         }
     };
-    let progress = Progress::start(query, event_rate, Arc::clone(&timeline), counter);
+    let progress = progress(query, event_rate, Arc::clone(&timeline), counter);
     let result = env
         .execute(&format!("nexmark {}", query.name()))
         .map_err(BenchError::job("nexmark"))?;

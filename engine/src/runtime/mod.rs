@@ -4,10 +4,12 @@
 mod deploy;
 pub mod exchange;
 pub(crate) mod factories;
+mod periodic;
 mod progress;
 pub mod shard;
 pub mod task;
 mod watchdog;
 
 pub use deploy::{run_job, CancelHandle, JobResult, RunOptions};
+pub use periodic::PeriodicThread;
 pub use shard::{available_cores, resolve_cores, ShardLoad};

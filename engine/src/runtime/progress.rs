@@ -1,18 +1,17 @@
 //! The live progress line `weir run` prints to stderr while a job runs.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::periodic::PeriodicThread;
 use super::shard::ShardLoad;
 use crate::metrics::MetricsRegistry;
 
 /// Reports records/s, per-operator counts and shard load every `interval` until stopped.
 pub(crate) struct ProgressReporter {
-    done: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _thread: PeriodicThread,
 }
 
 fn human(n: f64) -> String {
@@ -31,87 +30,64 @@ impl ProgressReporter {
         sources: Vec<String>,
         loads: Vec<Arc<ShardLoad>>,
     ) -> ProgressReporter {
-        let done = Arc::new(AtomicBool::new(false));
-        let stop = Arc::clone(&done);
-        let thread = std::thread::Builder::new()
-            .name("weir-progress".into())
-            .spawn(move || {
-                let started = Instant::now();
-                let mut last = (Instant::now(), 0u64, vec![0u64; loads.len()]);
-                while !stop.load(Ordering::Relaxed) {
-                    std::thread::park_timeout(interval);
-                    if stop.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    let counts = metrics.snapshot();
-                    let emitted: u64 = counts
-                        .iter()
-                        .filter(|c| sources.contains(&c.name))
-                        .map(|c| c.records_out)
-                        .sum();
-                    let now = Instant::now();
-                    let secs = now.duration_since(last.0).as_secs_f64().max(1e-9);
-                    let rate = (emitted - last.1) as f64 / secs;
-                    let busy: Vec<String> = loads
-                        .iter()
-                        .zip(&last.2)
-                        .map(|(l, prev)| {
-                            let ns = l.processing_ns.load(Ordering::Relaxed);
-                            format!(
-                                "{:.0}%",
-                                (ns.saturating_sub(*prev)) as f64 / (secs * 1e9) * 100.0
-                            )
-                        })
-                        .collect();
-                    let operators: Vec<String> = counts
-                        .iter()
-                        .map(|c| {
-                            let n = if sources.contains(&c.name) {
-                                c.records_out
-                            } else {
-                                c.records_in
-                            };
-                            let bp = if c.backpressure_waits > 0 {
-                                format!(" bp {}", human(c.backpressure_waits as f64))
-                            } else {
-                                String::new()
-                            };
-                            format!("{} {}{bp}", c.name, human(n as f64))
-                        })
-                        .collect();
-                    let mut err = std::io::stderr().lock();
-                    let _ = writeln!(
-                        err,
-                        "[{:>6.1}s] {} records/s | shards busy {} | {}",
-                        started.elapsed().as_secs_f64(),
-                        human(rate),
-                        busy.join(" "),
-                        operators.join(" | ")
-                    );
-                    last = (
-                        now,
-                        emitted,
-                        loads
-                            .iter()
-                            .map(|l| l.processing_ns.load(Ordering::Relaxed))
-                            .collect(),
-                    );
-                }
-            })
-            .expect("spawn progress thread");
-        ProgressReporter {
-            done,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for ProgressReporter {
-    fn drop(&mut self) {
-        self.done.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
-        }
+        let started = Instant::now();
+        let mut last = (Instant::now(), 0u64, vec![0u64; loads.len()]);
+        let thread = PeriodicThread::spawn("weir-progress", interval, move || {
+            let counts = metrics.snapshot();
+            let emitted: u64 = counts
+                .iter()
+                .filter(|c| sources.contains(&c.name))
+                .map(|c| c.records_out)
+                .sum();
+            let now = Instant::now();
+            let secs = now.duration_since(last.0).as_secs_f64().max(1e-9);
+            let rate = (emitted - last.1) as f64 / secs;
+            let busy: Vec<String> = loads
+                .iter()
+                .zip(&last.2)
+                .map(|(l, prev)| {
+                    let ns = l.processing_ns.load(Ordering::Relaxed);
+                    format!(
+                        "{:.0}%",
+                        (ns.saturating_sub(*prev)) as f64 / (secs * 1e9) * 100.0
+                    )
+                })
+                .collect();
+            let operators: Vec<String> = counts
+                .iter()
+                .map(|c| {
+                    let n = if sources.contains(&c.name) {
+                        c.records_out
+                    } else {
+                        c.records_in
+                    };
+                    let bp = if c.backpressure_waits > 0 {
+                        format!(" bp {}", human(c.backpressure_waits as f64))
+                    } else {
+                        String::new()
+                    };
+                    format!("{} {}{bp}", c.name, human(n as f64))
+                })
+                .collect();
+            let mut err = std::io::stderr().lock();
+            let _ = writeln!(
+                err,
+                "[{:>6.1}s] {} records/s | shards busy {} | {}",
+                started.elapsed().as_secs_f64(),
+                human(rate),
+                busy.join(" "),
+                operators.join(" | ")
+            );
+            last = (
+                now,
+                emitted,
+                loads
+                    .iter()
+                    .map(|l| l.processing_ns.load(Ordering::Relaxed))
+                    .collect(),
+            );
+        })
+        .expect("spawn progress thread");
+        ProgressReporter { _thread: thread }
     }
 }

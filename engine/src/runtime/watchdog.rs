@@ -8,13 +8,15 @@
 //! a heartbeat task on a timer, and a watchdog thread per job checks the beats: a shard that
 //! has missed them for [`STALL`] gets a signal whose handler does nothing, which makes
 //! `io_uring_enter` return `EINTR`; glommio then processes its timers and shared channels and
-//! carries on. Other system calls on the shard restart (`SA_RESTART`), so a shard that is
-//! merely busy (a function that does not yield) loses nothing by it.
+//! carries on. A shard that misses its beats because it is running (a window firing millions
+//! of keys without yielding) is left alone: the watchdog reads the thread's state in `/proc`
+//! first. Other system calls on an interrupted shard restart (`SA_RESTART`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Once};
-use std::thread::JoinHandle;
 use std::time::Duration;
+
+use super::periodic::PeriodicThread;
 
 /// How often a shard's heartbeat task beats.
 pub(crate) const BEAT: Duration = Duration::from_millis(50);
@@ -33,6 +35,8 @@ pub(crate) struct Pulse {
     beats: AtomicU64,
     /// The shard thread's `pthread_t`, once it runs.
     thread: AtomicU64,
+    /// Its kernel thread id (for its state in `/proc`).
+    tid: std::sync::atomic::AtomicI32,
     started: AtomicBool,
     /// Whether the shard's work is done. The watchdog holds the lock while it signals, so once
     /// `finish` has returned no signal can reach the thread after it exits.
@@ -45,9 +49,11 @@ impl Pulse {
     #[must_use = "the shard is watched until the guard is dropped"]
     pub(crate) fn start(&self) -> Watched<'_> {
         install_handler();
-        // SAFETY: `pthread_self` has no preconditions.
-        let thread = unsafe { libc::pthread_self() };
+        // SAFETY: `pthread_self` and `gettid` have no preconditions.
+        let (thread, tid) = unsafe { (libc::pthread_self(), libc::gettid()) };
+        #[allow(clippy::unnecessary_cast)] // `pthread_t` is a `c_ulong`: u64 here, not everywhere
         self.thread.store(thread as u64, Ordering::Relaxed);
+        self.tid.store(tid, Ordering::Relaxed);
         self.started.store(true, Ordering::Release);
         Watched(self)
     }
@@ -96,6 +102,18 @@ fn install_handler() {
     });
 }
 
+/// Whether thread `tid` of this process is running (state `R` in `/proc`); `false` if
+/// sleeping or unknown.
+fn running(tid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let (_, after_name) = stat.rsplit_once(')')?;
+            after_name.trim_start().chars().next()
+        })
+        == Some('R')
+}
+
 /// Interrupts the blocking system call the shard of `pulse` is in (see the module docs),
 /// unless it has finished. Returns whether it did.
 fn interrupt(pulse: &Pulse) -> bool {
@@ -117,26 +135,24 @@ fn interrupt(pulse: &Pulse) -> bool {
 
 /// Watches the shards of one job until dropped.
 pub(crate) struct Watchdog {
-    stop: Arc<AtomicBool>,
     interrupts: Arc<AtomicU64>,
-    thread: Option<JoinHandle<()>>,
+    _thread: Option<PeriodicThread>,
 }
 
 impl Watchdog {
     /// Starts watching `pulses` (shard `i` has `pulses[i]`).
     pub(crate) fn start(pulses: Vec<Arc<Pulse>>) -> Watchdog {
-        let stop = Arc::new(AtomicBool::new(false));
         let interrupts = Arc::new(AtomicU64::new(0));
-        let (stopped, counted) = (Arc::clone(&stop), Arc::clone(&interrupts));
-        let thread = std::thread::Builder::new()
-            .name("weir-watchdog".into())
-            .spawn(move || watch(&pulses, &stopped, &counted))
-            .map_err(|error| tracing::warn!(%error, "cannot start the shard watchdog"))
-            .ok();
+        let counted = Arc::clone(&interrupts);
+        let mut last: Vec<(u64, Duration)> = vec![(0, Duration::ZERO); pulses.len()];
+        let thread = PeriodicThread::spawn("weir-watchdog", LOOK, move || {
+            look(&pulses, &mut last, &counted)
+        })
+        .map_err(|error| tracing::warn!(%error, "cannot start the shard watchdog"))
+        .ok();
         Watchdog {
-            stop,
             interrupts,
-            thread,
+            _thread: thread,
         }
     }
 
@@ -146,39 +162,34 @@ impl Watchdog {
     }
 }
 
-impl Drop for Watchdog {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
+/// One look at every shard's beats: interrupts those quiet for [`STALL`].
+fn look(pulses: &[Arc<Pulse>], last: &mut [(u64, Duration)], interrupts: &AtomicU64) {
+    for (shard, (pulse, (beats, quiet))) in pulses.iter().zip(last).enumerate() {
+        if !pulse.started.load(Ordering::Acquire) {
+            continue;
         }
-    }
-}
-
-fn watch(pulses: &[Arc<Pulse>], stop: &AtomicBool, interrupts: &AtomicU64) {
-    let mut last: Vec<(u64, Duration)> = vec![(0, Duration::ZERO); pulses.len()];
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::park_timeout(LOOK);
-        for (shard, (pulse, (beats, quiet))) in pulses.iter().zip(&mut last).enumerate() {
-            if !pulse.started.load(Ordering::Acquire) {
-                continue;
-            }
-            let now = pulse.beats.load(Ordering::Relaxed);
-            if now != *beats {
-                (*beats, *quiet) = (now, Duration::ZERO);
-                continue;
-            }
-            *quiet += LOOK;
-            if *quiet >= STALL && interrupt(pulse) {
-                tracing::warn!(
-                    shard,
-                    quiet_ms = quiet.as_millis() as u64,
-                    "shard missed its heartbeat; interrupted its wait (a lost io_uring wake-up, or a task that does not yield)"
-                );
-                interrupts.fetch_add(1, Ordering::Relaxed);
-                *quiet = Duration::ZERO;
-            }
+        let now = pulse.beats.load(Ordering::Relaxed);
+        if now != *beats {
+            (*beats, *quiet) = (now, Duration::ZERO);
+            continue;
+        }
+        *quiet += LOOK;
+        if *quiet < STALL {
+            continue;
+        }
+        // A shard running without yielding (a large window firing) is busy, not asleep.
+        if running(pulse.tid.load(Ordering::Relaxed)) {
+            *quiet = Duration::ZERO;
+            continue;
+        }
+        if interrupt(pulse) {
+            tracing::warn!(
+                shard,
+                quiet_ms = quiet.as_millis() as u64,
+                "shard asleep past its heartbeat; interrupted its wait (a lost io_uring wake-up)"
+            );
+            interrupts.fetch_add(1, Ordering::Relaxed);
+            *quiet = Duration::ZERO;
         }
     }
 }
@@ -217,6 +228,24 @@ mod tests {
         let (ready, error) = waiter.join().expect("the waiter returns");
         assert_eq!((ready, error), (-1, Some(libc::EINTR)));
         assert_eq!(watchdog.interrupts(), 1);
+    }
+
+    #[test]
+    fn a_busy_thread_reads_as_running_and_a_parked_one_does_not() {
+        // SAFETY: `gettid` has no preconditions.
+        let me = unsafe { libc::gettid() };
+        assert!(running(me), "this thread is running while it asks");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let parked = std::thread::spawn(move || {
+            // SAFETY: as above.
+            tx.send(unsafe { libc::gettid() }).expect("send");
+            std::thread::park();
+        });
+        let tid = rx.recv().expect("tid");
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!running(tid), "a parked thread sleeps");
+        parked.thread().unpark();
+        parked.join().expect("joins");
     }
 
     /// A shard that beats is left alone.
