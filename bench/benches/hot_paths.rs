@@ -17,12 +17,14 @@
 //! `cargo bench -p weir-bench --bench hot_paths`; each group runs 10 samples for a few seconds,
 //! so the whole file runs in about a minute once built.
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::measurement::WallTime;
-use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
+use common::short;
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use glommio::channels::shared_channel;
 use glommio::{LocalExecutorBuilder, Placement};
 use rkyv::ser::allocator::Arena;
@@ -53,15 +55,6 @@ const STATE_KEYS: u64 = 10_000;
 /// Nexmark q5's HOP window: 10 s every 2 s.
 const HOP_SIZE_MS: i64 = 10_000;
 const HOP_SLIDE_MS: i64 = 2_000;
-
-fn short<'a>(c: &'a mut Criterion, name: &str, seconds: u64) -> BenchmarkGroup<'a, WallTime> {
-    let mut group = c.benchmark_group(name);
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(seconds));
-    group
-}
 
 /// The first `BIDS` bids of the default Nexmark stream (about 100 bytes each, as Nexmark sizes
 /// them).

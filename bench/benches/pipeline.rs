@@ -4,13 +4,12 @@
 //! `cargo bench -p weir-bench`; each group runs 10 samples for a few seconds so the whole
 //! suite stays short on a small machine.
 
-use std::hint::black_box;
-use std::time::Duration;
+mod common;
 
-use criterion::measurement::WallTime;
-use criterion::{
-    criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion, Throughput,
-};
+use std::hint::black_box;
+
+use common::short;
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use rkyv::ser::allocator::Arena;
 use weir_bench::record::BenchRecord;
 use weir_bench::{chain, exchange};
@@ -21,15 +20,6 @@ use weir_state::KeyGroup;
 const CHAIN_RECORDS: u64 = 2_000_000;
 const EXCHANGE_RECORDS: u64 = 2_000_000;
 const MAX_PARALLELISM: u32 = 128;
-
-fn short<'a>(c: &'a mut Criterion, name: &str, seconds: u64) -> BenchmarkGroup<'a, WallTime> {
-    let mut group = c.benchmark_group(name);
-    group
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(seconds));
-    group
-}
 
 fn pipelines(c: &mut Criterion) {
     let mut group = short(c, "chain", 4);
