@@ -383,8 +383,8 @@ impl<T: StableHash + Record> SinkWriter<T> for ResultWriter<T> {
         let now = self.timeline.nanos();
         self.results
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        for (record, &timestamp) in batch.drain(..).zip(timestamps) {
-            self.local.checksum.add(&record);
+        for (record, &timestamp) in batch.iter().zip(timestamps) {
+            self.local.checksum.add(record);
             self.seen += 1;
             // Results 1, 1 + SAMPLE_EVERY, …: a query with few results still gets samples.
             if let Some(delay) = self.origin_delay_ms {
@@ -394,9 +394,11 @@ impl<T: StableHash + Record> SinkWriter<T> for ResultWriter<T> {
                         .push((timestamp.saturating_add(delay), now));
                 }
             }
-            if self.keep {
-                self.local.kept.push(record);
-            }
+        }
+        if self.keep {
+            self.local.kept.append(batch);
+        } else {
+            batch.clear();
         }
         Box::pin(async { Ok(()) })
     }

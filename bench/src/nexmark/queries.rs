@@ -43,9 +43,6 @@ pub const SESSION_GAP: Duration = Duration::from_secs(10);
 /// q7's first phase keys bids by `price % Q7_BUCKETS`: few keys per window (a small
 /// accumulator each), spread over the subtasks, and all bids of one price in one bucket.
 pub const Q7_BUCKETS: u64 = 64;
-/// How long (event time) q4 remembers a closed auction, so that bids that still come for it
-/// are dropped at once instead of waiting as early bids (either way they cannot win).
-const Q4_CLOSED_RETENTION_MS: i64 = 1_000;
 
 /// The Nexmark source: events `0..events` of `generator` (throttled to `records_per_second`
 /// over all subtasks, if given), timestamped with [`Event::date_time`], with a bounded
@@ -270,8 +267,7 @@ impl Q4Input {
     }
 }
 
-/// A q4 auction in keyed state: open (collecting its highest bid in range) or closed (kept a
-/// little while so that bids still coming for it are dropped).
+/// A q4 auction in keyed state while it is open, collecting its highest bid in range.
 #[derive(Archive, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 struct Q4Auction {
     /// When it opens.
@@ -282,8 +278,6 @@ struct Q4Auction {
     category: u64,
     /// The highest bid in `[date_time, expires]` so far.
     max_price: Option<u64>,
-    /// Whether it has closed.
-    closed: bool,
 }
 
 impl Q4Auction {
@@ -334,7 +328,6 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
                     expires,
                     category,
                     max_price: None,
-                    closed: false,
                 };
                 let early = ctx.list_state(&self.early);
                 let bids = early.get().expect("q4: read early bids");
@@ -348,15 +341,14 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
                 ctx.register_event_time_timer(expires);
             }
             Q4Input::Bid { bid, .. } => match auction.value().expect("q4: read the auction") {
-                Some(mut state) if !state.closed => {
+                Some(mut state) => {
                     if state.offer(bid) {
                         auction.update(state).expect("q4: store the auction");
                     }
                 }
-                // Closed: the watermark passed `expires`, so the bid is after it.
-                Some(_) => {}
-                // Before its auction: wait until the watermark passes the bid (no auction that
-                // opens at or before it can come any more).
+                // Before its auction, or after it closed (its id never comes again): wait until
+                // the watermark passes the bid, when no auction that opens at or before it can
+                // come any more.
                 None => {
                     ctx.list_state(&self.early)
                         .add(bid)
@@ -370,7 +362,7 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
     fn on_timer(&mut self, timestamp: i64, ctx: &mut KeyedProcessContext<'_, u64, WinningBid>) {
         let auction = ctx.value_state(&self.auction);
         match auction.value().expect("q4: read the auction") {
-            Some(mut state) if !state.closed => {
+            Some(state) => {
                 if timestamp >= state.expires {
                     if let Some(price) = state.max_price {
                         ctx.emit(WinningBid {
@@ -378,14 +370,7 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
                             price,
                         });
                     }
-                    state.closed = true;
-                    auction.update(state).expect("q4: close the auction");
-                    ctx.register_event_time_timer(state.expires + Q4_CLOSED_RETENTION_MS);
-                }
-            }
-            Some(state) => {
-                if timestamp >= state.expires + Q4_CLOSED_RETENTION_MS {
-                    auction.clear().expect("q4: forget the auction");
+                    auction.clear().expect("q4: close the auction");
                 }
             }
             None => {
@@ -875,7 +860,6 @@ mod tests {
             expires: 20,
             category: 10,
             max_price: None,
-            closed: false,
         };
         let bid = |date_time, price| Q4Bid { date_time, price };
         assert!(!auction.offer(bid(9, 100)));

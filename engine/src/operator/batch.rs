@@ -88,10 +88,25 @@ impl<T> Batch<T> {
         self.timestamps.clear();
     }
 
-    /// Takes every record out, with its timestamp.
+    /// Takes every record out, with its timestamp, front to back (see [`Taking`]).
     #[inline]
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (T, i64)> + '_ {
-        self.records.drain(..).zip(self.timestamps.drain(..))
+    pub(crate) fn drain(&mut self) -> Taking<'_, T> {
+        let len = self.records.len();
+        assert_eq!(
+            len,
+            self.timestamps.len(),
+            "a batch has a timestamp per record"
+        );
+        // SAFETY: the records in `0..len` are now owned by the cursor, which reads each once
+        // and drops (also when unwinding) the ones it did not hand out; the length is 0
+        // meanwhile, so the vector itself never drops them.
+        unsafe { self.records.set_len(0) };
+        Taking {
+            records: &mut self.records,
+            timestamps: &mut self.timestamps,
+            next: 0,
+            len,
+        }
     }
 
     /// Records the source read (into `records`) get no timestamp.
@@ -106,6 +121,58 @@ impl<T> Batch<T> {
     {
         self.records.extend_from_slice(&other.records);
         self.timestamps.extend_from_slice(&other.timestamps);
+    }
+}
+
+/// A batch's records, taken out by value, each with its timestamp. Each record is read
+/// straight from its slot: `Vec::drain` zipped with the timestamps costs a large record (a
+/// Nexmark event is 168 bytes) two more copies per step. Records not taken are dropped with
+/// the cursor.
+pub(crate) struct Taking<'a, T> {
+    records: &'a mut Vec<T>,
+    /// Left whole until the cursor is dropped.
+    timestamps: &'a mut Vec<i64>,
+    next: usize,
+    len: usize,
+}
+
+impl<T> Iterator for Taking<'_, T> {
+    type Item = (T, i64);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<(T, i64)> {
+        if self.next == self.len {
+            return None;
+        }
+        let i = self.next;
+        self.next += 1;
+        // SAFETY: `i < len`: slot `i` holds a record no one else reads (see `Batch::drain`),
+        // and there are `len` timestamps.
+        unsafe {
+            Some((
+                self.records.as_ptr().add(i).read(),
+                *self.timestamps.get_unchecked(i),
+            ))
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.len - self.next;
+        (left, Some(left))
+    }
+}
+
+impl<T> Drop for Taking<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: slots `next..len` still hold records that were not handed out.
+        unsafe {
+            let rest = std::ptr::slice_from_raw_parts_mut(
+                self.records.as_mut_ptr().add(self.next),
+                self.len - self.next,
+            );
+            std::ptr::drop_in_place(rest);
+        }
+        self.timestamps.clear();
     }
 }
 
@@ -290,6 +357,33 @@ impl<O> Emitter<O> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::rc::Rc;
+
+    #[test]
+    fn draining_hands_out_records_with_their_timestamps_and_drops_the_rest_once() {
+        let alive = Rc::new(());
+        let mut batch = Batch::with_capacity(4);
+        for n in 0..4 {
+            batch.push((n, Rc::clone(&alive)), n * 10);
+        }
+        let taken: Vec<(i64, i64)> = batch
+            .drain()
+            .take(2)
+            .map(|((n, _), timestamp)| (n, timestamp))
+            .collect();
+        assert_eq!(taken, [(0, 0), (1, 10)]);
+        assert!(batch.is_empty() && batch.timestamps.is_empty());
+        assert_eq!(
+            Rc::strong_count(&alive),
+            1,
+            "the two not taken were dropped"
+        );
+
+        batch.push((7, Rc::clone(&alive)), 70);
+        let all: Vec<(i64, i64)> = batch.drain().map(|((n, _), t)| (n, t)).collect();
+        assert_eq!(all, [(7, 70)], "the batch is reusable after a drain");
+        assert_eq!(Rc::strong_count(&alive), 1);
+    }
 
     #[test]
     fn an_emitters_batch_spills_full_chunks_in_order_without_growing() {

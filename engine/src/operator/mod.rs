@@ -210,12 +210,7 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                 let _scope = scope::enter(&self.metrics.name);
                 self.operator.process_batch(batch, &mut self.out);
             } else {
-                let Batch {
-                    records,
-                    timestamps,
-                    ..
-                } = batch;
-                for (record, timestamp) in records.drain(..).zip(timestamps.drain(..)) {
+                for (record, timestamp) in batch.drain() {
                     {
                         let _scope = scope::enter(&self.metrics.name);
                         self.operator

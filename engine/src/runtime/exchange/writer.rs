@@ -197,22 +197,23 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
     fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             let channels = self.channels.len();
-            for (record, timestamp) in batch.drain() {
-                match self.partitioner.channel(&record, channels) {
+            // Records are serialized from where they lie, then dropped together.
+            for (record, &timestamp) in batch.records.iter().zip(&batch.timestamps) {
+                match self.partitioner.channel(record, channels) {
                     Some(channel) => {
-                        let written = self.try_write(channel, &record, timestamp)?;
+                        let written = self.try_write(channel, record, timestamp)?;
                         if !written || self.flush_per_record {
-                            self.write_slow(channel, &record, timestamp, written)
-                                .await?;
+                            self.write_slow(channel, record, timestamp, written).await?;
                         }
                     }
                     None => {
                         for channel in 0..channels {
-                            self.write(channel, &record, timestamp).await?;
+                            self.write(channel, record, timestamp).await?;
                         }
                     }
                 }
             }
+            batch.clear();
             Ok(())
         })
     }
