@@ -33,6 +33,7 @@ use crate::error::TaskResult;
 use crate::metrics::OperatorMetrics;
 use crate::record::Watermark;
 use crate::state::{OperatorStateId, StateEnv};
+use crate::time;
 use weir_state::OperatorStateStore;
 
 pub(crate) use futures::future::LocalBoxFuture;
@@ -206,6 +207,7 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
     fn push<'a>(&'a mut self, batch: &'a mut Batch<I>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             self.metrics.records_in.add(batch.len() as u64);
+            time::new_stretch();
             if Op::AT_MOST_ONE_PER_RECORD {
                 let _scope = scope::enter(&self.metrics.name);
                 self.operator.process_batch(batch, &mut self.out);
@@ -218,6 +220,7 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                     }
                     if self.out.main.len() >= self.batch_size {
                         self.emit().await?;
+                        time::new_stretch();
                     }
                 }
             }

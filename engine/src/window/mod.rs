@@ -119,7 +119,7 @@ impl<T: 'static> LateData<T> {
 #[inline]
 pub(crate) fn element_time(domain: crate::time::TimeDomain, timestamp: i64, operator: &str) -> i64 {
     match domain {
-        crate::time::TimeDomain::ProcessingTime => crate::time::now_ms(),
+        crate::time::TimeDomain::ProcessingTime => crate::time::stretch_now_ms(),
         crate::time::TimeDomain::EventTime if timestamp == crate::record::NO_TIMESTAMP => panic!(
             "event-time window '{operator}' received a record without a timestamp; give the source a \
              WatermarkStrategy with a timestamp assigner (env.from_source(source, \
