@@ -497,6 +497,38 @@ mod tests {
     }
 
     #[test]
+    fn lookups_find_every_key_after_the_map_grew_and_shrank() {
+        let mut table: KeyGroupedTable<u32, u8, Entry<u64>> = KeyGroupedTable::new(1);
+        let entry = |value| Entry {
+            value,
+            expires_at: NEVER_EXPIRES,
+        };
+        // Growing rehashes every entry with `hash_of`, which must agree with the cached hash.
+        for k in 0..5000u32 {
+            table.upsert(0, hashed(&key(k)), entry(u64::from(k)));
+        }
+        for k in (0..5000u32).step_by(2) {
+            assert_eq!(
+                table.remove(0, hashed(&key(k))).map(|e| e.value),
+                Some(u64::from(k))
+            );
+        }
+        for k in 5000..6000u32 {
+            table.upsert(0, hashed(&key(k)), entry(u64::from(k)));
+        }
+        for k in 0..6000u32 {
+            let expected = (k % 2 == 1 || k >= 5000).then_some(u64::from(k));
+            assert_eq!(
+                table.get(0, hashed(&key(k))).map(|e| e.value),
+                expected,
+                "key {k}"
+            );
+        }
+        assert_eq!(table.entries(), 3500);
+        assert_eq!(table.group(0).len(), 3500);
+    }
+
+    #[test]
     fn cleanup_is_bounded_and_complete() {
         let mut table: KeyGroupedTable<u32, u8, Entry<u64>> = KeyGroupedTable::new(1);
         for k in 0..100u32 {
