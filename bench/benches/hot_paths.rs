@@ -205,32 +205,44 @@ fn ring_two_executors(segments: u64) -> Duration {
     let (producer_core, consumer_core) = ring_cores();
     let producer = LocalExecutorBuilder::new(producer_core)
         .spin_before_park(SPIN_BEFORE_PARK)
-        .spawn(move || async move {
-            let tx = tx.connect().await;
-            let started = Instant::now();
-            for _ in 0..segments {
-                let mut segment = pool.acquire().expect("a free segment");
-                segment.set_len(64);
-                tx.send(segment).await.expect("receiver connected");
-            }
-            started
-        })
+        .spawn(move || produce_segments(tx, pool, segments))
         .expect("producer executor");
     let consumer = LocalExecutorBuilder::new(consumer_core)
         .spin_before_park(SPIN_BEFORE_PARK)
-        .spawn(move || async move {
-            let rx = rx.connect().await;
-            let mut received = 0u64;
-            while let Some(segment) = rx.recv().await {
-                received += black_box(segment).len() as u64 / 64;
-            }
-            (Instant::now(), received)
-        })
+        .spawn(move || consume_segments(rx))
         .expect("consumer executor");
     let started = producer.join().expect("producer");
     let (ended, received) = consumer.join().expect("consumer");
     assert_eq!(received, segments);
     ended.duration_since(started)
+}
+
+/// The producer of the ring benchmarks: sends `segments` 64-byte segments from `pool`; returns
+/// when it started.
+async fn produce_segments(
+    tx: shared_channel::SharedSender<Segment>,
+    pool: SegmentPool,
+    segments: u64,
+) -> Instant {
+    let tx = tx.connect().await;
+    let started = Instant::now();
+    for _ in 0..segments {
+        let mut segment = pool.acquire().expect("a free segment");
+        segment.set_len(64);
+        tx.send(segment).await.expect("receiver connected");
+    }
+    started
+}
+
+/// The consumer of the ring benchmarks: receives until the sender is gone; returns when it
+/// ended and how many segments came.
+async fn consume_segments(rx: shared_channel::SharedReceiver<Segment>) -> (Instant, u64) {
+    let rx = rx.connect().await;
+    let mut received = 0u64;
+    while let Some(segment) = rx.recv().await {
+        received += black_box(segment).len() as u64 / 64;
+    }
+    (Instant::now(), received)
 }
 
 /// As [`ring_two_executors`], both ends on one executor (sender and receiver subtasks on the
@@ -242,24 +254,8 @@ fn ring_one_executor(segments: u64) -> Duration {
     LocalExecutorBuilder::new(core)
         .spin_before_park(SPIN_BEFORE_PARK)
         .spawn(move || async move {
-            let producer = glommio::spawn_local(async move {
-                let tx = tx.connect().await;
-                let started = Instant::now();
-                for _ in 0..segments {
-                    let mut segment = pool.acquire().expect("a free segment");
-                    segment.set_len(64);
-                    tx.send(segment).await.expect("receiver connected");
-                }
-                started
-            });
-            let consumer = glommio::spawn_local(async move {
-                let rx = rx.connect().await;
-                let mut received = 0u64;
-                while let Some(segment) = rx.recv().await {
-                    received += black_box(segment).len() as u64 / 64;
-                }
-                (Instant::now(), received)
-            });
+            let producer = glommio::spawn_local(produce_segments(tx, pool, segments));
+            let consumer = glommio::spawn_local(consume_segments(rx));
             let started = producer.await;
             let (ended, received) = consumer.await;
             assert_eq!(received, segments);

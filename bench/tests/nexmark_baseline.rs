@@ -2,6 +2,7 @@
 //! within the watermark bound, and non-trivial results on generated events.
 
 use weir_bench::nexmark::baseline::{self, q11, q3, q4, q5, q7, q8};
+use weir_bench::nexmark::harness::Query;
 use weir_bench::nexmark::{
     checksum_of, q4_final, Auction, Bid, BidderSession, CategoryAverage, Event, HighestBid,
     HotItem, LocalItemSuggestion, NewUser, NexmarkConfig, NexmarkGenerator, Person,
@@ -300,15 +301,12 @@ fn runners_produce_results_on_generated_events() {
     assert_eq!(baseline::run_q1(&generator, events).results, bids);
     let q2 = baseline::run_q2(&generator, events).results;
     assert!(q2 > 0 && q2 < bids / 50, "{q2}");
-    for (name, run) in [
-        ("q3", baseline::run_q3 as fn(&NexmarkGenerator, u64) -> _),
-        ("q4", baseline::run_q4),
-        ("q5", baseline::run_q5),
-        ("q7", baseline::run_q7),
-        ("q8", baseline::run_q8),
-        ("q11", baseline::run_q11),
-        ("q12", baseline::run_q12),
-    ] {
+    let checked_above = [Query::Q0, Query::Q1, Query::Q2];
+    for query in Query::ALL
+        .into_iter()
+        .filter(|q| !checked_above.contains(q))
+    {
+        let (name, run) = (query.name(), query.baseline());
         let result = run(&generator, events);
         assert!(result.results > 0, "{name}: {result:?}");
         assert_eq!(run(&generator, events), result, "{name} is deterministic");

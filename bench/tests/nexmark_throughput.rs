@@ -6,13 +6,10 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use weir_bench::nexmark::baseline;
-use weir_bench::nexmark::{BaselineResult, Event, NexmarkConfig, NexmarkGenerator};
+use weir_bench::nexmark::harness::Query;
+use weir_bench::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
 
 const EVENTS: u64 = 10_000_000;
-
-/// A baseline runner.
-type Run = fn(&NexmarkGenerator, u64) -> BaselineResult;
 
 fn report(what: &str, events: u64, started: Instant) {
     let seconds = started.elapsed().as_secs_f64();
@@ -47,25 +44,14 @@ fn generator_speed() {
 #[ignore = "a measurement; run in release"]
 fn baseline_speed() {
     let generator = NexmarkGenerator::new(NexmarkConfig::default()).unwrap();
-    let runs: [(&str, Run); 10] = [
-        ("q0", baseline::run_q0),
-        ("q1", baseline::run_q1),
-        ("q2", baseline::run_q2),
-        ("q3", baseline::run_q3),
-        ("q4", baseline::run_q4),
-        ("q5", baseline::run_q5),
-        ("q7", baseline::run_q7),
-        ("q8", baseline::run_q8),
-        ("q11", baseline::run_q11),
-        ("q12", baseline::run_q12),
-    ];
     let filter = std::env::var("NEXMARK_QUERIES").unwrap_or_default();
-    for (name, run) in runs {
+    for query in Query::ALL {
+        let name = query.name();
         if !filter.is_empty() && !filter.split(',').any(|q| q == name) {
             continue;
         }
         let started = Instant::now();
-        let result = run(&generator, EVENTS);
+        let result = query.baseline()(&generator, EVENTS);
         report(&format!("{name} {result:?}"), EVENTS, started);
     }
 }

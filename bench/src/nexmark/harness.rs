@@ -26,7 +26,7 @@ use weir_engine::runtime::PeriodicThread;
 use weir_engine::NO_TIMESTAMP;
 
 use super::baseline;
-use super::checksum::{checksum_of, q12_totals, q4_final, Checksum, StableHash};
+use super::checksum::{checksum_of, q12_totals, q4_final, BaselineResult, Checksum, StableHash};
 use super::generator::{NexmarkConfig, NexmarkGenerator, BASE_TIME_MS, WATERMARK_DELAY_MS};
 use super::model::{BidderWindowCount, CategoryAverage, Event};
 use super::queries;
@@ -88,6 +88,22 @@ impl Query {
             Query::Q8 => "q8",
             Query::Q11 => "q11",
             Query::Q12 => "q12",
+        }
+    }
+
+    /// The query's hand-written baseline over events `0..events` of a generator.
+    pub fn baseline(self) -> fn(&NexmarkGenerator, u64) -> BaselineResult {
+        match self {
+            Query::Q0 => baseline::run_q0,
+            Query::Q1 => baseline::run_q1,
+            Query::Q2 => baseline::run_q2,
+            Query::Q3 => baseline::run_q3,
+            Query::Q4 => baseline::run_q4,
+            Query::Q5 => baseline::run_q5,
+            Query::Q7 => baseline::run_q7,
+            Query::Q8 => baseline::run_q8,
+            Query::Q11 => baseline::run_q11,
+            Query::Q12 => baseline::run_q12,
         }
     }
 
@@ -226,18 +242,7 @@ pub fn run_baseline(options: &NexmarkOptions) -> Result<NexmarkReport, BenchErro
     check(options)?;
     let generator = generator(options)?;
     let started = Instant::now();
-    let result = match options.query {
-        Query::Q0 => baseline::run_q0(&generator, options.events),
-        Query::Q1 => baseline::run_q1(&generator, options.events),
-        Query::Q2 => baseline::run_q2(&generator, options.events),
-        Query::Q3 => baseline::run_q3(&generator, options.events),
-        Query::Q4 => baseline::run_q4(&generator, options.events),
-        Query::Q5 => baseline::run_q5(&generator, options.events),
-        Query::Q7 => baseline::run_q7(&generator, options.events),
-        Query::Q8 => baseline::run_q8(&generator, options.events),
-        Query::Q11 => baseline::run_q11(&generator, options.events),
-        Query::Q12 => baseline::run_q12(&generator, options.events),
-    };
+    let result = options.query.baseline()(&generator, options.events);
     let seconds = started.elapsed().as_secs_f64().max(1e-9);
     let rate = options.events as f64 / seconds;
     Ok(NexmarkReport {
@@ -418,26 +423,40 @@ struct Outputs<T> {
 }
 
 impl<T: StableHash + Record> Outputs<T> {
-    fn attach(
-        results: DataStream<T>,
-        query: Query,
-        timeline: &Arc<Timeline>,
-        counter: &Arc<AtomicU64>,
-    ) -> Outputs<T> {
+    fn take(&self) -> Gathered<T> {
+        std::mem::take(&mut *self.gathered.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Attaches the result sinks of one run (all sharing its timeline and result counter).
+struct Attach<'a> {
+    query: Query,
+    timeline: &'a Arc<Timeline>,
+    counter: &'a Arc<AtomicU64>,
+}
+
+impl Attach<'_> {
+    /// Sends `results` to a sink gathering them for this run.
+    fn attach<T: StableHash + Record>(&self, results: DataStream<T>) -> Outputs<T> {
         let gathered = Arc::new(Mutex::new(Gathered::default()));
         let sink = ResultSink {
             gathered: Arc::clone(&gathered),
-            results: Arc::clone(counter),
-            timeline: Arc::clone(timeline),
-            origin_delay_ms: query.origin_delay_ms(),
-            keep: matches!(query, Query::Q4 | Query::Q12),
+            results: Arc::clone(self.counter),
+            timeline: Arc::clone(self.timeline),
+            origin_delay_ms: self.query.origin_delay_ms(),
+            keep: matches!(self.query, Query::Q4 | Query::Q12),
         };
         results.sink_to(sink, "results");
         Outputs { gathered }
     }
 
-    fn take(&self) -> Gathered<T> {
-        std::mem::take(&mut *self.gathered.lock().unwrap_or_else(|e| e.into_inner()))
+    /// As [`Attach::attach`], for a query whose checksum is over all its results.
+    fn plain<T: StableHash + Record>(
+        &self,
+        results: DataStream<T>,
+    ) -> Box<dyn FnOnce() -> RunOutput> {
+        let outputs = self.attach(results);
+        Box::new(move || finish(outputs.take(), |g| g.checksum))
     }
 }
 
@@ -515,65 +534,30 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
     };
     let events = queries::source(&env, timed, options.events, options.rate);
     let query = options.query;
+    let sinks = Attach {
+        query,
+        timeline: &timeline,
+        counter: &counter,
+    };
     let take: Box<dyn FnOnce() -> RunOutput> = match query {
-        Query::Q0 => plain(Outputs::attach(
-            queries::q0(events),
-            query,
-            &timeline,
-            &counter,
-        )),
-        Query::Q1 => plain(Outputs::attach(
-            queries::q1(events),
-            query,
-            &timeline,
-            &counter,
-        )),
-        Query::Q2 => plain(Outputs::attach(
-            queries::q2(events),
-            query,
-            &timeline,
-            &counter,
-        )),
-        Query::Q3 => plain(Outputs::attach(
-            queries::q3(events),
-            query,
-            &timeline,
-            &counter,
-        )),
+        Query::Q0 => sinks.plain(queries::q0(events)),
+        Query::Q1 => sinks.plain(queries::q1(events)),
+        Query::Q2 => sinks.plain(queries::q2(events)),
+        Query::Q3 => sinks.plain(queries::q3(events)),
         Query::Q4 => {
-            let outputs = Outputs::attach(queries::q4(events), query, &timeline, &counter);
+            let outputs = sinks.attach(queries::q4(events));
             Box::new(move || {
                 finish(outputs.take(), |g: &Gathered<CategoryAverage>| {
                     checksum_of(&q4_final(g.kept.iter().cloned()))
                 })
             })
         }
-        Query::Q5 => plain(Outputs::attach(
-            queries::q5(events),
-            query,
-            &timeline,
-            &counter,
-        )),
-        Query::Q7 => plain(Outputs::attach(
-            queries::q7(events),
-            query,
-            &timeline,
-            &counter,
-        )),
-        Query::Q8 => plain(Outputs::attach(
-            queries::q8(events),
-            query,
-            &timeline,
-            &counter,
-        )),
-        Query::Q11 => plain(Outputs::attach(
-            queries::q11(events),
-            query,
-            &timeline,
-            &counter,
-        )),
+        Query::Q5 => sinks.plain(queries::q5(events)),
+        Query::Q7 => sinks.plain(queries::q7(events)),
+        Query::Q8 => sinks.plain(queries::q8(events)),
+        Query::Q11 => sinks.plain(queries::q11(events)),
         Query::Q12 => {
-            let outputs = Outputs::attach(queries::q12(events), query, &timeline, &counter);
+            let outputs = sinks.attach(queries::q12(events));
             Box::new(move || {
                 finish(outputs.take(), |g: &Gathered<BidderWindowCount>| {
                     checksum_of(&q12_totals(&g.kept))
@@ -603,11 +587,6 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         rate: options.rate,
         state_backend: Some(options.state_backend.clone()),
     })
-}
-
-/// The output of a query whose checksum is over all its results.
-fn plain<T: StableHash + Record>(outputs: Outputs<T>) -> Box<dyn FnOnce() -> RunOutput> {
-    Box::new(move || finish(outputs.take(), |g| g.checksum))
 }
 
 /// Latency percentiles of `samples` (see the module docs).

@@ -40,6 +40,21 @@ pub(crate) fn erase_output<T: 'static>(output: Box<dyn Output<T>>) -> AnyOutput 
     Box::new(output)
 }
 
+/// One subtask's chain link around `operator`, in front of `next` (an output of `O`), erased
+/// for the graph.
+pub(crate) fn link_operator<I: Record, O: Record, Op: Operator<I, O>>(
+    operator: Op,
+    ctx: &RuntimeContext,
+    settings: &TaskSettings,
+    metrics: Arc<OperatorMetrics>,
+    next: AnyOutput,
+    side: SideOutputs,
+) -> AnyOutput {
+    let next = downcast_output::<O>(next);
+    let link = OperatorLink::new(operator, ctx, next, side, settings.batch_size, metrics);
+    erase_output::<I>(Box::new(link))
+}
+
 fn fan_out<T: Record>(outputs: Vec<AnyOutput>) -> AnyOutput {
     erase_output::<T>(Box::new(FanOut::new(
         outputs.into_iter().map(downcast_output::<T>).collect(),
@@ -106,9 +121,7 @@ where
         next: AnyOutput,
         side: SideOutputs,
     ) -> AnyOutput {
-        let next = downcast_output::<O>(next);
-        let link = OperatorLink::new((self.make)(), ctx, next, side, settings.batch_size, metrics);
-        erase_output::<I>(Box::new(link))
+        link_operator((self.make)(), ctx, settings, metrics, next, side)
     }
 }
 

@@ -13,11 +13,9 @@ use super::stored::Stored;
 use super::{CountWindowOperator, GlobalWindow, SessionWindowOperator, TimeWindow, Window};
 use crate::graph::{AnyOutput, OperatorFactory};
 use crate::metrics::OperatorMetrics;
-use crate::operator::{
-    Batch, Operator, OperatorLink, Output, OutputTag, RuntimeContext, SideOutputs,
-};
+use crate::operator::{Batch, Operator, OutputTag, RuntimeContext, SideOutputs};
 use crate::record::{Key, Record};
-use crate::runtime::factories::{downcast_output, erase_output};
+use crate::runtime::factories::link_operator;
 use crate::runtime::task::TaskSettings;
 use crate::time::TimeDomain;
 
@@ -255,16 +253,13 @@ where
         next: AnyOutput,
         side: SideOutputs,
     ) -> AnyOutput {
-        let next = downcast_output::<O>(next);
-        let batch = settings.batch_size;
-        let link: Box<dyn Output<T>> = if ctx.state.backend == BackendType::RocksDb {
+        if ctx.state.backend == BackendType::RocksDb {
             let operator = self.maker.make(Stored::open(ctx, self.logic.clone()));
-            Box::new(OperatorLink::new(operator, ctx, next, side, batch, metrics))
+            link_operator(operator, ctx, settings, metrics, next, side)
         } else {
             let operator = self.maker.make(self.logic.clone());
-            Box::new(OperatorLink::new(operator, ctx, next, side, batch, metrics))
-        };
-        erase_output::<T>(link)
+            link_operator(operator, ctx, settings, metrics, next, side)
+        }
     }
 }
 
