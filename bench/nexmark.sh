@@ -2,7 +2,7 @@
 # Regenerates the Nexmark section of bench/RESULTS.md (between the NEXMARK markers):
 #   bench/nexmark.sh [EVENTS]
 # 1. every query on 1 shard against its hand-written baseline (same events, same run);
-# 2. q0-q2 on 2 shards (scaling 1 -> 2), where the machine has two cores;
+# 2. every query on 1 and 2 shards (scaling 1 -> 2), where the machine has two cores;
 # 3. latency of q0-q2 at half the 1-shard maximum rate, 1 ms buffer timeout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ TABLE=$("$WEIR" bench nexmark --all --events "$EVENTS" --parallelism 1 2> /dev/n
 
 SCALING=""
 if [ "$CORES" -ge 2 ]; then
-  for q in q0 q1 q2; do
+  for q in q0 q1 q2 q3 q4 q5 q7 q8 q11 q12; do
     one=$("$WEIR" bench nexmark --query "$q" --events "$EVENTS" --parallelism 1 --json 2> /dev/null)
     two=$("$WEIR" bench nexmark --query "$q" --events "$EVENTS" --parallelism 2 --json 2> /dev/null)
     SCALING+=$(python3 - "$one" "$two" <<'PY'
@@ -60,7 +60,7 @@ SECTION=$(mktemp)
   echo "$TABLE"
   echo
   if [ -n "$SCALING" ]; then
-    echo "### Scaling q0-q2 from 1 to 2 shards (\`weir bench nexmark --query qN --events $EVENTS --parallelism 1|2 --json\`)"
+    echo "### Scaling every query from 1 to 2 shards (\`weir bench nexmark --query qN --events $EVENTS --parallelism 1|2 --json\`)"
     echo
     echo "| query | 1 shard events/s | 2 shards events/s | scaling |"
     echo "|---|---|---|---|"

@@ -119,6 +119,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Longest time a partly filled network segment waits before it is sent; 0 sends per record."),
     option!("execution.batch-size", OptionKind::Count(1), "256",
         "Records handed between chained operators in one call."),
+    option!("table.optimizer.agg-phase-strategy", OptionKind::Choice(&["AUTO", "TWO_PHASE", "ONE_PHASE"]), "AUTO",
+        "Window aggregates behind a key_by pre-aggregate per key and pane on the sending shard where the result cannot differ (AUTO, TWO_PHASE); ONE_PHASE sends every record."),
     option!("taskmanager.memory.process.size", OptionKind::Size, "1728m",
         "Total memory of the worker process, split into managed, network and heap shares."),
     option!("taskmanager.memory.managed.fraction", OptionKind::Fraction, "0.4",
@@ -461,6 +463,14 @@ impl Configuration {
             network_max: self.size("taskmanager.memory.network.max"),
             segment_size: self.size("taskmanager.memory.segment-size") as usize,
         }
+    }
+
+    /// `table.optimizer.agg-phase-strategy`: whether window aggregates may pre-aggregate
+    /// before their exchange (anything but `ONE_PHASE`).
+    pub fn two_phase_aggregation(&self) -> bool {
+        self.raw("table.optimizer.agg-phase-strategy")
+            .map(str::trim)
+            != Some("ONE_PHASE")
     }
 
     /// `state.backend.type`.

@@ -123,7 +123,11 @@ fn one_credit_per_channel_still_delivers_everything() {
 #[test]
 fn a_pool_too_small_for_the_channels_is_refused_before_running() {
     let slots = common::slots();
-    // 16 segments per slot cannot hold 20 credits + 2 for even one channel.
+    if slots < 2 {
+        // One slot has no channel to another slot, so no segments to run short of.
+        return;
+    }
+    // 16 segments per slot cannot hold 20 credits + 2 for even one channel to another slot.
     let env = small_pool_env(
         slots,
         &[("taskmanager.network.memory.buffers-per-channel", "20")],
@@ -157,12 +161,15 @@ fn pool_env(slots: usize, segments: usize, extra: &[(&str, &str)]) -> StreamEnvi
 
 /// Credits that are not a power of two are rounded up (a channel's ring holds a power of two),
 /// and the up-front pool check counts the rounded credits: 3 credits need 4 + 2 segments per
-/// channel, so a pool sized for 3 + 2 is refused, and one sized for 4 + 2 never runs dry even
-/// with a slow sink keeping every ring full.
+/// channel to another slot, so a pool sized for 3 + 2 is refused, and one sized for 4 + 2 never
+/// runs dry even with a slow sink keeping every ring full. (The channel within a slot moves
+/// records without segments.)
 #[test]
 fn credits_round_up_and_the_admitted_pool_is_never_exhausted() {
     let slots = common::slots();
-    // Rebalance from `slots` senders to `slots` receivers: `slots` channels per sending slot.
+    // Rebalance from `slots` senders to `slots` receivers: `slots - 1` channels per sending
+    // slot go to another slot.
+    let remote = slots - 1;
     let credits = [
         ("taskmanager.network.memory.buffers-per-channel", "3"),
         ("execution.batch-size", "4"),
@@ -177,20 +184,23 @@ fn credits_round_up_and_the_admitted_pool_is_never_exhausted() {
         collected
     };
 
-    let too_small = pool_env(slots, slots * 5, &credits);
-    build(&too_small);
-    let err = too_small
-        .execute("pool for unrounded credits")
-        .expect_err("refused up front");
-    assert!(err.to_string().contains("buffers-per-channel"), "{err}");
+    if remote > 0 {
+        let too_small = pool_env(slots, remote * 5, &credits);
+        build(&too_small);
+        let err = too_small
+            .execute("pool for unrounded credits")
+            .expect_err("refused up front");
+        assert!(err.to_string().contains("buffers-per-channel"), "{err}");
+    }
 
-    let enough = pool_env(slots, slots * 6, &credits);
+    let segments = (remote * 6).max(1);
+    let enough = pool_env(slots, segments, &credits);
     let collected = build(&enough);
     let result = enough
         .execute("pool for rounded credits")
         .expect("the admitted job runs");
     for pool in &result.pools {
-        assert_eq!(pool.segments, slots * 6);
+        assert_eq!(pool.segments, segments);
         assert!(pool.high_water <= pool.segments, "{pool:?}");
     }
     let expected: Vec<String> = (0..3_000).map(payload).collect();

@@ -44,10 +44,13 @@ fn check(records: &[(u64, u64)]) {
 fn buffer_timeout_zero_delivers_everything() {
     let (records, result) = run_through_exchanges("0");
     check(&records);
-    // Per-record flushing: many more segments than 5000 small records need when batched.
+    // Per-record flushing: a segment for every record sent to the other slot (the 13 keys
+    // spread over both), many more than 5000 small records need when batched. Records for a
+    // subtask on the same slot move without segments.
     let acquired: u64 = result.pools.iter().map(|p| p.acquired).sum();
+    let remote_at_least = if common::slots() > 1 { 5_000 / 4 } else { 0 };
     assert!(
-        acquired >= 5_000,
+        acquired >= remote_at_least,
         "{acquired} segments for 5000 records at timeout 0"
     );
 }

@@ -42,6 +42,11 @@ where
         }
     }
 
+    /// The job's configuration.
+    pub(crate) fn config(&self) -> crate::config::Configuration {
+        self.env.config()
+    }
+
     /// The key selector (a copy).
     pub(crate) fn key_selector(&self) -> KS {
         self.key_selector.clone()

@@ -164,7 +164,11 @@ impl<T: Record> DataStream<T> {
         }
     }
 
-    fn then<O: Record>(&self, name: &str, factory: Arc<dyn OperatorFactory>) -> DataStream<O> {
+    pub(crate) fn then<O: Record>(
+        &self,
+        name: &str,
+        factory: Arc<dyn OperatorFactory>,
+    ) -> DataStream<O> {
         let node = self.env.add_node(NodeSpec {
             name: name.to_string(),
             kind: NodeKind::Operator(factory),
@@ -173,6 +177,24 @@ impl<T: Record> DataStream<T> {
             output_ops: Some(type_ops::<O>()),
         });
         DataStream::new(self.env.clone(), Upstream::main(node))
+    }
+
+    /// `then`, with the parallelism its producer set (if it set one and is a single node), so
+    /// that an operator the engine inserts after it chains to it.
+    pub(crate) fn then_beside<O: Record>(
+        &self,
+        name: &str,
+        factory: Arc<dyn OperatorFactory>,
+    ) -> DataStream<O> {
+        let parallelism = match self.upstreams.as_slice() {
+            [upstream] => self.env.state.borrow().nodes[upstream.node].parallelism,
+            _ => None,
+        };
+        let stream = self.then::<O>(name, factory);
+        if let (Some(parallelism), [upstream]) = (parallelism, stream.upstreams.as_slice()) {
+            set_parallelism(&self.env, upstream.node, parallelism);
+        }
+        stream
     }
 
     /// Applies `f` to every record.

@@ -10,8 +10,21 @@ use crate::operator::OutputTag;
 use crate::record::{Key, Record};
 use crate::state::StateValue;
 use crate::window::function::{AggregateLogic, ProcessLogic, ReduceLogic, StoredLogic};
+use std::sync::Arc;
+
+use crate::graph::OperatorFactory;
+use crate::runtime::factories::OperatorNode;
+use crate::time::TimeDomain;
+use crate::window::aligned::Geometry;
+use crate::window::assigner::{
+    aligned_event_time_factory, factory_of_spec, session_event_time_factory, WindowAs, WindowSpec,
+};
+use crate::window::two_phase::{
+    partial_key, partial_length, LocalSessionAggregate, LocalWindowAggregate, MergeLogic, Partial,
+};
 use crate::window::{
-    AggregateFunction, GlobalWindows, ProcessWindowFunction, WindowAssigner, WindowParts,
+    AggregateFunction, GlobalWindows, ProcessWindowFunction, TimeWindow, WindowAssigner,
+    WindowParts,
 };
 
 /// A keyed stream with a window assigner (Flink's `WindowedStream`). End it with a window
@@ -89,15 +102,19 @@ where
         self
     }
 
+    fn name(&self, function: &str) -> String {
+        format!(
+            "{}({:?}, {function})",
+            if self.all { "Window All" } else { "Window" },
+            self.assigner
+        )
+    }
+
     fn build<O: Record, L>(self, function: &str, logic: L) -> DataStream<O>
     where
         L: StoredLogic<K, A::Window, T, O> + Clone + Send + Sync,
     {
-        let name = format!(
-            "{}({:?}, {function})",
-            if self.all { "Window All" } else { "Window" },
-            self.assigner
-        );
+        let name = self.name(function);
         let parts = WindowParts {
             key_selector: self.keyed.key_selector(),
             allowed_lateness: self.allowed_lateness,
@@ -106,6 +123,100 @@ where
         let factory = self.assigner.factory(parts, logic);
         let stream = self.keyed.then(&name, factory);
         if self.all {
+            stream.parallelism(1)
+        } else {
+            stream
+        }
+    }
+
+    /// `aggregate`: in two phases where that cannot change the result (event-time tumbling,
+    /// sliding or session windows, no allowed lateness, no late-data side output, and
+    /// `table.optimizer.agg-phase-strategy` not `ONE_PHASE`; see `window::two_phase`), else
+    /// in one.
+    fn build_aggregate<O: Record, L>(self, logic: L) -> DataStream<O>
+    where
+        L: StoredLogic<K, A::Window, T, O> + Clone + Send + Sync,
+        L::Acc: StateValue + Send,
+    {
+        let two_phase = self.late_tag.is_none()
+            && self.allowed_lateness == 0
+            && self.keyed.config().two_phase_aggregation();
+        if !two_phase {
+            return self.build("Aggregate", logic);
+        }
+        let name = self.name("Aggregate");
+        let WindowedStream {
+            keyed,
+            assigner,
+            all,
+            ..
+        } = self;
+        let key_selector = keyed.key_selector();
+        let limit = keyed.config().batch_size();
+        let key_of = partial_key::<K, L::Acc> as fn(&Partial<K, L::Acc>) -> K;
+        let (local, global): (Arc<dyn OperatorFactory>, Arc<dyn OperatorFactory>) =
+            match assigner.spec() {
+                WindowSpec::Aligned {
+                    size,
+                    slide,
+                    offset,
+                    domain: TimeDomain::EventTime,
+                } => {
+                    let geometry = Geometry::new(size, slide, offset);
+                    let logic = WindowAs::<TimeWindow, L, A::Window>::new(logic);
+                    let local_logic = logic.clone();
+                    let local = OperatorNode::<T, Partial<K, L::Acc>, _>::new(move || {
+                        LocalWindowAggregate::new(
+                            key_selector.clone(),
+                            local_logic.clone(),
+                            geometry,
+                            limit,
+                        )
+                    });
+                    let global = aligned_event_time_factory::<Partial<K, L::Acc>, K, _, O, _>(
+                        MergeLogic::<_, T>::new(logic),
+                        key_of,
+                        geometry,
+                    );
+                    (Arc::new(local), global)
+                }
+                WindowSpec::Session {
+                    gap,
+                    domain: TimeDomain::EventTime,
+                } => {
+                    let logic = WindowAs::<TimeWindow, L, A::Window>::new(logic);
+                    let local_logic = logic.clone();
+                    let local = OperatorNode::<T, Partial<K, L::Acc>, _>::new(move || {
+                        LocalSessionAggregate::new(
+                            key_selector.clone(),
+                            local_logic.clone(),
+                            gap.clone(),
+                            limit,
+                        )
+                    });
+                    let global = session_event_time_factory::<Partial<K, L::Acc>, K, _, O, _>(
+                        MergeLogic::<_, T>::new(logic),
+                        key_of,
+                        Arc::new(partial_length::<K, L::Acc>),
+                    );
+                    (Arc::new(local), global)
+                }
+                spec => {
+                    let parts = WindowParts {
+                        key_selector,
+                        allowed_lateness: 0,
+                        late_tag: None,
+                    };
+                    let factory = factory_of_spec::<T, K, KS, O, L, A::Window>(spec, parts, logic);
+                    let stream = keyed.then(&name, factory);
+                    return if all { stream.parallelism(1) } else { stream };
+                }
+            };
+        let partials: DataStream<Partial<K, L::Acc>> = keyed
+            .into_unkeyed()
+            .then_beside(&format!("Local {name}"), local);
+        let stream = partials.key_by(key_of).then(&name, global);
+        if all {
             stream.parallelism(1)
         } else {
             stream
@@ -138,38 +249,32 @@ where
     /// per pane of a sliding window, merged when the window fires).
     pub fn aggregate<ACC, R, F>(self, aggregate: F) -> DataStream<R>
     where
-        ACC: StateValue,
+        ACC: StateValue + Send,
         R: Record,
         F: AggregateFunction<T, ACC, R> + Clone,
     {
         let post = |_: &K, _: &A::Window, result: R| result;
-        self.build(
-            "Aggregate",
-            AggregateLogic {
-                aggregate,
-                post,
-                _types: PhantomData,
-            },
-        )
+        self.build_aggregate(AggregateLogic {
+            aggregate,
+            post,
+            _types: PhantomData,
+        })
     }
 
     /// Like `aggregate`, then `post(key, window, result)` makes the output.
     pub fn aggregate_with<ACC, R, O, F, P>(self, aggregate: F, post: P) -> DataStream<O>
     where
-        ACC: StateValue,
+        ACC: StateValue + Send,
         R: 'static,
         O: Record,
         F: AggregateFunction<T, ACC, R> + Clone,
         P: FnMut(&K, &A::Window, R) -> O + Clone + Send + Sync + 'static,
     {
-        self.build(
-            "Aggregate",
-            AggregateLogic {
-                aggregate,
-                post,
-                _types: PhantomData,
-            },
-        )
+        self.build_aggregate(AggregateLogic {
+            aggregate,
+            post,
+            _types: PhantomData,
+        })
     }
 
     /// Hands each firing window's records (all of them, in arrival order per pane) to `f` with

@@ -91,15 +91,19 @@ impl ExecutionGraph {
     }
 
     /// Network segments each slot's pool must hold so that no sender ever finds it empty:
-    /// per outgoing channel, one segment being filled, `credits` in flight and one being read.
+    /// per outgoing channel to another slot, one segment being filled, `credits` in flight and
+    /// one being read. (Channels within a slot move records without segments.)
     pub fn required_segments(&self, credits: usize) -> Vec<usize> {
         let mut per_slot = vec![0; self.slots];
         for (index, edge) in self.job.edges.iter().enumerate() {
             if edge.chained {
                 continue;
             }
-            for (sender, _) in self.channels(index) {
-                per_slot[sender] += credits + 2;
+            for (sender, receiver) in self.channels(index) {
+                // Subtask `i` runs on slot `i`.
+                if sender != receiver {
+                    per_slot[sender] += credits + 2;
+                }
             }
         }
         per_slot

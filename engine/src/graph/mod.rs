@@ -17,7 +17,7 @@ mod stream_graph;
 pub use execution_graph::{ExecutionGraph, ExecutionVertex};
 pub use job_graph::{JobEdge, JobGraph, JobVertex};
 pub(crate) use stream_graph::{
-    AnyOutput, EdgeRequest, NodeKind, OperatorFactory, SharedEnumerator, SinkFactory,
-    SourceFactory, StreamEdge, StreamNode, TypeOps, WriterFactory, WriterParts,
+    AnyOutput, EdgeRequest, NodeKind, OperatorFactory, ReceiverEnd, SenderEnd, SharedEnumerator,
+    SinkFactory, SourceFactory, StreamEdge, StreamNode, TypeOps, WriterFactory, WriterParts,
 };
 pub use stream_graph::{StreamGraph, StreamNodeInfo};

@@ -6,7 +6,9 @@ use std::fmt;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
-use glommio::channels::shared_channel::ConnectedSender;
+use std::rc::Rc;
+
+use glommio::channels::shared_channel::{ConnectedReceiver, ConnectedSender};
 use weir_memory::{Segment, SegmentPool};
 
 use crate::connector::Boundedness;
@@ -56,11 +58,24 @@ pub(crate) trait SourceFactory: Send + Sync {
     ) -> Box<dyn Subtask>;
 }
 
+/// The sending end of one channel: a ring to another shard, or a queue to a subtask on this
+/// shard (a `LocalChannel<T>` for the edge's `T`, checked when the writer is built).
+pub(crate) enum SenderEnd {
+    Remote(ConnectedSender<Segment>),
+    Local(Rc<dyn Any>),
+}
+
+/// The receiving end of one channel, as [`SenderEnd`].
+pub(crate) enum ReceiverEnd {
+    Remote(ConnectedReceiver<Segment>),
+    Local(Rc<dyn Any>),
+}
+
 /// What an exchange writer of one subtask on one edge is built from.
 pub(crate) struct WriterParts<'a> {
     pub(crate) kind: PartitionKind,
     /// One sender per receiving channel, in channel order.
-    pub(crate) senders: Vec<ConnectedSender<Segment>>,
+    pub(crate) senders: Vec<SenderEnd>,
     /// The sending slot's segment pool.
     pub(crate) pool: SegmentPool,
     pub(crate) settings: &'a TaskSettings,
@@ -82,11 +97,11 @@ pub(crate) trait WriterFactory: Send + Sync {
 #[derive(Clone, Copy)]
 pub(crate) struct TypeOps {
     pub(crate) fan_out: fn(Vec<AnyOutput>) -> AnyOutput,
-    pub(crate) network_task: fn(
-        crate::runtime::exchange::reader::InputGate,
-        AnyOutput,
-        &TaskSettings,
-    ) -> Box<dyn Subtask>,
+    /// The task reading a subtask's input channels (in channel order) into its chain.
+    pub(crate) network_task: fn(Vec<ReceiverEnd>, AnyOutput, &TaskSettings) -> Box<dyn Subtask>,
+    /// A channel between two subtasks on one shard carrying this type, holding at most the
+    /// given number of batches and events.
+    pub(crate) local_channel: fn(usize) -> Rc<dyn Any>,
     /// Adds an output of this type as the side output `tag` of an operator.
     pub(crate) side_output: fn(Arc<str>, AnyOutput, &mut SideOutputs),
     /// An output that drops records (a main output nobody reads when a side output is read).

@@ -145,6 +145,9 @@ pub(crate) trait Operator<I, O>: 'static {
     fn next_processing_time(&self) -> Option<i64> {
         None
     }
+    /// The buffer timeout expired: emit what is held back to be sent in fewer records (a
+    /// local pre-aggregation), so that it leaves with the flush.
+    fn flush(&mut self, _out: &mut Emitter<O>) {}
     /// The input ended; emit anything held back.
     fn finish(&mut self, _out: &mut Emitter<O>) {}
 }
@@ -284,6 +287,11 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
 
     fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async move {
+            {
+                let _scope = scope::enter(&self.metrics.name);
+                self.operator.flush(&mut self.out);
+            }
+            self.emit().await?;
             for side in self.out.side.outputs() {
                 side.flush().await?;
             }

@@ -2,7 +2,8 @@
 //! front, then each shard connects, builds and runs its subtasks; the first real failure (not
 //! one caused by another failure) becomes the job's error.
 
-use std::cell::Cell;
+use std::any::Any;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::rc::Rc;
@@ -12,19 +13,17 @@ use std::time::{Duration, Instant};
 
 use futures::future::{join_all, LocalBoxFuture};
 use futures::FutureExt;
-use glommio::channels::shared_channel::{
-    self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
-};
+use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
 use weir_memory::{PoolStats, Segment, SegmentPool};
 
-use super::exchange::reader::InputGate;
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::task::{Subtask, TaskSettings};
 use crate::config::Configuration;
 use crate::error::{JobError, TaskError, TaskResult};
 use crate::graph::{
-    AnyOutput, ExecutionGraph, JobEdge, NodeKind, SharedEnumerator, TypeOps, WriterParts,
+    AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd, SharedEnumerator,
+    TypeOps, WriterParts,
 };
 use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
 use crate::operator::{scope, RuntimeContext, SideOutputs};
@@ -101,14 +100,49 @@ impl CancelHandle {
     }
 }
 
+/// One end of a channel, before connecting: a ring between shards, or a channel between two
+/// subtasks of one shard, which that shard creates (`LocalChannels`).
+enum EndPlan<E> {
+    Remote(E),
+    Local(LocalChannelPlan),
+}
+
+/// Names a channel: (edge, sender subtask, receiver subtask).
+type ChannelId = (usize, usize, usize);
+
+/// A channel between two subtasks on one slot: which one, and how to make it.
+#[derive(Clone, Copy)]
+struct LocalChannelPlan {
+    id: ChannelId,
+    /// Creates the channel for the edge's record type.
+    make: fn(usize) -> Rc<dyn Any>,
+}
+
+/// The local channels of one shard, each made once, by whichever end is connected first.
+struct LocalChannels {
+    credits: usize,
+    made: RefCell<HashMap<ChannelId, Rc<dyn Any>>>,
+}
+
+impl LocalChannels {
+    fn get(&self, plan: LocalChannelPlan) -> Rc<dyn Any> {
+        Rc::clone(
+            self.made
+                .borrow_mut()
+                .entry(plan.id)
+                .or_insert_with(|| (plan.make)(self.credits)),
+        )
+    }
+}
+
 /// Channel endpoints of one subtask, before connecting.
 struct SubtaskPlan {
     vertex: usize,
     subtask: usize,
     slot: usize,
     /// Per outgoing exchange edge: its senders, in channel order.
-    senders: Vec<(usize, Vec<SharedSender<Segment>>)>,
-    receivers: Vec<SharedReceiver<Segment>>,
+    senders: Vec<(usize, Vec<EndPlan<SharedSender<Segment>>>)>,
+    receivers: Vec<EndPlan<SharedReceiver<Segment>>>,
 }
 
 /// What every shard shares about the job.
@@ -174,7 +208,7 @@ struct ChainBuilder<'a> {
     subtask: usize,
     slot: usize,
     pool: &'a SegmentPool,
-    senders: HashMap<usize, Vec<ConnectedSender<Segment>>>,
+    senders: HashMap<usize, Vec<SenderEnd>>,
     metrics: HashMap<usize, Arc<OperatorMetrics>>,
     /// Each node's operator state in this subtask.
     operator_states: HashMap<usize, OperatorStateId>,
@@ -314,11 +348,7 @@ impl ChainBuilder<'_> {
         Ok(main)
     }
 
-    fn build(
-        mut self,
-        vertex: usize,
-        receivers: Vec<ConnectedReceiver<Segment>>,
-    ) -> TaskResult<Box<dyn Subtask>> {
+    fn build(mut self, vertex: usize, receivers: Vec<ReceiverEnd>) -> TaskResult<Box<dyn Subtask>> {
         let job = &self.shared.exec.job;
         let head = job.vertices[vertex].head;
         let graph = Arc::clone(&job.graph);
@@ -343,11 +373,7 @@ impl ChainBuilder<'_> {
             NodeKind::Operator(_) | NodeKind::Sink(_) => {
                 let chain = self.input_of(head)?;
                 let ops = node.input_ops.expect("a consuming node has an input type");
-                Ok((ops.network_task)(
-                    InputGate::new(receivers),
-                    chain,
-                    &self.shared.settings,
-                ))
+                Ok((ops.network_task)(receivers, chain, &self.shared.settings))
             }
         }
     }
@@ -357,6 +383,7 @@ async fn run_subtask(
     plan: SubtaskPlan,
     shared: Arc<JobShared>,
     pool: SegmentPool,
+    locals: Rc<LocalChannels>,
 ) -> Result<(), SubtaskFailure> {
     let SubtaskPlan {
         vertex,
@@ -366,10 +393,22 @@ async fn run_subtask(
         receivers,
     } = plan;
     // Connect every endpoint at once: a connect waits for its peer, which may be doing the same.
+    let locals = &locals;
     let senders = join_all(senders.into_iter().map(|(edge, txs)| async move {
-        (edge, join_all(txs.into_iter().map(|tx| tx.connect())).await)
+        let ends = join_all(txs.into_iter().map(|tx| async move {
+            match tx {
+                EndPlan::Remote(tx) => SenderEnd::Remote(tx.connect().await),
+                EndPlan::Local(plan) => SenderEnd::Local(locals.get(plan)),
+            }
+        }));
+        (edge, ends.await)
     }));
-    let receivers = join_all(receivers.into_iter().map(|rx| rx.connect()));
+    let receivers = join_all(receivers.into_iter().map(|rx| async move {
+        match rx {
+            EndPlan::Remote(rx) => ReceiverEnd::Remote(rx.connect().await),
+            EndPlan::Local(plan) => ReceiverEnd::Local(locals.get(plan)),
+        }
+    }));
     let (senders, receivers) = futures::join!(senders, receivers);
 
     let fail = |error: TaskError| {
@@ -415,6 +454,7 @@ async fn run_subtask(
 fn run_shard(
     slot: usize,
     heap_share: Option<u64>,
+    credits: usize,
     plans: Vec<SubtaskPlan>,
     shared: Arc<JobShared>,
     pool: SegmentPool,
@@ -449,11 +489,15 @@ fn run_shard(
                 queues.background,
             )
             .expect("spawn sampler");
+            let locals = Rc::new(LocalChannels {
+                credits,
+                made: RefCell::default(),
+            });
             let tasks: Vec<_> = plans
                 .into_iter()
                 .map(|plan| {
                     glommio::spawn_local_into(
-                        run_subtask(plan, Arc::clone(&shared), pool.clone()),
+                        run_subtask(plan, Arc::clone(&shared), pool.clone(), Rc::clone(&locals)),
                         queues.processing,
                     )
                     .expect("spawn subtask")
@@ -504,7 +548,9 @@ pub fn run_job(
         .map(|slot| SegmentPool::new(slot, budget.segments.max(1), budget.segment_size))
         .collect();
 
-    // Channels: one bounded ring per (sender, receiver) pair of every exchange edge.
+    // Channels: one per (sender, receiver) pair of every exchange edge — a bounded ring between
+    // two shards, a local channel between two subtasks of one shard (subtask `i` runs on slot
+    // `i`, see `ExecutionGraph::new`).
     let mut plans: Vec<SubtaskPlan> = exec
         .subtasks
         .iter()
@@ -531,9 +577,22 @@ pub fn run_job(
     {
         let from = exec.job.node_vertex[edge.source_node];
         let to = exec.job.node_vertex[edge.target_node];
-        let mut per_sender: HashMap<usize, Vec<SharedSender<Segment>>> = HashMap::new();
+        let make = exec.job.graph.nodes[edge.target_node]
+            .input_ops
+            .expect("a consuming node has an input type")
+            .local_channel;
+        let mut per_sender: HashMap<usize, Vec<EndPlan<SharedSender<Segment>>>> = HashMap::new();
         for (sender, receiver) in exec.channels(index) {
-            let (tx, rx) = shared_channel::new_bounded(credits);
+            let (tx, rx) = if sender == receiver {
+                let plan = LocalChannelPlan {
+                    id: (index, sender, receiver),
+                    make,
+                };
+                (EndPlan::Local(plan), EndPlan::Local(plan))
+            } else {
+                let (tx, rx) = shared_channel::new_bounded(credits);
+                (EndPlan::Remote(tx), EndPlan::Remote(rx))
+            };
             per_sender.entry(sender).or_default().push(tx);
             plans[plan_index[&(to, receiver)]].receivers.push(rx);
         }
@@ -608,6 +667,7 @@ pub fn run_job(
         run_shard(
             shard,
             heap_share,
+            credits,
             per_slot.next().expect("a plan list per shard"),
             Arc::clone(&shared),
             pools[shard].clone(),

@@ -5,6 +5,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
+use super::exchange::local::LocalChannel;
 use super::exchange::partitioner::{
     BroadcastPartitioner, ForwardPartitioner, KeyGroupPartitioner, RebalancePartitioner,
 };
@@ -16,7 +17,8 @@ use crate::connector::{Boundedness, Sink, Source, SplitEnumerator};
 use crate::error::TaskResult;
 use crate::graph::SharedEnumerator;
 use crate::graph::{
-    AnyOutput, OperatorFactory, SinkFactory, SourceFactory, TypeOps, WriterFactory, WriterParts,
+    AnyOutput, OperatorFactory, ReceiverEnd, SinkFactory, SourceFactory, TypeOps, WriterFactory,
+    WriterParts,
 };
 use crate::metrics::OperatorMetrics;
 use crate::operator::{
@@ -62,12 +64,12 @@ fn fan_out<T: Record>(outputs: Vec<AnyOutput>) -> AnyOutput {
 }
 
 fn network_task<T: Record>(
-    gate: InputGate,
+    inputs: Vec<ReceiverEnd>,
     chain: AnyOutput,
     settings: &TaskSettings,
 ) -> Box<dyn Subtask> {
     Box::new(NetworkTask {
-        gate,
+        gate: InputGate::<T>::new(inputs),
         chain: downcast_output::<T>(chain),
         settings: settings.clone(),
     })
@@ -86,6 +88,7 @@ pub(crate) fn type_ops<T: Record>() -> TypeOps {
     TypeOps {
         fan_out: fan_out::<T>,
         network_task: network_task::<T>,
+        local_channel: LocalChannel::<T>::new_erased,
         side_output: side_output::<T>,
         discard: discard::<T>,
     }

@@ -6,9 +6,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::{self, Either, LocalBoxFuture};
+use futures::FutureExt;
+use weir_memory::Segment;
 
 use super::exchange::frame::{Entries, Entry, Event};
-use super::exchange::reader::{GateEvent, InputGate};
+use super::exchange::local::LocalItem;
+use super::exchange::reader::{Delivery, GateEvent, InputGate};
 use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SplitEnumerator};
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
@@ -259,10 +262,11 @@ impl<T: 'static, S: 'static> Subtask for SourceTask<T, S> {
     }
 }
 
-/// The loop of a subtask whose chain starts at an exchange: read segments from the input
-/// gate, decode records in place into batches, forward watermarks and end of input.
+/// The loop of a subtask whose chain starts at an exchange: read deliveries from the input
+/// gate — segments decoded in place into batches, local batches pushed as they come — and
+/// forward watermarks and end of input.
 pub(crate) struct NetworkTask<T> {
-    pub(crate) gate: InputGate,
+    pub(crate) gate: InputGate<T>,
     pub(crate) chain: Box<dyn Output<T>>,
     pub(crate) settings: TaskSettings,
 }
@@ -278,64 +282,103 @@ impl<T: Record> NetworkTask<T> {
         Ok(())
     }
 
-    async fn run_loop(mut self) -> TaskResult {
-        let mut batch: Batch<T> = Batch::with_capacity(self.settings.batch_size);
-        let mut events = Vec::new();
-        let mut timer = FlushTimer::new(self.settings.buffer_timeout);
+    async fn on_event(
+        &mut self,
+        channel: usize,
+        event: Event,
+        events: &mut Vec<GateEvent>,
+    ) -> TaskResult {
+        match event {
+            Event::Watermark(w) => self.gate.on_watermark(channel, w, events),
+            Event::WatermarkStatus { idle } => self.gate.on_watermark_status(channel, idle, events),
+            Event::EndOfPartition => self.gate.on_end_of_partition(channel, events),
+        }
+        self.on_gate_events(events).await
+    }
+
+    /// Decodes a segment's records into `batch` and pushes them down the chain, with its
+    /// events in order.
+    async fn on_segment(
+        &mut self,
+        channel: usize,
+        segment: Segment,
+        batch: &mut Batch<T>,
+        events: &mut Vec<GateEvent>,
+    ) -> TaskResult {
+        for entry in Entries::new(&segment) {
+            match entry {
+                Entry::Record(bytes, timestamp) => {
+                    // SAFETY: the sender wrote these bytes with `T::encode` at a 16-byte
+                    // aligned offset of a page-aligned segment (see `frame`). Both ends of
+                    // an edge are built from one typed API call (`DataStream<T>` feeding an
+                    // operator of input `T`), so the sender's type is this task's `T`.
+                    batch.push(unsafe { T::decode(bytes) }, timestamp);
+                    if batch.len() >= self.settings.batch_size {
+                        self.chain.push(batch).await?;
+                    }
+                }
+                Entry::Event(event) => {
+                    if !batch.is_empty() {
+                        self.chain.push(batch).await?;
+                    }
+                    self.on_event(channel, event, events).await?;
+                }
+            }
+        }
+        drop(segment);
+        if !batch.is_empty() {
+            self.chain.push(batch).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the next delivery, firing processing-time timers and flushing output when
+    /// they come due meanwhile. Only called when none is ready: a task that keeps up with
+    /// its input arms no timer.
+    async fn wait(&mut self, timer: &mut FlushTimer) -> TaskResult<Option<(usize, Delivery<T>)>> {
         loop {
             let wake = match (timer.due_in(), until_next_timer(&*self.chain)) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            let next = match wake {
-                None => self.gate.next().await?,
-                Some(wait) => {
-                    let sleep = glommio::timer::sleep(wait);
-                    match future::select(Box::pin(self.gate.next()), Box::pin(sleep)).await {
-                        Either::Left((next, _)) => next?,
-                        Either::Right(_) => {
-                            fire_processing_timers(&mut self.chain).await?;
-                            timer.flush_if_due(&mut self.chain).await?;
-                            continue;
-                        }
-                    }
-                }
+            let Some(wait) = wake else {
+                return self.gate.next().await;
             };
-            let Some((channel, segment)) = next else {
-                break;
-            };
-            for entry in Entries::new(&segment) {
-                match entry {
-                    Entry::Record(bytes, timestamp) => {
-                        // SAFETY: the sender wrote these bytes with `T::encode` at a 16-byte
-                        // aligned offset of a page-aligned segment (see `frame`). Both ends of
-                        // an edge are built from one typed API call (`DataStream<T>` feeding an
-                        // operator of input `T`), so the sender's type is this task's `T`.
-                        batch.push(unsafe { T::decode(bytes) }, timestamp);
-                        if batch.len() >= self.settings.batch_size {
-                            self.chain.push(&mut batch).await?;
-                        }
-                    }
-                    Entry::Event(event) => {
-                        if !batch.is_empty() {
-                            self.chain.push(&mut batch).await?;
-                        }
-                        match event {
-                            Event::Watermark(w) => self.gate.on_watermark(channel, w, &mut events),
-                            Event::WatermarkStatus { idle } => {
-                                self.gate.on_watermark_status(channel, idle, &mut events)
-                            }
-                            Event::EndOfPartition => {
-                                self.gate.on_end_of_partition(channel, &mut events)
-                            }
-                        }
-                        self.on_gate_events(&mut events).await?;
-                    }
+            let sleep = glommio::timer::sleep(wait);
+            match future::select(Box::pin(self.gate.next()), Box::pin(sleep)).await {
+                Either::Left((next, _)) => return next,
+                Either::Right(_) => {
+                    fire_processing_timers(&mut self.chain).await?;
+                    timer.flush_if_due(&mut self.chain).await?;
                 }
             }
-            drop(segment);
-            if !batch.is_empty() {
-                self.chain.push(&mut batch).await?;
+        }
+    }
+
+    async fn run_loop(mut self) -> TaskResult {
+        let mut batch: Batch<T> = Batch::with_capacity(self.settings.batch_size);
+        let mut events = Vec::new();
+        let mut timer = FlushTimer::new(self.settings.buffer_timeout);
+        loop {
+            let next = match self.gate.next().now_or_never() {
+                Some(next) => next?,
+                None => self.wait(&mut timer).await?,
+            };
+            let Some((channel, delivery)) = next else {
+                break;
+            };
+            match delivery {
+                Delivery::Segment(segment) => {
+                    self.on_segment(channel, segment, &mut batch, &mut events)
+                        .await?
+                }
+                Delivery::Local(LocalItem::Records(mut records)) => {
+                    self.chain.push(&mut records).await?;
+                    self.gate.recycle(channel, records);
+                }
+                Delivery::Local(LocalItem::Event(event)) => {
+                    self.on_event(channel, event, &mut events).await?
+                }
             }
             timer.dirty = true;
             fire_processing_timers(&mut self.chain).await?;

@@ -66,7 +66,12 @@ impl Geometry {
         }
     }
 
-    fn pane_start(&self, timestamp: i64) -> i64 {
+    /// The pane length.
+    pub(crate) fn pane(&self) -> i64 {
+        self.pane
+    }
+
+    pub(crate) fn pane_start(&self, timestamp: i64) -> i64 {
         TimeWindow::start_with_offset(timestamp, self.offset, self.pane)
     }
 
@@ -480,7 +485,8 @@ where
         let event_time = self.schedule.domain == TimeDomain::EventTime;
         let watermark = self.schedule.watermark.0;
         if event_time && pane.expires <= watermark {
-            self.late.handle(record, timestamp, out);
+            let records = self.firing.logic.weight(&record);
+            self.late.handle(record, timestamp, records, out);
             return;
         }
         // A record for windows the watermark has already passed (but within the allowed

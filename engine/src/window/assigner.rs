@@ -84,46 +84,116 @@ pub trait WindowAssigner<T>: std::fmt::Debug + Send + 'static {
         L: StoredLogic<K, Self::Window, T, O> + Clone + Send + Sync,
         Self: Sized,
     {
-        let WindowParts {
-            key_selector,
-            allowed_lateness,
-            late_tag,
-        } = parts;
-        match self.spec() {
-            WindowSpec::Aligned {
-                size,
-                slide,
-                offset,
-                domain,
-            } => WindowNode::factory(
-                WindowAs::<TimeWindow, L, Self::Window>::new(logic),
-                AlignedMaker {
-                    key_selector,
-                    geometry: Geometry::new(size, slide, offset),
-                    domain,
-                    allowed_lateness,
-                    late_tag,
-                },
-            ),
-            WindowSpec::Session { gap, domain } => WindowNode::factory(
-                WindowAs::<TimeWindow, L, Self::Window>::new(logic),
-                SessionMaker {
-                    key_selector,
-                    gap,
-                    domain,
-                    allowed_lateness,
-                    late_tag,
-                },
-            ),
-            WindowSpec::Count { count } => WindowNode::factory(
-                WindowAs::<GlobalWindow, L, Self::Window>::new(logic),
-                CountMaker {
-                    key_selector,
-                    count,
-                },
-            ),
-        }
+        factory_of_spec::<T, K, KS, O, L, Self::Window>(self.spec(), parts, logic)
     }
+}
+
+/// The factory of the window operator `spec` asks for, running `logic` (written for windows
+/// of type `W`, which is the spec's own).
+pub(crate) fn factory_of_spec<T, K, KS, O, L, W>(
+    spec: WindowSpec<T>,
+    parts: WindowParts<T, KS>,
+    logic: L,
+) -> Arc<dyn OperatorFactory>
+where
+    T: Record,
+    K: Key,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+    O: Record,
+    W: Window,
+    L: StoredLogic<K, W, T, O> + Clone + Send + Sync,
+{
+    let WindowParts {
+        key_selector,
+        allowed_lateness,
+        late_tag,
+    } = parts;
+    match spec {
+        WindowSpec::Aligned {
+            size,
+            slide,
+            offset,
+            domain,
+        } => WindowNode::factory(
+            WindowAs::<TimeWindow, L, W>::new(logic),
+            AlignedMaker {
+                key_selector,
+                geometry: Geometry::new(size, slide, offset),
+                domain,
+                allowed_lateness,
+                late_tag,
+            },
+        ),
+        WindowSpec::Session { gap, domain } => WindowNode::factory(
+            WindowAs::<TimeWindow, L, W>::new(logic),
+            SessionMaker {
+                key_selector,
+                gap,
+                domain,
+                allowed_lateness,
+                late_tag,
+            },
+        ),
+        WindowSpec::Count { count } => WindowNode::factory(
+            WindowAs::<GlobalWindow, L, W>::new(logic),
+            CountMaker {
+                key_selector,
+                count,
+            },
+        ),
+    }
+}
+
+/// The factory of an event-time session window operator without lateness, its gap from each
+/// record (the global phase of a two-phase aggregation).
+pub(crate) fn session_event_time_factory<T, K, KS, O, L>(
+    logic: L,
+    key_selector: KS,
+    gap: Arc<dyn Fn(&T) -> Duration + Send + Sync>,
+) -> Arc<dyn OperatorFactory>
+where
+    T: Record,
+    K: Key,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+    O: Record,
+    L: StoredLogic<K, TimeWindow, T, O> + Clone + Send + Sync,
+{
+    WindowNode::factory(
+        logic,
+        SessionMaker {
+            key_selector,
+            gap: SessionGap::Dynamic(gap),
+            domain: TimeDomain::EventTime,
+            allowed_lateness: 0,
+            late_tag: None,
+        },
+    )
+}
+
+/// The factory of an event-time pane window operator without lateness (the global phase of a
+/// two-phase aggregation).
+pub(crate) fn aligned_event_time_factory<T, K, KS, O, L>(
+    logic: L,
+    key_selector: KS,
+    geometry: Geometry,
+) -> Arc<dyn OperatorFactory>
+where
+    T: Record,
+    K: Key,
+    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
+    O: Record,
+    L: StoredLogic<K, TimeWindow, T, O> + Clone + Send + Sync,
+{
+    WindowNode::factory(
+        logic,
+        AlignedMaker {
+            key_selector,
+            geometry,
+            domain: TimeDomain::EventTime,
+            allowed_lateness: 0,
+            late_tag: None,
+        },
+    )
 }
 
 /// Builds a window operator over whichever window logic a subtask gets: the function itself
@@ -273,7 +343,7 @@ pub(crate) struct WindowParts<T, KS> {
 /// A window function written for the assigner's window type `W`, run by an operator whose
 /// windows are `Actual`. They are the same type whenever an assigner builds this (its spec
 /// and its `Window` type agree), which `WindowAs::new` checks once.
-struct WindowAs<Actual, L, W> {
+pub(crate) struct WindowAs<Actual, L, W> {
     logic: L,
     _windows: PhantomData<fn(Actual) -> W>,
 }
@@ -288,7 +358,7 @@ impl<Actual: 'static, L: Clone, W: 'static> Clone for WindowAs<Actual, L, W> {
 }
 
 impl<Actual: 'static, L, W: 'static> WindowAs<Actual, L, W> {
-    fn new(logic: L) -> Self {
+    pub(crate) fn new(logic: L) -> Self {
         assert_eq!(
             TypeId::of::<Actual>(),
             TypeId::of::<W>(),
@@ -316,6 +386,10 @@ where
     #[inline]
     fn add(&mut self, acc: &mut L::Acc, value: T) {
         self.logic.add(acc, value)
+    }
+
+    fn weight(&self, value: &T) -> u64 {
+        self.logic.weight(value)
     }
 
     fn merge_owned(&mut self, into: &mut L::Acc, from: L::Acc) {

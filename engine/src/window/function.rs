@@ -81,6 +81,11 @@ pub(crate) trait WindowLogic<K, W, T, O>: 'static {
     type Acc: 'static;
     /// A new accumulator for a pane or window of `key`.
     fn create(&self, key: &K) -> Self::Acc;
+    /// How many input records `value` stands for (a partial aggregate holds several): what a
+    /// late `value` adds to the dropped-records count.
+    fn weight(&self, _value: &T) -> u64 {
+        1
+    }
     fn add(&mut self, acc: &mut Self::Acc, value: T);
     /// Folds `from` into `into`, consuming it (merging sessions).
     fn merge_owned(&mut self, into: &mut Self::Acc, from: Self::Acc);

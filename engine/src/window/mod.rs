@@ -13,13 +13,14 @@
 //! records later than that go to the late-data side output, or are dropped and counted
 //! (`late_records_dropped`). Output records carry the window's `max_timestamp()`.
 
-mod aligned;
-mod assigner;
+pub(crate) mod aligned;
+pub(crate) mod assigner;
 pub(crate) mod function;
 mod global;
 mod panes;
 mod session;
 mod stored;
+pub(crate) mod two_phase;
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -96,17 +97,20 @@ impl<T: 'static> LateData<T> {
         LateData { tag, dropped: None }
     }
 
+    /// Sends a late `record` to the side output, or drops it and counts the `records` input
+    /// records it stands for.
     pub(crate) fn handle<O>(
         &self,
         record: T,
         timestamp: i64,
+        records: u64,
         out: &mut crate::operator::Emitter<O>,
     ) {
         match &self.tag {
             Some(tag) => out.side.emit(tag, record, timestamp),
             None => {
                 if let Some(dropped) = &self.dropped {
-                    dropped.add(1);
+                    dropped.add(records);
                 }
             }
         }

@@ -242,7 +242,8 @@ where
                         event_time && grown.max_timestamp().saturating_add(lateness) <= watermark
                     };
                     if past(self.allowed_lateness) {
-                        self.late.handle(record, timestamp, out);
+                        let records = self.logic.weight(&record);
+                        self.late.handle(record, timestamp, records, out);
                         return;
                     }
                     // Update it in place; its timer catches up when it comes due (see
@@ -277,7 +278,8 @@ where
             }
         }
         if self.is_past(&merged, self.allowed_lateness) {
-            self.late.handle(record, timestamp, out);
+            let records = self.logic.weight(&record);
+            self.late.handle(record, timestamp, records, out);
             return;
         }
         let mut acc = self.logic.create(&key);

@@ -154,6 +154,10 @@ where
         }
     }
 
+    fn weight(&self, value: &T) -> u64 {
+        self.logic.weight(value)
+    }
+
     fn add(&mut self, acc: &mut Self::Acc, value: T) {
         self.store.select(&acc.key, acc.pane);
         self.logic

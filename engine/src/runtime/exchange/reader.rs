@@ -3,15 +3,27 @@
 //! channel that closed without ending (its sender failed).
 
 use futures::stream::{self, LocalBoxStream, SelectAll, StreamExt};
-use glommio::channels::shared_channel::ConnectedReceiver;
 use weir_memory::Segment;
 
+use super::local::{BatchRecycler, LocalItem, LocalReceiver};
 use crate::error::{TaskError, TaskResult};
+use crate::graph::ReceiverEnd;
+use crate::operator::Batch;
 use crate::record::Watermark;
 
+/// What one input channel delivered.
+pub(crate) enum Delivery<T> {
+    /// A segment from a subtask on another shard.
+    Segment(Segment),
+    /// Records or an event from a subtask on this shard.
+    Local(LocalItem<T>),
+}
+
 /// Merges the input channels of one subtask.
-pub(crate) struct InputGate {
-    channels: SelectAll<LocalBoxStream<'static, (usize, Option<Segment>)>>,
+pub(crate) struct InputGate<T> {
+    channels: SelectAll<LocalBoxStream<'static, (usize, Option<Delivery<T>>)>>,
+    /// Per channel, where a local channel's emptied batches go back to.
+    recyclers: Vec<Option<BatchRecycler<T>>>,
     watermarks: Vec<Watermark>,
     ended: Vec<bool>,
     idle: Vec<bool>,
@@ -23,18 +35,30 @@ pub(crate) struct InputGate {
     idle_output: bool,
 }
 
-impl InputGate {
-    pub(crate) fn new(receivers: Vec<ConnectedReceiver<Segment>>) -> Self {
-        let count = receivers.len();
-        let channels =
-            stream::select_all(receivers.into_iter().enumerate().map(|(i, receiver)| {
-                receiver
-                    .map(move |segment| (i, Some(segment)))
-                    .chain(stream::once(async move { (i, None) }))
-                    .boxed_local()
-            }));
+impl<T: 'static> InputGate<T> {
+    pub(crate) fn new(inputs: Vec<ReceiverEnd>) -> Self {
+        let count = inputs.len();
+        let mut recyclers = Vec::with_capacity(count);
+        let channels = stream::select_all(inputs.into_iter().enumerate().map(|(i, input)| {
+            let deliveries = match input {
+                ReceiverEnd::Remote(receiver) => {
+                    recyclers.push(None);
+                    receiver.map(Delivery::Segment).boxed_local()
+                }
+                ReceiverEnd::Local(channel) => {
+                    let receiver = LocalReceiver::<T>::from_any(channel);
+                    recyclers.push(Some(receiver.recycler()));
+                    receiver.map(Delivery::Local).boxed_local()
+                }
+            };
+            deliveries
+                .map(move |delivery| (i, Some(delivery)))
+                .chain(stream::once(async move { (i, None) }))
+                .boxed_local()
+        }));
         InputGate {
             channels,
+            recyclers,
             watermarks: Vec::new(),
             ended: Vec::new(),
             idle: Vec::new(),
@@ -45,6 +69,13 @@ impl InputGate {
         .with_channels(count)
     }
 
+    /// Gives a local channel's emptied batch back to its sender.
+    pub(crate) fn recycle(&self, channel: usize, batch: Batch<T>) {
+        if let Some(recycler) = &self.recyclers[channel] {
+            recycler.recycle(batch);
+        }
+    }
+
     fn with_channels(mut self, count: usize) -> Self {
         self.watermarks = vec![Watermark::MIN; count];
         self.ended = vec![false; count];
@@ -53,12 +84,12 @@ impl InputGate {
         self
     }
 
-    /// The next segment and its channel, or `None` once every channel has ended.
-    pub(crate) async fn next(&mut self) -> TaskResult<Option<(usize, Segment)>> {
+    /// The next delivery and its channel, or `None` once every channel has ended.
+    pub(crate) async fn next(&mut self) -> TaskResult<Option<(usize, Delivery<T>)>> {
         loop {
             match self.channels.next().await {
                 None => return Ok(None),
-                Some((channel, Some(segment))) => return Ok(Some((channel, segment))),
+                Some((channel, Some(delivery))) => return Ok(Some((channel, delivery))),
                 Some((channel, None)) if self.ended[channel] => continue,
                 Some((_, None)) => {
                     return Err(TaskError::cancelled(
@@ -173,17 +204,17 @@ pub(crate) enum GateEvent {
 mod tests {
     use super::*;
 
-    fn gate(channels: usize) -> InputGate {
+    fn gate(channels: usize) -> InputGate<()> {
         InputGate::new(Vec::new()).with_channels(channels)
     }
 
-    fn wm(gate: &mut InputGate, channel: usize, w: i64) -> Vec<GateEvent> {
+    fn wm(gate: &mut InputGate<()>, channel: usize, w: i64) -> Vec<GateEvent> {
         let mut out = Vec::new();
         gate.on_watermark(channel, Watermark(w), &mut out);
         out
     }
 
-    fn status(gate: &mut InputGate, channel: usize, idle: bool) -> Vec<GateEvent> {
+    fn status(gate: &mut InputGate<()>, channel: usize, idle: bool) -> Vec<GateEvent> {
         let mut out = Vec::new();
         gate.on_watermark_status(channel, idle, &mut out);
         out

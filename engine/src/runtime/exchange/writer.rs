@@ -1,7 +1,9 @@
-//! The sending side of an exchange edge: serializes records into segments, one open segment
-//! per receiving channel, and hands full (or timed-out) segments over the channel's bounded
-//! ring. A full ring means the receiver has granted no more credit: the writer waits, and with
-//! it the whole chain up to the source.
+//! The sending side of an exchange edge: one open buffer per receiving channel. For a channel
+//! to another shard it serializes records into a segment and hands full (or timed-out)
+//! segments over the channel's bounded ring; for a channel to a subtask on this shard it moves
+//! records into a batch and queues full batches (`local.rs`). A full ring or queue means the
+//! receiver has granted no more credit: the writer waits, and with it the whole chain up to
+//! the source.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -16,25 +18,76 @@ use rkyv::ser::allocator::Arena;
 use weir_memory::{Segment, SegmentPool};
 
 use super::frame::{Event, SegmentBuilder};
+use super::local::{Closed, LocalItem, LocalSender};
 use super::partitioner::Partitioner;
 use crate::error::{TaskError, TaskResult};
-use crate::graph::WriterParts;
+use crate::graph::{SenderEnd, WriterParts};
 use crate::metrics::OperatorMetrics;
 use crate::operator::{nothing_to_do, Batch, Output};
 use crate::record::{Record, Watermark};
 
-struct Channel {
-    sender: ConnectedSender<Segment>,
-    open: Option<SegmentBuilder>,
+/// One receiving channel: to another shard (records archived into segments) or to a subtask
+/// on this shard (records moved in batches, see `local.rs`).
+enum Channel<T> {
+    Remote {
+        sender: ConnectedSender<Segment>,
+        open: Option<SegmentBuilder>,
+    },
+    Local {
+        sender: LocalSender<T>,
+        open: Batch<T>,
+    },
+}
+
+impl<T> Channel<T> {
+    fn has_open_records(&self) -> bool {
+        match self {
+            Channel::Remote { open, .. } => open.as_ref().is_some_and(|b| !b.is_empty()),
+            Channel::Local { open, .. } => !open.is_empty(),
+        }
+    }
+}
+
+/// What writing a record left to do.
+enum Put<T> {
+    /// Nothing: it is in the channel's open buffer.
+    Done,
+    /// Send the open buffer (full, or flushing per record).
+    SendAfter,
+    /// The open segment is full: send it, then write the record again.
+    SendBefore(T),
+}
+
+/// Waits until `ready` says the receiver granted credit; the wait also ends when the job is
+/// cancelled (counted as one backpressure wait of the producing operator).
+async fn wait_for_credit<O>(
+    metrics: &OperatorMetrics,
+    cancel: &AtomicBool,
+    mut ready: impl FnMut(&mut std::task::Context<'_>) -> Poll<TaskResult<O>>,
+) -> TaskResult<O> {
+    metrics.backpressure_waits.add(1);
+    std::future::poll_fn(|cx| match ready(cx) {
+        Poll::Ready(result) => Poll::Ready(result),
+        Poll::Pending if cancel.load(Ordering::Relaxed) => Poll::Ready(Err(TaskError::cancelled(
+            "the job was cancelled while waiting for credit",
+        ))),
+        Poll::Pending => Poll::Pending,
+    })
+    .await
+}
+
+fn closed() -> TaskError {
+    TaskError::cancelled("the receiving subtask closed its channel (it failed or was cancelled)")
 }
 
 /// Writes one subtask's output on one exchange edge.
 pub(crate) struct ExchangeWriter<T, P> {
-    channels: Vec<Channel>,
+    channels: Vec<Channel<T>>,
     partitioner: P,
     pool: SegmentPool,
     arena: Arena,
     flush_per_record: bool,
+    batch_size: usize,
     metrics: Arc<OperatorMetrics>,
     /// Set when any subtask of the job fails; ends a wait for credit that can never be granted.
     cancel: Arc<AtomicBool>,
@@ -43,29 +96,36 @@ pub(crate) struct ExchangeWriter<T, P> {
 
 impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
     pub(crate) fn new(parts: WriterParts<'_>, partitioner: P) -> Self {
+        let batch_size = parts.settings.batch_size.max(1);
         ExchangeWriter {
             channels: parts
                 .senders
                 .into_iter()
-                .map(|sender| Channel { sender, open: None })
+                .map(|end| match end {
+                    SenderEnd::Remote(sender) => Channel::Remote { sender, open: None },
+                    SenderEnd::Local(channel) => {
+                        let sender = LocalSender::from_any(channel);
+                        let open = sender.fresh_batch(batch_size);
+                        Channel::Local { sender, open }
+                    }
+                })
                 .collect(),
             partitioner,
             pool: parts.pool,
             arena: Arena::new(),
             flush_per_record: parts.settings.flush_per_record(),
+            batch_size,
             metrics: parts.metrics,
             cancel: parts.cancel,
             _record: PhantomData,
         }
     }
 
-    /// The channel's open segment, taking a fresh one from the pool if none is open.
+    /// The open segment of a remote channel, taking a fresh one from the pool if none is open.
     fn open_segment<'s>(
-        channels: &'s mut [Channel],
+        open: &'s mut Option<SegmentBuilder>,
         pool: &SegmentPool,
-        channel: usize,
     ) -> TaskResult<&'s mut SegmentBuilder> {
-        let open = &mut channels[channel].open;
         if open.is_none() {
             let segment = pool
                 .acquire()
@@ -75,105 +135,147 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         Ok(open.as_mut().expect("set above"))
     }
 
-    fn builder(&mut self, channel: usize) -> TaskResult<&mut SegmentBuilder> {
-        Self::open_segment(&mut self.channels, &self.pool, channel)
-    }
-
-    /// Appends to the channel's open segment; `false` if the segment is full.
+    /// Puts a record into the channel's open buffer. The common case — it fits — is
+    /// synchronous and builds no future; what is left to do comes back as a [`Put`].
     #[inline]
-    fn try_write(&mut self, channel: usize, record: &T, timestamp: i64) -> TaskResult<bool> {
-        let builder = Self::open_segment(&mut self.channels, &self.pool, channel)?;
-        if builder.try_record(record, timestamp, &mut self.arena) {
-            return Ok(true);
-        }
-        if builder.is_empty() {
-            return Err(TaskError::user(format!(
-                "a record does not fit in a network segment of {} bytes; raise \
-                 taskmanager.memory.segment-size",
-                self.pool.segment_size()
-            ))
-            .in_operator(&self.metrics.name));
-        }
-        Ok(false)
-    }
-
-    /// Sends the channel's open segment, waiting for credit if the receiver has none to give.
-    async fn send(&mut self, channel: usize) -> TaskResult {
-        let Some(builder) = self.channels[channel].open.take() else {
-            return Ok(());
-        };
-        let sender = &self.channels[channel].sender;
-        let closed = || {
-            TaskError::cancelled(
-                "the receiving subtask closed its channel (it failed or was cancelled)",
-            )
-        };
-        match sender.try_send(builder.finish()) {
-            Ok(()) => Ok(()),
-            Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
-                self.metrics.backpressure_waits.add(1);
-                // glommio 0.9's `send` waits for free space only: if the receiver goes away
-                // while the ring is full, no space ever frees and `send` never returns (its
-                // waker is woken over and over). A receiver only goes before its senders end
-                // when its subtask failed, which sets the job's cancel flag, so the wait also
-                // ends when that flag is set.
-                let mut send = std::pin::pin!(sender.send(segment));
-                let cancel = &self.cancel;
-                std::future::poll_fn(|cx| match send.as_mut().poll(cx) {
-                    Poll::Ready(sent) => Poll::Ready(sent.map_err(|_| closed())),
-                    Poll::Pending if cancel.load(Ordering::Relaxed) => Poll::Ready(Err(
-                        TaskError::cancelled("the job was cancelled while waiting for credit"),
-                    )),
-                    Poll::Pending => Poll::Pending,
+    fn put(&mut self, channel: usize, record: T, timestamp: i64) -> TaskResult<Put<T>> {
+        let flush = self.flush_per_record;
+        match &mut self.channels[channel] {
+            Channel::Local { open, .. } => {
+                open.push(record, timestamp);
+                Ok(if flush || open.len() >= self.batch_size {
+                    Put::SendAfter
+                } else {
+                    Put::Done
                 })
-                .await
             }
-            Err(_) => Err(closed()),
+            Channel::Remote { open, .. } => {
+                let builder = Self::open_segment(open, &self.pool)?;
+                if builder.try_record(&record, timestamp, &mut self.arena) {
+                    return Ok(if flush { Put::SendAfter } else { Put::Done });
+                }
+                if builder.is_empty() {
+                    return Err(TaskError::user(format!(
+                        "a record does not fit in a network segment of {} bytes; raise \
+                         taskmanager.memory.segment-size",
+                        self.pool.segment_size()
+                    ))
+                    .in_operator(&self.metrics.name));
+                }
+                Ok(Put::SendBefore(record))
+            }
         }
     }
 
-    /// Writes a record to a channel. The common case — it fits the open segment — is
-    /// synchronous and builds no future; only a full segment (or per-record flushing) awaits.
+    /// Does what [`ExchangeWriter::put`] left to do.
+    async fn finish_put(&mut self, channel: usize, put: Put<T>, timestamp: i64) -> TaskResult {
+        match put {
+            Put::Done => Ok(()),
+            Put::SendAfter => self.send(channel).await,
+            Put::SendBefore(record) => {
+                self.send(channel).await?;
+                match self.put(channel, record, timestamp)? {
+                    Put::Done => Ok(()),
+                    Put::SendAfter => self.send(channel).await,
+                    Put::SendBefore(_) => Err(TaskError::internal(
+                        "an empty segment refused a record that fits a segment",
+                    )),
+                }
+            }
+        }
+    }
+
+    /// Writes a record to a channel, sending (and waiting for credit) when a buffer fills.
     #[inline]
-    async fn write(&mut self, channel: usize, record: &T, timestamp: i64) -> TaskResult {
-        let written = self.try_write(channel, record, timestamp)?;
-        if !written || self.flush_per_record {
-            self.write_slow(channel, record, timestamp, written).await?;
+    async fn write(&mut self, channel: usize, record: T, timestamp: i64) -> TaskResult {
+        match self.put(channel, record, timestamp)? {
+            Put::Done => Ok(()),
+            put => self.finish_put(channel, put, timestamp).await,
         }
-        Ok(())
     }
 
-    /// Sends what must be sent before (a full segment) or after (per-record flushing) `record`.
-    async fn write_slow(
-        &mut self,
-        channel: usize,
-        record: &T,
-        timestamp: i64,
-        written: bool,
-    ) -> TaskResult {
-        if !written {
-            self.send(channel).await?;
-            let fitted = self.try_write(channel, record, timestamp)?;
-            debug_assert!(
-                fitted,
-                "an empty segment takes any record that fits a segment"
-            );
+    /// Sends the channel's open buffer (if it holds anything), waiting for credit if the
+    /// receiver has none to give.
+    async fn send(&mut self, channel: usize) -> TaskResult {
+        match &mut self.channels[channel] {
+            Channel::Remote { sender, open } => {
+                let Some(builder) = open.take() else {
+                    return Ok(());
+                };
+                match sender.try_send(builder.finish()) {
+                    Ok(()) => Ok(()),
+                    Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
+                        // glommio 0.9's `send` waits for free space only: if the receiver goes
+                        // away while the ring is full, no space ever frees and `send` never
+                        // returns (its waker is woken over and over). A receiver only goes
+                        // before its senders end when its subtask failed, which sets the job's
+                        // cancel flag, so the wait also ends when that flag is set.
+                        let mut send = std::pin::pin!(sender.send(segment));
+                        wait_for_credit(&self.metrics, &self.cancel, |cx| {
+                            send.as_mut()
+                                .poll(cx)
+                                .map(|sent| sent.map_err(|_| closed()))
+                        })
+                        .await
+                    }
+                    Err(_) => Err(closed()),
+                }
+            }
+            Channel::Local { sender, open } => {
+                if open.is_empty() {
+                    return Ok(());
+                }
+                let batch = std::mem::replace(open, sender.fresh_batch(self.batch_size));
+                self.send_local(channel, LocalItem::Records(batch)).await
+            }
         }
-        if self.flush_per_record {
-            self.send(channel).await?;
-        }
-        Ok(())
+    }
+
+    /// Queues an item on a local channel, waiting for credit if it has none.
+    async fn send_local(&self, channel: usize, item: LocalItem<T>) -> TaskResult {
+        let Channel::Local { sender, .. } = &self.channels[channel] else {
+            return Err(TaskError::internal("a local send on a remote channel"));
+        };
+        let mut item = match sender.try_send(item) {
+            Ok(()) => return Ok(()),
+            Err((_, Some(Closed))) => return Err(closed()),
+            Err((item, None)) => Some(item),
+        };
+        wait_for_credit(&self.metrics, &self.cancel, |cx| {
+            let ready = std::task::ready!(sender.poll_credit(cx));
+            Poll::Ready(ready.map_err(|Closed| closed()).and_then(|()| {
+                match sender.try_send(item.take().expect("sent once")) {
+                    Ok(()) => Ok(()),
+                    Err(_) => Err(TaskError::internal(
+                        "a local channel refused an item it had credit for",
+                    )),
+                }
+            }))
+        })
+        .await
     }
 
     async fn write_event(&mut self, event: Event) -> TaskResult {
         for channel in 0..self.channels.len() {
-            if !self.builder(channel)?.try_event(event) {
-                self.send(channel).await?;
-                let fitted = self.builder(channel)?.try_event(event);
-                debug_assert!(fitted, "an empty segment takes any event");
-            }
-            if self.flush_per_record {
-                self.send(channel).await?;
+            match &mut self.channels[channel] {
+                Channel::Remote { open, .. } => {
+                    if !Self::open_segment(open, &self.pool)?.try_event(event) {
+                        self.send(channel).await?;
+                        let Channel::Remote { open, .. } = &mut self.channels[channel] else {
+                            unreachable!("matched as remote")
+                        };
+                        let fitted = Self::open_segment(open, &self.pool)?.try_event(event);
+                        debug_assert!(fitted, "an empty segment takes any event");
+                    }
+                    if self.flush_per_record {
+                        self.send(channel).await?;
+                    }
+                }
+                Channel::Local { .. } => {
+                    // Records written before the event go first.
+                    self.send(channel).await?;
+                    self.send_local(channel, LocalItem::Event(event)).await?;
+                }
             }
         }
         Ok(())
@@ -181,11 +283,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
 
     async fn flush_all(&mut self) -> TaskResult {
         for channel in 0..self.channels.len() {
-            if self.channels[channel]
-                .open
-                .as_ref()
-                .is_some_and(|b| !b.is_empty())
-            {
+            if self.channels[channel].has_open_records() {
                 self.send(channel).await?;
             }
         }
@@ -197,23 +295,22 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
     fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             let channels = self.channels.len();
-            // Records are serialized from where they lie, then dropped together.
-            for (record, &timestamp) in batch.records.iter().zip(&batch.timestamps) {
-                match self.partitioner.channel(record, channels) {
+            for (record, timestamp) in batch.drain() {
+                match self.partitioner.channel(&record, channels) {
                     Some(channel) => {
-                        let written = self.try_write(channel, record, timestamp)?;
-                        if !written || self.flush_per_record {
-                            self.write_slow(channel, record, timestamp, written).await?;
+                        let put = self.put(channel, record, timestamp)?;
+                        if !matches!(put, Put::Done) {
+                            self.finish_put(channel, put, timestamp).await?;
                         }
                     }
                     None => {
-                        for channel in 0..channels {
-                            self.write(channel, record, timestamp).await?;
+                        for channel in 0..channels - 1 {
+                            self.write(channel, record.clone(), timestamp).await?;
                         }
+                        self.write(channels - 1, record, timestamp).await?;
                     }
                 }
             }
-            batch.clear();
             Ok(())
         })
     }
