@@ -332,16 +332,11 @@ impl<T: Record> NetworkTask<T> {
         Ok(())
     }
 
-    /// Waits for the next delivery, firing processing-time timers and flushing output when
-    /// they come due meanwhile. Only called when none is ready: a task that keeps up with
-    /// its input arms no timer.
+    /// Waits for the next delivery, firing processing-time timers (and sending what they
+    /// emit) when they come due meanwhile.
     async fn wait(&mut self, timer: &mut FlushTimer) -> TaskResult<Option<(usize, Delivery<T>)>> {
         loop {
-            let wake = match (timer.due_in(), until_next_timer(&*self.chain)) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let Some(wait) = wake else {
+            let Some(wait) = until_next_timer(&*self.chain) else {
                 return self.gate.next().await;
             };
             let sleep = glommio::timer::sleep(wait);
@@ -349,7 +344,7 @@ impl<T: Record> NetworkTask<T> {
                 Either::Left((next, _)) => return next,
                 Either::Right(_) => {
                     fire_processing_timers(&mut self.chain).await?;
-                    timer.flush_if_due(&mut self.chain).await?;
+                    timer.flush(&mut self.chain).await?;
                 }
             }
         }
@@ -362,7 +357,16 @@ impl<T: Record> NetworkTask<T> {
         loop {
             let next = match self.gate.next().now_or_never() {
                 Some(next) => next?,
-                None => self.wait(&mut timer).await?,
+                None => {
+                    // Nothing to read: send what is buffered now rather than at the buffer
+                    // timeout (as a source does when it idles). A task that keeps up with its
+                    // input so arms no flush timer: arming and cancelling one each time its
+                    // input ran dry cost more than the records it moved.
+                    if timer.dirty {
+                        timer.flush(&mut self.chain).await?;
+                    }
+                    self.wait(&mut timer).await?
+                }
             };
             let Some((channel, delivery)) = next else {
                 break;
