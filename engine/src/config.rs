@@ -101,6 +101,19 @@ macro_rules! option {
     };
 }
 
+/// `table.optimizer.agg-phase-strategy` (Flink's names): whether a window aggregate behind a
+/// `key_by` pre-aggregates on the sending shard (see `window::two_phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AggPhaseStrategy {
+    /// Two phases where the exchange may cross shards (either side's parallelism above 1);
+    /// with one subtask on each side the exchange is chained and a local phase only adds work.
+    Auto,
+    /// Always one phase: every record crosses the exchange.
+    OnePhase,
+    /// Two phases wherever the result cannot differ.
+    TwoPhase,
+}
+
 /// Every key Weir reads.
 pub const OPTIONS: &[ConfigOption] = &[
     option!("taskmanager.numberOfTaskSlots", OptionKind::Count(1), "",
@@ -120,7 +133,7 @@ pub const OPTIONS: &[ConfigOption] = &[
     option!("execution.batch-size", OptionKind::Count(1), "256",
         "Records handed between chained operators in one call."),
     option!("table.optimizer.agg-phase-strategy", OptionKind::Choice(&["AUTO", "TWO_PHASE", "ONE_PHASE"]), "AUTO",
-        "Window aggregates behind a key_by pre-aggregate per key and pane on the sending shard where the result cannot differ (AUTO, TWO_PHASE); ONE_PHASE sends every record."),
+        "Window aggregates behind a key_by pre-aggregate per key and pane on the sending shard where the result cannot differ: TWO_PHASE always, AUTO where the exchange may cross shards (a parallelism above 1 on either side), ONE_PHASE never."),
     option!("taskmanager.memory.process.size", OptionKind::Size, "1728m",
         "Total memory of the worker process, split into managed, network and heap shares."),
     option!("taskmanager.memory.managed.fraction", OptionKind::Fraction, "0.4",
@@ -133,8 +146,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Upper bound of the network share."),
     option!("taskmanager.memory.segment-size", OptionKind::Size, "32kb",
         "Size of one network segment."),
-    option!("taskmanager.network.memory.buffers-per-channel", OptionKind::Count(1), "4",
-        "Credits per exchange channel: segments a sender may have in flight to one receiver (rounded up to a power of two)."),
+    option!("taskmanager.network.memory.buffers-per-channel", OptionKind::Count(1), "16",
+        "Credits per exchange channel: segments a sender may have in flight to a receiver on another shard, batches to one on its own shard (rounded up to a power of two)."),
     option!("taskmanager.shard.spin-before-park", OptionKind::Duration, "1 ms",
         "How long an idle shard spins before it sleeps; shorter saves CPU, longer cuts wake-up latency."),
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
@@ -465,12 +478,16 @@ impl Configuration {
         }
     }
 
-    /// `table.optimizer.agg-phase-strategy`: whether window aggregates may pre-aggregate
-    /// before their exchange (anything but `ONE_PHASE`).
-    pub fn two_phase_aggregation(&self) -> bool {
-        self.raw("table.optimizer.agg-phase-strategy")
+    /// `table.optimizer.agg-phase-strategy`.
+    pub fn agg_phase_strategy(&self) -> AggPhaseStrategy {
+        match self
+            .raw("table.optimizer.agg-phase-strategy")
             .map(str::trim)
-            != Some("ONE_PHASE")
+        {
+            Some("ONE_PHASE") => AggPhaseStrategy::OnePhase,
+            Some("TWO_PHASE") => AggPhaseStrategy::TwoPhase,
+            _ => AggPhaseStrategy::Auto,
+        }
     }
 
     /// `state.backend.type`.

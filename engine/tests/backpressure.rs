@@ -13,6 +13,9 @@ use weir_engine::prelude::*;
 const SEGMENTS_PER_SLOT: usize = 16;
 const SEGMENT_SIZE: usize = 4 << 10;
 
+/// Credits per channel for the small pools: 4 in flight (+2) fit [`SEGMENTS_PER_SLOT`].
+const SMALL_POOL_CREDITS: (&str, &str) = ("taskmanager.network.memory.buffers-per-channel", "4");
+
 /// An environment whose slots each own a pool of [`SEGMENTS_PER_SLOT`] 4 KiB segments: the
 /// network share is pinned (min = max) to exactly that many segments over all slots.
 fn small_pool_env(slots: usize, extra: &[(&str, &str)]) -> StreamEnvironment {
@@ -57,7 +60,7 @@ fn assert_pools_small_and_within_bounds(result: &JobResult) {
 #[test]
 fn slow_sink_behind_rebalance_blocks_the_source_and_loses_nothing() {
     let slots = common::slots();
-    let env = small_pool_env(slots, &[]);
+    let env = small_pool_env(slots, &[SMALL_POOL_CREDITS]);
     let (sink, collected) = CollectSink::new();
     let sink = sink.with_delay_per_batch(Duration::from_millis(2));
     env.from_sequence(0, 10_000)
@@ -77,7 +80,7 @@ fn slow_sink_behind_rebalance_blocks_the_source_and_loses_nothing() {
 #[test]
 fn slow_keyed_sink_blocks_the_source_and_loses_nothing() {
     let slots = common::slots();
-    let env = small_pool_env(slots, &[]);
+    let env = small_pool_env(slots, &[SMALL_POOL_CREDITS]);
     let (sink, collected) = CollectSink::new();
     let sink = sink.with_delay_per_batch(Duration::from_millis(2));
     env.from_sequence(0, 8_000)

@@ -1,8 +1,8 @@
 //! Two-phase (local-global) window aggregation against one-phase: on out-of-order input with
 //! late records, tumbling, sliding and session event-time windows give the same results, drop
 //! the same records, on both state backends, at every group limit (`execution.batch-size`) — and the
-//! local phase really runs (`table.optimizer.agg-phase-strategy: AUTO`) or does not
-//! (`ONE_PHASE`).
+//! local phase really runs (`table.optimizer.agg-phase-strategy: TWO_PHASE`) or does not
+//! (`ONE_PHASE`); `AUTO` runs it only where the exchange may cross shards.
 //!
 //! One source subtask with a watermark after every record: every channel carries records and
 //! watermarks in one known order, so which records are late is decided the same way in both
@@ -128,9 +128,9 @@ fn run(input: &[Event], setup: Setup, strategy: &str, backend: &str) -> Run {
 
 fn assert_same(input: &[Event], setup: Setup, backend: &str) -> Result<(), TestCaseError> {
     let one = run(input, setup, "ONE_PHASE", backend);
-    let two = run(input, setup, "AUTO", backend);
+    let two = run(input, setup, "TWO_PHASE", backend);
     prop_assert!(!one.local_phase, "ONE_PHASE runs no local phase");
-    prop_assert!(two.local_phase, "AUTO pre-aggregates");
+    prop_assert!(two.local_phase, "TWO_PHASE pre-aggregates");
     let mut expected = one.out;
     let mut actual = two.out;
     expected.sort_unstable();
@@ -187,15 +187,53 @@ fn two_phase_gives_what_one_phase_gives_on_rocksdb() {
             batch_size: 16,
         };
         assert_same(&input, setup, "rocksdb").unwrap();
-        let run = run(&input, setup, "AUTO", "rocksdb");
+        let run = run(&input, setup, "TWO_PHASE", "rocksdb");
         assert!(run.dropped > 0, "the input has late records ({windows:?})");
         assert!(!run.out.is_empty());
     }
 }
 
+/// Whether a tumbling count over `slots` slots (source and window at the default parallelism)
+/// runs a local phase under `AUTO`.
+fn auto_runs_a_local_phase(slots: usize) -> bool {
+    let env = common::env_with(slots, &[]);
+    let (sink, out) = CollectSink::new();
+    let input: Vec<Event> = (0..1_000i64).map(|i| ((i % 3) as u8, i, 1)).collect();
+    env.from_source(
+        CollectionSource::new(input),
+        WatermarkStrategy::for_monotonous_timestamps().with_timestamp_assigner(|e: &Event, _| e.1),
+        "events",
+    )
+    .key_by(|e: &Event| e.0)
+    .window(TumblingEventTimeWindows::of(Duration::from_millis(100)))
+    .aggregate_with(SumCount, label)
+    .sink_to(sink, "out");
+    let result = env.execute("auto").unwrap();
+    let counted: u64 = out.records().iter().map(|r| r.3).sum();
+    assert_eq!(counted, 1_000, "every record counted once");
+    result
+        .operators
+        .iter()
+        .any(|op| op.name.starts_with("Local Window"))
+}
+
+#[test]
+fn auto_pre_aggregates_only_where_the_exchange_may_cross_shards() {
+    assert!(
+        !auto_runs_a_local_phase(1),
+        "one subtask on each side: the exchange is chained, a local phase only adds work"
+    );
+    if common::slots() > 1 {
+        assert!(auto_runs_a_local_phase(2), "two subtasks: pre-aggregate");
+    }
+}
+
 #[test]
 fn a_late_data_side_output_keeps_one_phase() {
-    let env = common::env();
+    let env = common::env_with(
+        common::slots(),
+        &[("table.optimizer.agg-phase-strategy", "TWO_PHASE")],
+    );
     let late = OutputTag::<Event>::new("late");
     let (sink, _) = CollectSink::new();
     let windowed = env

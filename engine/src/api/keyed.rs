@@ -47,6 +47,25 @@ where
         self.env.config()
     }
 
+    /// Parallelism of an operator that sets none.
+    pub(crate) fn default_parallelism(&self) -> usize {
+        self.env.default_parallelism()
+    }
+
+    /// Whether the `key_by` exchange into a consumer of `consumer_parallelism` may cross
+    /// shards: either side runs more than one subtask (as far as the job says so far).
+    pub(crate) fn may_cross_shards(&self, consumer_parallelism: usize) -> bool {
+        let default = self.env.default_parallelism();
+        let state = self.env.state.borrow();
+        let producers = self
+            .upstreams
+            .iter()
+            .map(|upstream| state.nodes[upstream.node].parallelism.unwrap_or(default))
+            .max()
+            .unwrap_or(default);
+        producers.max(consumer_parallelism) > 1
+    }
+
     /// The key selector (a copy).
     pub(crate) fn key_selector(&self) -> KS {
         self.key_selector.clone()

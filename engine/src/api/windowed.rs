@@ -12,6 +12,7 @@ use crate::state::StateValue;
 use crate::window::function::{AggregateLogic, ProcessLogic, ReduceLogic, StoredLogic};
 use std::sync::Arc;
 
+use crate::config::AggPhaseStrategy;
 use crate::graph::OperatorFactory;
 use crate::runtime::factories::OperatorNode;
 use crate::time::TimeDomain;
@@ -26,6 +27,11 @@ use crate::window::{
     AggregateFunction, GlobalWindows, ProcessWindowFunction, TimeWindow, WindowAssigner,
     WindowParts,
 };
+
+/// Groups (keys and panes, or partial sessions) a local pre-aggregation holds, per record of
+/// `execution.batch-size`, before it emits them all (it also emits at every watermark, buffer
+/// timeout and the end of input).
+const LOCAL_GROUPS_PER_BATCH: usize = 16;
 
 /// A keyed stream with a window assigner (Flink's `WindowedStream`). End it with a window
 /// function; set lateness and the late-data side output first.
@@ -138,9 +144,19 @@ where
         L: StoredLogic<K, A::Window, T, O> + Clone + Send + Sync,
         L::Acc: StateValue + Send,
     {
-        let two_phase = self.late_tag.is_none()
-            && self.allowed_lateness == 0
-            && self.keyed.config().two_phase_aggregation();
+        let wanted = match self.keyed.config().agg_phase_strategy() {
+            AggPhaseStrategy::OnePhase => false,
+            AggPhaseStrategy::TwoPhase => true,
+            AggPhaseStrategy::Auto => {
+                let consumer = if self.all {
+                    1
+                } else {
+                    self.keyed.default_parallelism()
+                };
+                self.keyed.may_cross_shards(consumer)
+            }
+        };
+        let two_phase = wanted && self.late_tag.is_none() && self.allowed_lateness == 0;
         if !two_phase {
             return self.build("Aggregate", logic);
         }
@@ -152,7 +168,7 @@ where
             ..
         } = self;
         let key_selector = keyed.key_selector();
-        let limit = keyed.config().batch_size();
+        let limit = LOCAL_GROUPS_PER_BATCH * keyed.config().batch_size();
         let key_of = partial_key::<K, L::Acc> as fn(&Partial<K, L::Acc>) -> K;
         let (local, global): (Arc<dyn OperatorFactory>, Arc<dyn OperatorFactory>) =
             match assigner.spec() {

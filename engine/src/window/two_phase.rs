@@ -4,7 +4,7 @@
 //! An incremental aggregate over tumbling or sliding event-time windows behind a hash exchange
 //! pre-aggregates on the sending shard: a *local* operator, chained to the stage before the
 //! exchange, folds records into one accumulator per (key, pane) and emits them as [`Partial`]s
-//! — when it holds `execution.batch-size` groups, when a watermark passes (before it is
+//! — when it holds 16 × `execution.batch-size` groups, when a watermark passes (before it is
 //! forwarded, so a partial never arrives behind the watermark its records preceded), when the
 //! buffer timeout flushes the exchange, and when the input ends. The *global* operator is the
 //! ordinary pane window operator whose function merges each partial into the pane's
@@ -26,7 +26,9 @@
 //! late record would fire its window once per partial, not once per record) and no late-data
 //! side output (its records would be partials). Pane lateness is decided per pane, so a partial
 //! is late exactly when each of its records would have been; dropped partials count their
-//! records. Set `table.optimizer.agg-phase-strategy: ONE_PHASE` to turn it off.
+//! records. `table.optimizer.agg-phase-strategy` decides where: `AUTO` (the default) where the
+//! exchange may cross shards — with one subtask on each side it is chained, and a local phase
+//! would only add a second hash lookup per record — `TWO_PHASE` always, `ONE_PHASE` never.
 
 use std::cell::RefCell;
 use std::collections::hash_map::Entry;
