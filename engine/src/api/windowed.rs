@@ -17,9 +17,7 @@ use crate::graph::OperatorFactory;
 use crate::runtime::factories::OperatorNode;
 use crate::time::TimeDomain;
 use crate::window::aligned::Geometry;
-use crate::window::assigner::{
-    aligned_event_time_factory, factory_of_spec, session_event_time_factory, WindowAs, WindowSpec,
-};
+use crate::window::assigner::{factory_of_spec, SessionGap, WindowAs, WindowSpec};
 use crate::window::two_phase::{
     partial_key, partial_length, LocalSessionAggregate, LocalWindowAggregate, MergeLogic, Partial,
 };
@@ -127,17 +125,12 @@ where
             late_tag: self.late_tag,
         };
         let factory = self.assigner.factory(parts, logic);
-        let stream = self.keyed.then(&name, factory);
-        if self.all {
-            stream.parallelism(1)
-        } else {
-            stream
-        }
+        window_node(self.keyed, self.all, &name, factory)
     }
 
     /// `aggregate`: in two phases where that cannot change the result (event-time tumbling,
     /// sliding or session windows, no allowed lateness, no late-data side output, and
-    /// `table.optimizer.agg-phase-strategy` not `ONE_PHASE`; see `window::two_phase`), else
+    /// `table.optimizer.agg-phase-strategy` asks for it; see `window::two_phase`), else
     /// in one.
     fn build_aggregate<O: Record, L>(self, logic: L) -> DataStream<O>
     where
@@ -169,74 +162,81 @@ where
         } = self;
         let key_selector = keyed.key_selector();
         let limit = LOCAL_GROUPS_PER_BATCH * keyed.config().batch_size();
-        let key_of = partial_key::<K, L::Acc> as fn(&Partial<K, L::Acc>) -> K;
-        let (local, global): (Arc<dyn OperatorFactory>, Arc<dyn OperatorFactory>) =
-            match assigner.spec() {
-                WindowSpec::Aligned {
+        // Both phases run the function written for the assigner's windows on time windows
+        // (the same type for these specs; `WindowAs` checks it).
+        let time_logic = |logic: L| WindowAs::<TimeWindow, L, A::Window>::new(logic);
+        let (local, global_spec, logic) = match assigner.spec() {
+            WindowSpec::Aligned {
+                size,
+                slide,
+                offset,
+                domain: TimeDomain::EventTime,
+            } => {
+                let geometry = Geometry::new(size, slide, offset);
+                let logic = time_logic(logic);
+                let local_logic = logic.clone();
+                let local = OperatorNode::<T, Partial<K, L::Acc>, _>::new(move || {
+                    LocalWindowAggregate::new(
+                        key_selector.clone(),
+                        local_logic.clone(),
+                        geometry,
+                        limit,
+                    )
+                });
+                let global = WindowSpec::Aligned {
                     size,
                     slide,
                     offset,
                     domain: TimeDomain::EventTime,
-                } => {
-                    let geometry = Geometry::new(size, slide, offset);
-                    let logic = WindowAs::<TimeWindow, L, A::Window>::new(logic);
-                    let local_logic = logic.clone();
-                    let local = OperatorNode::<T, Partial<K, L::Acc>, _>::new(move || {
-                        LocalWindowAggregate::new(
-                            key_selector.clone(),
-                            local_logic.clone(),
-                            geometry,
-                            limit,
-                        )
-                    });
-                    let global = aligned_event_time_factory::<Partial<K, L::Acc>, K, _, O, _>(
-                        MergeLogic::<_, T>::new(logic),
-                        key_of,
-                        geometry,
-                    );
-                    (Arc::new(local), global)
-                }
-                WindowSpec::Session {
-                    gap,
+                };
+                (Arc::new(local) as Arc<dyn OperatorFactory>, global, logic)
+            }
+            WindowSpec::Session {
+                gap,
+                domain: TimeDomain::EventTime,
+            } => {
+                let logic = time_logic(logic);
+                let local_logic = logic.clone();
+                let local = OperatorNode::<T, Partial<K, L::Acc>, _>::new(move || {
+                    LocalSessionAggregate::new(
+                        key_selector.clone(),
+                        local_logic.clone(),
+                        gap.clone(),
+                        limit,
+                    )
+                });
+                // A partial session's window is its own `[start, end)`.
+                let global = WindowSpec::Session {
+                    gap: SessionGap::Dynamic(Arc::new(partial_length::<K, L::Acc>)),
                     domain: TimeDomain::EventTime,
-                } => {
-                    let logic = WindowAs::<TimeWindow, L, A::Window>::new(logic);
-                    let local_logic = logic.clone();
-                    let local = OperatorNode::<T, Partial<K, L::Acc>, _>::new(move || {
-                        LocalSessionAggregate::new(
-                            key_selector.clone(),
-                            local_logic.clone(),
-                            gap.clone(),
-                            limit,
-                        )
-                    });
-                    let global = session_event_time_factory::<Partial<K, L::Acc>, K, _, O, _>(
-                        MergeLogic::<_, T>::new(logic),
-                        key_of,
-                        Arc::new(partial_length::<K, L::Acc>),
-                    );
-                    (Arc::new(local), global)
-                }
-                spec => {
-                    let parts = WindowParts {
-                        key_selector,
-                        allowed_lateness: 0,
-                        late_tag: None,
-                    };
-                    let factory = factory_of_spec::<T, K, KS, O, L, A::Window>(spec, parts, logic);
-                    let stream = keyed.then(&name, factory);
-                    return if all { stream.parallelism(1) } else { stream };
-                }
-            };
+                };
+                (Arc::new(local) as Arc<dyn OperatorFactory>, global, logic)
+            }
+            spec => {
+                let parts = WindowParts {
+                    key_selector,
+                    allowed_lateness: 0,
+                    late_tag: None,
+                };
+                let factory = factory_of_spec::<T, K, KS, O, L, A::Window>(spec, parts, logic);
+                return window_node(keyed, all, &name, factory);
+            }
+        };
+        let key_of = partial_key::<K, L::Acc> as fn(&Partial<K, L::Acc>) -> K;
+        let parts = WindowParts {
+            key_selector: key_of,
+            allowed_lateness: 0,
+            late_tag: None,
+        };
+        let global = factory_of_spec::<_, K, _, O, _, TimeWindow>(
+            global_spec,
+            parts,
+            MergeLogic::<_, T>::new(logic),
+        );
         let partials: DataStream<Partial<K, L::Acc>> = keyed
             .into_unkeyed()
             .then_beside(&format!("Local {name}"), local);
-        let stream = partials.key_by(key_of).then(&name, global);
-        if all {
-            stream.parallelism(1)
-        } else {
-            stream
-        }
+        window_node(partials.key_by(key_of), all, &name, global)
     }
 
     /// Folds each window's records with `f` (incrementally: one value per window, or per pane
@@ -301,6 +301,27 @@ where
         F: ProcessWindowFunction<K, A::Window, T, O>,
     {
         self.build("Process", ProcessLogic { function: f })
+    }
+}
+
+/// The window operator `factory` makes, after `keyed`; one subtask for `window_all`.
+fn window_node<I, K, S, O>(
+    keyed: KeyedStream<I, K, S>,
+    all: bool,
+    name: &str,
+    factory: Arc<dyn OperatorFactory>,
+) -> DataStream<O>
+where
+    I: Record,
+    K: Key,
+    S: Fn(&I) -> K + Clone + Send + Sync + 'static,
+    O: Record,
+{
+    let stream = keyed.then(name, factory);
+    if all {
+        stream.parallelism(1)
+    } else {
+        stream
     }
 }
 

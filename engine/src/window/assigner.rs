@@ -144,58 +144,6 @@ where
     }
 }
 
-/// The factory of an event-time session window operator without lateness, its gap from each
-/// record (the global phase of a two-phase aggregation).
-pub(crate) fn session_event_time_factory<T, K, KS, O, L>(
-    logic: L,
-    key_selector: KS,
-    gap: Arc<dyn Fn(&T) -> Duration + Send + Sync>,
-) -> Arc<dyn OperatorFactory>
-where
-    T: Record,
-    K: Key,
-    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
-    O: Record,
-    L: StoredLogic<K, TimeWindow, T, O> + Clone + Send + Sync,
-{
-    WindowNode::factory(
-        logic,
-        SessionMaker {
-            key_selector,
-            gap: SessionGap::Dynamic(gap),
-            domain: TimeDomain::EventTime,
-            allowed_lateness: 0,
-            late_tag: None,
-        },
-    )
-}
-
-/// The factory of an event-time pane window operator without lateness (the global phase of a
-/// two-phase aggregation).
-pub(crate) fn aligned_event_time_factory<T, K, KS, O, L>(
-    logic: L,
-    key_selector: KS,
-    geometry: Geometry,
-) -> Arc<dyn OperatorFactory>
-where
-    T: Record,
-    K: Key,
-    KS: Fn(&T) -> K + Clone + Send + Sync + 'static,
-    O: Record,
-    L: StoredLogic<K, TimeWindow, T, O> + Clone + Send + Sync,
-{
-    WindowNode::factory(
-        logic,
-        AlignedMaker {
-            key_selector,
-            geometry,
-            domain: TimeDomain::EventTime,
-            allowed_lateness: 0,
-            late_tag: None,
-        },
-    )
-}
-
 /// Builds a window operator over whichever window logic a subtask gets: the function itself
 /// (contents on the heap) or the function over the state backend ([`Stored`]).
 trait MakeOperator<K, W, T, O>: Send + Sync + 'static {
