@@ -14,8 +14,9 @@ use rkyv::{Archive, Deserialize, Serialize};
 /// Records are archived with rkyv's low-level API (no shared-pointer tracking), which keeps
 /// encoding a small struct close to a copy.
 ///
-/// Inside a chain, records move by value; across an exchange edge they are archived into a
-/// network segment and read back on the receiving shard.
+/// Inside a chain, records move by value; across an exchange edge to another shard they are
+/// archived into a network segment and read back on the receiving shard (to a subtask on the
+/// same shard they move by value, in batches).
 pub trait Record: Clone + Send + 'static {
     /// Archives `self` into the start of `out` (root last) and returns the bytes written, or
     /// `None` if `out` is too small.
