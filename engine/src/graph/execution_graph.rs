@@ -48,6 +48,12 @@ pub(crate) fn edge_channels(
     }
 }
 
+/// Whether the channel from subtask `sender` to subtask `receiver` stays within one slot:
+/// subtask `i` of every vertex runs on slot `i` (see [`ExecutionGraph::new`]).
+pub(crate) fn within_slot(sender: usize, receiver: usize) -> bool {
+    sender == receiver
+}
+
 impl ExecutionGraph {
     /// Places every subtask of `job` on `slots` slots pinned to `cores`: subtask `i` of every
     /// vertex shares slot `i` (slot sharing).
@@ -100,8 +106,7 @@ impl ExecutionGraph {
                 continue;
             }
             for (sender, receiver) in self.channels(index) {
-                // Subtask `i` runs on slot `i`.
-                if sender != receiver {
+                if !within_slot(sender, receiver) {
                     per_slot[sender] += credits + 2;
                 }
             }

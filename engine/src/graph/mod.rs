@@ -14,6 +14,7 @@ mod execution_graph;
 mod job_graph;
 mod stream_graph;
 
+pub(crate) use execution_graph::within_slot;
 pub use execution_graph::{ExecutionGraph, ExecutionVertex};
 pub use job_graph::{JobEdge, JobGraph, JobVertex};
 pub(crate) use stream_graph::{

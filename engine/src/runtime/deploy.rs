@@ -22,8 +22,8 @@ use super::task::{Subtask, TaskSettings};
 use crate::config::Configuration;
 use crate::error::{JobError, TaskError, TaskResult};
 use crate::graph::{
-    AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd, SharedEnumerator,
-    TypeOps, WriterParts,
+    within_slot, AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
+    SharedEnumerator, TypeOps, WriterParts,
 };
 use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
 use crate::operator::{scope, RuntimeContext, SideOutputs};
@@ -549,8 +549,7 @@ pub fn run_job(
         .collect();
 
     // Channels: one per (sender, receiver) pair of every exchange edge — a bounded ring between
-    // two shards, a local channel between two subtasks of one shard (subtask `i` runs on slot
-    // `i`, see `ExecutionGraph::new`).
+    // two shards, a local channel between two subtasks of one shard.
     let mut plans: Vec<SubtaskPlan> = exec
         .subtasks
         .iter()
@@ -583,7 +582,7 @@ pub fn run_job(
             .local_channel;
         let mut per_sender: HashMap<usize, Vec<EndPlan<SharedSender<Segment>>>> = HashMap::new();
         for (sender, receiver) in exec.channels(index) {
-            let (tx, rx) = if sender == receiver {
+            let (tx, rx) = if within_slot(sender, receiver) {
                 let plan = LocalChannelPlan {
                     id: (index, sender, receiver),
                     make,

@@ -104,17 +104,27 @@ impl<T: 'static> LocalSender<T> {
         Ok(())
     }
 
-    /// Ready once the receiver has credit (or is gone).
-    pub(crate) fn poll_credit(&self, cx: &mut Context<'_>) -> Poll<Result<(), Closed>> {
-        let mut queue = self.channel.queue.borrow_mut();
-        if queue.receiver_dropped {
-            return Poll::Ready(Err(Closed));
-        }
-        if queue.items.len() < queue.capacity {
-            return Poll::Ready(Ok(()));
-        }
-        queue.sender_waker = Some(cx.waker().clone());
-        Poll::Pending
+    /// Queues `item`, waiting until the receiver has credit for it.
+    pub(crate) async fn send(&self, item: LocalItem<T>) -> Result<(), Closed> {
+        let mut item = Some(item);
+        std::future::poll_fn(|cx| {
+            let mut queue = self.channel.queue.borrow_mut();
+            if queue.receiver_dropped {
+                return Poll::Ready(Err(Closed));
+            }
+            if queue.items.len() >= queue.capacity {
+                queue.sender_waker = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            queue.items.push_back(item.take().expect("queued once"));
+            let waker = queue.receiver_waker.take();
+            drop(queue);
+            if let Some(waker) = waker {
+                waker.wake();
+            }
+            Poll::Ready(Ok(()))
+        })
+        .await
     }
 
     /// An empty batch to fill: one the receiver handed back, or a new one.

@@ -80,6 +80,72 @@ fn closed() -> TaskError {
     TaskError::cancelled("the receiving subtask closed its channel (it failed or was cancelled)")
 }
 
+/// Sends a remote channel's open segment (if any), waiting for credit if the ring is full.
+async fn send_segment(
+    sender: &ConnectedSender<Segment>,
+    open: &mut Option<SegmentBuilder>,
+    metrics: &OperatorMetrics,
+    cancel: &AtomicBool,
+) -> TaskResult {
+    let Some(builder) = open.take() else {
+        return Ok(());
+    };
+    match sender.try_send(builder.finish()) {
+        Ok(()) => Ok(()),
+        Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
+            // glommio 0.9's `send` waits for free space only: if the receiver goes away while
+            // the ring is full, no space ever frees and `send` never returns (its waker is
+            // woken over and over). A receiver only goes before its senders end when its
+            // subtask failed, which sets the job's cancel flag, so the wait also ends when that
+            // flag is set.
+            let mut send = std::pin::pin!(sender.send(segment));
+            wait_for_credit(metrics, cancel, |cx| {
+                send.as_mut()
+                    .poll(cx)
+                    .map(|sent| sent.map_err(|_| closed()))
+            })
+            .await
+        }
+        Err(_) => Err(closed()),
+    }
+}
+
+/// Queues `item` on a local channel, waiting for credit if it has none.
+async fn send_local<T: 'static>(
+    sender: &LocalSender<T>,
+    item: LocalItem<T>,
+    metrics: &OperatorMetrics,
+    cancel: &AtomicBool,
+) -> TaskResult {
+    let item = match sender.try_send(item) {
+        Ok(()) => return Ok(()),
+        Err((_, Some(Closed))) => return Err(closed()),
+        Err((item, None)) => item,
+    };
+    let mut send = std::pin::pin!(sender.send(item));
+    wait_for_credit(metrics, cancel, |cx| {
+        send.as_mut()
+            .poll(cx)
+            .map(|sent| sent.map_err(|Closed| closed()))
+    })
+    .await
+}
+
+/// Queues a local channel's open batch (if it holds records) and opens a fresh one.
+async fn send_batch<T: 'static>(
+    sender: &LocalSender<T>,
+    open: &mut Batch<T>,
+    batch_size: usize,
+    metrics: &OperatorMetrics,
+    cancel: &AtomicBool,
+) -> TaskResult {
+    if open.is_empty() {
+        return Ok(());
+    }
+    let batch = std::mem::replace(open, sender.fresh_batch(batch_size));
+    send_local(sender, LocalItem::Records(batch), metrics, cancel).await
+}
+
 /// Writes one subtask's output on one exchange edge.
 pub(crate) struct ExchangeWriter<T, P> {
     channels: Vec<Channel<T>>,
@@ -199,82 +265,32 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
     async fn send(&mut self, channel: usize) -> TaskResult {
         match &mut self.channels[channel] {
             Channel::Remote { sender, open } => {
-                let Some(builder) = open.take() else {
-                    return Ok(());
-                };
-                match sender.try_send(builder.finish()) {
-                    Ok(()) => Ok(()),
-                    Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
-                        // glommio 0.9's `send` waits for free space only: if the receiver goes
-                        // away while the ring is full, no space ever frees and `send` never
-                        // returns (its waker is woken over and over). A receiver only goes
-                        // before its senders end when its subtask failed, which sets the job's
-                        // cancel flag, so the wait also ends when that flag is set.
-                        let mut send = std::pin::pin!(sender.send(segment));
-                        wait_for_credit(&self.metrics, &self.cancel, |cx| {
-                            send.as_mut()
-                                .poll(cx)
-                                .map(|sent| sent.map_err(|_| closed()))
-                        })
-                        .await
-                    }
-                    Err(_) => Err(closed()),
-                }
+                send_segment(sender, open, &self.metrics, &self.cancel).await
             }
             Channel::Local { sender, open } => {
-                if open.is_empty() {
-                    return Ok(());
-                }
-                let batch = std::mem::replace(open, sender.fresh_batch(self.batch_size));
-                self.send_local(channel, LocalItem::Records(batch)).await
+                send_batch(sender, open, self.batch_size, &self.metrics, &self.cancel).await
             }
         }
     }
 
-    /// Queues an item on a local channel, waiting for credit if it has none.
-    async fn send_local(&self, channel: usize, item: LocalItem<T>) -> TaskResult {
-        let Channel::Local { sender, .. } = &self.channels[channel] else {
-            return Err(TaskError::internal("a local send on a remote channel"));
-        };
-        let mut item = match sender.try_send(item) {
-            Ok(()) => return Ok(()),
-            Err((_, Some(Closed))) => return Err(closed()),
-            Err((item, None)) => Some(item),
-        };
-        wait_for_credit(&self.metrics, &self.cancel, |cx| {
-            let ready = std::task::ready!(sender.poll_credit(cx));
-            Poll::Ready(ready.map_err(|Closed| closed()).and_then(|()| {
-                match sender.try_send(item.take().expect("sent once")) {
-                    Ok(()) => Ok(()),
-                    Err(_) => Err(TaskError::internal(
-                        "a local channel refused an item it had credit for",
-                    )),
-                }
-            }))
-        })
-        .await
-    }
-
     async fn write_event(&mut self, event: Event) -> TaskResult {
-        for channel in 0..self.channels.len() {
-            match &mut self.channels[channel] {
-                Channel::Remote { open, .. } => {
+        let (metrics, cancel) = (&self.metrics, &self.cancel);
+        for channel in &mut self.channels {
+            match channel {
+                Channel::Remote { sender, open } => {
                     if !Self::open_segment(open, &self.pool)?.try_event(event) {
-                        self.send(channel).await?;
-                        let Channel::Remote { open, .. } = &mut self.channels[channel] else {
-                            unreachable!("matched as remote")
-                        };
+                        send_segment(sender, open, metrics, cancel).await?;
                         let fitted = Self::open_segment(open, &self.pool)?.try_event(event);
                         debug_assert!(fitted, "an empty segment takes any event");
                     }
                     if self.flush_per_record {
-                        self.send(channel).await?;
+                        send_segment(sender, open, metrics, cancel).await?;
                     }
                 }
-                Channel::Local { .. } => {
+                Channel::Local { sender, open } => {
                     // Records written before the event go first.
-                    self.send(channel).await?;
-                    self.send_local(channel, LocalItem::Event(event)).await?;
+                    send_batch(sender, open, self.batch_size, metrics, cancel).await?;
+                    send_local(sender, LocalItem::Event(event), metrics, cancel).await?;
                 }
             }
         }
