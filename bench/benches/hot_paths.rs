@@ -406,13 +406,9 @@ fn backend(rocksdb: bool) -> (LocalKeyedBackend<u64>, Option<TempDir>) {
         return (LocalKeyedBackend::heap(config, clock).expect("heap"), None);
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    // One slot's share of the default worker memory: cache and memtable budget.
+    // One slot's share of the default worker memory.
     let budget = MemoryConfig::default().slot_budget(1).rocksdb;
-    let rocks = RocksDbConfig::new(
-        dir.path().join("db"),
-        usize::try_from(budget.block_cache).unwrap_or(usize::MAX),
-        usize::try_from(budget.write_buffers).unwrap_or(usize::MAX),
-    );
+    let rocks = RocksDbConfig::from_budget(dir.path().join("db"), &budget);
     let slot = SlotRocksDb::open(rocks, clock).expect("open RocksDB");
     let backend =
         LocalKeyedBackend::rocksdb(config, slot, "bench-hot-paths").expect("RocksDB backend");

@@ -46,6 +46,9 @@ pub enum BenchError {
         #[source]
         source: Box<StateError>,
     },
+    /// A memory setting of the benchmark is invalid.
+    #[error("{0}")]
+    Memory(#[from] weir_memory::MemoryConfigError),
     /// A Nexmark option or generator setting is invalid.
     #[error("nexmark: {0}")]
     Nexmark(String),

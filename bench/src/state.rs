@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tempfile::TempDir;
-use weir_memory::MemoryConfig;
+use weir_memory::{MemoryConfig, RocksDbMemoryRatios};
 use weir_state::{
     Clock, KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, SlotRocksDb, StateError,
     SystemClock, ValueStateDescriptor,
@@ -75,6 +75,8 @@ pub struct StateReport {
     pub benchmark: &'static str,
     /// The backend measured.
     pub backend: StateBackend,
+    /// RocksDB: the share of managed memory its write-back cache had.
+    pub write_back_ratio: Option<f64>,
     /// Distinct keys.
     pub keys: u64,
     /// Operations (get + update of one key's value) per run.
@@ -126,8 +128,9 @@ struct OpenBackend {
     _dir: Option<TempDir>,
 }
 
-/// A fresh backend of `kind` over all key groups.
-fn open_backend(kind: StateBackend) -> Result<OpenBackend, BenchError> {
+/// A fresh backend of `kind` over all key groups; on RocksDB with a write-back cache of
+/// `write_back_ratio` of the slot's managed memory.
+fn open_backend(kind: StateBackend, write_back_ratio: f64) -> Result<OpenBackend, BenchError> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let config = KeyedBackendConfig::single(MAX_PARALLELISM);
     let failed = BenchError::state(kind.name());
@@ -141,13 +144,18 @@ fn open_backend(kind: StateBackend) -> Result<OpenBackend, BenchError> {
                 dir: std::env::temp_dir(),
                 source,
             })?;
-            // One slot's share of the default worker memory: cache and memtable budget.
-            let budget = MemoryConfig::default().slot_budget(1).rocksdb;
-            let rocks = RocksDbConfig::new(
-                dir.path().join("db"),
-                usize::try_from(budget.block_cache).unwrap_or(usize::MAX),
-                usize::try_from(budget.write_buffers).unwrap_or(usize::MAX),
-            );
+            // One slot's share of the default worker memory: write-back cache, block cache and
+            // memtable budget.
+            let ratios = RocksDbMemoryRatios {
+                write_back_ratio,
+                ..RocksDbMemoryRatios::default()
+            };
+            ratios.validate()?;
+            let budget = MemoryConfig::default()
+                .worker_budget_with(1, ratios)
+                .slot
+                .rocksdb;
+            let rocks = RocksDbConfig::from_budget(dir.path().join("db"), &budget);
             let slot = SlotRocksDb::open(rocks, clock).map_err(BenchError::state(kind.name()))?;
             Ok(OpenBackend {
                 backend: LocalKeyedBackend::rocksdb(config, slot, OPERATOR).map_err(failed)?,
@@ -160,10 +168,11 @@ fn open_backend(kind: StateBackend) -> Result<OpenBackend, BenchError> {
 /// The get + update loop on a fresh backend of `kind`, then the read-back.
 fn run_engine(
     kind: StateBackend,
+    write_back_ratio: f64,
     keys: u64,
     ops: u64,
 ) -> Result<(Measurement, Checksum), BenchError> {
-    let open = open_backend(kind)?;
+    let open = open_backend(kind, write_back_ratio)?;
     let backend = &open.backend;
     let run = || -> Result<(Measurement, Checksum), StateError> {
         let sums = backend.value_state(&ValueStateDescriptor::<u64>::new("sum"))?;
@@ -219,11 +228,21 @@ fn run_baseline(keys: u64, ops: u64) -> (Measurement, Checksum) {
 }
 
 /// Runs the `HashMap` loop and the backend alternately, [`ROUNDS`] times each; reports the best
-/// rounds.
-pub fn run(backend: StateBackend, keys: u64, ops: u64) -> Result<StateReport, BenchError> {
+/// rounds. `write_back_ratio` is `state.backend.rocksdb.memory.write-back-ratio` (RocksDB only).
+pub fn run(
+    backend: StateBackend,
+    write_back_ratio: f64,
+    keys: u64,
+    ops: u64,
+) -> Result<StateReport, BenchError> {
     if ops == 0 {
         return Err(BenchError::NoOps);
     }
+    RocksDbMemoryRatios {
+        write_back_ratio,
+        ..RocksDbMemoryRatios::default()
+    }
+    .validate()?;
     let keys = keys.max(1);
     let mut engine_sum = Checksum::default();
     let mut baseline_sum = Checksum::default();
@@ -234,7 +253,7 @@ pub fn run(backend: StateBackend, keys: u64, ops: u64) -> Result<StateReport, Be
             m
         },
         || {
-            run_engine(backend, keys, ops).map(|(m, s)| {
+            run_engine(backend, write_back_ratio, keys, ops).map(|(m, s)| {
                 engine_sum = s;
                 m
             })
@@ -245,6 +264,7 @@ pub fn run(backend: StateBackend, keys: u64, ops: u64) -> Result<StateReport, Be
     Ok(StateReport {
         benchmark: "state",
         backend,
+        write_back_ratio: (backend == StateBackend::RocksDb).then_some(write_back_ratio),
         keys,
         ops,
         rounds: ROUNDS,
@@ -259,12 +279,19 @@ pub fn run(backend: StateBackend, keys: u64, ops: u64) -> Result<StateReport, Be
 
 #[cfg(test)]
 mod tests {
+    use weir_memory::DEFAULT_WRITE_BACK_RATIO;
+
     use super::*;
 
     #[test]
     fn both_backends_match_the_hash_map() {
-        for backend in [StateBackend::Heap, StateBackend::RocksDb] {
-            let report = run(backend, 100, 20_000).unwrap();
+        let cases = [
+            (StateBackend::Heap, DEFAULT_WRITE_BACK_RATIO),
+            (StateBackend::RocksDb, DEFAULT_WRITE_BACK_RATIO),
+            (StateBackend::RocksDb, 0.0),
+        ];
+        for (backend, write_back_ratio) in cases {
+            let report = run(backend, write_back_ratio, 100, 20_000).unwrap();
             assert!(report.results_match, "{report:?}");
             assert!(report.ops_per_second > 0.0, "{report:?}");
             let json = serde_json::to_value(&report).unwrap();
@@ -286,7 +313,7 @@ mod tests {
     #[test]
     fn zero_ops_is_refused() {
         assert!(matches!(
-            run(StateBackend::Heap, 10, 0),
+            run(StateBackend::Heap, DEFAULT_WRITE_BACK_RATIO, 10, 0),
             Err(BenchError::NoOps)
         ));
     }
@@ -296,5 +323,16 @@ mod tests {
         assert_eq!("heap".parse(), Ok(StateBackend::Heap));
         assert_eq!("rocksdb".parse(), Ok(StateBackend::RocksDb));
         assert!("memory".parse::<StateBackend>().is_err());
+    }
+
+    #[test]
+    fn a_bad_write_back_ratio_names_the_key() {
+        let error = run(StateBackend::RocksDb, 1.5, 10, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("state.backend.rocksdb.memory.write-back-ratio = 1.5"),
+            "{error}"
+        );
     }
 }

@@ -159,6 +159,10 @@ enum Bench {
         /// Operations: each reads one key's value and writes it back.
         #[arg(long, default_value_t = 10_000_000)]
         ops: u64,
+        /// RocksDB: state.backend.rocksdb.memory.write-back-ratio (0 turns the write-back
+        /// cache off).
+        #[arg(long, default_value_t = weir_memory::DEFAULT_WRITE_BACK_RATIO)]
+        write_back_ratio: f64,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -193,6 +197,10 @@ enum Bench {
         /// The generator's seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Set a further engine configuration key, e.g.
+        /// -D state.backend.rocksdb.memory.write-back-ratio=0 (repeatable).
+        #[arg(short = 'D', value_name = "KEY=VALUE")]
+        settings: Vec<String>,
         /// Print one JSON object (an array with --all).
         #[arg(long)]
         json: bool,
@@ -325,10 +333,12 @@ fn run_bench(bench: Bench) -> Result<()> {
             backend,
             keys,
             ops,
+            write_back_ratio,
             json,
         } => {
             let backend = backend.parse().map_err(anyhow::Error::msg)?;
-            print_report(&weir_bench::state::run(backend, keys, ops)?, json)
+            let report = weir_bench::state::run(backend, write_back_ratio, keys, ops)?;
+            print_report(&report, json)
         }
         Bench::Nexmark {
             query,
@@ -340,6 +350,7 @@ fn run_bench(bench: Bench) -> Result<()> {
             state_backend,
             buffer_timeout_ms,
             seed,
+            settings,
             json,
         } => {
             use weir_bench::nexmark::harness;
@@ -351,6 +362,7 @@ fn run_bench(bench: Bench) -> Result<()> {
                 state_backend,
                 buffer_timeout_ms,
                 seed,
+                settings,
             };
             if all {
                 let rows = harness::run_suite(&options)?;

@@ -153,14 +153,20 @@ fn explain_memory_prints_the_per_slot_budget_without_running() {
         (
             "  RocksDB block cache ",
             "",
-            "409.6 MiB",
-            "the whole managed share",
+            "368.6 MiB",
+            "the managed share less the write-back cache",
         ),
         (
             "  RocksDB write buffers ",
             "",
             "204.8 MiB",
             "write-buffer-ratio = 0.5",
+        ),
+        (
+            "  RocksDB write-back ",
+            "",
+            "41.0 MiB",
+            "write-back-ratio = 0.1",
         ),
         (
             "network ",

@@ -103,11 +103,7 @@ impl JobRocksDb {
             slots: Vec::with_capacity(slots),
         };
         for slot in 0..slots {
-            let config = RocksDbConfig::new(
-                job.dir.join(format!("slot-{slot}")),
-                usize::try_from(budget.block_cache).unwrap_or(usize::MAX),
-                usize::try_from(budget.write_buffers).unwrap_or(usize::MAX),
-            );
+            let config = RocksDbConfig::from_budget(job.dir.join(format!("slot-{slot}")), &budget);
             let db = SlotRocksDb::open(config, Arc::new(SystemClock)).map_err(|error| {
                 JobError::InvalidJob(format!(
                     "cannot open the RocksDB state backend of slot {slot}: {error}; check \

@@ -453,3 +453,79 @@ fn event_time_windows_without_timestamps_fail_naming_the_fix() {
     assert!(text.contains("'sums'"), "{text}");
     assert!(text.contains("WatermarkStrategy"), "{text}");
 }
+
+/// RocksDB behind its write-back cache gives the heap's results whatever the cache holds:
+/// the default cache (everything fits), no cache, and one of a few kilobytes that evicts
+/// (writes panes and sessions back, reads them in again) all the time. Sliding windows and
+/// sessions over 3 000 keys, out of order within the bound, with late records dropped.
+#[test]
+fn rocksdb_windows_agree_with_the_heap_whatever_the_write_back_cache_holds() {
+    let input: Vec<Event> = (0..30_000i64)
+        .map(|i| {
+            let key = (i * 7_919) % 3_000;
+            // Time moves 10 ms per record, with a jitter of up to 3 s either way.
+            let jitter = (i * 104_729) % 6_000 - 3_000;
+            (format!("k{key}"), (i * 10 + jitter).max(0))
+        })
+        .collect();
+    let settings: [(&str, &[(&str, &str)]); 4] = [
+        ("heap", &[("state.backend.type", "hashmap")]),
+        ("rocksdb", &[("state.backend.type", "rocksdb")]),
+        (
+            "rocksdb without a write-back cache",
+            &[
+                ("state.backend.type", "rocksdb"),
+                ("state.backend.rocksdb.memory.write-back-ratio", "0"),
+            ],
+        ),
+        (
+            "rocksdb with a write-back cache that evicts",
+            &[
+                ("state.backend.type", "rocksdb"),
+                ("state.backend.rocksdb.memory.write-back-ratio", "0.00001"),
+            ],
+        ),
+    ];
+    let run = |pairs: &[(&str, &str)]| {
+        let env = common::env_with(common::slots(), pairs);
+        let source = || {
+            env.from_source(
+                CollectionSource::new(input.clone()),
+                per_record(2_000),
+                "events",
+            )
+            .parallelism(1)
+            .key_by(|e: &Event| e.0.clone())
+        };
+        let (sliding_sink, sliding) = CollectSink::new();
+        source()
+            .window(SlidingEventTimeWindows::of(
+                Duration::from_secs(10),
+                Duration::from_secs(2),
+            ))
+            .aggregate_with(Count, label)
+            .sink_to(sliding_sink, "sliding");
+        let (session_sink, sessions) = CollectSink::new();
+        source()
+            .window(EventTimeSessionWindows::with_gap(Duration::from_secs(5)))
+            .aggregate_with(Count, label)
+            .sink_to(session_sink, "sessions");
+        env.execute("windows over many keys")
+            .unwrap_or_else(|e| panic!("the job succeeds with {pairs:?}: {e}"));
+        (sliding.records(), sessions.records())
+    };
+    let (heap_sliding, heap_sessions) = run(settings[0].1);
+    assert!(heap_sliding.len() > 10_000, "{}", heap_sliding.len());
+    assert!(heap_sessions.len() > 3_000, "{}", heap_sessions.len());
+    for (name, pairs) in &settings[1..] {
+        let (sliding, sessions) = run(pairs);
+        assert_eq!(
+            sliding.len(),
+            heap_sliding.len(),
+            "sliding windows on {name}"
+        );
+        common::assert_same_multiset(&sliding, &heap_sliding);
+        assert_eq!(sessions.len(), heap_sessions.len(), "sessions on {name}");
+        common::assert_same_multiset(&sessions, &heap_sessions);
+    }
+}

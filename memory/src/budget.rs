@@ -54,6 +54,8 @@ pub enum MemoryConfigError {
 pub const DEFAULT_WRITE_BUFFER_RATIO: f64 = 0.5;
 /// Flink's default of `state.backend.rocksdb.memory.high-prio-pool-ratio`.
 pub const DEFAULT_HIGH_PRIORITY_POOL_RATIO: f64 = 0.1;
+/// The default of `state.backend.rocksdb.memory.write-back-ratio` (Weir's own key).
+pub const DEFAULT_WRITE_BACK_RATIO: f64 = 0.1;
 
 /// How RocksDB divides a slot's managed share (`state.backend.rocksdb.memory.*`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -64,6 +66,10 @@ pub struct RocksDbMemoryRatios {
     /// `state.backend.rocksdb.memory.high-prio-pool-ratio`: share of the block cache kept for
     /// index and filter blocks.
     pub high_priority_pool_ratio: f64,
+    /// `state.backend.rocksdb.memory.write-back-ratio`: share of the managed memory that the
+    /// write-back cache of value states in front of RocksDB may take (0 turns it off); the
+    /// block cache gets the rest.
+    pub write_back_ratio: f64,
 }
 
 impl Default for RocksDbMemoryRatios {
@@ -71,12 +77,14 @@ impl Default for RocksDbMemoryRatios {
         RocksDbMemoryRatios {
             write_buffer_ratio: DEFAULT_WRITE_BUFFER_RATIO,
             high_priority_pool_ratio: DEFAULT_HIGH_PRIORITY_POOL_RATIO,
+            write_back_ratio: DEFAULT_WRITE_BACK_RATIO,
         }
     }
 }
 
 impl RocksDbMemoryRatios {
-    /// Checks that both ratios are fractions RocksDB can use.
+    /// Checks that the ratios are fractions RocksDB can use, and that the memtables fit the
+    /// block cache the write-back cache leaves.
     pub fn validate(&self) -> Result<(), MemoryConfigError> {
         let invalid = |key: &'static str, value: f64, fix: &str| {
             Err(MemoryConfigError::Invalid {
@@ -99,16 +107,35 @@ impl RocksDbMemoryRatios {
                 "use a fraction in [0, 1), e.g. 0.1",
             );
         }
+        if !(0.0..1.0).contains(&self.write_back_ratio) {
+            return invalid(
+                "state.backend.rocksdb.memory.write-back-ratio",
+                self.write_back_ratio,
+                "use a fraction in [0, 1), e.g. 0.1 (0 turns the write-back cache off)",
+            );
+        }
+        if self.write_buffer_ratio + self.write_back_ratio >= 1.0 {
+            return invalid(
+                "state.backend.rocksdb.memory.write-back-ratio",
+                self.write_back_ratio,
+                &format!(
+                    "memtables (state.backend.rocksdb.memory.write-buffer-ratio = {}) are charged \
+                     to the block cache, which gets what the write-back cache leaves: keep the \
+                     two ratios' sum below 1",
+                    self.write_buffer_ratio
+                ),
+            );
+        }
         Ok(())
     }
 }
 
-/// RocksDB's use of one slot's managed share: one block cache per slot, with a write buffer
-/// manager charged to it.
+/// RocksDB's use of one slot's managed share: a write-back cache of value states in front of
+/// RocksDB, and one block cache per slot with a write buffer manager charged to it.
 ///
 /// The memtables' memory is charged to the cache, and the cache has a strict capacity, so
 /// the cache's capacity bounds blocks, index and filter blocks and memtables together: it is
-/// the whole managed share. (Flink sizes its cache to `(3 - ratio) / 3` of the share and the
+/// the managed share less the write-back cache. (Flink sizes its cache to `(3 - ratio) / 3` of the share and the
 /// write buffer manager to `2 * ratio / 3`, leaving room for overshoot, because its cache is
 /// not strict, FLINK-15532.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,15 +147,20 @@ pub struct RocksDbBudget {
     pub write_buffers: u64,
     /// Part of the cache kept for index and filter blocks (the high-priority pool), in bytes.
     pub high_priority_pool: u64,
+    /// Capacity of the write-back cache of value states, in bytes; beside the block cache.
+    pub write_back_cache: u64,
 }
 
 impl RocksDbBudget {
     /// RocksDB's budget for a managed share of `managed` bytes.
     pub fn new(managed: u64, ratios: RocksDbMemoryRatios) -> RocksDbBudget {
+        let share = |ratio: f64| (managed as f64 * ratio) as u64;
+        let write_back_cache = share(ratios.write_back_ratio);
         RocksDbBudget {
-            block_cache: managed,
-            write_buffers: (managed as f64 * ratios.write_buffer_ratio) as u64,
-            high_priority_pool: (managed as f64 * ratios.high_priority_pool_ratio) as u64,
+            block_cache: managed - write_back_cache,
+            write_buffers: share(ratios.write_buffer_ratio),
+            high_priority_pool: share(ratios.high_priority_pool_ratio),
+            write_back_cache,
         }
     }
 }
@@ -339,7 +371,7 @@ impl fmt::Display for WorkerBudget {
             "  RocksDB block cache",
             "",
             &Mib(slot.rocksdb.block_cache).to_string(),
-            "the whole managed share (strict capacity; write buffers are charged to it)",
+            "the managed share less the write-back cache (write buffers are charged to it)",
         )?;
         row(
             f,
@@ -359,6 +391,16 @@ impl fmt::Display for WorkerBudget {
             &format!(
                 "state.backend.rocksdb.memory.high-prio-pool-ratio = {} (index and filter blocks)",
                 ratios.high_priority_pool_ratio
+            ),
+        )?;
+        row(
+            f,
+            "  RocksDB write-back",
+            "",
+            &Mib(slot.rocksdb.write_back_cache).to_string(),
+            &format!(
+                "state.backend.rocksdb.memory.write-back-ratio = {} (hot value state)",
+                ratios.write_back_ratio
             ),
         )?;
         row(
@@ -444,8 +486,9 @@ mod tests {
     /// managed 0.4 x 2147483648 = 858993459 (819.2 MiB), 429496729 per slot (409.6 MiB);
     /// network 0.1 x 2147483648 = 214748364 (204.8 MiB, inside [64 MiB, 1 GiB]), 107374182
     /// per slot = 3276 segments of 32 KiB; heap 2147483648 - 858993459 - 214748364 =
-    /// 1073741825, 536870912 per slot (512 MiB). RocksDB per slot: cache = 429496729, write
-    /// buffers 0.5 x = 214748364 (204.8 MiB), high-priority pool 0.1 x = 42949672 (41.0 MiB).
+    /// 1073741825, 536870912 per slot (512 MiB). RocksDB per slot: write-back cache 0.1 x =
+    /// 42949672 (41.0 MiB), block cache the rest = 386547057 (368.6 MiB), write buffers 0.5 x =
+    /// 214748364 (204.8 MiB), high-priority pool 0.1 x = 42949672 (41.0 MiB).
     fn two_gib_two_slots() -> WorkerBudget {
         MemoryConfig {
             process_size: 2 << 30,
@@ -465,9 +508,10 @@ mod tests {
             SlotBudget {
                 managed: 429_496_729,
                 rocksdb: RocksDbBudget {
-                    block_cache: 429_496_729,
+                    block_cache: 386_547_057,
                     write_buffers: 214_748_364,
                     high_priority_pool: 42_949_672,
+                    write_back_cache: 42_949_672,
                 },
                 network: 107_374_182,
                 heap: 536_870_912,
@@ -478,6 +522,7 @@ mod tests {
         let custom = RocksDbMemoryRatios {
             write_buffer_ratio: 0.25,
             high_priority_pool_ratio: 0.0,
+            write_back_ratio: 0.0,
         };
         assert_eq!(
             RocksDbBudget::new(400 << 20, custom),
@@ -485,6 +530,7 @@ mod tests {
                 block_cache: 400 << 20,
                 write_buffers: 100 << 20,
                 high_priority_pool: 0,
+                write_back_cache: 0,
             }
         );
         assert_eq!(
@@ -502,9 +548,10 @@ mod tests {
             "share                            worker       per slot   set by",
             "process                        2048 MiB       1024 MiB   taskmanager.memory.process.size = 2048 MiB",
             "managed                       819.2 MiB      409.6 MiB   taskmanager.memory.managed.fraction = 0.4",
-            "  RocksDB block cache                        409.6 MiB   the whole managed share (strict capacity; write buffers are charged to it)",
+            "  RocksDB block cache                        368.6 MiB   the managed share less the write-back cache (write buffers are charged to it)",
             "  RocksDB write buffers                      204.8 MiB   state.backend.rocksdb.memory.write-buffer-ratio = 0.5",
             "  RocksDB high-prio pool                      41.0 MiB   state.backend.rocksdb.memory.high-prio-pool-ratio = 0.1 (index and filter blocks)",
+            "  RocksDB write-back                          41.0 MiB   state.backend.rocksdb.memory.write-back-ratio = 0.1 (hot value state)",
             "network                       204.8 MiB      102.4 MiB   taskmanager.memory.network.fraction = 0.1 (within .min 64 MiB and .max 1024 MiB)",
             "  segments                6552 x 32 KiB  3276 x 32 KiB   taskmanager.memory.segment-size = 32 KiB",
             "heap                         1024.0 MiB        512 MiB   the rest of taskmanager.memory.process.size",
@@ -559,6 +606,22 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("high-prio-pool-ratio = -0.1"), "{err}");
+        let err = RocksDbMemoryRatios {
+            write_buffer_ratio: 0.6,
+            write_back_ratio: 0.4,
+            ..RocksDbMemoryRatios::default()
+        }
+        .validate()
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("write-back-ratio = 0.4 is invalid"), "{err}");
+        assert!(err.contains("write-buffer-ratio = 0.6"), "{err}");
+        RocksDbMemoryRatios {
+            write_back_ratio: 0.0,
+            ..RocksDbMemoryRatios::default()
+        }
+        .validate()
+        .unwrap();
     }
 
     #[test]

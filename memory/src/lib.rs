@@ -21,7 +21,7 @@ pub use alloc::{
 };
 pub use budget::{
     MemoryConfig, MemoryConfigError, RocksDbBudget, RocksDbMemoryRatios, SlotBudget, WorkerBudget,
-    DEFAULT_HIGH_PRIORITY_POOL_RATIO, DEFAULT_WRITE_BUFFER_RATIO,
+    DEFAULT_HIGH_PRIORITY_POOL_RATIO, DEFAULT_WRITE_BACK_RATIO, DEFAULT_WRITE_BUFFER_RATIO,
 };
 pub use heap::{check_heap_budget, HeapBudgetExceeded, HeapStateSize};
 pub use segment::{PoolStats, Segment, SegmentPool, SegmentPoolError};

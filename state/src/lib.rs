@@ -51,7 +51,7 @@ pub mod ttl;
 pub use backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
 pub use backend::rocksdb::{
     split_key, RawEntries, RocksDbConfig, RocksDbMemoryUsage, SlotRocksDb, StateKeyParts,
-    MAX_PARALLELISM_LIMIT,
+    WriteBackStats, MAX_PARALLELISM_LIMIT,
 };
 pub use backend::{BackendType, CleanupProgress, KeyedBackendConfig, LocalKeyedBackend, StateSize};
 pub use codec::StateCodec;

@@ -1,4 +1,5 @@
-//! The keyed-state suite: every test body runs against the heap and the RocksDB backend.
+//! The keyed-state suite: every test body runs against the heap backend, the RocksDB backend,
+//! and RocksDB behind a write-back cache that evicts all the time.
 
 mod common;
 
@@ -43,6 +44,15 @@ macro_rules! backend_suite {
                 #[test]
                 fn $test() {
                     super::$test(&super::Fixture::rocksdb());
+                }
+            )*
+        }
+
+        mod rocksdb_evicting {
+            $(
+                #[test]
+                fn $test() {
+                    super::$test(&super::Fixture::rocksdb_evicting());
                 }
             )*
         }

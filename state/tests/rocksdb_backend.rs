@@ -24,7 +24,16 @@ fn raw_count(backend: &LocalKeyedBackend<u64>, state: &str) -> usize {
 
 #[test]
 fn compaction_drops_expired_entries() {
-    let f = Fixture::rocksdb();
+    compaction_drops_expired(&Fixture::rocksdb());
+}
+
+/// The cache holds the values until the compaction writes them back.
+#[test]
+fn compaction_drops_expired_entries_behind_the_write_back_cache() {
+    compaction_drops_expired(&Fixture::rocksdb_cached());
+}
+
+fn compaction_drops_expired(f: &Fixture) {
     let backend: LocalKeyedBackend<u64> = f.backend(128);
     let ttl = StateTtlConfig::new(Duration::from_millis(100));
     let value = backend
@@ -74,7 +83,16 @@ fn compaction_drops_expired_entries() {
 
 #[test]
 fn checkpoint_opens_and_holds_the_data() {
-    let f = Fixture::rocksdb();
+    checkpoint_holds_the_data(&Fixture::rocksdb());
+}
+
+/// A checkpoint writes the cache back first: values only the cache held are in it.
+#[test]
+fn checkpoint_holds_what_only_the_write_back_cache_held() {
+    checkpoint_holds_the_data(&Fixture::rocksdb_cached());
+}
+
+fn checkpoint_holds_the_data(f: &Fixture) {
     let backend: LocalKeyedBackend<u64> = f.backend(128);
     let value = backend
         .value_state(&ValueStateDescriptor::<String>::new("v"))
@@ -94,7 +112,12 @@ fn checkpoint_opens_and_holds_the_data() {
     }
     let checkpoint = f.dir.as_ref().unwrap().path().join("chk-1");
     let slot = backend.rocksdb_slot().unwrap();
+    let cached_before = slot.write_back_stats();
     slot.create_checkpoint(&checkpoint).unwrap();
+    if let (Some(before), Some(after)) = (cached_before, slot.write_back_stats()) {
+        assert_eq!(before.written, 0, "the cache held every value");
+        assert_eq!(after.written, 500, "the checkpoint wrote them back");
+    }
     // Writes after the checkpoint do not reach it.
     for key in 0..500u64 {
         backend.set_current_key(&key).unwrap();
@@ -198,6 +221,74 @@ fn key_group_deletion_reaches_states_not_registered_in_this_run() {
     );
 }
 
+/// A value created, updated and cleared while the write-back cache holds it never reaches
+/// RocksDB: a window pane's life on the RocksDB path.
+#[test]
+fn short_lived_values_stay_in_the_write_back_cache() {
+    let f = Fixture::rocksdb_cached();
+    let backend: LocalKeyedBackend<u64, u64> = f.backend(128);
+    let count = backend
+        .value_state(&ValueStateDescriptor::<u64>::new("count"))
+        .unwrap();
+    for pane in 0..50u64 {
+        backend.set_current_namespace(pane).unwrap();
+        for key in 0..100u64 {
+            backend.set_current_key(&key).unwrap();
+            for _ in 0..5 {
+                let n = count.value().unwrap().unwrap_or(0);
+                count.update(n + 1).unwrap();
+            }
+            assert_eq!(count.value().unwrap(), Some(5), "pane {pane}, key {key}");
+            count.clear().unwrap();
+        }
+    }
+    let slot = backend.rocksdb_slot().unwrap();
+    let stats = slot.write_back_stats().unwrap();
+    assert_eq!(
+        stats.misses, 5000,
+        "one RocksDB read per pane and key: {stats:?}"
+    );
+    assert_eq!(stats.written, 0, "{stats:?}");
+    assert_eq!(slot.memory_usage().write_back_usage, 0);
+    let column_family = backend.column_family("count").unwrap();
+    assert_eq!(
+        slot.raw_entries(&column_family, backend.key_groups())
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+/// Deleting key groups drops what the write-back cache holds of them, written back or not, and
+/// later writes to the same keys are seen.
+#[test]
+fn deleting_key_groups_drops_cached_values() {
+    let f = Fixture::rocksdb_cached();
+    let backend: LocalKeyedBackend<u64> = f.backend(128);
+    let value = backend
+        .value_state(&ValueStateDescriptor::<u64>::new("v"))
+        .unwrap();
+    let slot = backend.rocksdb_slot().unwrap();
+    for key in 0..100u64 {
+        backend.set_current_key(&key).unwrap();
+        value.update(key + 1).unwrap();
+        if key == 49 {
+            slot.flush_write_back().unwrap();
+        }
+    }
+    backend.delete_key_groups(backend.key_groups()).unwrap();
+    for key in 0..100u64 {
+        backend.set_current_key(&key).unwrap();
+        assert_eq!(value.value().unwrap(), None, "key {key}");
+        value.update(key + 7).unwrap();
+    }
+    assert_eq!(raw_count(&backend, "v"), 100);
+    for key in 0..100u64 {
+        backend.set_current_key(&key).unwrap();
+        assert_eq!(value.value().unwrap(), Some(key + 7), "key {key}");
+    }
+}
+
 #[test]
 fn raw_entries_follow_the_key_layout() {
     let f = Fixture::rocksdb();
@@ -293,6 +384,10 @@ fn bad_settings_are_refused_with_the_fix() {
     )
     .unwrap();
     assert_eq!(slot.config().write_buffer_bytes, 32 << 20);
+    let usage = slot.memory_usage();
+    let write_back = (64 << 20) / 10;
+    assert_eq!(usage.write_back_capacity, write_back);
+    assert_eq!(usage.block_cache_capacity, (64 << 20) - write_back);
     let err = LocalKeyedBackend::<u64>::rocksdb(
         KeyedBackendConfig::single(128),
         Arc::clone(&slot),

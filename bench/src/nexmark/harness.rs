@@ -154,6 +154,8 @@ pub struct NexmarkOptions {
     pub buffer_timeout_ms: u64,
     /// The generator's seed.
     pub seed: u64,
+    /// Further engine settings, `KEY=VALUE` (`-D`), applied after the ones above.
+    pub settings: Vec<String>,
 }
 
 /// Latency percentiles, in milliseconds.
@@ -200,6 +202,8 @@ pub struct NexmarkReport {
     pub rate: Option<f64>,
     /// The engine's state backend (`None` for the baseline).
     pub state_backend: Option<String>,
+    /// The further engine settings the run had (`-D KEY=VALUE`; none for the baseline).
+    pub settings: Vec<String>,
 }
 
 fn generator(options: &NexmarkOptions) -> Result<NexmarkGenerator, BenchError> {
@@ -258,6 +262,7 @@ pub fn run_baseline(options: &NexmarkOptions) -> Result<NexmarkReport, BenchErro
         checksum: format!("{:016x}", result.checksum),
         rate: None,
         state_backend: None,
+        settings: Vec::new(),
     })
 }
 
@@ -525,6 +530,9 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
             .set(key, value)
             .map_err(|e| BenchError::Nexmark(e.to_string()))?;
     }
+    config
+        .apply_pairs(options.settings.iter().map(String::as_str))
+        .map_err(|e| BenchError::Nexmark(e.to_string()))?;
     let env = StreamEnvironment::new(config).map_err(BenchError::job("nexmark"))?;
     let timeline = Arc::new(Timeline::new());
     let counter = Arc::new(AtomicU64::new(0));
@@ -586,6 +594,7 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         checksum: format!("{:016x}", output.checksum.sum),
         rate: options.rate,
         state_backend: Some(options.state_backend.clone()),
+        settings: options.settings.clone(),
     })
 }
 
@@ -694,6 +703,7 @@ mod tests {
             state_backend: "hashmap".into(),
             buffer_timeout_ms: 1,
             seed: 0,
+            settings: Vec::new(),
         }
     }
 
@@ -748,5 +758,26 @@ mod tests {
             run_baseline(&bad),
             Err(BenchError::TooManyShards { .. })
         ));
+        bad.parallelism = 1;
+        bad.settings = vec!["state.backend.rocksdb.memory.write-back-ratio=2".into()];
+        let error = run_engine(&bad).expect_err("ratio 2").to_string();
+        assert!(
+            error.contains("state.backend.rocksdb.memory.write-back-ratio") && error.contains('2'),
+            "{error}"
+        );
+    }
+
+    /// `-D` settings reach the engine: q5 on RocksDB gives the same checksum with and without
+    /// the write-back cache, and the report names the settings.
+    #[test]
+    fn further_settings_reach_the_engine() {
+        let mut options = options(Query::Q5, 20_000);
+        options.state_backend = "rocksdb".into();
+        let cached = run_engine(&options).unwrap();
+        options.settings = vec!["state.backend.rocksdb.memory.write-back-ratio=0".into()];
+        let uncached = run_engine(&options).unwrap();
+        assert_eq!(cached.checksum, uncached.checksum);
+        assert_eq!(uncached.settings, options.settings);
+        assert!(cached.settings.is_empty());
     }
 }

@@ -113,6 +113,10 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
 
     #[inline]
     pub(crate) fn set_key(&self, key: &K) -> Result<(), StateError> {
+        if self.is_current_key(key) {
+            // Hashes, key group and encoding are those of the key already set.
+            return Ok(());
+        }
         let mut key_hasher = StableHasher::new();
         key.hash(&mut key_hasher);
         let key_group = KeyGroup::of_hash(key_hasher.finish(), self.max_parallelism);
@@ -157,9 +161,22 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
         Ok(())
     }
 
+    /// Whether `key` is the current key (a run of records or timers of one key sets it once).
+    #[inline]
+    fn is_current_key(&self, key: &K) -> bool {
+        let current = self.current.borrow();
+        current
+            .composite
+            .as_ref()
+            .is_some_and(|(stored, _)| stored == key)
+    }
+
     pub(crate) fn set_namespace(&self, namespace: Option<N>) -> Result<(), StateError> {
         let mut current = self.current.borrow_mut();
         let current = &mut *current;
+        if current.composite.is_some() && current.namespace == namespace {
+            return Ok(());
+        }
         if let Some((_, stored)) = &mut current.composite {
             stored.clone_from(&namespace);
         }

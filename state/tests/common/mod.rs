@@ -1,5 +1,6 @@
 //! Backend fixtures shared by the integration tests: the same test body runs against the heap
-//! backend and the RocksDB backend.
+//! backend, the RocksDB backend, and the RocksDB backend behind a write-back cache so small
+//! that it evicts all the time.
 
 #![allow(dead_code)]
 
@@ -37,9 +38,26 @@ impl Fixture {
     }
 
     pub fn rocksdb() -> Fixture {
+        Fixture::rocksdb_with_write_back(0)
+    }
+
+    /// RocksDB behind a write-back cache of a few entries: every test body then also reads
+    /// entries back that eviction wrote to RocksDB.
+    pub fn rocksdb_evicting() -> Fixture {
+        Fixture::rocksdb_with_write_back(1024)
+    }
+
+    /// RocksDB behind a write-back cache that holds everything a test writes: RocksDB sees the
+    /// values only when something flushes the cache.
+    pub fn rocksdb_cached() -> Fixture {
+        Fixture::rocksdb_with_write_back(8 << 20)
+    }
+
+    fn rocksdb_with_write_back(write_back_bytes: usize) -> Fixture {
         let clock = ManualClock::new(1_000_000);
         let dir = tempfile::tempdir().expect("temporary directory");
-        let config = RocksDbConfig::new(dir.path().join("db"), 16 << 20, 8 << 20);
+        let config = RocksDbConfig::new(dir.path().join("db"), 16 << 20, 8 << 20)
+            .with_write_back(write_back_bytes);
         let slot = SlotRocksDb::open(config, Arc::new(clock.clone())).expect("open RocksDB");
         Fixture {
             kind: Kind::RocksDb,

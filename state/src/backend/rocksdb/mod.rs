@@ -5,6 +5,7 @@
 //! each other's data. See [`key`] for the key layout, `value.rs` for the value layout, and
 //! [`slot`] for memory and checkpoints.
 
+pub(crate) mod cache;
 pub(crate) mod key;
 pub(crate) mod slot;
 pub(crate) mod states;
@@ -21,6 +22,7 @@ use crate::error::StateError;
 use crate::key_group::KeyGroupRange;
 use crate::ttl::{is_expired, StateTtlConfig, TtlPolicy};
 
+pub use cache::WriteBackStats;
 pub use key::{split_key, StateKeyParts, MAX_PARALLELISM_LIMIT};
 pub use slot::{RawEntries, RocksDbConfig, RocksDbMemoryUsage, SlotRocksDb};
 
@@ -166,8 +168,13 @@ impl RocksStorage {
         Ok(())
     }
 
-    /// RocksDB's size estimates per registered state: live SST data plus memtables.
+    /// RocksDB's size estimates per registered state: live SST data plus memtables, after the
+    /// write-back cache has written back (if that fails, the estimates leave its dirty entries
+    /// out, and the next access reports the error).
     pub(crate) fn sizes(&self) -> Vec<StateSize> {
+        if let Err(error) = self.slot.flush_write_back() {
+            tracing::warn!(%error, "size estimates without the write-back cache's entries");
+        }
         let db = self.slot.db();
         self.columns
             .borrow()

@@ -16,6 +16,11 @@
 //! off for the same reason. The bound is checked by measuring resident memory in
 //! `tests/rocksdb_memory.rs`.
 //!
+//! **Write-back cache.** With `write_back_bytes` above zero, value, reducing and aggregating
+//! states go through the slot's write-back cache (`cache.rs`): hot entries live in memory and
+//! reach RocksDB when evicted, or when something reads RocksDB directly — a checkpoint, a
+//! key-group scan, a compaction, a size estimate — which first writes the dirty ones back.
+//!
 //! **Durability.** Writes skip the write-ahead log: a checkpoint is the unit of durability (as
 //! in Flink), and [`SlotRocksDb::create_checkpoint`] flushes memtables before it hard-links the
 //! SST files.
@@ -45,16 +50,19 @@
 //!   the memtable for that iterator; those are for rescaling and inspection, not per record.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
     BlockBasedOptions, BottommostLevelCompaction, BoundColumnFamily, Cache, ColumnFamilyDescriptor,
     CompactOptions, DBCompressionType, DBRawIteratorWithThreadMode, DBWithThreadMode,
-    MemtableFactory, MultiThreaded, Options, ReadOptions, SliceTransform, WriteBufferManager,
-    WriteOptions,
+    MemtableFactory, MultiThreaded, Options, ReadOptions, SliceTransform, WriteBatch,
+    WriteBufferManager, WriteOptions,
 };
 
+use crate::backend::rocksdb::cache::{
+    Backing, ColumnId, WriteBack, WriteBackCache, WriteBackStats,
+};
 use crate::backend::rocksdb::key::{has_state_prefix, key_group_bounds, state_prefix};
 use crate::backend::rocksdb::value::{list_append, ColumnLayout, TtlFilterFactory};
 use crate::error::{StateError, StateErrorKind};
@@ -80,10 +88,14 @@ pub struct RocksDbConfig {
     pub write_buffer_bytes: usize,
     /// Background flush and compaction threads (RocksDB's `max_background_jobs`).
     pub background_jobs: i32,
+    /// Capacity of the write-back cache of value states, in bytes (see the module docs), in
+    /// addition to the block cache; 0 turns it off.
+    pub write_back_bytes: usize,
 }
 
 impl RocksDbConfig {
-    /// A config with an explicit cache capacity and memtable budget, and 2 background jobs.
+    /// A config with an explicit cache capacity and memtable budget, 2 background jobs and no
+    /// write-back cache.
     pub fn new(
         path: impl Into<PathBuf>,
         block_cache_bytes: usize,
@@ -94,15 +106,34 @@ impl RocksDbConfig {
             block_cache_bytes,
             write_buffer_bytes,
             background_jobs: 2,
+            write_back_bytes: 0,
         }
     }
 
-    /// A config for a slot whose managed memory share is `managed_bytes` (from `weir-memory`'s
-    /// slot budget): the whole share is the cache, half of it may be memtables (Flink's default
-    /// write buffer ratio).
+    /// The same config with a write-back cache of `bytes`.
+    pub fn with_write_back(self, bytes: usize) -> Self {
+        RocksDbConfig {
+            write_back_bytes: bytes,
+            ..self
+        }
+    }
+
+    /// The config of a slot with RocksDB budget `budget` (from `weir-memory`): block cache,
+    /// memtable budget and write-back cache as the budget divides the slot's managed share.
+    pub fn from_budget(path: impl Into<PathBuf>, budget: &weir_memory::RocksDbBudget) -> Self {
+        let bytes = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        RocksDbConfig::new(path, bytes(budget.block_cache), bytes(budget.write_buffers))
+            .with_write_back(bytes(budget.write_back_cache))
+    }
+
+    /// A config for a slot whose managed memory share is `managed_bytes`, divided with the
+    /// default ratios (see [`weir_memory::RocksDbMemoryRatios`]).
     pub fn from_managed_memory(path: impl Into<PathBuf>, managed_bytes: u64) -> Self {
-        let managed = usize::try_from(managed_bytes).unwrap_or(usize::MAX);
-        RocksDbConfig::new(path, managed, managed / 2)
+        let budget = weir_memory::RocksDbBudget::new(
+            managed_bytes,
+            weir_memory::RocksDbMemoryRatios::default(),
+        );
+        RocksDbConfig::from_budget(path, &budget)
     }
 
     fn validate(&self) -> Result<(), StateError> {
@@ -158,6 +189,10 @@ pub struct RocksDbMemoryUsage {
     pub write_buffer_usage: usize,
     /// Table reader memory not held in the cache, summed over column families.
     pub table_readers: u64,
+    /// The write-back cache's capacity (0: no cache).
+    pub write_back_capacity: usize,
+    /// Bytes the write-back cache holds.
+    pub write_back_usage: usize,
 }
 
 /// A slot's RocksDB instance (see the module docs). Shared by the slot's keyed backends
@@ -170,6 +205,8 @@ pub struct SlotRocksDb {
     clock: Arc<dyn Clock>,
     write_options: WriteOptions,
     read_options: ReadOptions,
+    /// The write-back cache of value states, if the config has one.
+    write_back: Option<Mutex<WriteBackCache>>,
 }
 
 impl SlotRocksDb {
@@ -224,6 +261,8 @@ impl SlotRocksDb {
             write_buffer_bytes = config.write_buffer_bytes,
             "opened slot RocksDB"
         );
+        let write_back = (config.write_back_bytes > 0)
+            .then(|| Mutex::new(WriteBackCache::new(config.write_back_bytes)));
         Ok(Arc::new(SlotRocksDb {
             db,
             config,
@@ -232,6 +271,7 @@ impl SlotRocksDb {
             clock,
             write_options,
             read_options: ReadOptions::default(),
+            write_back,
         }))
     }
 
@@ -257,6 +297,7 @@ impl SlotRocksDb {
     /// manifest. The directory opens as a database of its own ([`SlotRocksDb::open`]); an
     /// incremental snapshot uploads the SST files a previous one did not have.
     pub fn create_checkpoint(&self, dir: &Path) -> Result<(), StateError> {
+        self.flush_write_back()?;
         let checkpoint = Checkpoint::new(&self.db).map_err(|source| {
             StateError::rocksdb(self.path(), "*", "preparing a checkpoint", source)
         })?;
@@ -270,6 +311,7 @@ impl SlotRocksDb {
     /// Compacts every column family down to the last level, running the TTL compaction filter
     /// over all data (RocksDB also compacts on its own; this is for tests and maintenance).
     pub fn compact_all(&self) -> Result<(), StateError> {
+        self.flush_write_back()?;
         let mut options = CompactOptions::default();
         options.set_bottommost_level_compaction(BottommostLevelCompaction::Force);
         for name in self.column_families()? {
@@ -302,6 +344,8 @@ impl SlotRocksDb {
             write_buffer_limit: self.config.write_buffer_bytes,
             write_buffer_usage: self.write_buffer_manager.get_usage(),
             table_readers,
+            write_back_capacity: self.config.write_back_bytes,
+            write_back_usage: self.write_back().map_or(0, |cache| cache.used()),
         }
     }
 
@@ -313,6 +357,7 @@ impl SlotRocksDb {
         column_family: &str,
         key_groups: KeyGroupRange,
     ) -> Result<RawEntries<'_>, StateError> {
+        self.flush_write_back()?;
         let cf = self.column_family(column_family)?;
         let (start, end) = key_group_bounds(key_groups);
         let mut options = ReadOptions::default();
@@ -332,12 +377,17 @@ impl SlotRocksDb {
 
     /// Deletes every entry of `column_family` in `key_groups` (one range tombstone), then
     /// flushes the column family so that no later in-place update can land behind the tombstone
-    /// (see the module docs).
+    /// (see the module docs). The write-back cache writes back and forgets the column family's
+    /// entries first.
     pub fn delete_key_groups(
         &self,
         column_family: &str,
         key_groups: KeyGroupRange,
     ) -> Result<(), StateError> {
+        if let Some(mut cache) = self.write_back() {
+            cache.flush(self)?;
+            cache.forget_column(column_family);
+        }
         let cf = self.column_family(column_family)?;
         let (start, end) = key_group_bounds(key_groups);
         self.db
@@ -380,6 +430,60 @@ impl SlotRocksDb {
             .ok_or_else(|| StateError::unknown_state(name))
     }
 
+    /// Writes every dirty entry of the write-back cache to RocksDB (one write batch); they stay
+    /// cached. Everything that reads RocksDB directly calls it first.
+    pub fn flush_write_back(&self) -> Result<(), StateError> {
+        match self.write_back() {
+            Some(mut cache) => cache.flush(self),
+            None => Ok(()),
+        }
+    }
+
+    /// What the write-back cache has done, if there is one.
+    pub fn write_back_stats(&self) -> Option<WriteBackStats> {
+        self.write_back().map(|cache| cache.stats())
+    }
+
+    /// The write-back cache, locked. Only this slot's shard uses it, so the lock is never
+    /// contended; a panic while it was held leaves it consistent (every change to it completes
+    /// before a call out of it), so a poisoned lock is taken as it is.
+    fn write_back(&self) -> Option<MutexGuard<'_, WriteBackCache>> {
+        self.write_back
+            .as_ref()
+            .map(|cache| cache.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// The write-back cache's id of column family `name`; `None` without a cache.
+    pub(crate) fn cached_column(&self, name: &str) -> Option<ColumnId> {
+        self.write_back().map(|mut cache| cache.column(name))
+    }
+
+    /// Hands the value of `key` in cached column `column` to `read` (see `cache.rs`).
+    pub(crate) fn cached_read<R>(
+        &self,
+        column: ColumnId,
+        key: &[u8],
+        read: impl FnOnce(Option<&[u8]>) -> R,
+    ) -> Result<R, StateError> {
+        let mut cache = self
+            .write_back()
+            .expect("a cached column belongs to a slot with a write-back cache");
+        cache.read(self, column, key, read)
+    }
+
+    /// Puts (`Some`) or deletes (`None`) the value of `key` in cached column `column`.
+    pub(crate) fn cached_write(
+        &self,
+        column: ColumnId,
+        key: &[u8],
+        value: Option<&[u8]>,
+    ) -> Result<(), StateError> {
+        let mut cache = self
+            .write_back()
+            .expect("a cached column belongs to a slot with a write-back cache");
+        cache.write(self, column, key, value)
+    }
+
     pub(crate) fn db(&self) -> &Db {
         &self.db
     }
@@ -394,6 +498,61 @@ impl SlotRocksDb {
 
     pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
+    }
+}
+
+impl Backing for SlotRocksDb {
+    fn load(
+        &self,
+        column_family: &str,
+        key: &[u8],
+        into: &mut Vec<u8>,
+    ) -> Result<bool, StateError> {
+        let cf = self.column_family(column_family)?;
+        let stored = self
+            .db
+            .get_pinned_cf_opt(&cf, key, &self.read_options)
+            .map_err(|source| StateError::rocksdb(self.path(), column_family, "reading", source))?;
+        Ok(stored.is_some_and(|value| {
+            into.extend_from_slice(&value);
+            true
+        }))
+    }
+
+    fn write_back(&self, entries: &[WriteBack<'_>]) -> Result<(), StateError> {
+        let mut batch = WriteBatch::default();
+        let mut handles: Vec<(&str, Arc<BoundColumnFamily<'_>>)> = Vec::new();
+        for entry in entries {
+            let cf = match handles
+                .iter()
+                .find(|(name, _)| *name == entry.column_family)
+            {
+                Some((_, cf)) => cf,
+                None => {
+                    let cf = self.column_family(entry.column_family)?;
+                    handles.push((entry.column_family, cf));
+                    &handles[handles.len() - 1].1
+                }
+            };
+            match entry.value {
+                Some(value) => batch.put_cf(cf, entry.key, value),
+                None => batch.delete_cf(cf, entry.key),
+            }
+        }
+        self.db
+            .write_opt(batch, &self.write_options)
+            .map_err(|source| {
+                StateError::rocksdb(self.path(), "*", "writing back cached state", source)
+            })
+    }
+}
+
+impl Drop for SlotRocksDb {
+    /// Writes the write-back cache back, so that the database on disk is whole when it closes.
+    fn drop(&mut self) {
+        if let Err(error) = self.flush_write_back() {
+            tracing::warn!(%error, db = %self.path().display(), "cannot write cached state back to RocksDB");
+        }
     }
 }
 

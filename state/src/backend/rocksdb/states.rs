@@ -4,6 +4,8 @@
 //! the prefix, appended with a merge (no read); a map entry is one frame under the prefix plus
 //! the encoded user key, read back by prefix iteration. Reads check expiry: an expired value is
 //! deleted and not returned; `OnReadAndWrite` rewrites what it returns with a new expiry.
+//! Values of value, reducing and aggregating states go through the slot's write-back cache when
+//! it has one (`cache.rs`); lists and maps go to RocksDB directly.
 
 use std::any::type_name;
 use std::cell::{RefCell, RefMut};
@@ -15,6 +17,7 @@ use std::sync::Arc;
 use rocksdb::{BoundColumnFamily, DBPinnableSlice, ReadOptions, WriteBatch};
 
 use crate::backend::context::{Current, KeyContext};
+use crate::backend::rocksdb::cache::ColumnId;
 use crate::backend::rocksdb::key::prefix_end;
 use crate::backend::rocksdb::slot::SlotRocksDb;
 use crate::backend::rocksdb::value::{
@@ -44,6 +47,8 @@ pub(crate) struct RocksColumn {
     /// name and counts a reference, twice per read-modify-write. Declared before `slot` so that
     /// it is dropped first (see [`RocksColumn::new`]).
     handle: Arc<BoundColumnFamily<'static>>,
+    /// The column's id in the slot's write-back cache, if its values go through it.
+    cached: Option<ColumnId>,
     pub(crate) slot: Arc<SlotRocksDb>,
     /// Encoding buffer for values.
     scratch: RefCell<Vec<u8>>,
@@ -62,6 +67,12 @@ impl RocksColumn {
         slot: Arc<SlotRocksDb>,
     ) -> Result<RocksColumn, StateError> {
         let handle = slot.column_family(&column_family)?;
+        let cached = match kind {
+            StateKind::Value | StateKind::Reducing | StateKind::Aggregating => {
+                slot.cached_column(&column_family)
+            }
+            StateKind::List | StateKind::Map => None,
+        };
         // SAFETY: only the lifetime changes (the type is otherwise the same, and rocksdb itself
         // makes handles of any lifetime from the same `Arc`). The lifetime stands for "the
         // database is open"; that holds while `handle` lives, because the `slot` field keeps
@@ -81,6 +92,7 @@ impl RocksColumn {
             column_family,
             ttl,
             handle,
+            cached,
             slot,
             scratch: RefCell::new(Vec::new()),
             key_scratch: RefCell::new(Vec::new()),
@@ -114,7 +126,27 @@ impl RocksColumn {
         &self.handle
     }
 
-    fn get(&self, key: &[u8]) -> Result<Option<DBPinnableSlice<'_>>, StateError> {
+    /// Hands the stored value of `key` (`None`: there is none) to `read`: from the write-back
+    /// cache for a cached column, else pinned in RocksDB.
+    fn with_stored<R>(
+        &self,
+        key: &[u8],
+        read: impl FnOnce(Option<&[u8]>) -> R,
+    ) -> Result<R, StateError> {
+        if let Some(column) = self.cached {
+            return self.slot.cached_read(column, key, read);
+        }
+        let stored = self
+            .slot
+            .db()
+            .get_pinned_cf_opt(self.cf(), key, self.slot.read_options())
+            .map_err(|source| self.error("reading", source))?;
+        Ok(read(stored.as_deref()))
+    }
+
+    /// The stored value of `key`, pinned in RocksDB: for lists, whose columns are never cached.
+    fn get_list(&self, key: &[u8]) -> Result<Option<DBPinnableSlice<'_>>, StateError> {
+        debug_assert!(self.cached.is_none(), "a list column is cached");
         self.slot
             .db()
             .get_pinned_cf_opt(self.cf(), key, self.slot.read_options())
@@ -122,6 +154,9 @@ impl RocksColumn {
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        if let Some(column) = self.cached {
+            return self.slot.cached_write(column, key, Some(value));
+        }
         self.slot
             .db()
             .put_cf_opt(self.cf(), key, value, self.slot.write_options())
@@ -129,6 +164,9 @@ impl RocksColumn {
     }
 
     fn delete(&self, key: &[u8]) -> Result<(), StateError> {
+        if let Some(column) = self.cached {
+            return self.slot.cached_write(column, key, None);
+        }
         self.slot
             .db()
             .delete_cf_opt(self.cf(), key, self.slot.write_options())
@@ -210,24 +248,45 @@ impl RocksColumn {
         type_name: &'static str,
         read: impl FnOnce(&[u8]) -> Result<R, StateError>,
     ) -> Result<Option<R>, StateError> {
+        /// What the stored entry held.
+        enum Found<R> {
+            Nothing,
+            Expired,
+            /// The result, and the entry rewritten with a new expiry if it needs one.
+            Live(R, Option<Vec<u8>>),
+        }
         let access = AccessTime::of(self.ttl.as_ref());
-        let Some(stored) = self.get(key)? else {
-            return Ok(None);
-        };
-        let frame = self.parse("value", type_name, &stored)?;
-        if access.expired(frame.expires_at) {
-            drop(stored);
-            self.delete(key)?;
-            return Ok(None);
+        let found = self.with_stored(key, |stored| -> Result<Found<R>, StateError> {
+            let Some(stored) = stored else {
+                return Ok(Found::Nothing);
+            };
+            let frame = self.parse("value", type_name, stored)?;
+            if access.expired(frame.expires_at) {
+                return Ok(Found::Expired);
+            }
+            let result = read(frame.payload)?;
+            let refreshed =
+                (refresh && access.refresh_on_read && frame.expires_at != access.write_expiry)
+                    .then(|| {
+                        let mut refreshed = stored.to_vec();
+                        set_expiry(&mut refreshed, access.write_expiry);
+                        refreshed
+                    });
+            Ok(Found::Live(result, refreshed))
+        })??;
+        match found {
+            Found::Nothing => Ok(None),
+            Found::Expired => {
+                self.delete(key)?;
+                Ok(None)
+            }
+            Found::Live(result, refreshed) => {
+                if let Some(refreshed) = refreshed {
+                    self.put(key, &refreshed)?;
+                }
+                Ok(Some(result))
+            }
         }
-        let result = read(frame.payload)?;
-        if refresh && access.refresh_on_read && frame.expires_at != access.write_expiry {
-            let mut refreshed = stored.to_vec();
-            drop(stored);
-            set_expiry(&mut refreshed, access.write_expiry);
-            self.put(key, &refreshed)?;
-        }
-        Ok(Some(result))
     }
 
     /// Writes `value` as the one-frame entry under `key`.
@@ -326,7 +385,7 @@ impl<K: StateKey, N: StateKey, T: StateCodec> ListAccess<T> for RocksList<K, N, 
     fn get(&self) -> Result<Vec<T>, StateError> {
         let current = self.context.current();
         let key = prefix(&current, &self.column.state)?;
-        let Some(stored) = self.column.get(key)? else {
+        let Some(stored) = self.column.get_list(key)? else {
             return Ok(Vec::new());
         };
         let access = AccessTime::of(self.column.ttl.as_ref());
