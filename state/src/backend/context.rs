@@ -113,8 +113,15 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
 
     #[inline]
     pub(crate) fn set_key(&self, key: &K) -> Result<(), StateError> {
-        if self.is_current_key(key) {
-            // Hashes, key group and encoding are those of the key already set.
+        let mut current = self.current.borrow_mut();
+        let current = &mut *current;
+        if current
+            .composite
+            .as_ref()
+            .is_some_and(|(stored, _)| stored == key)
+        {
+            // A run of records or timers of one key: its hashes, key group and encoding are
+            // those already set.
             return Ok(());
         }
         let mut key_hasher = StableHasher::new();
@@ -130,8 +137,6 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
             }
             .into());
         }
-        let mut current = self.current.borrow_mut();
-        let current = &mut *current;
         if let Some(codec) = &self.codec {
             current.scratch.clear();
             if let Err(error) = (codec.encode_key)(key, &mut current.scratch) {
@@ -161,20 +166,11 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
         Ok(())
     }
 
-    /// Whether `key` is the current key (a run of records or timers of one key sets it once).
-    #[inline]
-    fn is_current_key(&self, key: &K) -> bool {
-        let current = self.current.borrow();
-        current
-            .composite
-            .as_ref()
-            .is_some_and(|(stored, _)| stored == key)
-    }
-
     pub(crate) fn set_namespace(&self, namespace: Option<N>) -> Result<(), StateError> {
         let mut current = self.current.borrow_mut();
         let current = &mut *current;
         if current.composite.is_some() && current.namespace == namespace {
+            // The hash and the encoded prefix are those of this namespace already.
             return Ok(());
         }
         if let Some((_, stored)) = &mut current.composite {
@@ -260,6 +256,47 @@ mod tests {
         check::<String, (i64, i64)>("a longer key of 29 characters".into(), Some((-5, 10)));
         check::<(u32, String), String>((7, "k".into()), Some("window".into()));
         check::<i8, u8>(-1, None);
+    }
+
+    /// Setting the current key or namespace again keeps everything derived from them; another
+    /// key or namespace recomputes it, prefix included.
+    #[test]
+    fn setting_the_same_key_again_keeps_what_was_derived() {
+        let codec = KeyCodec {
+            encode_key: |key: &u64, out: &mut Vec<u8>| {
+                out.extend_from_slice(&key.to_le_bytes());
+                Ok(())
+            },
+            encode_namespace: |namespace: &u32, out: &mut Vec<u8>| {
+                out.extend_from_slice(&namespace.to_le_bytes());
+                Ok(())
+            },
+            decode_key: |_: &[u8]| Ok(0),
+            decode_namespace: |_: &[u8]| Ok(0),
+        };
+        let context: KeyContext<u64, u32> =
+            KeyContext::new(128, KeyGroupRange { start: 0, end: 127 }, Some(codec));
+        let derived = |context: &KeyContext<u64, u32>| {
+            let current = context.current();
+            (
+                current.composite_hash,
+                current.key_group,
+                current.prefix.clone(),
+            )
+        };
+        context.set_key(&7).unwrap();
+        context.set_namespace(Some(1)).unwrap();
+        let seven = derived(&context);
+        context.set_key(&7).unwrap();
+        context.set_namespace(Some(1)).unwrap();
+        assert_eq!(derived(&context), seven);
+        context.set_key(&8).unwrap();
+        assert_ne!(derived(&context).2, seven.2);
+        context.set_key(&7).unwrap();
+        assert_eq!(derived(&context), seven);
+        context.set_namespace(Some(2)).unwrap();
+        assert_ne!(derived(&context), seven);
+        assert!(context.current().prefix.ends_with(&2u32.to_le_bytes()));
     }
 
     #[test]
