@@ -23,16 +23,25 @@ pub(crate) fn enter(operator: &str) -> Scope<'_> {
 }
 
 impl Drop for Scope<'_> {
+    /// Inlined: it runs around every call into user code, and all but a panicking thread only
+    /// load the panic count.
+    #[inline]
     fn drop(&mut self) {
         if std::thread::panicking() {
-            CULPRIT.with(|c| {
-                let mut c = c.borrow_mut();
-                if c.is_none() {
-                    *c = Some(self.operator.to_string());
-                }
-            });
+            record_culprit(self.operator);
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn record_culprit(operator: &str) {
+    CULPRIT.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.is_none() {
+            *c = Some(operator.to_string());
+        }
+    });
 }
 
 /// Takes the operator recorded by the last panic on this thread.

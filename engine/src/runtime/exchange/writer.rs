@@ -48,6 +48,14 @@ impl<T> Channel<T> {
     }
 }
 
+/// Where [`ExchangeWriter::put_until_send`] stopped.
+enum Stopped<T> {
+    /// A put left something to do on a channel.
+    Send(usize, Put<T>, i64),
+    /// A record goes to every channel.
+    Broadcast(T, i64),
+}
+
 /// What writing a record left to do.
 enum Put<T> {
     /// Nothing: it is in the channel's open buffer.
@@ -188,17 +196,28 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
     }
 
     /// The open segment of a remote channel, taking a fresh one from the pool if none is open.
+    /// Inlined: it runs per record, and only the first record of a segment takes the pool.
+    #[inline]
     fn open_segment<'s>(
         open: &'s mut Option<SegmentBuilder>,
         pool: &SegmentPool,
     ) -> TaskResult<&'s mut SegmentBuilder> {
-        if open.is_none() {
-            let segment = pool
-                .acquire()
-                .map_err(|e| TaskError::internal(e.to_string()))?;
-            *open = Some(SegmentBuilder::new(segment));
+        match open {
+            Some(builder) => Ok(builder),
+            None => Self::open_fresh_segment(open, pool),
         }
-        Ok(open.as_mut().expect("set above"))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn open_fresh_segment<'s>(
+        open: &'s mut Option<SegmentBuilder>,
+        pool: &SegmentPool,
+    ) -> TaskResult<&'s mut SegmentBuilder> {
+        let segment = pool
+            .acquire()
+            .map_err(|e| TaskError::internal(e.to_string()))?;
+        Ok(open.insert(SegmentBuilder::new(segment)))
     }
 
     /// Puts a record into the channel's open buffer. The common case — it fits — is
@@ -231,6 +250,28 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
                 Ok(Put::SendBefore(record))
             }
         }
+    }
+
+    /// Puts records from `records` into their channels' buffers until one leaves a send to do
+    /// (or goes to every channel), which it returns; `None` once `records` is empty. Plain
+    /// synchronous code: a record moves from the batch into its buffer without passing through
+    /// the state of the `push` future, which only awaits the sends.
+    #[inline]
+    fn put_until_send(
+        &mut self,
+        records: &mut impl Iterator<Item = (T, i64)>,
+    ) -> TaskResult<Option<Stopped<T>>> {
+        let channels = self.channels.len();
+        for (record, timestamp) in records {
+            let Some(channel) = self.partitioner.channel(&record, channels) else {
+                return Ok(Some(Stopped::Broadcast(record, timestamp)));
+            };
+            match self.put(channel, record, timestamp)? {
+                Put::Done => {}
+                put => return Ok(Some(Stopped::Send(channel, put, timestamp))),
+            }
+        }
+        Ok(None)
     }
 
     /// Does what [`ExchangeWriter::put`] left to do.
@@ -311,15 +352,13 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
     fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult> {
         Box::pin(async move {
             let channels = self.channels.len();
-            for (record, timestamp) in batch.drain() {
-                match self.partitioner.channel(&record, channels) {
-                    Some(channel) => {
-                        let put = self.put(channel, record, timestamp)?;
-                        if !matches!(put, Put::Done) {
-                            self.finish_put(channel, put, timestamp).await?;
-                        }
+            let mut records = batch.drain();
+            while let Some(stopped) = self.put_until_send(&mut records)? {
+                match stopped {
+                    Stopped::Send(channel, put, timestamp) => {
+                        self.finish_put(channel, put, timestamp).await?;
                     }
-                    None => {
+                    Stopped::Broadcast(record, timestamp) => {
                         for channel in 0..channels - 1 {
                             self.write(channel, record.clone(), timestamp).await?;
                         }
