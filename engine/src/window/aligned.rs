@@ -24,6 +24,7 @@ use std::sync::Arc;
 
 use super::function::WindowLogic;
 use super::panes::PaneList;
+use super::recycle;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
 use crate::metrics::OperatorMetrics;
 use crate::operator::{Batch, Emitter, Operator, OutputTag, RuntimeContext};
@@ -200,16 +201,6 @@ impl<K: Clone> Schedule<K> {
 struct Firing<L, A: 'static> {
     logic: L,
     panes: Vec<&'static A>,
-}
-
-/// An empty vector of references in `refs`'s allocation: the standard library collects
-/// `into_iter().map(..)` of a vector in place when the element layouts agree, so the buffer
-/// is reused across firings though its references live only for one.
-fn recycle<'a, 'b, A>(mut refs: Vec<&'a A>) -> Vec<&'b A> {
-    refs.clear();
-    refs.into_iter()
-        .map(|_| -> &'b A { unreachable!("cleared") })
-        .collect()
 }
 
 impl<L, A: 'static> Firing<L, A> {

@@ -134,6 +134,16 @@ pub(crate) fn element_time(domain: crate::time::TimeDomain, timestamp: i64, oper
     }
 }
 
+/// An empty vector of references in `refs`'s allocation: the standard library collects
+/// `into_iter().map(..)` of a vector in place when the element layouts agree, so the buffer
+/// is reused across firings though its references live only for one.
+pub(crate) fn recycle<'a, 'b, A>(mut refs: Vec<&'a A>) -> Vec<&'b A> {
+    refs.clear();
+    refs.into_iter()
+        .map(|_| -> &'b A { unreachable!("cleared") })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

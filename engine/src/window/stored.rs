@@ -18,6 +18,7 @@ use std::sync::Arc;
 use weir_state::{BackendType, KeyedBackendConfig, LocalKeyedBackend, StateError};
 
 use super::function::{Contents, StoredLogic, WindowLogic};
+use super::recycle;
 use crate::operator::{Batch, RuntimeContext};
 use crate::record::Key;
 
@@ -80,6 +81,10 @@ impl<K: Key, C: Contents> Drop for StoredAcc<K, C> {
 pub(crate) struct Stored<K: Key, L: StoredLogic<K, W, T, O>, W, T, O> {
     logic: L,
     store: Rc<PaneStore<K, L::Contents>>,
+    /// The panes a firing loaded, and references to them: buffers kept across firings, so
+    /// that firing every key's window allocates nothing.
+    loaded: Vec<L::Acc>,
+    refs: Vec<&'static L::Acc>,
     _types: std::marker::PhantomData<fn(W, T) -> O>,
 }
 
@@ -111,6 +116,8 @@ where
                 next: Cell::new(0),
                 closing: Cell::new(false),
             }),
+            loaded: Vec::new(),
+            refs: Vec::new(),
             _types: std::marker::PhantomData,
         }
     }
@@ -182,8 +189,14 @@ where
         timestamp: i64,
         out: &mut Batch<O>,
     ) {
-        let loaded: Vec<L::Acc> = panes.iter().map(|acc| self.load(acc)).collect();
-        let refs: Vec<&L::Acc> = loaded.iter().collect();
+        let mut loaded = std::mem::take(&mut self.loaded);
+        loaded.clear();
+        loaded.extend(panes.iter().map(|acc| self.load(acc)));
+        let mut refs = recycle(std::mem::take(&mut self.refs));
+        refs.extend(loaded.iter());
         self.logic.fire(key, window, &refs, timestamp, out);
+        self.refs = recycle(refs);
+        loaded.clear();
+        self.loaded = loaded;
     }
 }
