@@ -153,7 +153,7 @@ fn explain_memory_prints_the_per_slot_budget_without_running() {
         (
             "  RocksDB block cache ",
             "",
-            "368.6 MiB",
+            "307.2 MiB",
             "the managed share less the write-back cache",
         ),
         (
@@ -165,8 +165,8 @@ fn explain_memory_prints_the_per_slot_budget_without_running() {
         (
             "  RocksDB write-back ",
             "",
-            "41.0 MiB",
-            "write-back-ratio = 0.1",
+            "102.4 MiB",
+            "write-back-ratio = 0.25",
         ),
         (
             "network ",

@@ -156,7 +156,7 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Directory for the slots' RocksDB working files (a job's files are removed when it ends). Default: the system temp directory."),
     option!("state.backend.rocksdb.memory.write-buffer-ratio", OptionKind::Fraction, "0.5",
         "Share of a slot's managed memory RocksDB's memtables may take (charged to its block cache)."),
-    option!("state.backend.rocksdb.memory.write-back-ratio", OptionKind::Fraction, "0.1",
+    option!("state.backend.rocksdb.memory.write-back-ratio", OptionKind::Fraction, "0.25",
         "Share of a slot's managed memory for the write-back cache of value, reducing and aggregating state (window accumulators) in front of RocksDB; written back on eviction and before every snapshot; 0 turns it off. The block cache gets the rest."),
 ];
 

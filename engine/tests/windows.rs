@@ -482,7 +482,7 @@ fn rocksdb_windows_agree_with_the_heap_whatever_the_write_back_cache_holds() {
             "rocksdb with a write-back cache that evicts",
             &[
                 ("state.backend.type", "rocksdb"),
-                ("state.backend.rocksdb.memory.write-back-ratio", "0.00001"),
+                ("state.backend.rocksdb.memory.write-back-ratio", "0.00003"),
             ],
         ),
     ];

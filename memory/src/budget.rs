@@ -55,7 +55,7 @@ pub const DEFAULT_WRITE_BUFFER_RATIO: f64 = 0.5;
 /// Flink's default of `state.backend.rocksdb.memory.high-prio-pool-ratio`.
 pub const DEFAULT_HIGH_PRIORITY_POOL_RATIO: f64 = 0.1;
 /// The default of `state.backend.rocksdb.memory.write-back-ratio` (Weir's own key).
-pub const DEFAULT_WRITE_BACK_RATIO: f64 = 0.1;
+pub const DEFAULT_WRITE_BACK_RATIO: f64 = 0.25;
 
 /// How RocksDB divides a slot's managed share (`state.backend.rocksdb.memory.*`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -486,8 +486,8 @@ mod tests {
     /// managed 0.4 x 2147483648 = 858993459 (819.2 MiB), 429496729 per slot (409.6 MiB);
     /// network 0.1 x 2147483648 = 214748364 (204.8 MiB, inside [64 MiB, 1 GiB]), 107374182
     /// per slot = 3276 segments of 32 KiB; heap 2147483648 - 858993459 - 214748364 =
-    /// 1073741825, 536870912 per slot (512 MiB). RocksDB per slot: write-back cache 0.1 x =
-    /// 42949672 (41.0 MiB), block cache the rest = 386547057 (368.6 MiB), write buffers 0.5 x =
+    /// 1073741825, 536870912 per slot (512 MiB). RocksDB per slot: write-back cache 0.25 x =
+    /// 107374182 (102.4 MiB), block cache the rest = 322122547 (307.2 MiB), write buffers 0.5 x =
     /// 214748364 (204.8 MiB), high-priority pool 0.1 x = 42949672 (41.0 MiB).
     fn two_gib_two_slots() -> WorkerBudget {
         MemoryConfig {
@@ -508,10 +508,10 @@ mod tests {
             SlotBudget {
                 managed: 429_496_729,
                 rocksdb: RocksDbBudget {
-                    block_cache: 386_547_057,
+                    block_cache: 322_122_547,
                     write_buffers: 214_748_364,
                     high_priority_pool: 42_949_672,
-                    write_back_cache: 42_949_672,
+                    write_back_cache: 107_374_182,
                 },
                 network: 107_374_182,
                 heap: 536_870_912,
@@ -548,10 +548,10 @@ mod tests {
             "share                            worker       per slot   set by",
             "process                        2048 MiB       1024 MiB   taskmanager.memory.process.size = 2048 MiB",
             "managed                       819.2 MiB      409.6 MiB   taskmanager.memory.managed.fraction = 0.4",
-            "  RocksDB block cache                        368.6 MiB   the managed share less the write-back cache (write buffers are charged to it)",
+            "  RocksDB block cache                        307.2 MiB   the managed share less the write-back cache (write buffers are charged to it)",
             "  RocksDB write buffers                      204.8 MiB   state.backend.rocksdb.memory.write-buffer-ratio = 0.5",
             "  RocksDB high-prio pool                      41.0 MiB   state.backend.rocksdb.memory.high-prio-pool-ratio = 0.1 (index and filter blocks)",
-            "  RocksDB write-back                          41.0 MiB   state.backend.rocksdb.memory.write-back-ratio = 0.1 (hot value state)",
+            "  RocksDB write-back                         102.4 MiB   state.backend.rocksdb.memory.write-back-ratio = 0.25 (hot value state)",
             "network                       204.8 MiB      102.4 MiB   taskmanager.memory.network.fraction = 0.1 (within .min 64 MiB and .max 1024 MiB)",
             "  segments                6552 x 32 KiB  3276 x 32 KiB   taskmanager.memory.segment-size = 32 KiB",
             "heap                         1024.0 MiB        512 MiB   the rest of taskmanager.memory.process.size",

@@ -249,7 +249,12 @@ fn short_lived_values_stay_in_the_write_back_cache() {
         "one RocksDB read per pane and key: {stats:?}"
     );
     assert_eq!(stats.written, 0, "{stats:?}");
-    assert_eq!(slot.memory_usage().write_back_usage, 0);
+    let usage = slot.memory_usage();
+    assert!(
+        usage.write_back_usage <= usage.write_back_capacity,
+        "{usage:?}"
+    );
+    assert_eq!(usage.write_back_entries, 0, "{usage:?}");
     let column_family = backend.column_family("count").unwrap();
     assert_eq!(
         slot.raw_entries(&column_family, backend.key_groups())
@@ -378,14 +383,24 @@ fn bad_settings_are_refused_with_the_fix() {
         err.contains("write buffer") && err.contains("charged to the cache"),
         "{err}"
     );
+    let err = SlotRocksDb::open(
+        RocksDbConfig::new(dir.path().join("small"), 8 << 20, 4 << 20).with_write_back(1000),
+        clock.clone(),
+    )
+    .unwrap_err()
+    .to_string();
     let slot = SlotRocksDb::open(
         RocksDbConfig::from_managed_memory(dir.path(), 64 << 20),
         clock,
     )
     .unwrap();
+    assert!(
+        err.contains("1000") && err.contains("state.backend.rocksdb.memory.write-back-ratio"),
+        "{err}"
+    );
     assert_eq!(slot.config().write_buffer_bytes, 32 << 20);
     let usage = slot.memory_usage();
-    let write_back = (64 << 20) / 10;
+    let write_back = (64 << 20) / 4;
     assert_eq!(usage.write_back_capacity, write_back);
     assert_eq!(usage.block_cache_capacity, (64 << 20) - write_back);
     let err = LocalKeyedBackend::<u64>::rocksdb(

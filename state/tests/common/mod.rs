@@ -44,7 +44,7 @@ impl Fixture {
     /// RocksDB behind a write-back cache of a few entries: every test body then also reads
     /// entries back that eviction wrote to RocksDB.
     pub fn rocksdb_evicting() -> Fixture {
-        Fixture::rocksdb_with_write_back(1024)
+        Fixture::rocksdb_with_write_back(4 << 10)
     }
 
     /// RocksDB behind a write-back cache that holds everything a test writes: RocksDB sees the

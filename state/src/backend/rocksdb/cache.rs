@@ -20,10 +20,10 @@
 //! **Deletes** of a key that RocksDB does not hold drop the entry and write nothing; others leave
 //! a dirty tombstone that the write-back turns into a RocksDB delete.
 //!
-//! **Eviction** is CLOCK over the hash table's buckets: when the cache holds more than its
-//! capacity, the hand sweeps, giving referenced entries a second chance and evicting the others
-//! until a sixteenth of the capacity is free, and the dirty ones among them go to RocksDB in one
-//! write batch.
+//! **Eviction** is CLOCK over the hash table's buckets: when the table is as full as it may be,
+//! or the buffers of long entries take the cache past its capacity, the hand sweeps, giving
+//! referenced entries a second chance and evicting the others until a sixteenth of the entries
+//! (and enough bytes) are free, and the dirty ones among them go to RocksDB in one write batch.
 //!
 //! **Consistency with RocksDB.** Only cached column families go through the cache, and every
 //! access to them does; whatever reads RocksDB directly (a checkpoint, a key-group scan, a
@@ -34,13 +34,18 @@
 //!
 //! **Layout.** An entry keeps its key and value inline when they fit [`INLINE_BYTES`] (a
 //! window accumulator does: column id, key group, an 8-byte key, an 8-byte pane and an 8-byte
-//! count take 42 bytes with a TTL header), so that a lookup touches one 64-byte table slot and nothing else; longer ones
-//! go to a buffer of their own. Firing windows reads every live pane in no order the CPU caches
-//! can follow, so what a lookup touches is what it costs.
+//! count take 42 bytes with a TTL header), so that a lookup touches one 64-byte table slot and
+//! nothing else; longer ones go to a buffer of their own. Firing windows reads every live pane in
+//! no order the CPU caches can follow, so what a lookup touches is what it costs.
 //!
-//! **Memory.** Each entry is charged [`ENTRY_OVERHEAD`] plus the buffer of a long entry (its
-//! capacity and the allocator's header); the capacity is a share of the slot's managed memory
-//! (`state.backend.rocksdb.memory.write-back-ratio`), taken from the block cache.
+//! **Memory.** The capacity is a share of the slot's managed memory
+//! (`state.backend.rocksdb.memory.write-back-ratio`), taken from the block cache. The table
+//! grows as entries come, up to the largest power of two of 65-byte slots (entry and control
+//! byte) within the capacity, and never past it: the cache holds at most half as many entries
+//! as hashbrown's capacity for that many slots, because a table that runs out of free slots
+//! (deleted entries leave tombstones) rehashes in place while at most half full, and doubles
+//! otherwise. What the cache holds is its table plus the buffers of long entries (their
+//! capacity and the allocator's header), and it stays within the capacity.
 
 use std::hash::Hasher;
 use std::mem::size_of;
@@ -62,8 +67,11 @@ const STORED: u8 = 4;
 /// Used since the eviction hand last passed.
 const REFERENCED: u8 = 8;
 
-/// Bytes charged per entry: the entry itself, the table's control byte and load-factor slack.
-pub(crate) const ENTRY_OVERHEAD: usize = size_of::<Cached>() + 8;
+/// Bytes of one table slot: an entry and its control byte.
+pub(crate) const SLOT_BYTES: usize = size_of::<Cached>() + 1;
+
+/// The smallest capacity a cache may have (a table of 32 slots holding 14 entries).
+pub const MIN_WRITE_BACK_BYTES: usize = 4 << 10;
 
 /// The allocator's header of a long entry's buffer, charged with it.
 const BUFFER_OVERHEAD: usize = 16;
@@ -178,10 +186,6 @@ impl Cached {
     fn is_dirty(&self) -> bool {
         self.flags & DIRTY != 0
     }
-
-    fn charge(&self) -> usize {
-        ENTRY_OVERHEAD + self.bytes.outside()
-    }
 }
 
 /// One entry written back: a put of `value`, or a delete.
@@ -219,7 +223,11 @@ pub struct WriteBackStats {
 /// The cache (see the module docs).
 pub(crate) struct WriteBackCache {
     capacity: usize,
-    used: usize,
+    /// The most entries the table holds: half of hashbrown's capacity for the most slots the
+    /// capacity allows, so that it never grows past them (see the module docs).
+    max_entries: usize,
+    /// Bytes of long entries' buffers.
+    outside: usize,
     dirty: usize,
     table: HashTable<Cached>,
     /// Names of the cached column families, by id.
@@ -230,11 +238,23 @@ pub(crate) struct WriteBackCache {
 }
 
 impl WriteBackCache {
-    /// A cache of at most about `capacity` bytes (see the module docs).
+    /// A cache of at most `capacity` bytes, at least [`MIN_WRITE_BACK_BYTES`] (see the module
+    /// docs).
     pub(crate) fn new(capacity: usize) -> WriteBackCache {
+        debug_assert!(
+            capacity >= MIN_WRITE_BACK_BYTES,
+            "write-back cache of {capacity} bytes"
+        );
+        let mut slots = 4;
+        while slots * 2 * SLOT_BYTES <= capacity {
+            slots *= 2;
+        }
+        // hashbrown's capacity for `slots` slots: all but one below 8, else 7/8 of them.
+        let table_capacity = if slots < 8 { slots - 1 } else { slots / 8 * 7 };
         WriteBackCache {
             capacity,
-            used: 0,
+            max_entries: (table_capacity / 2).max(1),
+            outside: 0,
             dirty: 0,
             table: HashTable::new(),
             columns: Vec::new(),
@@ -254,9 +274,19 @@ impl WriteBackCache {
         }
     }
 
-    /// Bytes charged now.
+    /// Bytes held now: the table and long entries' buffers.
     pub(crate) fn used(&self) -> usize {
-        self.used
+        let table = if self.table.capacity() == 0 {
+            0
+        } else {
+            self.table.num_buckets() * SLOT_BYTES
+        };
+        table + self.outside
+    }
+
+    /// Entries held now.
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
     }
 
     pub(crate) fn stats(&self) -> WriteBackStats {
@@ -300,8 +330,7 @@ impl WriteBackCache {
             if found { PRESENT | STORED } else { 0 },
         );
         let result = read(entry.value());
-        self.insert(entry);
-        self.evict_if_full(backing)?;
+        self.insert(backing, entry)?;
         Ok(result)
     }
 
@@ -321,7 +350,7 @@ impl WriteBackCache {
         {
             Ok(mut found) => {
                 let entry = found.get_mut();
-                let before = entry.charge();
+                let before = entry.bytes.outside();
                 let was_dirty = entry.is_dirty();
                 let key_len = entry.key_len as usize;
                 match value {
@@ -332,7 +361,7 @@ impl WriteBackCache {
                     None if entry.flags & STORED == 0 => {
                         // Nothing to delete in RocksDB: the key need not be remembered.
                         let (removed, _) = found.remove();
-                        self.used -= before;
+                        self.outside -= before;
                         self.dirty -= usize::from(removed.is_dirty());
                         return Ok(());
                     }
@@ -341,37 +370,46 @@ impl WriteBackCache {
                         entry.flags = (entry.flags & !PRESENT) | DIRTY | REFERENCED;
                     }
                 }
-                self.used = self.used - before + entry.charge();
+                self.outside = self.outside - before + entry.bytes.outside();
                 self.dirty += usize::from(!was_dirty);
+                if self.used() > self.capacity {
+                    self.evict(backing, self.table.len())?;
+                }
+                Ok(())
             }
             Err(_) => {
                 // RocksDB may hold the key: a delete must reach it.
                 let present = if value.is_some() { PRESENT } else { 0 };
                 let flags = DIRTY | STORED | REFERENCED | present;
                 let entry = Cached::new(hash, column, key, value.unwrap_or_default(), flags);
-                self.dirty += 1;
-                self.insert(entry);
+                self.dirty += usize::from(entry.is_dirty());
+                self.insert(backing, entry)
             }
         }
-        self.evict_if_full(backing)
     }
 
-    fn insert(&mut self, entry: Cached) {
-        self.used += entry.charge();
+    /// Adds `entry` (not in the table), making room first if the table holds all it may, and
+    /// evicting after if its buffer takes the cache past its capacity.
+    fn insert(&mut self, backing: &impl Backing, entry: Cached) -> Result<(), StateError> {
+        if self.table.len() >= self.max_entries {
+            let keep = (self.max_entries - self.max_entries / 16).min(self.max_entries - 1);
+            self.evict(backing, keep)?;
+        }
+        self.outside += entry.bytes.outside();
         self.table
             .insert_unique(entry.hash, entry, |entry| entry.hash);
+        if self.used() > self.capacity {
+            self.evict(backing, self.table.len())?;
+        }
+        Ok(())
     }
 
-    /// Evicts (see the module docs) until a sixteenth of the capacity is free, if the cache
-    /// holds more than its capacity, and writes the dirty entries it evicted back.
-    fn evict_if_full(&mut self, backing: &impl Backing) -> Result<(), StateError> {
-        if self.used <= self.capacity {
-            return Ok(());
-        }
-        let target = self.capacity - self.capacity / 16;
+    /// Evicts (see the module docs) until at most `keep` entries are left and the cache is
+    /// within its capacity, and writes the dirty entries it evicted back.
+    fn evict(&mut self, backing: &impl Backing, keep: usize) -> Result<(), StateError> {
         let buckets = self.table.num_buckets();
         let mut evicted = Vec::new();
-        while self.used > target && !self.table.is_empty() {
+        while (self.table.len() > keep || self.used() > self.capacity) && !self.table.is_empty() {
             if self.hand >= buckets {
                 self.hand = 0;
             }
@@ -381,7 +419,7 @@ impl WriteBackCache {
                     entry.flags &= !REFERENCED;
                 } else {
                     let (entry, _) = bucket.remove();
-                    self.used -= entry.charge();
+                    self.outside -= entry.bytes.outside();
                     self.stats.evicted += 1;
                     if entry.is_dirty() {
                         self.dirty -= 1;
@@ -421,16 +459,16 @@ impl WriteBackCache {
             return;
         };
         let column = column as ColumnId;
-        let (mut used, mut dirty) = (self.used, self.dirty);
+        let (mut outside, mut dirty) = (self.outside, self.dirty);
         self.table.retain(|entry| {
             let keep = entry.column() != column;
             if !keep {
-                used -= entry.charge();
+                outside -= entry.bytes.outside();
                 dirty -= usize::from(entry.is_dirty());
             }
             keep
         });
-        (self.used, self.dirty) = (used, dirty);
+        (self.outside, self.dirty) = (outside, dirty);
     }
 }
 
@@ -550,7 +588,7 @@ mod tests {
         cache.flush(&model).unwrap();
         assert_eq!(model.loads.get(), 100);
         assert_eq!(model.writes.get(), 0);
-        assert_eq!(cache.used(), 0);
+        assert_eq!(cache.len(), 0);
     }
 
     /// A flush writes every dirty entry once; entries stay cached, clean.
@@ -581,7 +619,7 @@ mod tests {
     #[test]
     fn eviction_keeps_the_bound() {
         let model = Model::default();
-        let capacity = 64 * ENTRY_OVERHEAD;
+        let capacity = 16 << 10;
         let mut cache = WriteBackCache::new(capacity);
         let column = cache.column("value:op:acc");
         for key in 0..10_000u32 {
@@ -589,6 +627,9 @@ mod tests {
                 .write(&model, column, &key.to_be_bytes(), Some(&[1; 8]))
                 .unwrap();
             assert!(cache.used() <= capacity, "{} > {capacity}", cache.used());
+            // The table never grows past the slots the capacity allows.
+            assert!(cache.table.num_buckets() <= 128);
+            assert!(cache.len() <= 56);
         }
         let stats = cache.stats();
         assert!(stats.evicted > 9_000, "{stats:?}");
@@ -625,11 +666,12 @@ mod tests {
         /// unflushed writes are lost on purpose: its key groups are being deleted).
         #[test]
         fn reads_see_the_last_write_and_flushes_persist_it(
-            capacity_entries in 1usize..40,
+            capacity_entries in 0usize..40,
             ops in proptest::collection::vec(op(), 1..300),
         ) {
             let model = Model::default();
-            let mut cache = WriteBackCache::new(capacity_entries * (ENTRY_OVERHEAD + 16));
+            let capacity = MIN_WRITE_BACK_BYTES + capacity_entries * 4 * SLOT_BYTES;
+            let mut cache = WriteBackCache::new(capacity);
             let names = ["value:a:s", "value:b:s"];
             let columns = [cache.column(names[0]), cache.column(names[1])];
             let mut expected: BTreeMap<(u8, u8), Vec<u8>> = BTreeMap::new();

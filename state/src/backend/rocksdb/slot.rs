@@ -61,7 +61,7 @@ use rocksdb::{
 };
 
 use crate::backend::rocksdb::cache::{
-    Backing, ColumnId, WriteBack, WriteBackCache, WriteBackStats,
+    Backing, ColumnId, WriteBack, WriteBackCache, WriteBackStats, MIN_WRITE_BACK_BYTES,
 };
 use crate::backend::rocksdb::key::{has_state_prefix, key_group_bounds, state_prefix};
 use crate::backend::rocksdb::value::{list_append, ColumnLayout, TtlFilterFactory};
@@ -157,6 +157,17 @@ impl RocksDbConfig {
                 ),
             ));
         }
+        if self.write_back_bytes != 0 && self.write_back_bytes < MIN_WRITE_BACK_BYTES {
+            return Err(StateError::invalid_config(
+                "RocksDB write-back cache bytes",
+                self.write_back_bytes,
+                format!(
+                    "give the write-back cache at least {MIN_WRITE_BACK_BYTES} bytes (raise \
+                     state.backend.rocksdb.memory.write-back-ratio or the slot's managed memory), \
+                     or 0 to turn it off"
+                ),
+            ));
+        }
         if self.background_jobs < 1 {
             return Err(StateError::invalid_config(
                 "RocksDB background jobs",
@@ -191,8 +202,10 @@ pub struct RocksDbMemoryUsage {
     pub table_readers: u64,
     /// The write-back cache's capacity (0: no cache).
     pub write_back_capacity: usize,
-    /// Bytes the write-back cache holds.
+    /// Bytes the write-back cache holds (its table, once allocated, and long entries).
     pub write_back_usage: usize,
+    /// Entries the write-back cache holds.
+    pub write_back_entries: usize,
 }
 
 /// A slot's RocksDB instance (see the module docs). Shared by the slot's keyed backends
@@ -346,6 +359,7 @@ impl SlotRocksDb {
             table_readers,
             write_back_capacity: self.config.write_back_bytes,
             write_back_usage: self.write_back().map_or(0, |cache| cache.used()),
+            write_back_entries: self.write_back().map_or(0, |cache| cache.len()),
         }
     }
 
