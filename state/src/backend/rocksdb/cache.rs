@@ -382,7 +382,6 @@ impl WriteBackCache {
                 let present = if value.is_some() { PRESENT } else { 0 };
                 let flags = DIRTY | STORED | REFERENCED | present;
                 let entry = Cached::new(hash, column, key, value.unwrap_or_default(), flags);
-                self.dirty += usize::from(entry.is_dirty());
                 self.insert(backing, entry)
             }
         }
@@ -396,6 +395,7 @@ impl WriteBackCache {
             self.evict(backing, keep)?;
         }
         self.outside += entry.bytes.outside();
+        self.dirty += usize::from(entry.is_dirty());
         self.table
             .insert_unique(entry.hash, entry, |entry| entry.hash);
         if self.used() > self.capacity {
@@ -696,6 +696,12 @@ mod tests {
                     }
                 }
                 prop_assert!(cache.used() <= cache.capacity);
+                // The counters agree with the entries.
+                let dirty = cache.table.iter().filter(|entry| entry.is_dirty()).count();
+                prop_assert_eq!(cache.dirty, dirty);
+                let outside: usize = cache.table.iter().map(|entry| entry.bytes.outside()).sum();
+                prop_assert_eq!(cache.outside, outside);
+                prop_assert!(cache.len() <= cache.max_entries);
             }
             cache.flush(&model).unwrap();
             let stored: BTreeMap<(u8, u8), Vec<u8>> = model
