@@ -350,6 +350,9 @@ impl SlotRocksDb {
                     .flatten()
             })
             .sum();
+        let (write_back_usage, write_back_entries) = self
+            .write_back()
+            .map_or((0, 0), |cache| (cache.used(), cache.len()));
         RocksDbMemoryUsage {
             block_cache_capacity: self.config.block_cache_bytes,
             block_cache_usage: self.cache.get_usage(),
@@ -358,8 +361,8 @@ impl SlotRocksDb {
             write_buffer_usage: self.write_buffer_manager.get_usage(),
             table_readers,
             write_back_capacity: self.config.write_back_bytes,
-            write_back_usage: self.write_back().map_or(0, |cache| cache.used()),
-            write_back_entries: self.write_back().map_or(0, |cache| cache.len()),
+            write_back_usage,
+            write_back_entries,
         }
     }
 

@@ -136,17 +136,13 @@ impl RocksColumn {
         if let Some(column) = self.cached {
             return self.slot.cached_read(column, key, read);
         }
-        let stored = self
-            .slot
-            .db()
-            .get_pinned_cf_opt(self.cf(), key, self.slot.read_options())
-            .map_err(|source| self.error("reading", source))?;
-        Ok(read(stored.as_deref()))
+        Ok(read(self.get_pinned(key)?.as_deref()))
     }
 
-    /// The stored value of `key`, pinned in RocksDB: for lists, whose columns are never cached.
-    fn get_list(&self, key: &[u8]) -> Result<Option<DBPinnableSlice<'_>>, StateError> {
-        debug_assert!(self.cached.is_none(), "a list column is cached");
+    /// The value of `key` pinned in RocksDB itself, past any write-back cache: for uncached
+    /// columns only (lists are never cached).
+    fn get_pinned(&self, key: &[u8]) -> Result<Option<DBPinnableSlice<'_>>, StateError> {
+        debug_assert!(self.cached.is_none(), "a cached column read past its cache");
         self.slot
             .db()
             .get_pinned_cf_opt(self.cf(), key, self.slot.read_options())
@@ -385,7 +381,7 @@ impl<K: StateKey, N: StateKey, T: StateCodec> ListAccess<T> for RocksList<K, N, 
     fn get(&self) -> Result<Vec<T>, StateError> {
         let current = self.context.current();
         let key = prefix(&current, &self.column.state)?;
-        let Some(stored) = self.column.get_list(key)? else {
+        let Some(stored) = self.column.get_pinned(key)? else {
             return Ok(Vec::new());
         };
         let access = AccessTime::of(self.column.ttl.as_ref());
