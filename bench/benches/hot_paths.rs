@@ -30,6 +30,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 use rkyv::ser::allocator::Arena;
 use tempfile::TempDir;
 use weir_bench::nexmark::{Bid, Event, NexmarkConfig, NexmarkGenerator};
+use weir_engine::record::Scratch;
 use weir_engine::runtime::available_cores;
 use weir_engine::runtime::exchange::frame::{Entries, Entry, SegmentBuilder};
 use weir_engine::window::TimeWindow;
@@ -81,7 +82,8 @@ fn codec(c: &mut Criterion) {
         .iter()
         .map(|bid| {
             let mut out = Aligned([0; 512]);
-            let len = Record::encode(bid, &mut out.0, &mut arena).expect("a bid fits 512 bytes");
+            let len = Record::encode(bid, &mut out.0, &mut Scratch::new(&mut arena))
+                .expect("a bid fits 512 bytes");
             (out, len)
         })
         .collect();
@@ -91,9 +93,10 @@ fn codec(c: &mut Criterion) {
     group.throughput(Throughput::Elements(BIDS as u64));
     group.bench_function("record_encode", |b| {
         let mut out = Aligned([0; 512]);
+        let mut scratch = Scratch::new(&mut arena);
         b.iter(|| {
             for bid in &bids {
-                black_box(Record::encode(black_box(bid), &mut out.0, &mut arena));
+                black_box(Record::encode(black_box(bid), &mut out.0, &mut scratch));
             }
         })
     });
@@ -134,11 +137,16 @@ fn codec(c: &mut Criterion) {
 
 /// Fills one segment from `bids` (cycling from `*next`), as `ExchangeWriter` does; returns it
 /// and the number of records written.
-fn fill_segment(pool: &SegmentPool, bids: &[Bid], next: &mut usize, arena: &mut Arena) -> Segment {
+fn fill_segment(
+    pool: &SegmentPool,
+    bids: &[Bid],
+    next: &mut usize,
+    scratch: &mut Scratch<'_>,
+) -> Segment {
     let mut builder = SegmentBuilder::new(pool.acquire().expect("a free segment"));
     loop {
         let bid = &bids[*next % bids.len()];
-        if !builder.try_record(bid, bid.date_time, arena) {
+        if !builder.try_record(bid, bid.date_time, scratch) {
             return builder.finish();
         }
         *next += 1;
@@ -163,15 +171,16 @@ fn segment(c: &mut Criterion) {
     let bids = bids();
     let pool = SegmentPool::new(0, 4, SEGMENT_SIZE);
     let mut arena = Arena::new();
+    let mut scratch = Scratch::new(&mut arena);
     let mut next = 0;
-    let full = fill_segment(&pool, &bids, &mut next, &mut arena);
+    let full = fill_segment(&pool, &bids, &mut next, &mut scratch);
     let per_segment = next as u64;
 
     let mut group = short(c, "segment", 2);
     group.throughput(Throughput::Elements(per_segment));
     group.bench_function("write_bids", |b| {
         let mut next = 0;
-        b.iter(|| black_box(fill_segment(&pool, &bids, &mut next, &mut arena)))
+        b.iter(|| black_box(fill_segment(&pool, &bids, &mut next, &mut scratch)))
     });
     group.bench_function("read_entries", |b| {
         b.iter(|| black_box(Entries::new(black_box(&full)).count()))
@@ -278,16 +287,17 @@ fn exchange_bids(bids: Arc<Vec<Bid>>, records: u64) -> Duration {
         .spawn(move || async move {
             let tx = tx.connect().await;
             let mut arena = Arena::new();
+            let mut scratch = Scratch::new(&mut arena);
             let started = Instant::now();
             let mut builder = SegmentBuilder::new(pool.acquire().expect("a free segment"));
             for i in 0..records as usize {
                 let bid = &bids[i % bids.len()];
-                if !builder.try_record(bid, bid.date_time, &mut arena) {
+                if !builder.try_record(bid, bid.date_time, &mut scratch) {
                     // Send first, then take a fresh segment, as `ExchangeWriter` does: the
                     // pool holds only the credits and 2 more.
                     tx.send(builder.finish()).await.expect("receiver connected");
                     builder = SegmentBuilder::new(pool.acquire().expect("a free segment"));
-                    assert!(builder.try_record(bid, bid.date_time, &mut arena));
+                    assert!(builder.try_record(bid, bid.date_time, &mut scratch));
                 }
             }
             tx.send(builder.finish()).await.expect("receiver connected");

@@ -13,6 +13,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use rkyv::ser::allocator::Arena;
 use weir_bench::record::BenchRecord;
 use weir_bench::{chain, exchange};
+use weir_engine::record::Scratch;
 use weir_engine::runtime::available_cores;
 use weir_engine::Record;
 use weir_state::KeyGroup;
@@ -93,13 +94,16 @@ fn codec(c: &mut Criterion) {
     let record = BenchRecord::generate(42);
     let mut arena = Arena::new();
     let mut encoded = Aligned([0; 256]);
-    let len = record.encode(&mut encoded.0, &mut arena).expect("fits");
+    let len = record
+        .encode(&mut encoded.0, &mut Scratch::new(&mut arena))
+        .expect("fits");
 
     let mut group = short(c, "codec_bench_record", 2);
     group.throughput(Throughput::Elements(1));
     group.bench_function("encode", |b| {
         let mut out = Aligned([0; 256]);
-        b.iter(|| black_box(black_box(&record).encode(&mut out.0, &mut arena)))
+        let mut scratch = Scratch::new(&mut arena);
+        b.iter(|| black_box(black_box(&record).encode(&mut out.0, &mut scratch)))
     });
     group.bench_function("decode", |b| {
         // SAFETY: `encoded` holds exactly what `encode` wrote, 16-byte aligned.
@@ -110,7 +114,7 @@ fn codec(c: &mut Criterion) {
         let mut out = Aligned([0; 256]);
         b.iter_batched_ref(
             Arena::new,
-            |arena| black_box(black_box(&record).encode(&mut out.0, arena)),
+            |arena| black_box(black_box(&record).encode(&mut out.0, &mut Scratch::new(arena))),
             BatchSize::SmallInput,
         )
     });

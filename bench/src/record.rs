@@ -70,7 +70,8 @@ mod tests {
         let mut buf = Aligned([0; 256]);
         let mut arena = rkyv::ser::allocator::Arena::new();
         let record = BenchRecord::generate(12_345);
-        let len = record.encode(&mut buf.0, &mut arena).expect("fits");
+        let mut scratch = weir_engine::record::Scratch::new(&mut arena);
+        let len = record.encode(&mut buf.0, &mut scratch).expect("fits");
         // SAFETY: decoding exactly what `encode` wrote, from a 16-byte aligned buffer.
         let back = unsafe { BenchRecord::decode(&buf.0[..len]) };
         assert_eq!(back, record);

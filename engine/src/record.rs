@@ -3,11 +3,67 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 
+use std::alloc::Layout;
+use std::ptr::NonNull;
+
 use rkyv::api::low::{LowDeserializer, LowSerializer};
 use rkyv::rancor::Failure;
 use rkyv::ser::allocator::{Arena, ArenaHandle};
-use rkyv::ser::writer::Buffer;
+use rkyv::ser::{Allocator, Positional, Writer};
 use rkyv::{Archive, Deserialize, Serialize};
+
+/// Where a record is archived: the free bytes of a segment, filled front to back. (rkyv's own
+/// `Buffer` does the same in calls the archiving of a small record cannot inline.)
+pub struct RecordWriter<'a> {
+    out: &'a mut [u8],
+    len: usize,
+}
+
+impl Positional for RecordWriter<'_> {
+    #[inline]
+    fn pos(&self) -> usize {
+        self.len
+    }
+}
+
+impl Writer<Failure> for RecordWriter<'_> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) -> Result<(), Failure> {
+        let end = self.len + bytes.len();
+        let to = self.out.get_mut(self.len..end).ok_or(Failure)?;
+        to.copy_from_slice(bytes);
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Scratch space for archiving records: a handle on an rkyv arena, acquired once for the
+/// records of a batch. (Acquiring it per record cost more than archiving a small record: the
+/// handle is returned through memory and read back at once, which stalls.) Serializers pop
+/// what they push, so the handle's use does not grow from record to record.
+pub struct Scratch<'a>(ArenaHandle<'a>);
+
+impl<'a> Scratch<'a> {
+    /// Scratch space in `arena`, until it is dropped.
+    pub fn new(arena: &'a mut Arena) -> Self {
+        Scratch(arena.acquire())
+    }
+}
+
+// SAFETY: forwards to the arena handle, which upholds the contract.
+unsafe impl<E> Allocator<E> for &mut Scratch<'_> {
+    #[inline]
+    unsafe fn push_alloc(&mut self, layout: Layout) -> Result<NonNull<[u8]>, E> {
+        // SAFETY: the caller upholds `push_alloc`'s contract.
+        unsafe { <ArenaHandle<'_> as Allocator<E>>::push_alloc(&mut self.0, layout) }
+    }
+
+    #[inline]
+    unsafe fn pop_alloc(&mut self, ptr: NonNull<u8>, layout: Layout) -> Result<(), E> {
+        // SAFETY: the caller upholds `pop_alloc`'s contract.
+        unsafe { <ArenaHandle<'_> as Allocator<E>>::pop_alloc(&mut self.0, ptr, layout) }
+    }
+}
 
 /// A value that can flow through a job. Any `Clone + Send` type deriving rkyv's `Archive`,
 /// `Serialize` and `Deserialize` is one (as are primitives, `String`, tuples and `Vec`s of them).
@@ -20,7 +76,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 pub trait Record: Clone + Send + 'static {
     /// Archives `self` into the start of `out` (root last) and returns the bytes written, or
     /// `None` if `out` is too small.
-    fn encode(&self, out: &mut [u8], arena: &mut Arena) -> Option<usize>;
+    fn encode(&self, out: &mut [u8], scratch: &mut Scratch<'_>) -> Option<usize>;
 
     /// Reads a record back from bytes written by [`Record::encode`].
     ///
@@ -33,21 +89,21 @@ pub trait Record: Clone + Send + 'static {
 impl<T> Record for T
 where
     T: Archive + Clone + Send + 'static,
-    T: for<'a> Serialize<LowSerializer<Buffer<'a>, ArenaHandle<'a>, Failure>>,
+    T: for<'a, 's, 'h> Serialize<LowSerializer<RecordWriter<'a>, &'s mut Scratch<'h>, Failure>>,
     T::Archived: Deserialize<T, LowDeserializer<Failure>>,
 {
     #[inline]
-    fn encode(&self, out: &mut [u8], arena: &mut Arena) -> Option<usize> {
+    fn encode(&self, out: &mut [u8], scratch: &mut Scratch<'_>) -> Option<usize> {
         const {
             assert!(
                 std::mem::align_of::<T::Archived>() <= 16,
                 "segments align record archives to 16 bytes"
             )
         };
-        let buffer = Buffer::from(out);
-        rkyv::api::low::to_bytes_in_with_alloc::<_, _, Failure>(self, buffer, arena.acquire())
+        let writer = RecordWriter { out, len: 0 };
+        rkyv::api::low::to_bytes_in_with_alloc::<_, _, Failure>(self, writer, scratch)
             .ok()
-            .map(|written| written.len())
+            .map(|written| written.len)
     }
 
     #[inline]
@@ -93,7 +149,9 @@ mod tests {
         struct Aligned([u8; 4096]);
         let mut buf = Aligned([0; 4096]);
         let mut arena = Arena::new();
-        let len = value.encode(&mut buf.0, &mut arena).expect("fits");
+        let len = value
+            .encode(&mut buf.0, &mut Scratch::new(&mut arena))
+            .expect("fits");
         // SAFETY: decoding exactly what `encode` wrote, from a 16-byte aligned buffer.
         let back = unsafe { T::decode(&buf.0[..len]) };
         assert_eq!(&back, value);
@@ -116,7 +174,7 @@ mod tests {
         assert_eq!(
             "a longer string than eight bytes"
                 .to_string()
-                .encode(&mut small, &mut arena),
+                .encode(&mut small, &mut Scratch::new(&mut arena)),
             None
         );
     }

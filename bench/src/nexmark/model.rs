@@ -333,7 +333,8 @@ mod tests {
         struct Aligned([u8; 1024]);
         let mut buf = Aligned([0; 1024]);
         let mut arena = rkyv::ser::allocator::Arena::new();
-        let len = Record::encode(&value, &mut buf.0, &mut arena).expect("fits");
+        let mut scratch = weir_engine::record::Scratch::new(&mut arena);
+        let len = Record::encode(&value, &mut buf.0, &mut scratch).expect("fits");
         // SAFETY: decoding exactly what `encode` wrote, from a 16-byte aligned buffer.
         let back: T = unsafe { Record::decode(&buf.0[..len]) };
         assert_eq!(back, value);

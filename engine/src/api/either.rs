@@ -8,10 +8,9 @@
 //! the keyed operator behind it sees records of both sides with equal keys on one subtask.
 
 use rkyv::rancor::{self, Source};
-use rkyv::ser::allocator::Arena;
 use weir_state::StateCodec;
 
-use crate::record::Record;
+use crate::record::{Record, Scratch};
 
 /// A record from the left (first) or the right (second) input of a two-input construct.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -29,10 +28,10 @@ const RIGHT: u8 = 1;
 /// address its `decode` needs), followed by one byte that says which side it is.
 impl<L: Record, R: Record> Record for Either<L, R> {
     #[inline]
-    fn encode(&self, out: &mut [u8], arena: &mut Arena) -> Option<usize> {
+    fn encode(&self, out: &mut [u8], scratch: &mut Scratch<'_>) -> Option<usize> {
         let (len, tag) = match self {
-            Either::Left(value) => (value.encode(out, arena)?, LEFT),
-            Either::Right(value) => (value.encode(out, arena)?, RIGHT),
+            Either::Left(value) => (value.encode(out, scratch)?, LEFT),
+            Either::Right(value) => (value.encode(out, scratch)?, RIGHT),
         };
         *out.get_mut(len)? = tag;
         Some(len + 1)
@@ -89,6 +88,7 @@ impl<L: StateCodec, R: StateCodec> StateCodec for Either<L, R> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use rkyv::ser::allocator::Arena;
 
     #[repr(align(16))]
     struct Aligned([u8; 4096]);
@@ -96,7 +96,9 @@ mod tests {
     fn round_trip<T: Record + PartialEq + std::fmt::Debug>(value: &T) {
         let mut buf = Aligned([0; 4096]);
         let mut arena = Arena::new();
-        let len = value.encode(&mut buf.0, &mut arena).expect("fits");
+        let len = value
+            .encode(&mut buf.0, &mut Scratch::new(&mut arena))
+            .expect("fits");
         // SAFETY: decoding exactly what `encode` wrote, from a 16-byte aligned buffer.
         let back = unsafe { T::decode(&buf.0[..len]) };
         assert_eq!(&back, value);
@@ -118,11 +120,12 @@ mod tests {
     #[test]
     fn no_room_for_the_tag_is_refused() {
         let mut arena = Arena::new();
+        let mut scratch = Scratch::new(&mut arena);
         let value: Either<u64, u64> = Either::Left(7);
         let mut buf = Aligned([0; 4096]);
-        let len = Record::encode(&value, &mut buf.0, &mut arena).expect("fits");
+        let len = Record::encode(&value, &mut buf.0, &mut scratch).expect("fits");
         assert_eq!(
-            Record::encode(&value, &mut buf.0[..len - 1], &mut arena),
+            Record::encode(&value, &mut buf.0[..len - 1], &mut scratch),
             None
         );
     }

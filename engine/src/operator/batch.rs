@@ -136,6 +136,36 @@ pub(crate) struct Taking<'a, T> {
     len: usize,
 }
 
+impl<T> Taking<'_, T> {
+    /// The next record, left in its slot, and its timestamp: a consumer that only reads it (to
+    /// archive it, say) need not move it out first.
+    #[inline(always)]
+    pub(crate) fn peek(&self) -> Option<(&T, i64)> {
+        if self.next == self.len {
+            return None;
+        }
+        // SAFETY: as in `next`; the slot is not handed out until `next` or `discard` moves past.
+        unsafe {
+            Some((
+                &*self.records.as_ptr().add(self.next),
+                *self.timestamps.get_unchecked(self.next),
+            ))
+        }
+    }
+
+    /// Drops the record [`Taking::peek`] showed, in its slot, and moves past it.
+    #[inline(always)]
+    pub(crate) fn discard(&mut self) {
+        if self.next < self.len {
+            let i = self.next;
+            // Past it first: were its drop to panic, the cursor's own drop must not drop it again.
+            self.next += 1;
+            // SAFETY: `i < len`, and slot `i` holds a record no one has read out (`Batch::drain`).
+            unsafe { std::ptr::drop_in_place(self.records.as_mut_ptr().add(i)) };
+        }
+    }
+}
+
 impl<T> Iterator for Taking<'_, T> {
     type Item = (T, i64);
 

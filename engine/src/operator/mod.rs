@@ -21,7 +21,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 pub use batch::OutputTag;
-pub(crate) use batch::{Batch, Emitter, ErasedOutput, SideOutputs};
+pub(crate) use batch::{Batch, Emitter, ErasedOutput, SideOutputs, Taking};
 pub(crate) use fan_out::FanOut;
 pub(crate) use filter::FilterLink;
 pub(crate) use flat_map::FlatMapOperator;

@@ -35,7 +35,6 @@ use std::collections::hash_map::Entry;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use rkyv::ser::allocator::Arena;
 use weir_state::{LocalKeyedBackend, StateError, StateValue};
 
 use super::aligned::Geometry;
@@ -44,7 +43,7 @@ use super::function::{StoredLogic, WindowLogic};
 use super::{element_time, KeyMap, TimeWindow};
 use crate::metrics::OperatorMetrics;
 use crate::operator::{Batch, Emitter, Operator};
-use crate::record::{Key, Record};
+use crate::record::{Key, Record, Scratch};
 use crate::time::TimeDomain;
 
 /// What the local phase sends: a key's accumulator for one pane or partial session
@@ -81,7 +80,7 @@ thread_local! {
 /// values already): start, end, record count and key length, then the key, then the
 /// accumulator.
 impl<K: Key, A: StateValue + Send> Record for Partial<K, A> {
-    fn encode(&self, out: &mut [u8], _arena: &mut Arena) -> Option<usize> {
+    fn encode(&self, out: &mut [u8], _scratch: &mut Scratch<'_>) -> Option<usize> {
         SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             scratch.clear();
@@ -462,6 +461,7 @@ where
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use rkyv::ser::allocator::Arena;
 
     proptest! {
         #[test]
@@ -470,11 +470,11 @@ mod tests {
             struct Aligned([u8; 512]);
             let mut buf = Aligned([0; 512]);
             let partial = Partial { key: key.clone(), start: pane, end: pane.saturating_add(1), acc, records };
-            let len = partial.encode(&mut buf.0, &mut Arena::new()).expect("fits");
+            let len = partial.encode(&mut buf.0, &mut Scratch::new(&mut Arena::new())).expect("fits");
             // SAFETY: decoding exactly what `encode` wrote for this type.
             let back: Partial<String, (u64, i32)> = unsafe { Partial::decode(&buf.0[..len]) };
             prop_assert_eq!((back.key, back.start, back.end, back.acc, back.records), (key, pane, pane.saturating_add(1), acc, records));
-            prop_assert!(partial.encode(&mut buf.0[..len - 1], &mut Arena::new()).is_none());
+            prop_assert!(partial.encode(&mut buf.0[..len - 1], &mut Scratch::new(&mut Arena::new())).is_none());
         }
     }
 }

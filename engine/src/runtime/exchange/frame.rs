@@ -12,10 +12,9 @@
 //! | 2 | end of partition | 0 | none: the sender will send nothing more on this channel |
 //! | 3 | watermark status | 1 idle, 0 active | none |
 
-use rkyv::ser::allocator::Arena;
 use weir_memory::Segment;
 
-use crate::record::{Record, Watermark};
+use crate::record::{Record, Scratch, Watermark};
 
 const TAG_RECORD: u32 = 0;
 const TAG_WATERMARK: u32 = 1;
@@ -78,13 +77,18 @@ impl SegmentBuilder {
 
     /// Appends a record; `false` if it does not fit in what is left of the segment.
     #[inline]
-    pub fn try_record<T: Record>(&mut self, record: &T, timestamp: i64, arena: &mut Arena) -> bool {
+    pub fn try_record<T: Record>(
+        &mut self,
+        record: &T,
+        timestamp: i64,
+        scratch: &mut Scratch<'_>,
+    ) -> bool {
         let start = self.pos + HEADER;
         let buf = self.segment.buffer_mut();
         if start >= buf.len() {
             return false;
         }
-        match record.encode(&mut buf[start..], arena) {
+        match record.encode(&mut buf[start..], scratch) {
             Some(len) => {
                 self.put_header(len, TAG_RECORD, timestamp);
                 true
@@ -159,6 +163,7 @@ impl<'a> Iterator for Entries<'a> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use rkyv::ser::allocator::Arena;
     use weir_memory::SegmentPool;
 
     fn decode_all(segment: &Segment) -> (Vec<(String, i64)>, Vec<Event>) {
@@ -182,6 +187,7 @@ mod tests {
         fn entries_round_trip_in_order(records in proptest::collection::vec((".{0,300}", any::<i64>()), 0..200)) {
             let pool = SegmentPool::new(0, 64, 4096);
             let mut arena = Arena::new();
+            let mut arena = Scratch::new(&mut arena);
             let mut segments = Vec::new();
             let mut builder = SegmentBuilder::new(pool.acquire().unwrap());
             for (r, ts) in &records {
@@ -217,7 +223,8 @@ mod tests {
     fn record_larger_than_segment_does_not_fit() {
         let pool = SegmentPool::new(0, 1, 4096);
         let mut builder = SegmentBuilder::new(pool.acquire().unwrap());
-        assert!(!builder.try_record(&"x".repeat(5000), 0, &mut Arena::new()));
+        let mut arena = Arena::new();
+        assert!(!builder.try_record(&"x".repeat(5000), 0, &mut Scratch::new(&mut arena)));
         assert!(builder.is_empty());
     }
 }
