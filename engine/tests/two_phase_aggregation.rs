@@ -7,6 +7,10 @@
 //! One source subtask with a watermark after every record: every channel carries records and
 //! watermarks in one known order, so which records are late is decided the same way in both
 //! runs.
+//!
+//! Processing-time windows depend on arrival, so there the tests check what cannot move: every
+//! record counted once, one result per key and window, partials handed on at the buffer
+//! timeout, and one phase where there is no buffer timeout.
 
 mod common;
 
@@ -255,5 +259,130 @@ fn a_late_data_side_output_keeps_one_phase() {
             .iter()
             .any(|op| op.name.starts_with("Local Window")),
         "late records must reach the side output as records, not partials"
+    );
+}
+
+/// A processing-time tumbling `SumCount` per key, in `strategy`'s plan: the outputs, and
+/// whether a local phase ran. `pace` holds each record that long before the key_by (a
+/// stream that keeps arriving while windows close).
+fn processing_time_run(
+    input: &[Event],
+    window: Duration,
+    pace: Duration,
+    strategy: &str,
+    extra: &[(&str, &str)],
+) -> (Vec<Summed>, bool) {
+    let mut settings = vec![("table.optimizer.agg-phase-strategy", strategy)];
+    settings.extend_from_slice(extra);
+    let env = common::env_with(common::slots(), &settings);
+    let (sink, out) = CollectSink::new();
+    env.from_source(
+        CollectionSource::new(input.to_vec()),
+        WatermarkStrategy::no_watermarks(),
+        "events",
+    )
+    .parallelism(1)
+    .map(move |e: Event| {
+        if !pace.is_zero() {
+            std::thread::sleep(pace);
+        }
+        e
+    })
+    .key_by(|e: &Event| e.0)
+    .window(TumblingProcessingTimeWindows::of(window))
+    .aggregate_with(SumCount, label)
+    .sink_to(sink, "out");
+    let result = env
+        .execute("processing-time two-phase")
+        .unwrap_or_else(|e| panic!("the job succeeds ({strategy}): {e}"));
+    let local_phase = result
+        .operators
+        .iter()
+        .any(|op| op.name.starts_with("Local Window"));
+    (out.records(), local_phase)
+}
+
+/// Per key: (sum, count) over all its windows.
+fn totals(windows: &[Summed]) -> std::collections::BTreeMap<u8, (i64, u64)> {
+    let mut totals = std::collections::BTreeMap::new();
+    for &(key, _, sum, count) in windows {
+        let total = totals.entry(key).or_insert((0, 0));
+        total.0 += sum;
+        total.1 += count;
+    }
+    totals
+}
+
+#[test]
+fn processing_time_windows_pre_aggregate_and_count_every_record_once() {
+    let input: Vec<Event> = (0..5_000i64)
+        .map(|i| ((i % 7) as u8, 0, i % 13 - 6))
+        .collect();
+    let expected = totals(&input.iter().map(|e| (e.0, 0, e.2, 1)).collect::<Vec<_>>());
+    for strategy in ["ONE_PHASE", "TWO_PHASE"] {
+        let (out, local_phase) = processing_time_run(
+            &input,
+            Duration::from_secs(3_600),
+            Duration::ZERO,
+            strategy,
+            &[],
+        );
+        assert_eq!(local_phase, strategy == "TWO_PHASE", "{strategy}");
+        assert_eq!(
+            totals(&out),
+            expected,
+            "{strategy}: every record in one window, once"
+        );
+        if strategy == "TWO_PHASE" {
+            let windows = common::multiset(out.iter().map(|r| (r.0, r.1)));
+            assert!(
+                windows.values().all(|&n| n == 1),
+                "one result per key and window, however many partials: {out:?}"
+            );
+        }
+    }
+}
+
+/// The local phase holds a partial no longer than the buffer timeout (1 ms): one key's stream
+/// arriving over ~800 ms falls into several 100 ms windows — held until the end of input, or
+/// until the group limit, it would all fall into one.
+#[test]
+fn processing_time_partials_go_on_at_the_buffer_timeout() {
+    let input: Vec<Event> = (0..400i64).map(|i| (1, 0, i)).collect();
+    let (out, local_phase) = processing_time_run(
+        &input,
+        Duration::from_millis(100),
+        Duration::from_millis(2),
+        "TWO_PHASE",
+        &[("execution.batch-size", "1")],
+    );
+    assert!(local_phase);
+    assert_eq!(
+        totals(&out).get(&1),
+        Some(&((0..400).sum::<i64>(), 400)),
+        "every record counted once"
+    );
+    assert!(
+        out.len() >= 3,
+        "records spread over ~8 windows of processing time land in several: {out:?}"
+    );
+}
+
+/// With no buffer timeout (a send per record) nothing would bound how long a processing-time
+/// local phase holds a partial, so the plan keeps one phase even when two are asked for.
+#[test]
+fn processing_time_windows_keep_one_phase_without_a_buffer_timeout() {
+    let input: Vec<Event> = (0..200i64).map(|i| ((i % 3) as u8, 0, i)).collect();
+    let (out, local_phase) = processing_time_run(
+        &input,
+        Duration::from_secs(3_600),
+        Duration::ZERO,
+        "TWO_PHASE",
+        &[("execution.buffer-timeout", "0")],
+    );
+    assert!(!local_phase, "no local phase without a buffer timeout");
+    assert_eq!(
+        totals(&out),
+        totals(&input.iter().map(|e| (e.0, 0, e.2, 1)).collect::<Vec<_>>())
     );
 }

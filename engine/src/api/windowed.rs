@@ -128,8 +128,8 @@ where
         window_node(self.keyed, self.all, &name, factory)
     }
 
-    /// `aggregate`: in two phases where that cannot change the result (event-time tumbling,
-    /// sliding or session windows, no allowed lateness, no late-data side output, and
+    /// `aggregate`: in two phases where that cannot change the result (tumbling or sliding
+    /// windows, event-time session windows, no allowed lateness, no late-data side output, and
     /// `table.optimizer.agg-phase-strategy` asks for it; see `window::two_phase`), else
     /// in one.
     fn build_aggregate<O: Record, L>(self, logic: L) -> DataStream<O>
@@ -162,6 +162,9 @@ where
         } = self;
         let key_selector = keyed.key_selector();
         let limit = LOCAL_GROUPS_PER_BATCH * keyed.config().batch_size();
+        // A processing-time local phase hands its partials on at the buffer timeout's flush;
+        // with no timeout (a send per record) nothing would bound how long it holds them.
+        let timed_flush = !keyed.config().buffer_timeout().is_zero();
         // Both phases run the function written for the assigner's windows on time windows
         // (the same type for these specs; `WindowAs` checks it).
         let time_logic = |logic: L| WindowAs::<TimeWindow, L, A::Window>::new(logic);
@@ -170,8 +173,8 @@ where
                 size,
                 slide,
                 offset,
-                domain: TimeDomain::EventTime,
-            } => {
+                domain,
+            } if domain == TimeDomain::EventTime || timed_flush => {
                 let geometry = Geometry::new(size, slide, offset);
                 let logic = time_logic(logic);
                 let local_logic = logic.clone();
@@ -180,6 +183,7 @@ where
                         key_selector.clone(),
                         local_logic.clone(),
                         geometry,
+                        domain,
                         limit,
                     )
                 });
@@ -187,7 +191,7 @@ where
                     size,
                     slide,
                     offset,
-                    domain: TimeDomain::EventTime,
+                    domain,
                 };
                 (Arc::new(local) as Arc<dyn OperatorFactory>, global, logic)
             }

@@ -21,8 +21,17 @@
 //! alone, after the key's pending partials, as it would have in one phase. Every other record
 //! can never be late, nor can any session that contains it.
 //!
-//! It is used for `aggregate` and `aggregate_with` on event-time tumbling, sliding and session
-//! windows when the result cannot differ from one-phase aggregation: no allowed lateness (a
+//! Processing-time tumbling and sliding windows file a record under the clock of the operator
+//! that holds it when the record arrives, so the global operator files each partial under its
+//! own clock on arrival, as it would a record. The local operator emits what it holds at the
+//! buffer timeout's flush, as the exchange sends a partly filled segment, so its records reach
+//! the global operator within the same bound as records sent one by one: the plans differ
+//! only in which of two adjacent windows a record in flight as a window closes lands in, which
+//! is what processing time leaves open.
+//!
+//! It is used for `aggregate` and `aggregate_with` on tumbling and sliding windows (event or
+//! processing time) and event-time session windows when the result cannot differ from
+//! one-phase aggregation (beyond processing time's own dependence on arrival): no allowed lateness (a
 //! late record would fire its window once per partial, not once per record) and no late-data
 //! side output (its records would be partials). Pane lateness is decided per pane, so a partial
 //! is late exactly when each of its records would have been; dropped partials count their
@@ -116,6 +125,7 @@ pub(crate) struct LocalWindowAggregate<K, T, O, KS, L: WindowLogic<K, TimeWindow
     key_selector: KS,
     logic: L,
     geometry: Geometry,
+    domain: TimeDomain,
     /// Groups held before they are all emitted.
     limit: usize,
     groups: KeyMap<(K, i64), (L::Acc, u64)>,
@@ -124,11 +134,18 @@ pub(crate) struct LocalWindowAggregate<K, T, O, KS, L: WindowLogic<K, TimeWindow
 }
 
 impl<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> LocalWindowAggregate<K, T, O, KS, L> {
-    pub(crate) fn new(key_selector: KS, logic: L, geometry: Geometry, limit: usize) -> Self {
+    pub(crate) fn new(
+        key_selector: KS,
+        logic: L,
+        geometry: Geometry,
+        domain: TimeDomain,
+        limit: usize,
+    ) -> Self {
         LocalWindowAggregate {
             key_selector,
             logic,
             geometry,
+            domain,
             limit: limit.max(1),
             groups: KeyMap::default(),
             operator: "".into(),
@@ -178,7 +195,7 @@ where
         timestamp: i64,
         out: &mut Emitter<Partial<K, L::Acc>>,
     ) {
-        let time = element_time(TimeDomain::EventTime, timestamp, &self.operator);
+        let time = element_time(self.domain, timestamp, &self.operator);
         let pane = self.geometry.pane_start(time);
         let key = (self.key_selector)(&record);
         let (acc, records) = match self.groups.entry((key, pane)) {
@@ -200,7 +217,11 @@ where
         _watermark: crate::record::Watermark,
         out: &mut Emitter<Partial<K, L::Acc>>,
     ) {
-        self.emit_all(out);
+        // A partial must not arrive behind the watermark its records preceded; processing-time
+        // panes ignore watermarks.
+        if self.domain == TimeDomain::EventTime {
+            self.emit_all(out);
+        }
     }
 
     fn flush(&mut self, out: &mut Emitter<Partial<K, L::Acc>>) {
