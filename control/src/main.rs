@@ -382,6 +382,9 @@ fn run_bench(bench: Bench) -> Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Before any shard starts (see weir_memory::disable_transparent_huge_pages); the engine
+    // runs without huge pages too, so a kernel without the setting gets a warning, not an error.
+    let huge_pages = weir_memory::disable_transparent_huge_pages();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
@@ -389,6 +392,9 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Err(error) = huge_pages {
+        tracing::warn!("could not turn transparent huge pages off for this process: {error}");
+    }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -6,12 +6,14 @@
 //! RocksDB's part of the managed share, [`RocksDbBudget`]), the fixed pool of network segments
 //! each slot sends its records in ([`SegmentPool`]), the counting global allocator that
 //! measures each shard's heap ([`CountingAllocator`]) and the check that holds it to the slot's
-//! heap share ([`check_heap_budget`]).
+//! heap share ([`check_heap_budget`]), and the process's opt-out of transparent huge pages
+//! ([`disable_transparent_huge_pages`]).
 #![warn(missing_docs)]
 
 mod alloc;
 mod budget;
 mod heap;
+mod pages;
 mod segment;
 mod units;
 
@@ -24,4 +26,5 @@ pub use budget::{
     DEFAULT_HIGH_PRIORITY_POOL_RATIO, DEFAULT_WRITE_BACK_RATIO, DEFAULT_WRITE_BUFFER_RATIO,
 };
 pub use heap::{check_heap_budget, HeapBudgetExceeded, HeapStateSize};
+pub use pages::{disable_transparent_huge_pages, transparent_huge_pages_disabled};
 pub use segment::{PoolStats, Segment, SegmentPool, SegmentPoolError};
