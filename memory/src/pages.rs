@@ -7,7 +7,7 @@
 //! time in the kernel's `clear_page_erms` that way (Nexmark q4, 1 shard). With huge pages off,
 //! q5 ran 6.13–6.68 M events/s against 5.00–5.46 M, and 3.05–3.32 s of CPU against 3.67–4.03 s
 //! (three alternating runs each, `bench/RESULTS.md`); jobs that keep no state (q0) did not move.
-//! Database engines advise the same (RocksDB, Redis, MongoDB).
+//! Redis and MongoDB give their servers the same advice.
 
 /// Disables transparent huge pages for this process (`PR_SET_THP_DISABLE`), for memory mapped
 /// before the call as well as after; threads and child processes inherit the setting. Call it
