@@ -219,6 +219,38 @@ mod tests {
         }
     }
 
+    proptest! {
+        /// Records whose archiving takes scratch space (a vector of strings needs its
+        /// resolvers), many through one `Scratch` as the writer does for a batch, some of them
+        /// refused half-archived by a full segment and written again into the next.
+        #[test]
+        fn one_scratch_serves_many_records_and_refusals(records in proptest::collection::vec(proptest::collection::vec(".{0,40}", 0..12), 0..150)) {
+            let pool = SegmentPool::new(0, 256, 4096);
+            let mut arena = Arena::new();
+            let mut scratch = Scratch::new(&mut arena);
+            let mut segments = Vec::new();
+            let mut builder = SegmentBuilder::new(pool.acquire().unwrap());
+            for record in &records {
+                if !builder.try_record(record, 0, &mut scratch) {
+                    segments.push(builder.finish());
+                    builder = SegmentBuilder::new(pool.acquire().unwrap());
+                    prop_assert!(builder.try_record(record, 0, &mut scratch));
+                }
+            }
+            segments.push(builder.finish());
+            let mut back: Vec<Vec<String>> = Vec::new();
+            for segment in &segments {
+                for entry in Entries::new(segment) {
+                    if let Entry::Record(bytes, _) = entry {
+                        // SAFETY: written by `try_record::<Vec<String>>` into an aligned segment.
+                        back.push(unsafe { <Vec<String> as Record>::decode(bytes) });
+                    }
+                }
+            }
+            prop_assert_eq!(back, records);
+        }
+    }
+
     #[test]
     fn record_larger_than_segment_does_not_fit() {
         let pool = SegmentPool::new(0, 1, 4096);
