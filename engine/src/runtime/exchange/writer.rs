@@ -154,6 +154,13 @@ async fn send_batch<T: 'static>(
     send_local(sender, LocalItem::Records(batch), metrics, cancel).await
 }
 
+/// Whether a channel within the shard sends its batch once it holds `len` records: after every
+/// record without a buffer timeout, else when the batch is full.
+#[inline(always)]
+fn local_batch_due(len: usize, batch_size: usize, flush_per_record: bool) -> bool {
+    flush_per_record || len >= batch_size
+}
+
 /// Writes one subtask's output on one exchange edge.
 pub(crate) struct ExchangeWriter<T, P> {
     channels: Vec<Channel<T>>,
@@ -228,7 +235,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         match &mut self.channels[channel] {
             Channel::Local { open, .. } => {
                 open.push(record, timestamp);
-                Ok(if flush || open.len() >= self.batch_size {
+                Ok(if local_batch_due(open.len(), self.batch_size, flush) {
                     Put::SendAfter
                 } else {
                     Put::Done
@@ -264,7 +271,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
                 Channel::Local { open, .. } => {
                     let (record, timestamp) = records.next().expect("peeked");
                     open.push(record, timestamp);
-                    !flush && open.len() < self.batch_size
+                    !local_batch_due(open.len(), self.batch_size, flush)
                 }
                 Channel::Remote { open, .. } => {
                     let builder = Self::open_segment(open, &self.pool)?;
