@@ -189,6 +189,26 @@ impl<O, Op> OperatorLink<O, Op> {
 }
 
 impl<O: 'static, Op> OperatorLink<O, Op> {
+    /// Hands the operator records from `records` until its main output holds a batch or the
+    /// input is used up (true then). Synchronous, so that a record goes from its slot to the
+    /// operator: read inside the async `push`, a record lives in the future's state across the
+    /// loop's await, and a large one (a 160-byte Nexmark event) is copied there and out again.
+    #[inline]
+    fn process_until_full<I>(&mut self, records: &mut Taking<'_, I>) -> bool
+    where
+        Op: Operator<I, O>,
+    {
+        let _scope = scope::enter(&self.metrics.name);
+        for (record, timestamp) in records {
+            self.operator
+                .process_element(record, timestamp, &mut self.out);
+            if self.out.main.len() >= self.batch_size {
+                return false;
+            }
+        }
+        true
+    }
+
     /// Sends what the operator emitted on: the main output, then the side outputs.
     async fn emit(&mut self) -> TaskResult {
         for mut chunk in self.out.main.take_spilled() {
@@ -215,16 +235,10 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                 let _scope = scope::enter(&self.metrics.name);
                 self.operator.process_batch(batch, &mut self.out);
             } else {
-                for (record, timestamp) in batch.drain() {
-                    {
-                        let _scope = scope::enter(&self.metrics.name);
-                        self.operator
-                            .process_element(record, timestamp, &mut self.out);
-                    }
-                    if self.out.main.len() >= self.batch_size {
-                        self.emit().await?;
-                        time::new_stretch();
-                    }
+                let mut records = batch.drain();
+                while !self.process_until_full(&mut records) {
+                    self.emit().await?;
+                    time::new_stretch();
                 }
             }
             self.emit().await
