@@ -438,6 +438,66 @@ fn ties_are_all_reported() {
     }
 }
 
+/// An auction for the hand-made inputs.
+fn auction(id: u64, category: u64, date_time: i64, expires: i64) -> Event {
+    Event::Auction(weir_bench::nexmark::Auction {
+        id,
+        item_name: format!("item-{id}"),
+        description: String::new(),
+        initial_bid: 1,
+        reserve: 2,
+        date_time,
+        expires,
+        seller: 1_000 + id,
+        category,
+        extra: String::new(),
+    })
+}
+
+/// q4 with bids that come before their auction: of those, only the ones in the auction's range
+/// count, several at one millisecond included (the highest wins, whatever their order).
+#[test]
+fn q4_counts_the_early_bids_in_range() {
+    let base = 1_700_000_000_000;
+    let events = vec![
+        // Auction 1 opens at +8: the bid at +5 is out of range, the three at +10 in it.
+        bid(1, 90, base + 5),
+        bid(1, 30, base + 10),
+        bid(1, 70, base + 10),
+        bid(1, 50, base + 10),
+        // Auction 2 opens at +25 and closes at +35: two early bids in range, one after it.
+        bid(2, 40, base + 30),
+        bid(2, 45, base + 31),
+        bid(2, 99, base + 36),
+        auction(1, 10, base + 8, base + 1_000),
+        auction(2, 11, base + 25, base + 35),
+        bid(1, 60, base + 20),
+    ];
+    let updates = |outputs: Vec<weir_bench::nexmark::CategoryAverage>| {
+        let mut outputs: Vec<(u64, u64, u64)> = outputs
+            .into_iter()
+            .map(|a| (a.category, a.sum, a.count))
+            .collect();
+        outputs.sort_unstable();
+        outputs
+    };
+    let mut expected = Vec::new();
+    baseline::q4(events.clone(), |record| expected.push(record));
+    assert_eq!(
+        updates(expected),
+        [(10, 70, 1), (11, 45, 1)],
+        "the baseline agrees with the hand count"
+    );
+    for parallelism in parallelisms() {
+        let actual = run_on(events.clone(), parallelism, queries::q4);
+        assert_eq!(
+            updates(actual),
+            [(10, 70, 1), (11, 45, 1)],
+            "q4 at parallelism {parallelism}"
+        );
+    }
+}
+
 /// Rough rates of the engine jobs at parallelism 1 (generation included) next to their
 /// baselines, for the record; run with `cargo test -p weir-bench --release --test
 /// nexmark_queries -- --ignored --nocapture`. Prints, asserts nothing about time.

@@ -303,10 +303,18 @@ struct WinningBid {
 
 /// q4's first phase, per auction id: the auction, bids that came before it, and a timer at
 /// `expires` that emits its winning bid.
+///
+/// Whether a bid is in its auction's range depends only on its time, so of the bids that come
+/// before their auction only the highest price per millisecond can matter: `early` keeps that,
+/// one entry per millisecond, with a timer there that drops it once the watermark passes (no
+/// auction that opens at or before it can come any more). Each early bid costs a lookup and
+/// at most a write and a timer; a list of every early bid, read and rewritten by each of its
+/// timers, grew quadratic on a hot auction whose bids outran it from another source subtask.
 #[derive(Clone)]
 struct WinningBids {
     auction: ValueStateDescriptor<Q4Auction>,
-    early: ListStateDescriptor<Q4Bid>,
+    /// Early bids: their time (ms) to the highest price at that time.
+    early: MapStateDescriptor<i64, u64>,
 }
 
 impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
@@ -329,11 +337,11 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
                     category,
                     max_price: None,
                 };
-                let early = ctx.list_state(&self.early);
-                let bids = early.get().expect("q4: read early bids");
-                if !bids.is_empty() {
-                    for bid in bids {
-                        state.offer(bid);
+                let early = ctx.map_state(&self.early);
+                if !early.is_empty().expect("q4: look for early bids") {
+                    for entry in early.entries().expect("q4: read early bids") {
+                        let (date_time, price) = entry.expect("q4: read an early bid");
+                        state.offer(Q4Bid { date_time, price });
                     }
                     early.clear().expect("q4: clear early bids");
                 }
@@ -346,14 +354,20 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
                         auction.update(state).expect("q4: store the auction");
                     }
                 }
-                // Before its auction, or after it closed (its id never comes again): wait until
-                // the watermark passes the bid, when no auction that opens at or before it can
-                // come any more.
+                // Before its auction, or after it closed (its id never comes again).
                 None => {
-                    ctx.list_state(&self.early)
-                        .add(bid)
-                        .expect("q4: store an early bid");
-                    ctx.register_event_time_timer(bid.date_time);
+                    let early = ctx.map_state(&self.early);
+                    match early.get(&bid.date_time).expect("q4: read an early bid") {
+                        Some(price) if price >= bid.price => {}
+                        held => {
+                            early
+                                .put(bid.date_time, bid.price)
+                                .expect("q4: store an early bid");
+                            if held.is_none() {
+                                ctx.register_event_time_timer(bid.date_time);
+                            }
+                        }
+                    }
                 }
             },
         }
@@ -373,17 +387,12 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
                     auction.clear().expect("q4: close the auction");
                 }
             }
-            None => {
-                let early = ctx.list_state(&self.early);
-                let mut bids = early.get().expect("q4: read early bids");
-                let before = bids.len();
-                bids.retain(|bid| bid.date_time > timestamp);
-                if bids.is_empty() {
-                    early.clear().expect("q4: clear early bids");
-                } else if bids.len() < before {
-                    early.update(bids).expect("q4: drop passed early bids");
-                }
-            }
+            // The early bids at `timestamp` can no longer meet their auction (earlier ones
+            // went with their own timers).
+            None => ctx
+                .map_state(&self.early)
+                .remove(&timestamp)
+                .expect("q4: drop a passed early bid"),
         }
     }
 }
@@ -444,7 +453,7 @@ pub fn q4(events: DataStream<Event>) -> DataStream<CategoryAverage> {
         .key_by(|input: &Q4Input| input.auction())
         .process(WinningBids {
             auction: ValueStateDescriptor::new("q4-auction"),
-            early: ListStateDescriptor::new("q4-early-bids"),
+            early: MapStateDescriptor::new("q4-early-bids"),
         })
         .name("q4 winning bids")
         .key_by(|winner: &WinningBid| winner.category)
