@@ -241,6 +241,48 @@ struct PendingSession<A> {
     records: u64,
 }
 
+/// A key's partial sessions. Within one flush a key's records nearly always fall in one session,
+/// which is held without a vector: most keys have a single record then, and a vector per key
+/// cost each an allocation and a free.
+enum Held<A> {
+    One(PendingSession<A>),
+    /// Pairwise apart (neither touching nor overlapping).
+    Many(Vec<PendingSession<A>>),
+}
+
+impl<A> Held<A> {
+    fn len(&self) -> usize {
+        match self {
+            Held::One(_) => 1,
+            Held::Many(sessions) => sessions.len(),
+        }
+    }
+
+    /// The sessions in a vector, the one session moved into it first.
+    fn many(&mut self) -> &mut Vec<PendingSession<A>> {
+        if let Held::One(_) = self {
+            let Held::One(one) = std::mem::replace(self, Held::Many(Vec::new())) else {
+                unreachable!("matched above")
+            };
+            if let Held::Many(sessions) = self {
+                sessions.push(one);
+            }
+        }
+        match self {
+            Held::Many(sessions) => sessions,
+            Held::One(_) => unreachable!("replaced above"),
+        }
+    }
+
+    fn into_sessions(self) -> impl Iterator<Item = PendingSession<A>> {
+        let (one, many) = match self {
+            Held::One(one) => (Some(one), Vec::new()),
+            Held::Many(many) => (None, many),
+        };
+        one.into_iter().chain(many)
+    }
+}
+
 /// The local phase of session windows: merges a key's records into partial sessions.
 pub(crate) struct LocalSessionAggregate<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> {
     key_selector: KS,
@@ -251,7 +293,7 @@ pub(crate) struct LocalSessionAggregate<K, T, O, KS, L: WindowLogic<K, TimeWindo
     /// Sessions held before they are all emitted.
     limit: usize,
     held: usize,
-    keys: KeyMap<K, Vec<PendingSession<L::Acc>>>,
+    keys: KeyMap<K, Held<L::Acc>>,
     operator: Arc<str>,
     _output: PhantomData<fn() -> O>,
 }
@@ -292,7 +334,7 @@ where
 {
     fn emit_all(&mut self, out: &mut Emitter<Partial<K, L::Acc>>) {
         for (key, sessions) in self.keys.drain() {
-            for session in sessions {
+            for session in sessions.into_sessions() {
                 emit_session(key.clone(), session, out);
             }
         }
@@ -325,7 +367,7 @@ where
             // It may be late where it is merged: it goes alone, after what came before it.
             if let Some(sessions) = self.keys.remove(&key) {
                 self.held -= sessions.len();
-                for session in sessions {
+                for session in sessions.into_sessions() {
                     emit_session(key.clone(), session, out);
                 }
             }
@@ -341,36 +383,56 @@ where
             return;
         }
         let logic = &mut self.logic;
-        let sessions = match self.keys.get_mut(&key) {
-            Some(sessions) => sessions,
-            None => self.keys.entry(key.clone()).or_default(),
-        };
-        // Sessions that touch or overlap `[start, end)` merge with it, as in the window
-        // operator.
-        let mut merged = PendingSession {
-            start,
-            end,
-            acc: logic.create(&key),
-            records: 0,
-        };
-        let before = sessions.len();
-        let mut i = 0;
-        while i < sessions.len() {
-            let session = &sessions[i];
-            if session.end >= merged.start && session.start <= merged.end {
-                let session = sessions.swap_remove(i);
-                merged.start = merged.start.min(session.start);
-                merged.end = merged.end.max(session.end);
-                merged.records += session.records;
-                logic.merge_owned(&mut merged.acc, session.acc);
-            } else {
-                i += 1;
+        match self.keys.get_mut(&key) {
+            None => {
+                let mut acc = logic.create(&key);
+                logic.add(&mut acc, record);
+                let session = PendingSession {
+                    start,
+                    end,
+                    acc,
+                    records: 1,
+                };
+                self.keys.insert(key, Held::One(session));
+                self.held += 1;
+            }
+            // The key's one session touches or overlaps `[start, end)`: the record joins it.
+            Some(Held::One(session)) if session.end >= start && session.start <= end => {
+                session.start = session.start.min(start);
+                session.end = session.end.max(end);
+                logic.add(&mut session.acc, record);
+                session.records += 1;
+            }
+            Some(held) => {
+                let sessions = held.many();
+                // Sessions that touch or overlap `[start, end)` merge with it, as in the window
+                // operator.
+                let mut merged = PendingSession {
+                    start,
+                    end,
+                    acc: logic.create(&key),
+                    records: 0,
+                };
+                let before = sessions.len();
+                let mut i = 0;
+                while i < sessions.len() {
+                    let session = &sessions[i];
+                    if session.end >= merged.start && session.start <= merged.end {
+                        let session = sessions.swap_remove(i);
+                        merged.start = merged.start.min(session.start);
+                        merged.end = merged.end.max(session.end);
+                        merged.records += session.records;
+                        logic.merge_owned(&mut merged.acc, session.acc);
+                    } else {
+                        i += 1;
+                    }
+                }
+                logic.add(&mut merged.acc, record);
+                merged.records += 1;
+                sessions.push(merged);
+                self.held = self.held + sessions.len() - before;
             }
         }
-        logic.add(&mut merged.acc, record);
-        merged.records += 1;
-        sessions.push(merged);
-        self.held = self.held + sessions.len() - before;
         if self.held >= self.limit {
             self.emit_all(out);
         }
