@@ -264,14 +264,12 @@ impl<A> Held<A> {
             let Held::One(one) = std::mem::replace(self, Held::Many(Vec::new())) else {
                 unreachable!("matched above")
             };
-            if let Held::Many(sessions) = self {
-                sessions.push(one);
-            }
+            *self = Held::Many(vec![one]);
         }
-        match self {
-            Held::Many(sessions) => sessions,
-            Held::One(_) => unreachable!("replaced above"),
-        }
+        let Held::Many(sessions) = self else {
+            unreachable!("made a vector above")
+        };
+        sessions
     }
 
     fn into_sessions(self) -> impl Iterator<Item = PendingSession<A>> {
