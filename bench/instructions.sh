@@ -13,8 +13,6 @@ EVENTS="${1:-1000000}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/weir-target}"
 cargo build --release --bin weir >&2
 WEIR="$CARGO_TARGET_DIR/release/weir"
-OUT=$(mktemp -d)
-trap 'rm -rf "$OUT"' EXIT
 
 count() {
   valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$@" 2>&1 > /dev/null \

@@ -106,7 +106,7 @@ SECTION=$(mktemp)
   if [ -n "$SCALING" ]; then
     echo "### Scaling every query from 1 to 2 shards (\`weir bench nexmark --query qN --events $EVENTS --parallelism 1|2 -D taskmanager.cpu.cores=C --json\`, $ROUNDS rounds alternating)"
     echo
-    echo "1 shard runs on core $FIRST (the scaling's base) and, for the last column, on core $SECOND; 2 shards on both. *Of both cores*: the 2-shard rate against the sum of the two 1-shard rates of the same round, what two shards could reach were the work split evenly."
+    echo "1 shard runs on core $FIRST (the scaling's base) and, for the *of both cores* column, on core $SECOND; 2 shards on both. *Of both cores*: the 2-shard rate against the sum of the two 1-shard rates of the same round, what two shards could reach were the work split evenly."
     echo
     echo "| query | 1 shard, core $FIRST, events/s, best (range) | 1 shard, core $SECOND | 2 shards events/s, best (range) | scaling, best of each | scaling per round | of both cores, per round | checksums |"
     echo "|---|---|---|---|---|---|---|---|"
