@@ -1,6 +1,7 @@
 //! Operator chaining changes how a job is cut into tasks, never what it computes: the same job
 //! with chaining on, off (`pipeline.operator-chaining.enabled=false`) and broken at one
-//! operator (`disable_chaining()`) gives the same records, and its plan shows the difference.
+//! operator (`disable_chaining()`) gives the same records, and its plan shows the difference; a
+//! link whose output fills mid-batch goes on where it stopped.
 
 mod common;
 
@@ -178,4 +179,28 @@ fn disable_chaining_on_a_sink_runs_it_as_its_own_task() {
         &collected.records(),
         &(0..500).map(|n| n * 2).collect::<Vec<_>>(),
     );
+}
+
+/// A chained operator that emits more than a batch for one record hands the batch on and goes
+/// on with the rest of its input where it stopped: with batches of 4 and up to 9 records out
+/// per record in, every record comes out once, in order.
+#[test]
+fn a_link_that_fills_its_output_mid_batch_loses_and_repeats_nothing() {
+    let env = common::env_with(1, &[("execution.batch-size", "4")]);
+    let (sink, collected) = CollectSink::new();
+    env.from_sequence(0, 2_000)
+        .flat_map(|n: u64, out: &mut Collector<'_, (u64, u64)>| {
+            for copy in 0..n % 10 {
+                out.collect((n, copy));
+            }
+        })
+        .name("fan out")
+        .map(|pair: (u64, u64)| pair)
+        .name("after")
+        .sink_to(sink, "out");
+    env.execute("fan out in a chain").expect("the job succeeds");
+    let expected: Vec<(u64, u64)> = (0..2_000u64)
+        .flat_map(|n| (0..n % 10).map(move |copy| (n, copy)))
+        .collect();
+    assert_eq!(collected.records(), expected);
 }
