@@ -338,11 +338,13 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
                     max_price: None,
                 };
                 let early = ctx.map_state(&self.early);
-                if !early.is_empty().expect("q4: look for early bids") {
-                    for entry in early.entries().expect("q4: read early bids") {
-                        let (date_time, price) = entry.expect("q4: read an early bid");
-                        state.offer(Q4Bid { date_time, price });
-                    }
+                let mut had_early = false;
+                for entry in early.entries().expect("q4: read early bids") {
+                    let (date_time, price) = entry.expect("q4: read an early bid");
+                    state.offer(Q4Bid { date_time, price });
+                    had_early = true;
+                }
+                if had_early {
                     early.clear().expect("q4: clear early bids");
                 }
                 auction.update(state).expect("q4: store the auction");
