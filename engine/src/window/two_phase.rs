@@ -30,14 +30,14 @@
 //! is what processing time leaves open.
 //!
 //! It is used for `aggregate` and `aggregate_with` on tumbling and sliding windows (event or
-//! processing time) and event-time session windows when the result cannot differ from
-//! one-phase aggregation (beyond processing time's own dependence on arrival): no allowed lateness (a
-//! late record would fire its window once per partial, not once per record) and no late-data
-//! side output (its records would be partials). Pane lateness is decided per pane, so a partial
-//! is late exactly when each of its records would have been; dropped partials count their
-//! records. `table.optimizer.agg-phase-strategy` decides where: `AUTO` (the default) where the
-//! exchange may cross shards — with one subtask on each side it is chained, and a local phase
-//! would only add a second hash lookup per record — `TWO_PHASE` always, `ONE_PHASE` never.
+//! processing time) and event-time session windows when the result cannot differ from one-phase
+//! aggregation (beyond processing time's own dependence on arrival): no allowed lateness (a late
+//! record would fire its window once per partial, not once per record) and no late-data side output
+//! (its records would be partials). Pane lateness is decided per pane, so a partial is late exactly
+//! when each of its records would have been; dropped partials count their records.
+//! `table.optimizer.agg-phase-strategy` decides where: `AUTO` (the default) where the exchange may
+//! cross shards — with one subtask on each side it is chained, and a local phase would only add a
+//! second hash lookup per record — `TWO_PHASE` always, `ONE_PHASE` never.
 
 use std::cell::RefCell;
 use std::collections::hash_map::Entry;
