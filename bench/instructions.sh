@@ -23,16 +23,19 @@ echo "Commit \`$(git rev-parse --short HEAD)\`, $EVENTS events (\`bench/instruct
 echo
 echo "| query | weir instructions/event | baseline instructions/event | weir / baseline |"
 echo "|---|---|---|---|"
-# Per event: the count of EVENTS events less that of 1 000, which is the process's fixed cost
-# (start-up, the generator's tables; ~42 M instructions either way).
+# Instructions per event of `weir bench nexmark --query Q ARGS...`: the count of EVENTS events
+# less that of 1 000, which is the process's fixed cost (start-up, the generator's tables;
+# ~42 M instructions either way).
+per_event() {
+  local q=$1 many few
+  shift
+  many=$(count "$WEIR" bench nexmark --query "$q" --events "$EVENTS" "$@" --json)
+  few=$(count "$WEIR" bench nexmark --query "$q" --events 1000 "$@" --json)
+  python3 -c "print(($many - $few) / ($EVENTS - 1000))"
+}
+
 for q in q0 q1 q2 q3 q4 q5 q7 q8 q11 q12; do
-  per_event() {
-    local many few
-    many=$(count "$WEIR" bench nexmark --query "$q" --events "$EVENTS" "$@" --json)
-    few=$(count "$WEIR" bench nexmark --query "$q" --events 1000 "$@" --json)
-    python3 -c "print(($many - $few) / ($EVENTS - 1000))"
-  }
-  engine=$(per_event --parallelism 1)
-  baseline=$(per_event --baseline)
+  engine=$(per_event "$q" --parallelism 1)
+  baseline=$(per_event "$q" --baseline)
   python3 -c "e, b = $engine, $baseline; print(f'| $q | {e:.0f} | {b:.0f} | {e / b:.2f}x |')"
 done
