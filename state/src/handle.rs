@@ -72,6 +72,21 @@ impl<T> ValueState<T> {
     pub fn clear(&self) -> Result<(), StateError> {
         self.access.clear()
     }
+
+    /// Reads and changes the current key's value in one access, without cloning it out and
+    /// writing it back: `change` gets the stored value (`Some`) to change in place, returning
+    /// `None` to keep it so or `Some` to replace it; for a key without a value it gets `None`
+    /// and returns the value to store, if any. On the heap backend the stored value itself is
+    /// changed (one lookup); on RocksDB it is read and decoded once and written once. For TTL
+    /// this is a write.
+    pub fn update_with(
+        &self,
+        change: impl FnOnce(Option<&mut T>) -> Option<T>,
+    ) -> Result<(), StateError> {
+        let mut change = Some(change);
+        self.access
+            .update_with(&mut |current| change.take().and_then(|change| change(current)))
+    }
 }
 
 /// A list of values per key and namespace (Flink's `ListState`).

@@ -62,6 +62,7 @@ macro_rules! backend_suite {
 backend_suite!(
     value_state_per_key,
     value_state_per_namespace,
+    value_state_updates_in_place,
     list_state_semantics,
     map_state_semantics,
     map_iteration_spans_chunks,
@@ -110,6 +111,71 @@ fn value_state_per_key(f: &Fixture) {
         backend.current_key_group(),
         Some(KeyGroup::of(&"a".to_string(), 128))
     );
+}
+
+fn value_state_updates_in_place(f: &Fixture) {
+    let backend: LocalKeyedBackend<u8> = f.backend(128);
+    let held = backend
+        .value_state(&ValueStateDescriptor::<Vec<u32>>::new("held"))
+        .unwrap();
+    backend.set_current_key(&1).unwrap();
+    // No value: `None` stores nothing, `Some` stores it.
+    held.update_with(|current| {
+        assert_eq!(current, None);
+        None
+    })
+    .unwrap();
+    assert_eq!(held.value().unwrap(), None);
+    held.update_with(|_| Some(vec![1])).unwrap();
+    // A value: changed in place (returning `None` keeps the change), or replaced.
+    held.update_with(|current| {
+        current.expect("stored").push(2);
+        None
+    })
+    .unwrap();
+    assert_eq!(held.value().unwrap(), Some(vec![1, 2]));
+    held.update_with(|current| {
+        current.expect("stored").push(3);
+        Some(vec![9])
+    })
+    .unwrap();
+    assert_eq!(held.value().unwrap(), Some(vec![9]));
+    // Another key is untouched, and starts with none.
+    backend.set_current_key(&2).unwrap();
+    held.update_with(|current| {
+        assert_eq!(current, None);
+        Some(vec![5])
+    })
+    .unwrap();
+    backend.set_current_key(&1).unwrap();
+    assert_eq!(held.value().unwrap(), Some(vec![9]));
+
+    // With TTL it is a write (refreshes the expiry), and an expired value is none.
+    let expiring = backend
+        .value_state(&ValueStateDescriptor::<u64>::new("expiring").with_ttl(ttl(100)))
+        .unwrap();
+    expiring.update(1).unwrap();
+    f.clock.advance(Duration::from_millis(60));
+    expiring
+        .update_with(|current| {
+            *current.expect("live") += 1;
+            None
+        })
+        .unwrap();
+    f.clock.advance(Duration::from_millis(60));
+    assert_eq!(
+        expiring.value().unwrap(),
+        Some(2),
+        "refreshed by the change"
+    );
+    f.clock.advance(Duration::from_millis(100));
+    expiring
+        .update_with(|current| {
+            assert_eq!(current, None, "expired");
+            Some(7)
+        })
+        .unwrap();
+    assert_eq!(expiring.value().unwrap(), Some(7));
 }
 
 fn value_state_per_namespace(f: &Fixture) {

@@ -301,20 +301,67 @@ struct WinningBid {
     price: u64,
 }
 
+/// Bids that came before their auction: per millisecond the highest price, in time order.
+///
+/// Whether a bid is in its auction's range depends only on its time, so of the bids at one
+/// millisecond only the highest can matter. Bids mostly come in time order, so holding one
+/// looks at the last entry first.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+struct EarlyBids {
+    /// Ascending by time, one entry per millisecond.
+    bids: Vec<Q4Bid>,
+}
+
+impl EarlyBids {
+    /// Holds `bid` unless a bid at its millisecond is at least as high.
+    fn hold(&mut self, bid: Q4Bid) {
+        let at = match self.bids.last() {
+            Some(last) if last.date_time < bid.date_time => Err(self.bids.len()),
+            Some(last) if last.date_time == bid.date_time => Ok(self.bids.len() - 1),
+            _ => self
+                .bids
+                .binary_search_by_key(&bid.date_time, |held| held.date_time),
+        };
+        match at {
+            Ok(index) => {
+                let held = &mut self.bids[index];
+                held.price = held.price.max(bid.price);
+            }
+            Err(index) => self.bids.insert(index, bid),
+        }
+    }
+
+    /// Drops the bids at or before `time` (the watermark: no auction that opens then can
+    /// come any more); the time of the last one left, if any.
+    fn drop_through(&mut self, time: i64) -> Option<i64> {
+        let passed = self.bids.partition_point(|bid| bid.date_time <= time);
+        self.bids.drain(..passed);
+        self.bids.last().map(|bid| bid.date_time)
+    }
+}
+
+/// What q4 keeps per auction id: the auction while it is open, or the bids that came before
+/// it (or after it closed: its id never comes again).
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+enum Q4State {
+    /// The auction, until its timer at `expires`.
+    Open(Q4Auction),
+    /// Bids without an open auction, with one timer at the time of the first of them; when
+    /// it fires, the bids the watermark passed go and the timer moves to the last one left.
+    Early(EarlyBids),
+}
+
 /// q4's first phase, per auction id: the auction, bids that came before it, and a timer at
 /// `expires` that emits its winning bid.
 ///
-/// Whether a bid is in its auction's range depends only on its time, so of the bids that come
-/// before their auction only the highest price per millisecond can matter: `early` keeps that,
-/// one entry per millisecond, with a timer there that drops it once the watermark passes (no
-/// auction that opens at or before it can come any more). Each early bid costs a lookup and
-/// at most a write and a timer; a list of every early bid, read and rewritten by each of its
-/// timers, grew quadratic on a hot auction whose bids outran it from another source subtask.
+/// One state per auction id holds either the open auction or the early bids, so each bid costs
+/// one lookup and changes the stored state in place. At 2 shards a third of the bids can come
+/// before their auction (the two source subtasks drift apart by 10⁵–10⁶ events, and bids go to
+/// the newest auctions); a key holding early bids has at most one timer, not one per bid or
+/// millisecond.
 #[derive(Clone)]
 struct WinningBids {
-    auction: ValueStateDescriptor<Q4Auction>,
-    /// Early bids: their time (ms) to the highest price at that time.
-    early: MapStateDescriptor<i64, u64>,
+    state: ValueStateDescriptor<Q4State>,
 }
 
 impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
@@ -323,7 +370,8 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
         input: Q4Input,
         ctx: &mut KeyedProcessContext<'_, u64, WinningBid>,
     ) {
-        let auction = ctx.value_state(&self.auction);
+        let state = ctx.value_state(&self.state);
+        let mut timer = None;
         match input {
             Q4Input::Auction {
                 date_time,
@@ -331,70 +379,71 @@ impl KeyedProcessFunction<u64, Q4Input, WinningBid> for WinningBids {
                 category,
                 ..
             } => {
-                let mut state = Q4Auction {
+                let mut auction = Q4Auction {
                     date_time,
                     expires,
                     category,
                     max_price: None,
                 };
-                let early = ctx.map_state(&self.early);
-                let mut had_early = false;
-                for entry in early.entries().expect("q4: read early bids") {
-                    let (date_time, price) = entry.expect("q4: read an early bid");
-                    state.offer(Q4Bid { date_time, price });
-                    had_early = true;
-                }
-                if had_early {
-                    early.clear().expect("q4: clear early bids");
-                }
-                auction.update(state).expect("q4: store the auction");
-                ctx.register_event_time_timer(expires);
-            }
-            Q4Input::Bid { bid, .. } => match auction.value().expect("q4: read the auction") {
-                Some(mut state) => {
-                    if state.offer(bid) {
-                        auction.update(state).expect("q4: store the auction");
-                    }
-                }
-                // Before its auction, or after it closed (its id never comes again).
-                None => {
-                    let early = ctx.map_state(&self.early);
-                    match early.get(&bid.date_time).expect("q4: read an early bid") {
-                        Some(price) if price >= bid.price => {}
-                        held => {
-                            early
-                                .put(bid.date_time, bid.price)
-                                .expect("q4: store an early bid");
-                            if held.is_none() {
-                                ctx.register_event_time_timer(bid.date_time);
+                timer = Some(expires);
+                state
+                    .update_with(|current| {
+                        if let Some(Q4State::Early(early)) = current {
+                            for &bid in &early.bids {
+                                auction.offer(bid);
                             }
                         }
+                        Some(Q4State::Open(auction))
+                    })
+                    .expect("q4: store the auction");
+            }
+            Q4Input::Bid { bid, .. } => state
+                .update_with(|current| match current {
+                    Some(Q4State::Open(auction)) => {
+                        auction.offer(bid);
+                        None
                     }
-                }
-            },
+                    Some(Q4State::Early(early)) => {
+                        early.hold(bid);
+                        None
+                    }
+                    None => {
+                        timer = Some(bid.date_time);
+                        Some(Q4State::Early(EarlyBids { bids: vec![bid] }))
+                    }
+                })
+                .expect("q4: store a bid"),
+        }
+        if let Some(time) = timer {
+            ctx.register_event_time_timer(time);
         }
     }
 
     fn on_timer(&mut self, timestamp: i64, ctx: &mut KeyedProcessContext<'_, u64, WinningBid>) {
-        let auction = ctx.value_state(&self.auction);
-        match auction.value().expect("q4: read the auction") {
-            Some(state) => {
-                if timestamp >= state.expires {
-                    if let Some(price) = state.max_price {
-                        ctx.emit(WinningBid {
-                            category: state.category,
-                            price,
-                        });
+        let state = ctx.value_state(&self.state);
+        match state.value().expect("q4: read the auction") {
+            // The auction's own timer (those of bids that came before it find it open).
+            Some(Q4State::Open(auction)) if timestamp >= auction.expires => {
+                if let Some(price) = auction.max_price {
+                    ctx.emit(WinningBid {
+                        category: auction.category,
+                        price,
+                    });
+                }
+                state.clear().expect("q4: close the auction");
+            }
+            Some(Q4State::Early(mut early)) => {
+                match early.drop_through(timestamp.max(ctx.current_watermark())) {
+                    Some(last) => {
+                        state
+                            .update(Q4State::Early(early))
+                            .expect("q4: store the early bids");
+                        ctx.register_event_time_timer(last);
                     }
-                    auction.clear().expect("q4: close the auction");
+                    None => state.clear().expect("q4: drop passed early bids"),
                 }
             }
-            // The early bids at `timestamp` can no longer meet their auction (earlier ones
-            // went with their own timers).
-            None => ctx
-                .map_state(&self.early)
-                .remove(&timestamp)
-                .expect("q4: drop a passed early bid"),
+            Some(Q4State::Open(_)) | None => {}
         }
     }
 }
@@ -454,8 +503,7 @@ pub fn q4(events: DataStream<Event>) -> DataStream<CategoryAverage> {
         .name("q4 auctions and bids")
         .key_by(|input: &Q4Input| input.auction())
         .process(WinningBids {
-            auction: ValueStateDescriptor::new("q4-auction"),
-            early: MapStateDescriptor::new("q4-early-bids"),
+            state: ValueStateDescriptor::new("q4-auctions"),
         })
         .name("q4 winning bids")
         .key_by(|winner: &WinningBid| winner.category)
@@ -862,6 +910,32 @@ mod tests {
         a.merge(&c);
         a.merge(&MaxBids::default());
         assert_eq!((a.price, a.bids.len()), (7, 2));
+    }
+
+    #[test]
+    fn early_bids_keep_the_highest_per_millisecond_in_time_order() {
+        let bid = |date_time, price| Q4Bid { date_time, price };
+        let mut early = EarlyBids::default();
+        for held in [
+            bid(5, 1),
+            bid(7, 3),
+            bid(7, 2),
+            bid(6, 9),
+            bid(3, 4),
+            bid(7, 8),
+        ] {
+            early.hold(held);
+        }
+        assert_eq!(
+            early.bids,
+            [bid(3, 4), bid(5, 1), bid(6, 9), bid(7, 8)],
+            "one per millisecond, the highest, ascending"
+        );
+        assert_eq!(early.drop_through(2), Some(7), "nothing passed");
+        assert_eq!(early.drop_through(5), Some(7));
+        assert_eq!(early.bids, [bid(6, 9), bid(7, 8)]);
+        assert_eq!(early.drop_through(7), None, "all passed");
+        assert!(early.bids.is_empty());
     }
 
     #[test]
