@@ -65,6 +65,7 @@ pub fn reports(
         WatermarkStrategy::no_watermarks(),
         "sensor readings",
     )
+    .uid("sensor-readings")
     .key_by(|r: &SensorStats| r.sensor)
     .reduce(|a, b| SensorStats {
         sensor: a.sensor,
@@ -74,6 +75,7 @@ pub fn reports(
         max: a.max.max(b.max),
     })
     .name("Running stats")
+    .uid("running-stats")
     .filter(move |s: &SensorStats| s.count.is_multiple_of(report_every))
     .name("Every report")
 }

@@ -27,6 +27,7 @@ pub fn build(env: &StreamEnvironment, input: &Path, output: Output) {
             WatermarkStrategy::no_watermarks(),
             "lines",
         )
+        .uid("lines")
         .flat_map(|line: String, out: &mut Collector<'_, (String, u64)>| {
             for word in words(&line) {
                 out.collect((word, 1));
@@ -35,7 +36,8 @@ pub fn build(env: &StreamEnvironment, input: &Path, output: Output) {
         .name("Tokenize")
         .key_by(|(word, _): &(String, u64)| word.clone())
         .reduce(|(word, a), (_, b)| (word, a + b))
-        .name("Count");
+        .name("Count")
+        .uid("count");
     match output {
         Output::Print => counts.sink_to(PrintSink::new(), "print"),
         Output::Files(dir) => counts.sink_to(

@@ -63,6 +63,7 @@ pub fn source<G: Generator<Event>>(
     ))
     .with_timestamp_assigner(|event: &Event, _| event.date_time());
     env.from_source(source, watermarks, "Nexmark")
+        .uid("nexmark")
 }
 
 /// q0: every bid, unchanged.
@@ -224,6 +225,7 @@ pub fn q3(events: DataStream<Event>) -> DataStream<LocalItemSuggestion> {
             auctions: ListStateDescriptor::new("q3-auctions"),
         })
         .name("q3 join")
+        .uid("q3-join")
 }
 
 /// A q4 bid: price and time.
@@ -506,11 +508,13 @@ pub fn q4(events: DataStream<Event>) -> DataStream<CategoryAverage> {
             state: ValueStateDescriptor::new("q4-auctions"),
         })
         .name("q4 winning bids")
+        .uid("q4-winning-bids")
         .key_by(|winner: &WinningBid| winner.category)
         .process(CategoryAverages {
             average: ValueStateDescriptor::new("q4-category"),
         })
         .name("q4 category averages")
+        .uid("q4-category-averages")
 }
 
 /// Counts a window's records.
@@ -610,10 +614,12 @@ pub fn q5(events: DataStream<Event>) -> DataStream<HotItem> {
             }
         })
         .name("q5 counts")
+        .uid("q5-counts")
         .key_by(|count: &AuctionCount| count.window_end)
         .window(TumblingEventTimeWindows::of(HOP_SLIDE))
         .aggregate(MaxCount)
         .name("q5 max count")
+        .uid("q5-max-count")
         .flat_map(|top: TopAuctions, out: &mut Collector<'_, HotItem>| {
             for auction in top.auctions {
                 out.collect(HotItem {
@@ -728,10 +734,12 @@ pub fn q7(events: DataStream<Event>) -> DataStream<HighestBid> {
             max
         })
         .name("q7 max per bucket")
+        .uid("q7-max-per-bucket")
         .key_by(|max: &MaxBids| max.window_start)
         .window(TumblingEventTimeWindows::of(TUMBLE))
         .aggregate(MergeMaxBids)
         .name("q7 max per window")
+        .uid("q7-max-per-window")
         .flat_map(|max: MaxBids, out: &mut Collector<'_, HighestBid>| {
             for bid in max.bids {
                 out.collect(bid);
@@ -828,6 +836,7 @@ pub fn q8(events: DataStream<Event>) -> DataStream<NewUser> {
             },
         )
         .name("q8 join")
+        .uid("q8-join")
         .flat_map(|users: Vec<NewUser>, out: &mut Collector<'_, NewUser>| {
             for user in users {
                 out.collect(user);
@@ -862,6 +871,7 @@ pub fn q11(events: DataStream<Event>) -> DataStream<BidderSession> {
             }
         })
         .name("q11 sessions")
+        .uid("q11-sessions")
 }
 
 /// q12: per bidder, bids per 10 s processing-time tumbling window.
@@ -877,6 +887,7 @@ pub fn q12(events: DataStream<Event>) -> DataStream<BidderWindowCount> {
             }
         })
         .name("q12 counts")
+        .uid("q12-counts")
 }
 
 #[cfg(test)]

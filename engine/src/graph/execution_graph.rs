@@ -133,7 +133,7 @@ impl ExecutionGraph {
             let uid = node
                 .uid
                 .as_deref()
-                .map(|u| format!(" uid={u}"))
+                .map(|u| format!(", uid={u}"))
                 .unwrap_or_default();
             let inputs: Vec<String> = job
                 .edges
@@ -155,8 +155,8 @@ impl ExecutionGraph {
             };
             let _ = writeln!(
                 out,
-                "  [{}] {} ({kind}, parallelism {p}{uid}){from}",
-                node.id, node.name
+                "  [{}] {} ({kind}, parallelism {p}{uid}, id={}){from}",
+                node.id, node.name, job.operator_ids[node.id]
             );
         }
         let _ = writeln!(out, "== JobGraph: {} task(s) ==", job.vertices.len());

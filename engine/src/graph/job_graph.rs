@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::operator_id::{operator_ids, OperatorId};
 use super::stream_graph::{EdgeRequest, NodeKind, StreamGraph};
 use crate::error::JobError;
 use crate::runtime::exchange::PartitionKind;
@@ -50,6 +51,8 @@ pub struct JobGraph {
     pub node_vertex: Vec<usize>,
     /// Number of key groups.
     pub max_parallelism: usize,
+    /// Each stream node's id, which its state is stored and restored under.
+    pub operator_ids: Vec<OperatorId>,
 }
 
 impl std::fmt::Debug for JobGraph {
@@ -88,6 +91,20 @@ impl JobGraph {
             ));
         }
 
+        let operator_ids = operator_ids(nodes);
+        let live_ids = nodes
+            .iter()
+            .filter(|n| live[n.id])
+            .map(|n| (operator_ids[n.id], n));
+        let mut seen: std::collections::HashMap<OperatorId, &str> = Default::default();
+        for (id, node) in live_ids {
+            if let Some(other) = seen.insert(id, &node.name) {
+                return Err(JobError::InvalidJob(format!(
+                    "'{other}' and '{}' have the same operator id {id}; give one of them a uid",
+                    node.name
+                )));
+            }
+        }
         let mut node_parallelism = vec![0; nodes.len()];
         for node in nodes.iter().filter(|n| live[n.id]) {
             let p = node.parallelism.unwrap_or(default_parallelism);
@@ -172,14 +189,44 @@ impl JobGraph {
             vertex.name = names.join(" -> ");
         }
 
-        Ok(JobGraph {
+        let job = JobGraph {
             graph: Arc::new(graph),
             vertices,
             edges,
             node_parallelism,
             node_vertex,
             max_parallelism,
-        })
+            operator_ids,
+        };
+        let uidless = job.stateful_without_uid();
+        if !uidless.is_empty() {
+            tracing::warn!(
+                job = %job.job_name(),
+                "stateful operators without a uid: '{}'. A checkpoint finds their state by the \
+                 job's shape, which an edit upstream of them changes; give each a stable \
+                 .uid(...)",
+                uidless.join("', '")
+            );
+        }
+        Ok(job)
+    }
+
+    /// The names of the running nodes that hold state a restore finds by operator id but have
+    /// no uid: sources (their split positions) and keyed operators.
+    pub fn stateful_without_uid(&self) -> Vec<&str> {
+        self.graph
+            .nodes
+            .iter()
+            .filter(|node| self.node_parallelism[node.id] > 0 && node.uid.is_none())
+            .filter(|node| {
+                matches!(node.kind, NodeKind::Source(_))
+                    || node
+                        .inputs
+                        .iter()
+                        .any(|edge| edge.request == EdgeRequest::Hash)
+            })
+            .map(|node| node.name.as_str())
+            .collect()
     }
 
     /// The job's name.

@@ -8,15 +8,18 @@
 //! - [`ExecutionGraph`]: each vertex expands into `parallelism` subtasks, placed on slots with
 //!   slot sharing (subtask `i` of every vertex shares slot `i`), joined by exchange channels.
 //!
-//! `weir run --explain` prints all three ([`ExecutionGraph::explain`]).
+//! `weir run --explain` prints all three ([`ExecutionGraph::explain`]). Every node has an
+//! [`OperatorId`] that outlives the process (see [`operator_id`]'s docs).
 
 mod execution_graph;
 mod job_graph;
+pub mod operator_id;
 mod stream_graph;
 
 pub(crate) use execution_graph::within_slot;
 pub use execution_graph::{ExecutionGraph, ExecutionVertex};
 pub use job_graph::{JobEdge, JobGraph, JobVertex};
+pub use operator_id::OperatorId;
 pub(crate) use stream_graph::{
     AnyOutput, EdgeRequest, NodeKind, OperatorFactory, ReceiverEnd, SenderEnd, SharedEnumerator,
     SinkFactory, SourceFactory, StreamEdge, StreamNode, TypeOps, WriterFactory, WriterParts,

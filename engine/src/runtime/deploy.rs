@@ -222,10 +222,7 @@ impl ChainBuilder<'_> {
             .or_insert_with(OperatorStateId::fresh);
         let job = &self.shared.exec.job;
         let graph_node = &job.graph.nodes[node];
-        let operator_id = match &graph_node.uid {
-            Some(uid) => uid.replace(':', "_"),
-            None => format!("node-{node}"),
-        };
+        let operator_id = job.operator_ids[node].to_string();
         RuntimeContext {
             operator_name: graph_node.name.as_str().into(),
             subtask: self.subtask,
