@@ -4,9 +4,9 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use super::{LocalBoxFuture, Output};
+use super::{ChainEvent, LocalBoxFuture, Output};
 use crate::error::TaskResult;
-use crate::record::{Watermark, NO_TIMESTAMP};
+use crate::record::NO_TIMESTAMP;
 
 /// Records with their timestamps (`NO_TIMESTAMP` where a record has none), in two parallel
 /// vectors of equal length: an operator that maps records in place leaves the timestamps alone.
@@ -253,32 +253,16 @@ trait ErasedSideOutput {
 
 /// The non-record calls of an [`Output`], whatever its record type.
 pub(crate) trait ErasedOutput {
-    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult>;
-    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult>;
-    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult>;
+    fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult>;
     fn next_processing_time(&self) -> Option<i64>;
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult>;
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult>;
 }
 
 impl<T: 'static> ErasedOutput for Box<dyn Output<T>> {
-    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
-        (**self).watermark(watermark)
-    }
-    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        (**self).watermark_status(idle)
-    }
-    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        (**self).processing_time(now)
+    fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
+        (**self).event(event)
     }
     fn next_processing_time(&self) -> Option<i64> {
         (**self).next_processing_time()
-    }
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        (**self).flush()
-    }
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        (**self).finish()
     }
 }
 
@@ -356,8 +340,12 @@ impl SideOutputs {
         Ok(())
     }
 
-    pub(crate) fn outputs(&mut self) -> impl Iterator<Item = &mut dyn ErasedOutput> {
-        self.outputs.iter_mut().map(|(_, side)| side.output())
+    /// Passes `event` to every side output.
+    pub(crate) async fn event(&mut self, event: ChainEvent) -> TaskResult {
+        for (_, side) in &mut self.outputs {
+            side.output().event(event).await?;
+        }
+        Ok(())
     }
 
     pub(crate) fn next_processing_time(&self) -> Option<i64> {

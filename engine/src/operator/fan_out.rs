@@ -1,8 +1,7 @@
 //! Hands one operator's output to several consumers (chained operators and exchange writers).
 
-use super::{Batch, LocalBoxFuture, Output};
+use super::{Batch, ChainEvent, LocalBoxFuture, Output};
 use crate::error::TaskResult;
-use crate::record::Watermark;
 
 /// Copies each batch to every consumer but the last, which gets the original.
 pub(crate) struct FanOut<T> {
@@ -32,28 +31,10 @@ impl<T: Clone + 'static> Output<T> for FanOut<T> {
         })
     }
 
-    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
+    fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async move {
             for output in &mut self.outputs {
-                output.watermark(watermark).await?;
-            }
-            Ok(())
-        })
-    }
-
-    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for output in &mut self.outputs {
-                output.watermark_status(idle).await?;
-            }
-            Ok(())
-        })
-    }
-
-    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for output in &mut self.outputs {
-                output.processing_time(now).await?;
+                output.event(event).await?;
             }
             Ok(())
         })
@@ -64,23 +45,5 @@ impl<T: Clone + 'static> Output<T> for FanOut<T> {
             .iter()
             .filter_map(|o| o.next_processing_time())
             .min()
-    }
-
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for output in &mut self.outputs {
-                output.flush().await?;
-            }
-            Ok(())
-        })
-    }
-
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for output in &mut self.outputs {
-                output.finish().await?;
-            }
-            Ok(())
-        })
     }
 }

@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use super::{scope, Batch, LocalBoxFuture, Output, SideOutputs};
+use super::{scope, Batch, ChainEvent, LocalBoxFuture, Output, SideOutputs};
 use crate::error::TaskResult;
 use crate::metrics::OperatorMetrics;
-use crate::record::Watermark;
 
 pub(crate) struct FilterLink<T, F> {
     predicate: F,
@@ -95,30 +94,10 @@ impl<T: 'static, F: FnMut(&T) -> bool + 'static> Output<T> for FilterLink<T, F> 
         })
     }
 
-    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
+    fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async move {
-            for side in self.side.outputs() {
-                side.watermark(watermark).await?;
-            }
-            self.next.watermark(watermark).await
-        })
-    }
-
-    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for side in self.side.outputs() {
-                side.watermark_status(idle).await?;
-            }
-            self.next.watermark_status(idle).await
-        })
-    }
-
-    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for side in self.side.outputs() {
-                side.processing_time(now).await?;
-            }
-            self.next.processing_time(now).await
+            self.side.event(event).await?;
+            self.next.event(event).await
         })
     }
 
@@ -130,24 +109,6 @@ impl<T: 'static, F: FnMut(&T) -> bool + 'static> Output<T> for FilterLink<T, F> 
         .into_iter()
         .flatten()
         .min()
-    }
-
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for side in self.side.outputs() {
-                side.flush().await?;
-            }
-            self.next.flush().await
-        })
-    }
-
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for side in self.side.outputs() {
-                side.finish().await?;
-            }
-            self.next.finish().await
-        })
     }
 }
 

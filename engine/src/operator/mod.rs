@@ -7,6 +7,13 @@
 //!
 //! Links are asynchronous because an exchange writer may have to wait for credit: when it does,
 //! the whole chain above it waits with it, which is how backpressure reaches the source.
+//!
+//! Everything else that travels down a chain — watermarks, idleness, processing time, the
+//! buffer timeout's flush, the end of input — is a [`ChainEvent`], handed through one method,
+//! [`Output::event`], in order with the records: the operator link calls its operator's hook,
+//! sends on what the operator emitted, then passes the event to its side outputs and the next
+//! link; a filter or a fan-out passes it on as it is. Checkpoint barriers are meant to travel
+//! the same way, changing only the outputs that act on them.
 
 pub(crate) mod batch;
 mod fan_out;
@@ -21,7 +28,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 pub use batch::OutputTag;
-pub(crate) use batch::{Batch, Emitter, ErasedOutput, SideOutputs, Taking};
+pub(crate) use batch::{Batch, Emitter, SideOutputs, Taking};
 pub(crate) use fan_out::FanOut;
 pub(crate) use filter::FilterLink;
 pub(crate) use flat_map::FlatMapOperator;
@@ -93,24 +100,36 @@ impl RuntimeContext {
     }
 }
 
+/// What passes down a chain besides records, in order with them. Every [`Output`] takes all
+/// of them through [`Output::event`]: a link that only passes them on forwards whatever comes,
+/// so a new kind of event changes only the outputs that act on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ChainEvent {
+    /// Event time advanced.
+    Watermark(Watermark),
+    /// The stream became idle (no records or watermarks for a while: it no longer holds event
+    /// time back downstream) or active again.
+    WatermarkStatus {
+        /// Idle (else active again).
+        idle: bool,
+    },
+    /// The wall clock reached this time (ms since the epoch): fire processing-time timers due.
+    ProcessingTime(i64),
+    /// Send on whatever is buffered (the buffer timeout expired).
+    Flush,
+    /// The input has ended: emit what is left and close.
+    Finish,
+}
+
 /// The receiving end of a stream of `T` inside a task: a chained operator, a fan-out, a sink
 /// or an exchange writer.
 pub(crate) trait Output<T> {
     /// Takes every record out of `batch` (leaving it empty, capacity kept).
     fn push<'a>(&'a mut self, batch: &'a mut Batch<T>) -> LocalBoxFuture<'a, TaskResult>;
-    /// Event time advanced.
-    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult>;
-    /// The stream became idle (no records or watermarks for a while: it no longer holds event
-    /// time back downstream) or active again.
-    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult>;
-    /// The wall clock reached `now` (ms since the epoch): fire processing-time timers due.
-    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult>;
+    /// Handles `event`, which comes after every record pushed before it, and passes it on.
+    fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult>;
     /// The earliest processing-time timer registered here or downstream in the chain.
     fn next_processing_time(&self) -> Option<i64>;
-    /// Sends on whatever is buffered (the buffer timeout expired).
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult>;
-    /// The input has ended: emit what is left and close.
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult>;
 }
 
 /// One operator of a chain. Records go in one at a time, with their timestamps; what the
@@ -245,46 +264,42 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
         })
     }
 
-    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
+    fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async move {
-            {
+            let emitted = {
                 let _scope = scope::enter(&self.metrics.name);
-                self.operator.on_watermark(watermark, &mut self.out);
-            }
-            self.emit().await?;
-            for side in self.out.side.outputs() {
-                side.watermark(watermark).await?;
-            }
-            self.next.watermark(watermark).await
-        })
-    }
-
-    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            for side in self.out.side.outputs() {
-                side.watermark_status(idle).await?;
-            }
-            self.next.watermark_status(idle).await
-        })
-    }
-
-    fn processing_time(&mut self, now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            if self
-                .operator
-                .next_processing_time()
-                .is_some_and(|t| t <= now)
-            {
-                {
-                    let _scope = scope::enter(&self.metrics.name);
-                    self.operator.on_processing_time(now, &mut self.out);
+                let out = &mut self.out;
+                match event {
+                    ChainEvent::Watermark(watermark) => {
+                        self.operator.on_watermark(watermark, out);
+                        true
+                    }
+                    ChainEvent::WatermarkStatus { .. } => false,
+                    ChainEvent::ProcessingTime(now) => {
+                        let due = self
+                            .operator
+                            .next_processing_time()
+                            .is_some_and(|t| t <= now);
+                        if due {
+                            self.operator.on_processing_time(now, out);
+                        }
+                        due
+                    }
+                    ChainEvent::Flush => {
+                        self.operator.flush(out);
+                        true
+                    }
+                    ChainEvent::Finish => {
+                        self.operator.finish(out);
+                        true
+                    }
                 }
+            };
+            if emitted {
                 self.emit().await?;
             }
-            for side in self.out.side.outputs() {
-                side.processing_time(now).await?;
-            }
-            self.next.processing_time(now).await
+            self.out.side.event(event).await?;
+            self.next.event(event).await
         })
     }
 
@@ -298,32 +313,139 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
         .flatten()
         .min()
     }
+}
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            {
-                let _scope = scope::enter(&self.metrics.name);
-                self.operator.flush(&mut self.out);
-            }
-            self.emit().await?;
-            for side in self.out.side.outputs() {
-                side.flush().await?;
-            }
-            self.next.flush().await
-        })
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::metrics::MetricsRegistry;
+    use crate::record::NO_TIMESTAMP;
+
+    /// What a recording output saw, in order.
+    #[derive(Clone, Debug, PartialEq)]
+    enum Seen {
+        Records(Vec<u64>),
+        Event(ChainEvent),
     }
 
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            {
-                let _scope = scope::enter(&self.metrics.name);
-                self.operator.finish(&mut self.out);
+    /// Records what reaches it.
+    struct Recorder(Log);
+
+    impl Output<u64> for Recorder {
+        fn push<'a>(&'a mut self, batch: &'a mut Batch<u64>) -> LocalBoxFuture<'a, TaskResult> {
+            let records = batch.drain().map(|(record, _)| record).collect();
+            self.0.borrow_mut().push(Seen::Records(records));
+            nothing_to_do()
+        }
+
+        fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
+            self.0.borrow_mut().push(Seen::Event(event));
+            nothing_to_do()
+        }
+
+        fn next_processing_time(&self) -> Option<i64> {
+            None
+        }
+    }
+
+    /// What a recorder saw, shared with the test.
+    type Log = Rc<RefCell<Vec<Seen>>>;
+
+    fn recorder() -> (Box<dyn Output<u64>>, Log) {
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        (Box::new(Recorder(Rc::clone(&seen))), seen)
+    }
+
+    /// Adds one to each record, copies it to the side output "copies", and emits a 1000 at
+    /// each watermark, flush and end of input: what an operator emits on an event goes ahead
+    /// of the event.
+    struct PlusOne(OutputTag<u64>);
+
+    impl Operator<u64, u64> for PlusOne {
+        fn process_element(&mut self, record: u64, timestamp: i64, out: &mut Emitter<u64>) {
+            out.main.push(record + 1, timestamp);
+            out.side.emit(&self.0, record, timestamp);
+        }
+        fn on_watermark(&mut self, _watermark: Watermark, out: &mut Emitter<u64>) {
+            out.main.push(1000, NO_TIMESTAMP);
+        }
+        fn flush(&mut self, out: &mut Emitter<u64>) {
+            out.main.push(1000, NO_TIMESTAMP);
+        }
+        fn finish(&mut self, out: &mut Emitter<u64>) {
+            out.main.push(1000, NO_TIMESTAMP);
+        }
+    }
+
+    /// Every kind of event goes down a filter, a fan-out, an operator and the operator's side
+    /// output, after the records pushed before it and in the order it came.
+    #[test]
+    fn every_event_reaches_every_output_in_order_with_the_records() {
+        let metrics = MetricsRegistry::default().register(0, "test", 0);
+        let ctx = RuntimeContext::new("test", 0, 1, 128);
+        let (side_out, side_seen) = recorder();
+        let mut side = SideOutputs::default();
+        side.add(Arc::from("copies"), side_out);
+        let (plus_out, plus_seen) = recorder();
+        let plus = OperatorLink::new(
+            PlusOne(OutputTag::new("copies")),
+            &ctx,
+            plus_out,
+            side,
+            4,
+            Arc::clone(&metrics),
+        );
+        let (direct, direct_seen) = recorder();
+        let fan_out = FanOut::new(vec![direct, Box::new(plus)]);
+        let mut chain = FilterLink::new(
+            |n: &u64| n.is_multiple_of(2),
+            Box::new(fan_out),
+            SideOutputs::default(),
+            metrics,
+        );
+        let events = [
+            ChainEvent::Watermark(Watermark(10)),
+            ChainEvent::WatermarkStatus { idle: true },
+            ChainEvent::ProcessingTime(5),
+            ChainEvent::Flush,
+            ChainEvent::Finish,
+        ];
+        futures::executor::block_on(async {
+            for (round, &event) in events.iter().enumerate() {
+                let mut batch = Batch::default();
+                for n in [1, 2, 3, 4] {
+                    batch.push(n + 10 * round as u64, NO_TIMESTAMP);
+                }
+                chain.push(&mut batch).await.unwrap();
+                chain.event(event).await.unwrap();
             }
-            self.emit().await?;
-            for side in self.out.side.outputs() {
-                side.finish().await?;
+        });
+        let evens = |round: u64| vec![2 + 10 * round, 4 + 10 * round];
+        let mut direct = Vec::new();
+        let mut plus = Vec::new();
+        let mut side = Vec::new();
+        for (round, &event) in events.iter().enumerate() {
+            let round = round as u64;
+            direct.extend([Seen::Records(evens(round)), Seen::Event(event)]);
+            plus.push(Seen::Records(evens(round).iter().map(|n| n + 1).collect()));
+            // What the operator emitted on the event, ahead of it.
+            if matches!(
+                event,
+                ChainEvent::Watermark(_) | ChainEvent::Flush | ChainEvent::Finish
+            ) {
+                plus.push(Seen::Records(vec![1000]));
             }
-            self.next.finish().await
-        })
+            plus.push(Seen::Event(event));
+            side.extend([Seen::Records(evens(round)), Seen::Event(event)]);
+        }
+        assert_eq!(
+            *direct_seen.borrow(),
+            direct,
+            "the fan-out's direct consumer"
+        );
+        assert_eq!(*plus_seen.borrow(), plus, "after the operator");
+        assert_eq!(*side_seen.borrow(), side, "the operator's side output");
     }
 }

@@ -15,7 +15,7 @@ use super::exchange::reader::{Delivery, GateEvent, InputGate};
 use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SplitEnumerator};
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
-use crate::operator::{nothing_to_do, scope, Batch, Output};
+use crate::operator::{nothing_to_do, scope, Batch, ChainEvent, Output};
 use crate::record::{Record, Watermark};
 use crate::time::now_ms;
 use crate::time::watermark::{SplitWatermarkTracker, WatermarkUpdate};
@@ -75,7 +75,7 @@ impl FlushTimer {
     }
 
     async fn flush<T>(&mut self, chain: &mut Box<dyn Output<T>>) -> TaskResult {
-        chain.flush().await?;
+        chain.event(ChainEvent::Flush).await?;
         self.dirty = false;
         self.last = Instant::now();
         Ok(())
@@ -87,7 +87,7 @@ async fn fire_processing_timers<T>(chain: &mut Box<dyn Output<T>>) -> TaskResult
     if let Some(due) = chain.next_processing_time() {
         let now = now_ms();
         if due <= now {
-            chain.processing_time(now).await?;
+            chain.event(ChainEvent::ProcessingTime(now)).await?;
         }
     }
     Ok(())
@@ -139,9 +139,19 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
 
     async fn emit_update(&mut self, update: WatermarkUpdate) -> TaskResult {
         match update {
-            WatermarkUpdate::Advanced(watermark) => self.chain.watermark(watermark).await,
-            WatermarkUpdate::Idle => self.chain.watermark_status(true).await,
-            WatermarkUpdate::Active => self.chain.watermark_status(false).await,
+            WatermarkUpdate::Advanced(watermark) => {
+                self.chain.event(ChainEvent::Watermark(watermark)).await
+            }
+            WatermarkUpdate::Idle => {
+                self.chain
+                    .event(ChainEvent::WatermarkStatus { idle: true })
+                    .await
+            }
+            WatermarkUpdate::Active => {
+                self.chain
+                    .event(ChainEvent::WatermarkStatus { idle: false })
+                    .await
+            }
         }
     }
 
@@ -251,8 +261,10 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
             timer.flush_if_due(&mut self.chain).await?;
             glommio::yield_if_needed().await;
         }
-        self.chain.watermark(Watermark::MAX).await?;
-        self.chain.finish().await
+        self.chain
+            .event(ChainEvent::Watermark(Watermark::MAX))
+            .await?;
+        self.chain.event(ChainEvent::Finish).await
     }
 }
 
@@ -275,8 +287,14 @@ impl<T: Record> NetworkTask<T> {
     async fn on_gate_events(&mut self, events: &mut Vec<GateEvent>) -> TaskResult {
         for event in events.drain(..) {
             match event {
-                GateEvent::Watermark(watermark) => self.chain.watermark(watermark).await?,
-                GateEvent::Status { idle } => self.chain.watermark_status(idle).await?,
+                GateEvent::Watermark(watermark) => {
+                    self.chain.event(ChainEvent::Watermark(watermark)).await?
+                }
+                GateEvent::Status { idle } => {
+                    self.chain
+                        .event(ChainEvent::WatermarkStatus { idle })
+                        .await?
+                }
             }
         }
         Ok(())
@@ -388,7 +406,7 @@ impl<T: Record> NetworkTask<T> {
             fire_processing_timers(&mut self.chain).await?;
             timer.flush_if_due(&mut self.chain).await?;
         }
-        self.chain.finish().await
+        self.chain.event(ChainEvent::Finish).await
     }
 }
 
@@ -420,34 +438,24 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
         })
     }
 
-    fn watermark(&mut self, _watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
-    }
-
-    fn watermark_status(&mut self, _idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
-    }
-
-    fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
+    /// The buffer timeout bounds how long records wait in network segments (as in Flink), not
+    /// in a sink's own buffers: a sink writes out what it buffered when its input ends.
+    fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
+        match event {
+            ChainEvent::Finish => Box::pin(async move {
+                let _scope = scope::enter(&self.metrics.name);
+                let result = self.writer.finish().await;
+                result.map_err(|e| e.in_operator(&self.metrics.name))
+            }),
+            ChainEvent::Watermark(_)
+            | ChainEvent::WatermarkStatus { .. }
+            | ChainEvent::ProcessingTime(_)
+            | ChainEvent::Flush => nothing_to_do(),
+        }
     }
 
     fn next_processing_time(&self) -> Option<i64> {
         None
-    }
-
-    /// The buffer timeout bounds how long records wait in network segments (as in Flink), not
-    /// in a sink's own buffers: a sink writes out what it buffered when its input ends.
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
-    }
-
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            let _scope = scope::enter(&self.metrics.name);
-            let result = self.writer.finish().await;
-            result.map_err(|e| e.in_operator(&self.metrics.name))
-        })
     }
 }
 
@@ -460,27 +468,11 @@ impl<T: 'static> Output<T> for DiscardOutput {
         nothing_to_do()
     }
 
-    fn watermark(&mut self, _watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
-    }
-
-    fn watermark_status(&mut self, _idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
-    }
-
-    fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
+    fn event(&mut self, _event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
         nothing_to_do()
     }
 
     fn next_processing_time(&self) -> Option<i64> {
         None
-    }
-
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
-    }
-
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
     }
 }

@@ -23,8 +23,8 @@ use super::partitioner::Partitioner;
 use crate::error::{TaskError, TaskResult};
 use crate::graph::{SenderEnd, WriterParts};
 use crate::metrics::OperatorMetrics;
-use crate::operator::{nothing_to_do, Batch, Output, Taking};
-use crate::record::{Record, Scratch, Watermark};
+use crate::operator::{nothing_to_do, Batch, ChainEvent, Output, Taking};
+use crate::record::{Record, Scratch};
 
 /// One receiving channel: to another shard (records archived into segments) or to a subtask
 /// on this shard (records moved in batches, see `local.rs`).
@@ -405,34 +405,28 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
         })
     }
 
-    fn watermark(&mut self, watermark: Watermark) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(self.write_event(Event::Watermark(watermark)))
-    }
-
-    fn watermark_status(&mut self, idle: bool) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(self.write_event(Event::WatermarkStatus { idle }))
-    }
-
-    /// Timers live in operators; an exchange writer ends its chain.
-    fn processing_time(&mut self, _now: i64) -> LocalBoxFuture<'_, TaskResult> {
-        nothing_to_do()
+    fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
+        match event {
+            ChainEvent::Watermark(watermark) => {
+                Box::pin(self.write_event(Event::Watermark(watermark)))
+            }
+            ChainEvent::WatermarkStatus { idle } => {
+                Box::pin(self.write_event(Event::WatermarkStatus { idle }))
+            }
+            // Timers live in operators; an exchange writer ends its chain.
+            ChainEvent::ProcessingTime(_) => nothing_to_do(),
+            ChainEvent::Flush => Box::pin(self.flush_all()),
+            ChainEvent::Finish => Box::pin(async move {
+                self.write_event(Event::EndOfPartition).await?;
+                for channel in 0..self.channels.len() {
+                    self.send(channel).await?;
+                }
+                Ok(())
+            }),
+        }
     }
 
     fn next_processing_time(&self) -> Option<i64> {
         None
-    }
-
-    fn flush(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(self.flush_all())
-    }
-
-    fn finish(&mut self) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            self.write_event(Event::EndOfPartition).await?;
-            for channel in 0..self.channels.len() {
-                self.send(channel).await?;
-            }
-            Ok(())
-        })
     }
 }
