@@ -266,6 +266,31 @@ mod tests {
         assert_eq!(pinned, [PINNED_0, PINNED_WEIR, PINNED_TUPLE], "{pinned:x?}");
     }
 
+    #[test]
+    fn key_groups_are_pinned() {
+        // Where state written today lives: a change here moves keys to other key groups (and
+        // subtasks) for every restored job. 128 key groups is the default, 1000 is not a power
+        // of two (so `%`, not a mask). `u64::MAX` and `-1i64` write the same bytes, so they
+        // share a group.
+        let groups = |max| {
+            [
+                KeyGroup::of(&0u64, max).0,
+                KeyGroup::of(&u64::MAX, max).0,
+                KeyGroup::of(&-1i64, max).0,
+                KeyGroup::of(&42u32, max).0,
+                KeyGroup::of("", max).0,
+                KeyGroup::of(&"auction-17".to_string(), max).0,
+                KeyGroup::of(&(7u64, "a"), max).0,
+                KeyGroup::of(&(1u64, 2u64), max).0,
+            ]
+        };
+        assert_eq!(groups(128), PINNED_GROUPS_128, "{:?}", groups(128));
+        assert_eq!(groups(1000), PINNED_GROUPS_1000, "{:?}", groups(1000));
+    }
+
+    const PINNED_GROUPS_128: [u32; 8] = [2, 52, 52, 62, 26, 33, 105, 122];
+    const PINNED_GROUPS_1000: [u32; 8] = [930, 140, 140, 54, 114, 329, 849, 994];
+
     const PINNED_0: u64 = 0x0323_a40d_a27b_fa82;
     const PINNED_WEIR: u64 = 0xbeca_6222_fcbd_80e8;
     const PINNED_TUPLE: u64 = 0x7e47_d668_1ae9_19c1;
