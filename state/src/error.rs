@@ -198,6 +198,33 @@ pub enum StateErrorKind {
         problem: String,
     },
 
+    /// A checkpoint that a restore cannot use: never completed, or a file of it is missing,
+    /// truncated or damaged, or it belongs to another job.
+    #[error(
+        "checkpoint {} cannot be restored: {problem}; a restore passes over it to the newest \
+         earlier complete checkpoint, if there is one (delete it, or restore from another)",
+        path.display()
+    )]
+    CorruptCheckpoint {
+        /// The checkpoint's directory, or the file of it that is wrong.
+        path: PathBuf,
+        /// What is wrong, with the offending values.
+        problem: String,
+    },
+
+    /// Another process holds a job's checkpoint directory.
+    #[error(
+        "{} is in use by another Weir process ({holder}); stop that process first, or give \
+         this job another execution.checkpointing.dir",
+        path.display()
+    )]
+    CheckpointDirectoryInUse {
+        /// The job's checkpoint directory.
+        path: PathBuf,
+        /// Who holds it, as its lock file says (a pid), or that it could not be read.
+        holder: String,
+    },
+
     /// A configuration value that cannot work.
     #[error("{setting} = {value} is invalid: {fix}")]
     InvalidConfig {

@@ -8,6 +8,8 @@
 //! - [`backend`]: [`LocalKeyedBackend`], one per keyed operator subtask, over the heap
 //!   (copy-on-write snapshots) or the slot's [`SlotRocksDb`] (checkpoints, compaction-time TTL).
 //! - [`ttl`]: time to live and the injectable [`Clock`].
+//! - [`checkpoint`]: checkpoint storage — state files written through io_uring with their
+//!   checksums, metadata committed atomically, the newest usable checkpoint found on restore.
 //! - [`codec`]: how values, keys and namespaces become bytes (rkyv).
 //! - [`operator`]: operator (non-keyed) state — [`OperatorStateStore`], one per operator
 //!   subtask, with split and union [`OperatorListState`]s and [`BroadcastState`]; its
@@ -40,6 +42,8 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod checkpoint;
+pub mod checksum;
 pub mod codec;
 pub mod descriptor;
 pub mod error;

@@ -22,6 +22,7 @@ use std::fmt;
 
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::checksum::crc32;
 use crate::codec::StateCodec;
 use crate::error::{StateError, StateErrorKind};
 
@@ -329,45 +330,9 @@ fn corrupt(problem: String) -> StateError {
     .into()
 }
 
-/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320) lookup table.
-const CRC_TABLE: [u32; 256] = {
-    let mut table = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut crc = i as u32;
-        let mut bit = 0;
-        while bit < 8 {
-            crc = if crc & 1 != 0 {
-                0xEDB8_8320 ^ (crc >> 1)
-            } else {
-                crc >> 1
-            };
-            bit += 1;
-        }
-        table[i] = crc;
-        i += 1;
-    }
-    table
-};
-
-/// CRC-32 (IEEE) of `bytes`, as zlib and `cksum -a crc32b` compute it.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &byte in bytes {
-        crc = CRC_TABLE[((crc ^ u32::from(byte)) & 0xff) as usize] ^ (crc >> 8);
-    }
-    !crc
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn crc32_check_value() {
-        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-        assert_eq!(crc32(b""), 0);
-    }
 
     #[test]
     fn duplicate_names_are_rejected() {

@@ -1,0 +1,598 @@
+//! Checkpoint storage: where a job's checkpoints are written, and which one a restore may use.
+//!
+//! **Layout** (Flink's): under the checkpoint directory (`execution.checkpointing.dir`) each job
+//! has `<dir>/<job>/`, with one `chk-<n>/` per checkpoint holding its state files and, written
+//! last, its `_metadata`.
+//!
+//! **Writing.** A state file is written through io_uring by [`StateFileWriter`] (glommio's DMA
+//! stream writer, on the shard that owns the state), which takes the CRC-32 of its bytes as
+//! they pass ([`crate::checksum`]) and syncs the file when it is finished; what it returns,
+//! a [`StoredFile`], is the file's name, length and checksum.
+//!
+//! **Committing.** [`CheckpointStorage::commit`] writes the checkpoint's [`CheckpointMetadata`] —
+//! the job, the checkpoint number, every file with its length and checksum, and the
+//! coordinator's payload (which state each file holds) — ending with the CRC-32 of all of it,
+//! into a temporary file, syncs it, renames it to `_metadata` and syncs the directory. A crash
+//! therefore leaves a checkpoint with its whole metadata or none, and one without `_metadata`
+//! never completed. The metadata is small and written once per checkpoint, off the shards, so
+//! it goes through the standard library.
+//!
+//! **Restoring.** [`CheckpointStorage::latest`] returns the newest checkpoint whose metadata
+//! decodes, is of this job and matches its checksum, and whose every file is there with its
+//! length and checksum. Each newer checkpoint it had to pass over comes with it, with the path
+//! and the reason (never completed, torn, truncated, damaged, another job's), for the caller to
+//! report.
+//!
+//! **One process per job directory.** [`CheckpointStorage::open`] takes an exclusive `flock` on
+//! `<dir>/<job>/.lock` (writing its pid into it) and holds it until the storage is dropped or
+//! the process ends, however it ends; a second open fails, naming the directory and the holder.
+//!
+//! **Metadata format, version 1** (little-endian; never change it, add a version): the magic
+//! bytes `WEIRCKPT`, the version (`u32`), the checkpoint number (`u64`), the time it was taken
+//! (ms since the epoch, `i64`), the job (a string: `u32` length and UTF-8 bytes), the number of
+//! files (`u32`) and per file its name (a string), length (`u64`) and CRC-32 (`u32`), the payload
+//! (`u64` length and its bytes), and the CRC-32 of everything before it (`u32`).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use futures_lite::AsyncWriteExt;
+use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
+
+use crate::checksum::{crc32, Crc32};
+use crate::error::{StateError, StateErrorKind};
+
+/// The name of a checkpoint's metadata file.
+pub const METADATA_FILE: &str = "_metadata";
+const METADATA_TEMP: &str = "_metadata.inprogress";
+const LOCK_FILE: &str = ".lock";
+const MAGIC: &[u8; 8] = b"WEIRCKPT";
+const METADATA_VERSION: u32 = 1;
+
+/// One file of a checkpoint, as its metadata records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredFile {
+    /// The file's name in its checkpoint's directory.
+    pub name: String,
+    /// Its length in bytes.
+    pub len: u64,
+    /// The CRC-32 of its bytes.
+    pub crc32: u32,
+}
+
+/// What a completed checkpoint is: written last, as `_metadata`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointMetadata {
+    /// The job it belongs to.
+    pub job: String,
+    /// The checkpoint's number.
+    pub checkpoint: u64,
+    /// When it was triggered, ms since the epoch.
+    pub timestamp_ms: i64,
+    /// Every file it consists of.
+    pub files: Vec<StoredFile>,
+    /// The coordinator's description of what each file holds, opaque here.
+    pub payload: Vec<u8>,
+}
+
+impl CheckpointMetadata {
+    /// The metadata file's bytes (see the module docs).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        fn text(out: &mut Vec<u8>, text: &str) {
+            out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            out.extend_from_slice(text.as_bytes());
+        }
+        let mut out = Vec::with_capacity(64 + self.payload.len() + 32 * self.files.len());
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&METADATA_VERSION.to_le_bytes());
+        out.extend_from_slice(&self.checkpoint.to_le_bytes());
+        out.extend_from_slice(&self.timestamp_ms.to_le_bytes());
+        text(&mut out, &self.job);
+        out.extend_from_slice(&(self.files.len() as u32).to_le_bytes());
+        for file in &self.files {
+            text(&mut out, &file.name);
+            out.extend_from_slice(&file.len.to_le_bytes());
+            out.extend_from_slice(&file.crc32.to_le_bytes());
+        }
+        out.extend_from_slice(&(self.payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.payload);
+        let checksum = crc32(&out);
+        out.extend_from_slice(&checksum.to_le_bytes());
+        out
+    }
+
+    /// Reads the bytes of a metadata file; what is wrong with bad ones, with the values.
+    pub fn from_bytes(bytes: &[u8]) -> Result<CheckpointMetadata, String> {
+        if bytes.len() < MAGIC.len() + 4 {
+            return Err(format!(
+                "{METADATA_FILE} is truncated ({} bytes)",
+                bytes.len()
+            ));
+        }
+        if &bytes[..MAGIC.len()] != MAGIC {
+            return Err(format!(
+                "{METADATA_FILE} starts with {:02x?}, not \"WEIRCKPT\": it is not a Weir \
+                 checkpoint's metadata",
+                &bytes[..MAGIC.len()]
+            ));
+        }
+        let (body, stored) = bytes.split_at(bytes.len() - 4);
+        let stored = u32::from_le_bytes(stored.try_into().expect("4 bytes"));
+        let computed = crc32(body);
+        if stored != computed {
+            return Err(format!(
+                "{METADATA_FILE}'s CRC-32 is {computed:#010x} but it says {stored:#010x}: the \
+                 file is torn or damaged"
+            ));
+        }
+        let mut reader = Reader {
+            bytes: body,
+            at: MAGIC.len(),
+        };
+        let version = reader.u32()?;
+        if version != METADATA_VERSION {
+            return Err(format!(
+                "{METADATA_FILE} has format version {version}; this build reads version \
+                 {METADATA_VERSION}"
+            ));
+        }
+        let checkpoint = reader.u64()?;
+        let timestamp_ms = reader.u64()? as i64;
+        let job = reader.text()?;
+        let count = reader.u32()?;
+        let mut files = Vec::with_capacity(count.min(1 << 16) as usize);
+        for _ in 0..count {
+            files.push(StoredFile {
+                name: reader.text()?,
+                len: reader.u64()?,
+                crc32: reader.u32()?,
+            });
+        }
+        let payload_len = reader.u64()?;
+        let payload = reader.take(payload_len)?.to_vec();
+        if reader.at != body.len() {
+            return Err(format!(
+                "{METADATA_FILE} has {} bytes after its payload",
+                body.len() - reader.at
+            ));
+        }
+        Ok(CheckpointMetadata {
+            job,
+            checkpoint,
+            timestamp_ms,
+            files,
+            payload,
+        })
+    }
+}
+
+/// Reads the fields of a metadata file.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, len: u64) -> Result<&'a [u8], String> {
+        let left = self.bytes.len() - self.at;
+        if len > left as u64 {
+            return Err(format!(
+                "{METADATA_FILE} is truncated: {len} bytes expected at byte {}, {left} left",
+                self.at
+            ));
+        }
+        let taken = &self.bytes[self.at..self.at + len as usize];
+        self.at += len as usize;
+        Ok(taken)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(
+            self.take(4)?.try_into().expect("4 bytes"),
+        ))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(
+            self.take(8)?.try_into().expect("8 bytes"),
+        ))
+    }
+
+    fn text(&mut self) -> Result<String, String> {
+        let len = self.u32()?;
+        let at = self.at;
+        String::from_utf8(self.take(u64::from(len))?.to_vec())
+            .map_err(|_| format!("{METADATA_FILE} has a name at byte {at} that is not UTF-8"))
+    }
+}
+
+/// A checkpoint being written: its directory, to which [`StateFileWriter`]s write.
+#[derive(Debug)]
+pub struct PendingCheckpoint {
+    checkpoint: u64,
+    dir: PathBuf,
+}
+
+impl PendingCheckpoint {
+    /// The checkpoint's number.
+    pub fn checkpoint(&self) -> u64 {
+        self.checkpoint
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// A checkpoint a restore can use, with every file checked.
+#[derive(Clone, Debug)]
+pub struct CompletedCheckpoint {
+    /// Its directory.
+    pub dir: PathBuf,
+    /// Its metadata.
+    pub metadata: CheckpointMetadata,
+}
+
+impl CompletedCheckpoint {
+    /// The path of one of its files.
+    pub fn path_of(&self, file: &StoredFile) -> PathBuf {
+        self.dir.join(&file.name)
+    }
+}
+
+/// What [`CheckpointStorage::latest`] found: the checkpoint to restore, if any, and the newer
+/// ones it passed over, newest first, each with why.
+#[derive(Debug)]
+pub struct LatestCheckpoint {
+    /// The newest usable checkpoint.
+    pub usable: Option<CompletedCheckpoint>,
+    /// The newer ones that cannot be used ([`StateErrorKind::CorruptCheckpoint`] errors).
+    pub skipped: Vec<StateError>,
+}
+
+/// One job's checkpoint directory, held by this process (see the module docs).
+#[derive(Debug)]
+pub struct CheckpointStorage {
+    job: String,
+    dir: PathBuf,
+    /// Holds the `flock` while the storage lives.
+    _lock: File,
+}
+
+impl CheckpointStorage {
+    /// Opens (creating it if needed) the directory of `job`'s checkpoints under `root`, and
+    /// takes its lock.
+    pub fn open(root: &Path, job: &str) -> Result<CheckpointStorage, StateError> {
+        if job.is_empty() || job == "." || job == ".." || job.contains(['/', '\0']) {
+            return Err(StateError::invalid_config(
+                "checkpoint job name",
+                format!("'{job}'"),
+                "use a job name that can name a directory: not empty, not '.' or '..', \
+                 without '/'",
+            ));
+        }
+        let dir = root.join(job);
+        fs::create_dir_all(&dir).map_err(|source| io(&dir, "creating", source))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let mut lock = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(|source| io(&lock_path, "opening", source))?;
+        // SAFETY: `lock` owns an open descriptor for the duration of the call.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(io(&lock_path, "locking", error));
+            }
+            let mut holder = String::new();
+            let holder = match lock.read_to_string(&mut holder) {
+                Ok(_) if !holder.trim().is_empty() => format!("pid {}", holder.trim()),
+                _ => "its lock file names no pid".to_string(),
+            };
+            return Err(StateErrorKind::CheckpointDirectoryInUse { path: dir, holder }.into());
+        }
+        lock.set_len(0)
+            .and_then(|()| write!(lock, "{}", std::process::id()))
+            .map_err(|source| io(&lock_path, "writing", source))?;
+        Ok(CheckpointStorage {
+            job: job.to_string(),
+            dir,
+            _lock: lock,
+        })
+    }
+
+    /// The job's checkpoint directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn checkpoint_dir(&self, checkpoint: u64) -> PathBuf {
+        self.dir.join(format!("chk-{checkpoint}"))
+    }
+
+    /// Starts writing checkpoint `checkpoint`: its directory, empty. What a crash left of an
+    /// uncommitted attempt at the same number goes; a committed one is never overwritten.
+    pub fn begin(&self, checkpoint: u64) -> Result<PendingCheckpoint, StateError> {
+        let dir = self.checkpoint_dir(checkpoint);
+        if dir.join(METADATA_FILE).exists() {
+            return Err(StateError::invalid_config(
+                "checkpoint number",
+                checkpoint,
+                format!(
+                    "{} is already complete; number new checkpoints after the latest one",
+                    dir.display()
+                ),
+            ));
+        }
+        if dir.exists() {
+            fs::remove_dir_all(&dir).map_err(|source| io(&dir, "removing", source))?;
+        }
+        fs::create_dir(&dir).map_err(|source| io(&dir, "creating", source))?;
+        Ok(PendingCheckpoint { checkpoint, dir })
+    }
+
+    /// Completes `pending` with `metadata` (see the module docs): from here on a restore may
+    /// use it.
+    pub fn commit(
+        &self,
+        pending: PendingCheckpoint,
+        metadata: &CheckpointMetadata,
+    ) -> Result<CompletedCheckpoint, StateError> {
+        if metadata.job != self.job || metadata.checkpoint != pending.checkpoint {
+            return Err(StateError::invalid_config(
+                "checkpoint metadata",
+                format!("job '{}', checkpoint {}", metadata.job, metadata.checkpoint),
+                format!(
+                    "commit checkpoint {} of job '{}' with its own metadata",
+                    pending.checkpoint, self.job
+                ),
+            ));
+        }
+        let temp = pending.dir.join(METADATA_TEMP);
+        let mut file = File::create(&temp).map_err(|source| io(&temp, "creating", source))?;
+        file.write_all(&metadata.to_bytes())
+            .and_then(|()| file.sync_all())
+            .map_err(|source| io(&temp, "writing", source))?;
+        let path = pending.dir.join(METADATA_FILE);
+        fs::rename(&temp, &path).map_err(|source| io(&path, "renaming into", source))?;
+        File::open(&pending.dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|source| io(&pending.dir, "syncing", source))?;
+        Ok(CompletedCheckpoint {
+            dir: pending.dir,
+            metadata: metadata.clone(),
+        })
+    }
+
+    /// The job's checkpoints that are committed or were begun, by number, oldest first.
+    fn numbered(&self) -> Result<Vec<(u64, PathBuf)>, StateError> {
+        let mut found = Vec::new();
+        let entries = fs::read_dir(&self.dir).map_err(|source| io(&self.dir, "reading", source))?;
+        for entry in entries {
+            let entry = entry.map_err(|source| io(&self.dir, "reading", source))?;
+            let name = entry.file_name();
+            let number = name
+                .to_str()
+                .and_then(|name| name.strip_prefix("chk-"))
+                .and_then(|number| number.parse::<u64>().ok());
+            if let Some(number) = number {
+                found.push((number, entry.path()));
+            }
+        }
+        found.sort_unstable();
+        Ok(found)
+    }
+
+    /// The newest checkpoint a restore can use (see the module docs).
+    pub fn latest(&self) -> Result<LatestCheckpoint, StateError> {
+        let mut skipped = Vec::new();
+        for (_, dir) in self.numbered()?.into_iter().rev() {
+            match self.verify(&dir) {
+                Ok(completed) => {
+                    return Ok(LatestCheckpoint {
+                        usable: Some(completed),
+                        skipped,
+                    })
+                }
+                Err(problem) => skipped.push(problem),
+            }
+        }
+        Ok(LatestCheckpoint {
+            usable: None,
+            skipped,
+        })
+    }
+
+    /// The metadata of a committed checkpoint of this job in `dir`.
+    fn committed_metadata(&self, dir: &Path) -> Result<CheckpointMetadata, StateError> {
+        let path = dir.join(METADATA_FILE);
+        let bytes = match fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(corrupt(
+                    dir,
+                    format!("it has no {METADATA_FILE}: it never completed"),
+                ))
+            }
+            Err(error) => return Err(corrupt(&path, format!("reading it failed: {error}"))),
+        };
+        let metadata = CheckpointMetadata::from_bytes(&bytes).map_err(|p| corrupt(&path, p))?;
+        if metadata.job != self.job {
+            return Err(corrupt(
+                dir,
+                format!("it belongs to job '{}', not '{}'", metadata.job, self.job),
+            ));
+        }
+        Ok(metadata)
+    }
+
+    /// Checks one checkpoint directory: its metadata and every file it lists.
+    fn verify(&self, dir: &Path) -> Result<CompletedCheckpoint, StateError> {
+        let metadata = self.committed_metadata(dir)?;
+        for file in &metadata.files {
+            let path = dir.join(&file.name);
+            let (len, crc) = checksum_file(&path)
+                .map_err(|error| corrupt(&path, format!("reading it failed: {error}")))?;
+            if len != file.len {
+                return Err(corrupt(
+                    &path,
+                    format!(
+                        "it has {len} bytes, the metadata says {}: it is truncated or was \
+                         changed",
+                        file.len
+                    ),
+                ));
+            }
+            if crc != file.crc32 {
+                return Err(corrupt(
+                    &path,
+                    format!(
+                        "its CRC-32 is {crc:#010x}, the metadata says {:#010x}: it is damaged",
+                        file.crc32
+                    ),
+                ));
+            }
+        }
+        Ok(CompletedCheckpoint {
+            dir: dir.to_path_buf(),
+            metadata,
+        })
+    }
+
+    /// Keeps the `keep` newest committed checkpoints (at least one) and any attempt newer than
+    /// all of them (it may be in progress), and deletes the rest: older committed ones and
+    /// attempts that never completed (`execution.checkpointing.num-retained`). Committed means
+    /// its metadata is this job's and intact; its files are checked when it is restored.
+    pub fn retain(&self, keep: usize) -> Result<(), StateError> {
+        let keep = keep.max(1);
+        let mut committed = 0;
+        for (_, dir) in self.numbered()?.into_iter().rev() {
+            let remove = if self.committed_metadata(&dir).is_ok() {
+                committed += 1;
+                committed > keep
+            } else {
+                committed > 0
+            };
+            if remove {
+                fs::remove_dir_all(&dir).map_err(|source| io(&dir, "removing", source))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The length and CRC-32 of a file, read in 64 KiB pieces.
+fn checksum_file(path: &Path) -> std::io::Result<(u64, u32)> {
+    let mut file = File::open(path)?;
+    let mut buffer = vec![0u8; 64 << 10];
+    let mut crc = Crc32::default();
+    let mut len = 0u64;
+    loop {
+        let read = file.read(&mut buffer)?;
+        if read == 0 {
+            return Ok((len, crc.finish()));
+        }
+        crc.update(&buffer[..read]);
+        len += read as u64;
+    }
+}
+
+fn corrupt(path: &Path, problem: String) -> StateError {
+    StateErrorKind::CorruptCheckpoint {
+        path: path.to_path_buf(),
+        problem,
+    }
+    .into()
+}
+
+fn io(path: &Path, action: &'static str, source: std::io::Error) -> StateError {
+    StateErrorKind::Io {
+        path: path.to_path_buf(),
+        action,
+        source,
+    }
+    .into()
+}
+
+/// Writes one state file of a pending checkpoint through io_uring; call on a glommio shard.
+pub struct StateFileWriter {
+    name: String,
+    path: PathBuf,
+    writer: DmaStreamWriter,
+    crc: Crc32,
+    len: u64,
+}
+
+impl std::fmt::Debug for StateFileWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateFileWriter")
+            .field("path", &self.path)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl StateFileWriter {
+    /// Creates the file `name` in `pending`'s directory.
+    pub async fn create(
+        pending: &PendingCheckpoint,
+        name: &str,
+    ) -> Result<StateFileWriter, StateError> {
+        if name.is_empty()
+            || name.contains(['/', '\0'])
+            || name == "."
+            || name == ".."
+            || name.starts_with(METADATA_FILE)
+        {
+            return Err(StateError::invalid_config(
+                "checkpoint file name",
+                format!("'{name}'"),
+                format!("use a plain file name, without '/', not starting with {METADATA_FILE}"),
+            ));
+        }
+        let path = pending.dir.join(name);
+        let file = DmaFile::create(&path)
+            .await
+            .map_err(|error| io(&path, "creating", error.into()))?;
+        Ok(StateFileWriter {
+            name: name.to_string(),
+            path,
+            writer: DmaStreamWriterBuilder::new(file)
+                .with_buffer_size(256 << 10)
+                .with_write_behind(2)
+                .build(),
+            crc: Crc32::default(),
+            len: 0,
+        })
+    }
+
+    /// Appends `bytes`.
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<(), StateError> {
+        self.writer
+            .write_all(bytes)
+            .await
+            .map_err(|error| io(&self.path, "writing", error))?;
+        self.crc.update(bytes);
+        self.len += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Syncs and closes the file: what the metadata records of it.
+    pub async fn finish(mut self) -> Result<StoredFile, StateError> {
+        self.writer
+            .close()
+            .await
+            .map_err(|error| io(&self.path, "closing", error))?;
+        Ok(StoredFile {
+            name: self.name,
+            len: self.len,
+            crc32: self.crc.finish(),
+        })
+    }
+}

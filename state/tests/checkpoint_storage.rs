@@ -1,0 +1,280 @@
+//! Checkpoint storage on a real disk: files written through io_uring on a glommio executor,
+//! metadata committed atomically, and every way a checkpoint can be unusable detected with
+//! the file and the reason while the previous complete one is used.
+
+use std::fs;
+use std::path::Path;
+
+use proptest::prelude::*;
+use weir_state::checkpoint::{
+    CheckpointMetadata, CheckpointStorage, CompletedCheckpoint, StateFileWriter, StoredFile,
+    METADATA_FILE,
+};
+use weir_state::checksum::crc32;
+
+const JOB: &str = "orders-job";
+
+/// Bytes that are not all alike, `len` of them.
+fn bytes(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Writes checkpoint `n` with `files` on a glommio executor; commits it unless `commit` is
+/// false.
+fn write(
+    storage: &CheckpointStorage,
+    n: u64,
+    files: &[(&str, Vec<u8>)],
+    commit: bool,
+) -> Option<CompletedCheckpoint> {
+    let pending = storage.begin(n).expect("begin");
+    let stored: Vec<StoredFile> = glommio::LocalExecutor::default().run(async {
+        let mut stored = Vec::new();
+        for (name, contents) in files {
+            let mut writer = StateFileWriter::create(&pending, name)
+                .await
+                .expect("create");
+            // In pieces that straddle the writer's buffers.
+            for piece in contents.chunks(100_003) {
+                writer.write(piece).await.expect("write");
+            }
+            stored.push(writer.finish().await.expect("finish"));
+        }
+        stored
+    });
+    for ((name, contents), file) in files.iter().zip(&stored) {
+        assert_eq!(
+            (file.name.as_str(), file.len, file.crc32),
+            (*name, contents.len() as u64, crc32(contents)),
+            "what the writer reports of {name}"
+        );
+    }
+    let metadata = CheckpointMetadata {
+        job: JOB.to_string(),
+        checkpoint: n,
+        timestamp_ms: 1_700_000_000_000 + n as i64,
+        files: stored,
+        payload: format!("handles of {n}").into_bytes(),
+    };
+    commit.then(|| storage.commit(pending, &metadata).expect("commit"))
+}
+
+fn files() -> Vec<(&'static str, Vec<u8>)> {
+    vec![
+        ("op-a-0", bytes(1_000_000, 1)),
+        ("op-b-0", bytes(3, 2)),
+        ("empty", Vec::new()),
+    ]
+}
+
+#[test]
+fn a_committed_checkpoint_is_found_and_its_files_read_back() {
+    let root = tempfile::tempdir().unwrap();
+    let storage = CheckpointStorage::open(root.path(), JOB).unwrap();
+    assert!(storage.latest().unwrap().usable.is_none(), "nothing yet");
+    let files = files();
+    let committed = write(&storage, 1, &files, true).unwrap();
+    let latest = storage.latest().unwrap();
+    assert!(latest.skipped.is_empty(), "{:?}", latest.skipped);
+    let usable = latest.usable.expect("checkpoint 1");
+    assert_eq!(usable.metadata, committed.metadata);
+    assert_eq!(usable.metadata.payload, b"handles of 1");
+    for ((_, contents), file) in files.iter().zip(&usable.metadata.files) {
+        assert_eq!(&fs::read(usable.path_of(file)).unwrap(), contents);
+    }
+    assert!(
+        !usable.dir.join("_metadata.inprogress").exists(),
+        "the temporary metadata was renamed"
+    );
+}
+
+/// Damages checkpoint `n`'s file `name` with `damage`.
+fn damage(root: &Path, n: u64, name: &str, damage: impl FnOnce(&mut Vec<u8>)) {
+    let path = root.join(JOB).join(format!("chk-{n}")).join(name);
+    let mut contents = fs::read(&path).unwrap();
+    damage(&mut contents);
+    fs::write(&path, contents).unwrap();
+}
+
+#[test]
+fn unusable_checkpoints_are_skipped_with_the_file_and_the_reason() {
+    let root = tempfile::tempdir().unwrap();
+    let storage = CheckpointStorage::open(root.path(), JOB).unwrap();
+    for n in 1..=8 {
+        write(&storage, n, &files(), n != 8);
+    }
+    // 8 never committed. 7: a flipped byte in a state file; 6: a truncated one; 5: one gone.
+    damage(root.path(), 7, "op-a-0", |c| c[123_456] ^= 0x40);
+    damage(root.path(), 6, "op-b-0", |c| c.truncate(2));
+    fs::remove_file(root.path().join(JOB).join("chk-5").join("op-b-0")).unwrap();
+    // 4: a flipped byte in the metadata; 3: the metadata cut short.
+    damage(root.path(), 4, METADATA_FILE, |c| c[20] ^= 1);
+    damage(root.path(), 3, METADATA_FILE, |c| c.truncate(10));
+    // 2: another job's checkpoint copied in.
+    let other_root = tempfile::tempdir().unwrap();
+    let other = CheckpointStorage::open(other_root.path(), "other-job").unwrap();
+    let pending = other.begin(2).unwrap();
+    other
+        .commit(
+            pending,
+            &CheckpointMetadata {
+                job: "other-job".into(),
+                checkpoint: 2,
+                timestamp_ms: 0,
+                files: Vec::new(),
+                payload: Vec::new(),
+            },
+        )
+        .unwrap();
+    fs::copy(
+        other_root
+            .path()
+            .join("other-job/chk-2")
+            .join(METADATA_FILE),
+        root.path().join(JOB).join("chk-2").join(METADATA_FILE),
+    )
+    .unwrap();
+
+    let latest = storage.latest().unwrap();
+    assert_eq!(latest.usable.expect("checkpoint 1").metadata.checkpoint, 1);
+    let reasons: Vec<String> = latest.skipped.iter().map(ToString::to_string).collect();
+    let expected = [
+        ("chk-8", "it never completed"),
+        ("chk-7/op-a-0", "its CRC-32 is"),
+        ("chk-6/op-b-0", "it has 2 bytes, the metadata says 3"),
+        ("chk-5/op-b-0", "reading it failed"),
+        ("chk-4/_metadata", "torn or damaged"),
+        ("chk-3/_metadata", "_metadata is truncated (10 bytes)"),
+        ("chk-2", "it belongs to job 'other-job', not 'orders-job'"),
+    ];
+    assert_eq!(reasons.len(), expected.len(), "{reasons:#?}");
+    for (reason, (path, why)) in reasons.iter().zip(expected) {
+        assert!(
+            reason.contains(&format!("{JOB}/{path} cannot be restored")) && reason.contains(why),
+            "expected {path}: {why} in {reason}"
+        );
+        assert!(reason.contains("passes over it"), "{reason}");
+    }
+
+    // With checkpoint 1 damaged too, none is usable and all eight are reported.
+    damage(root.path(), 1, "empty", |c| c.push(0));
+    let latest = storage.latest().unwrap();
+    assert!(latest.usable.is_none());
+    assert_eq!(latest.skipped.len(), 8);
+}
+
+#[test]
+fn a_second_process_on_the_directory_is_refused_until_the_first_lets_go() {
+    let root = tempfile::tempdir().unwrap();
+    let first = CheckpointStorage::open(root.path(), JOB).unwrap();
+    // flock locks belong to the open file, so a second open in one process conflicts as a
+    // second process would.
+    let refused = CheckpointStorage::open(root.path(), JOB)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains(&format!("{} is in use", first.dir().display()))
+            && refused.contains(&format!("pid {}", std::process::id())),
+        "{refused}"
+    );
+    // Another job's directory is its own.
+    CheckpointStorage::open(root.path(), "another-job").unwrap();
+    drop(first);
+    CheckpointStorage::open(root.path(), JOB).expect("free again");
+}
+
+#[test]
+fn retaining_keeps_the_newest_committed_checkpoints() {
+    let root = tempfile::tempdir().unwrap();
+    let storage = CheckpointStorage::open(root.path(), JOB).unwrap();
+    let small = [("f", bytes(10, 0))];
+    for n in 1..=5 {
+        write(&storage, n, &small, n != 4);
+    }
+    write(&storage, 6, &small, false);
+    storage.retain(2).unwrap();
+    let mut left: Vec<String> = fs::read_dir(storage.dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("chk-"))
+        .collect();
+    left.sort();
+    // 6 (uncommitted, newer than the kept ones), 5 and 3 kept; 4 (uncommitted, older) and
+    // 1, 2 gone.
+    assert_eq!(left, ["chk-3", "chk-5", "chk-6"]);
+}
+
+#[test]
+fn begin_clears_an_uncommitted_attempt_and_never_a_committed_one() {
+    let root = tempfile::tempdir().unwrap();
+    let storage = CheckpointStorage::open(root.path(), JOB).unwrap();
+    write(&storage, 1, &files(), false);
+    let pending = storage.begin(1).expect("leftovers cleared");
+    assert_eq!(fs::read_dir(pending.dir()).unwrap().count(), 0);
+    write(&storage, 2, &files(), true);
+    let refused = storage.begin(2).unwrap_err().to_string();
+    assert!(refused.contains("already complete"), "{refused}");
+}
+
+#[test]
+fn bad_job_and_file_names_are_refused_naming_them() {
+    let root = tempfile::tempdir().unwrap();
+    for job in ["", "..", "a/b"] {
+        let refused = CheckpointStorage::open(root.path(), job)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains(&format!("'{job}'")), "{refused}");
+    }
+    let storage = CheckpointStorage::open(root.path(), JOB).unwrap();
+    let pending = storage.begin(1).unwrap();
+    glommio::LocalExecutor::default().run(async {
+        for name in ["../escape", "_metadata", ""] {
+            let refused = StateFileWriter::create(&pending, name).await.unwrap_err();
+            assert!(
+                refused.to_string().contains(&format!("'{name}'")),
+                "{refused}"
+            );
+        }
+    });
+}
+
+fn metadata() -> impl Strategy<Value = CheckpointMetadata> {
+    (
+        "[a-z-]{1,12}",
+        any::<u64>(),
+        any::<i64>(),
+        proptest::collection::vec(("[a-z0-9-]{1,10}", any::<u64>(), any::<u32>()), 0..5),
+        proptest::collection::vec(any::<u8>(), 0..64),
+    )
+        .prop_map(
+            |(job, checkpoint, timestamp_ms, files, payload)| CheckpointMetadata {
+                job,
+                checkpoint,
+                timestamp_ms,
+                files: files
+                    .into_iter()
+                    .map(|(name, len, crc32)| StoredFile { name, len, crc32 })
+                    .collect(),
+                payload,
+            },
+        )
+}
+
+proptest! {
+    #[test]
+    fn metadata_round_trips_and_any_flipped_byte_or_cut_is_caught(
+        metadata in metadata(),
+        at in any::<prop::sample::Index>(),
+        bit in 0u8..8,
+    ) {
+        let bytes = metadata.to_bytes();
+        prop_assert_eq!(CheckpointMetadata::from_bytes(&bytes), Ok(metadata));
+        let at = at.index(bytes.len());
+        let mut flipped = bytes.clone();
+        flipped[at] ^= 1 << bit;
+        prop_assert!(CheckpointMetadata::from_bytes(&flipped).is_err());
+        prop_assert!(CheckpointMetadata::from_bytes(&bytes[..at]).is_err());
+    }
+}
