@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod checkpoint;
 pub mod config;
 pub mod connector;
 pub mod error;

@@ -1,0 +1,542 @@
+//! The checkpoint coordinator's decisions, apart from any I/O: when to trigger a checkpoint,
+//! when one is complete, when it is aborted, and when the job has failed too many.
+//!
+//! [`Coordinator`] is a state machine fed with what happens — time passing ([`Coordinator::tick`],
+//! with the time as a number: no clock), a task's acknowledgement with its state handle, a
+//! task declining — and answering with [`Command`]s for whoever runs it: trigger checkpoint `n`
+//! at the sources, persist a completed checkpoint's handles, tell every task that a checkpoint
+//! completed or was aborted, fail the job. Nothing in it assumes one process: in local mode the
+//! job's driver runs it, later the control plane's job master, and both only move messages.
+//!
+//! Flink's rules, with its setting names:
+//! - `execution.checkpointing.interval`: a checkpoint is due `interval` after the previous
+//!   trigger;
+//! - `execution.checkpointing.min-pause`: and no sooner than `min-pause` after the last
+//!   checkpoint completed or was aborted; with a pause, at most one is pending at a time;
+//! - `execution.checkpointing.max-concurrent-checkpoints`: at most this many pending at once
+//!   (a due trigger waits);
+//! - `execution.checkpointing.timeout`: a pending checkpoint older than this is aborted;
+//! - a task that declines aborts the checkpoint;
+//! - a checkpoint completes when every task has acknowledged it; pending checkpoints older than
+//!   a completed one are aborted as subsumed (the newer one supersedes them), and
+//!   acknowledgements of checkpoints no longer pending are ignored;
+//! - `execution.checkpointing.tolerable-failed-checkpoints`: the job fails when more than this
+//!   many checkpoints in a row were aborted by a timeout or a decline (a subsumed one is not a
+//!   failure); a completed checkpoint resets the count.
+
+use std::collections::BTreeMap;
+
+/// The coordinator's settings (Flink's defaults where it has them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CheckpointSettings {
+    /// Time between triggers, ms.
+    pub interval_ms: i64,
+    /// A pending checkpoint older than this is aborted, ms (Flink: 10 minutes).
+    pub timeout_ms: i64,
+    /// Least time from the end of one checkpoint to the start of the next, ms (Flink: 0).
+    pub min_pause_ms: i64,
+    /// Most checkpoints pending at once (Flink: 1).
+    pub max_concurrent: usize,
+    /// Checkpoint failures in a row the job tolerates (Flink: 0).
+    pub tolerable_failures: u32,
+}
+
+impl CheckpointSettings {
+    /// Flink's defaults with this interval.
+    pub fn every(interval_ms: i64) -> CheckpointSettings {
+        CheckpointSettings {
+            interval_ms,
+            timeout_ms: 10 * 60 * 1000,
+            min_pause_ms: 0,
+            max_concurrent: 1,
+            tolerable_failures: 0,
+        }
+    }
+}
+
+/// Why a checkpoint was aborted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AbortReason {
+    /// It was pending longer than the timeout.
+    Expired,
+    /// A task declined it, saying why.
+    Declined {
+        /// The task.
+        task: usize,
+        /// Its reason.
+        reason: String,
+    },
+    /// A newer checkpoint completed first.
+    Subsumed {
+        /// The newer checkpoint.
+        by: u64,
+    },
+}
+
+impl AbortReason {
+    /// Whether it counts towards the tolerable failures.
+    fn is_failure(&self) -> bool {
+        !matches!(self, AbortReason::Subsumed { .. })
+    }
+}
+
+/// What the coordinator asks for, in the order it asks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command<H> {
+    /// Inject barrier `checkpoint` at every source, stamped with `timestamp_ms`.
+    Trigger {
+        /// The checkpoint.
+        checkpoint: u64,
+        /// When it was triggered.
+        timestamp_ms: i64,
+    },
+    /// Every task acknowledged `checkpoint`: persist its metadata from these handles (by task),
+    /// then tell the tasks ([`Command::NotifyComplete`] follows).
+    Persist {
+        /// The checkpoint.
+        checkpoint: u64,
+        /// When it was triggered.
+        timestamp_ms: i64,
+        /// Each task's state handle, by task index.
+        handles: Vec<H>,
+    },
+    /// Tell every task that `checkpoint` completed (`notify_checkpoint_complete`).
+    NotifyComplete {
+        /// The checkpoint.
+        checkpoint: u64,
+    },
+    /// Tell every task that `checkpoint` was aborted (`notify_checkpoint_aborted`); what it
+    /// wrote for it can go.
+    NotifyAborted {
+        /// The checkpoint.
+        checkpoint: u64,
+        /// Why.
+        reason: AbortReason,
+    },
+    /// Too many checkpoints failed in a row: fail the job (it restarts from the last completed
+    /// checkpoint, per its restart strategy).
+    FailJob {
+        /// What happened, naming the setting.
+        reason: String,
+    },
+}
+
+/// One pending checkpoint: when it was triggered and the handles so far.
+#[derive(Debug)]
+struct Pending<H> {
+    timestamp_ms: i64,
+    handles: Vec<Option<H>>,
+    acknowledged: usize,
+}
+
+/// The coordinator of one job (see the module docs).
+#[derive(Debug)]
+pub struct Coordinator<H> {
+    settings: CheckpointSettings,
+    tasks: usize,
+    next: u64,
+    pending: BTreeMap<u64, Pending<H>>,
+    last_trigger_ms: Option<i64>,
+    /// When the last checkpoint completed or was aborted.
+    last_end_ms: Option<i64>,
+    failures_in_a_row: u32,
+    failed: bool,
+}
+
+impl<H> Coordinator<H> {
+    /// A coordinator of a job with `tasks` tasks, whose next checkpoint is `next` (one after
+    /// the checkpoint it was restored from, or 1).
+    pub fn new(settings: CheckpointSettings, tasks: usize, next: u64) -> Coordinator<H> {
+        Coordinator {
+            settings,
+            tasks,
+            next,
+            pending: BTreeMap::new(),
+            last_trigger_ms: None,
+            last_end_ms: None,
+            failures_in_a_row: 0,
+            failed: false,
+        }
+    }
+
+    /// The checkpoints pending now, oldest first.
+    pub fn pending(&self) -> impl Iterator<Item = u64> + '_ {
+        self.pending.keys().copied()
+    }
+
+    /// Time passed to `now_ms`: expires what timed out, then triggers a checkpoint if one is
+    /// due.
+    pub fn tick(&mut self, now_ms: i64) -> Vec<Command<H>> {
+        let mut commands = Vec::new();
+        if self.failed {
+            return commands;
+        }
+        let expired: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, pending)| now_ms - pending.timestamp_ms >= self.settings.timeout_ms)
+            .map(|(&checkpoint, _)| checkpoint)
+            .collect();
+        for checkpoint in expired {
+            self.abort(checkpoint, AbortReason::Expired, now_ms, &mut commands);
+        }
+        if !self.failed && self.trigger_due(now_ms) {
+            let checkpoint = self.next;
+            self.next += 1;
+            self.last_trigger_ms = Some(now_ms);
+            self.pending.insert(
+                checkpoint,
+                Pending {
+                    timestamp_ms: now_ms,
+                    handles: (0..self.tasks).map(|_| None).collect(),
+                    acknowledged: 0,
+                },
+            );
+            commands.push(Command::Trigger {
+                checkpoint,
+                timestamp_ms: now_ms,
+            });
+        }
+        commands
+    }
+
+    /// When the next trigger is due, ms: the caller's timer for [`Coordinator::tick`] (the
+    /// earliest expiry matters too: see [`Coordinator::next_expiry`]).
+    pub fn next_trigger(&self) -> i64 {
+        let after_trigger = self
+            .last_trigger_ms
+            .map_or(i64::MIN, |t| t + self.settings.interval_ms);
+        let after_end = self
+            .last_end_ms
+            .map_or(i64::MIN, |t| t + self.settings.min_pause_ms);
+        after_trigger.max(after_end)
+    }
+
+    /// When the oldest pending checkpoint expires, ms, if one is pending.
+    pub fn next_expiry(&self) -> Option<i64> {
+        self.pending
+            .values()
+            .next()
+            .map(|pending| pending.timestamp_ms + self.settings.timeout_ms)
+    }
+
+    fn trigger_due(&self, now_ms: i64) -> bool {
+        let most = if self.settings.min_pause_ms > 0 {
+            1
+        } else {
+            self.settings.max_concurrent.max(1)
+        };
+        self.pending.len() < most && now_ms >= self.next_trigger()
+    }
+
+    /// Task `task` acknowledged `checkpoint` with its state handle.
+    pub fn acknowledge(
+        &mut self,
+        checkpoint: u64,
+        task: usize,
+        handle: H,
+        now_ms: i64,
+    ) -> Vec<Command<H>> {
+        let mut commands = Vec::new();
+        let Some(pending) = self.pending.get_mut(&checkpoint) else {
+            // Late: aborted, subsumed or completed already.
+            return commands;
+        };
+        let Some(slot) = pending.handles.get_mut(task) else {
+            return commands;
+        };
+        if slot.is_none() {
+            pending.acknowledged += 1;
+        }
+        *slot = Some(handle);
+        if pending.acknowledged < self.tasks {
+            return commands;
+        }
+        let pending = self.pending.remove(&checkpoint).expect("pending");
+        // Older pending checkpoints are superseded by this one.
+        let older: Vec<u64> = self.pending.range(..checkpoint).map(|(&c, _)| c).collect();
+        for old in older {
+            self.abort(
+                old,
+                AbortReason::Subsumed { by: checkpoint },
+                now_ms,
+                &mut commands,
+            );
+        }
+        self.failures_in_a_row = 0;
+        self.last_end_ms = Some(now_ms);
+        commands.push(Command::Persist {
+            checkpoint,
+            timestamp_ms: pending.timestamp_ms,
+            handles: pending
+                .handles
+                .into_iter()
+                .map(|h| h.expect("acked"))
+                .collect(),
+        });
+        commands.push(Command::NotifyComplete { checkpoint });
+        commands
+    }
+
+    /// Task `task` declined `checkpoint`.
+    pub fn decline(
+        &mut self,
+        checkpoint: u64,
+        task: usize,
+        reason: &str,
+        now_ms: i64,
+    ) -> Vec<Command<H>> {
+        let mut commands = Vec::new();
+        if self.pending.contains_key(&checkpoint) {
+            let reason = AbortReason::Declined {
+                task,
+                reason: reason.to_string(),
+            };
+            self.abort(checkpoint, reason, now_ms, &mut commands);
+        }
+        commands
+    }
+
+    fn abort(
+        &mut self,
+        checkpoint: u64,
+        reason: AbortReason,
+        now_ms: i64,
+        commands: &mut Vec<Command<H>>,
+    ) {
+        if self.pending.remove(&checkpoint).is_none() {
+            return;
+        }
+        let failure = reason.is_failure();
+        if failure {
+            self.last_end_ms = Some(now_ms);
+        }
+        commands.push(Command::NotifyAborted { checkpoint, reason });
+        if failure {
+            self.failures_in_a_row += 1;
+            if self.failures_in_a_row > self.settings.tolerable_failures && !self.failed {
+                self.failed = true;
+                commands.push(Command::FailJob {
+                    reason: format!(
+                        "{} checkpoint(s) in a row failed, more than \
+                         execution.checkpointing.tolerable-failed-checkpoints = {}; raise it \
+                         to ride out more, or see why checkpoint {checkpoint} failed",
+                        self.failures_in_a_row, self.settings.tolerable_failures
+                    ),
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn triggers<H>(commands: &[Command<H>]) -> Vec<u64> {
+        commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::Trigger { checkpoint, .. } => Some(*checkpoint),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn triggers_on_the_interval_and_completes_when_every_task_acks() {
+        let mut c: Coordinator<&str> = Coordinator::new(CheckpointSettings::every(1000), 2, 1);
+        assert_eq!(
+            c.tick(0),
+            [Command::Trigger {
+                checkpoint: 1,
+                timestamp_ms: 0
+            }]
+        );
+        assert!(c.tick(500).is_empty(), "one pending at most");
+        assert!(c.acknowledge(1, 1, "b1", 600).is_empty());
+        assert!(
+            c.acknowledge(1, 1, "b1 again", 600).is_empty(),
+            "counted once"
+        );
+        assert_eq!(
+            c.acknowledge(1, 0, "a1", 700),
+            [
+                Command::Persist {
+                    checkpoint: 1,
+                    timestamp_ms: 0,
+                    handles: vec!["a1", "b1 again"]
+                },
+                Command::NotifyComplete { checkpoint: 1 }
+            ]
+        );
+        assert!(
+            c.tick(999).is_empty(),
+            "the interval counts from the trigger"
+        );
+        assert_eq!(triggers(&c.tick(1000)), [2]);
+    }
+
+    #[test]
+    fn min_pause_counts_from_the_end_of_the_last_checkpoint() {
+        let settings = CheckpointSettings {
+            min_pause_ms: 800,
+            max_concurrent: 5,
+            ..CheckpointSettings::every(1000)
+        };
+        let mut c: Coordinator<()> = Coordinator::new(settings, 1, 1);
+        assert_eq!(triggers(&c.tick(0)), [1]);
+        assert!(c.tick(1500).is_empty(), "a pause allows one pending");
+        c.acknowledge(1, 0, (), 1500);
+        assert!(c.tick(2000).is_empty(), "pause until 2300");
+        assert_eq!(c.next_trigger(), 2300);
+        assert_eq!(triggers(&c.tick(2300)), [2]);
+    }
+
+    #[test]
+    fn expired_and_declined_checkpoints_abort_and_too_many_fail_the_job() {
+        let settings = CheckpointSettings {
+            timeout_ms: 300,
+            tolerable_failures: 1,
+            max_concurrent: 2,
+            ..CheckpointSettings::every(100)
+        };
+        let mut c: Coordinator<()> = Coordinator::new(settings, 1, 7);
+        assert_eq!(triggers(&c.tick(0)), [7]);
+        assert_eq!(triggers(&c.tick(100)), [8]);
+        assert_eq!(c.next_expiry(), Some(300));
+        let commands = c.tick(300);
+        assert_eq!(
+            commands[0],
+            Command::NotifyAborted {
+                checkpoint: 7,
+                reason: AbortReason::Expired
+            }
+        );
+        assert_eq!(triggers(&commands), [9], "a slot is free again");
+        let commands = c.decline(8, 0, "disk full", 350);
+        assert_eq!(
+            commands[0],
+            Command::NotifyAborted {
+                checkpoint: 8,
+                reason: AbortReason::Declined {
+                    task: 0,
+                    reason: "disk full".into()
+                }
+            }
+        );
+        let Command::FailJob { reason } = &commands[1] else {
+            panic!("{commands:?}")
+        };
+        assert!(reason.contains("2 checkpoint(s) in a row"), "{reason}");
+        assert!(
+            reason.contains("tolerable-failed-checkpoints = 1"),
+            "{reason}"
+        );
+        assert!(c.tick(10_000).is_empty(), "a failed job triggers nothing");
+    }
+
+    #[test]
+    fn a_completed_checkpoint_subsumes_older_ones_and_resets_the_failures() {
+        let settings = CheckpointSettings {
+            max_concurrent: 3,
+            tolerable_failures: 1,
+            timeout_ms: 1_000,
+            ..CheckpointSettings::every(10)
+        };
+        let mut c: Coordinator<u64> = Coordinator::new(settings, 1, 1);
+        for t in [0, 10, 20] {
+            c.tick(t);
+        }
+        assert_eq!(c.pending().collect::<Vec<_>>(), [1, 2, 3]);
+        c.decline(1, 0, "busy", 25);
+        let commands = c.acknowledge(3, 0, 33, 30);
+        assert_eq!(
+            commands[0],
+            Command::NotifyAborted {
+                checkpoint: 2,
+                reason: AbortReason::Subsumed { by: 3 }
+            }
+        );
+        assert!(matches!(
+            commands[1],
+            Command::Persist { checkpoint: 3, .. }
+        ));
+        assert!(
+            c.acknowledge(2, 0, 22, 31).is_empty(),
+            "a late ack is ignored"
+        );
+        // One failure before the completion was forgiven: one more is tolerated.
+        c.tick(40);
+        let commands = c.decline(4, 0, "busy", 41);
+        assert!(
+            !commands
+                .iter()
+                .any(|c| matches!(c, Command::FailJob { .. })),
+            "{commands:?}"
+        );
+    }
+
+    proptest! {
+        /// Whatever happens, in any order: every checkpoint is triggered once, in increasing
+        /// order, ends at most once (completed or aborted), never completes without every
+        /// task's ack, and the pending ones respect the limit.
+        #[test]
+        fn any_schedule_keeps_the_invariants(
+            events in proptest::collection::vec((0u8..4, 0u64..12, 0usize..3, 0i64..400), 1..120)
+        ) {
+            let settings = CheckpointSettings {
+                max_concurrent: 2,
+                tolerable_failures: 3,
+                timeout_ms: 900,
+                ..CheckpointSettings::every(100)
+            };
+            let tasks = 3;
+            let mut c: Coordinator<usize> = Coordinator::new(settings, tasks, 1);
+            let mut now = 0;
+            let mut triggered = Vec::new();
+            let mut ended = std::collections::HashSet::new();
+            let mut acked: BTreeMap<u64, std::collections::HashSet<usize>> = BTreeMap::new();
+            for (kind, checkpoint, task, step) in events {
+                now += step;
+                let commands = match kind {
+                    0 | 1 => c.tick(now),
+                    2 => {
+                        // Mostly a pending checkpoint, sometimes a stale or unknown one.
+                        let pending: Vec<u64> = c.pending().collect();
+                        let checkpoint = match pending.len() {
+                            n if n > 0 && checkpoint < 9 => pending[checkpoint as usize % n],
+                            _ => checkpoint,
+                        };
+                        acked.entry(checkpoint).or_default().insert(task);
+                        c.acknowledge(checkpoint, task, task, now)
+                    }
+                    _ => c.decline(checkpoint, task, "no", now),
+                };
+                for command in commands {
+                    match command {
+                        Command::Trigger { checkpoint, .. } => {
+                            prop_assert!(triggered.last().is_none_or(|&l| l < checkpoint));
+                            acked.remove(&checkpoint);
+                            triggered.push(checkpoint);
+                        }
+                        Command::Persist { checkpoint, handles, .. } => {
+                            prop_assert_eq!(handles.len(), tasks);
+                            prop_assert_eq!(acked.get(&checkpoint).map_or(0, |a| a.len()), tasks);
+                            prop_assert!(ended.insert(checkpoint), "ended twice");
+                        }
+                        Command::NotifyAborted { checkpoint, .. } => {
+                            prop_assert!(ended.insert(checkpoint), "ended twice");
+                        }
+                        Command::NotifyComplete { .. } | Command::FailJob { .. } => {}
+                    }
+                }
+                prop_assert!(c.pending().count() <= 2);
+                for pending in c.pending() {
+                    prop_assert!(triggered.contains(&pending) && !ended.contains(&pending));
+                }
+            }
+        }
+    }
+}
