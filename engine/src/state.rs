@@ -130,13 +130,18 @@ impl Drop for JobRocksDb {
     }
 }
 
-/// A registered state's handle, type-erased, with the state's name.
-type CachedHandle = (Box<str>, Box<dyn Any>);
+/// A registered state's handle, type-erased, with the state's name and the id of the
+/// descriptor that last asked for it.
+struct CachedHandle {
+    descriptor: u64,
+    name: Box<str>,
+    handle: Box<dyn Any>,
+}
 
 /// A keyed operator subtask's state: its backend and the handles its function asked for.
 pub(crate) struct KeyedStateStore<K> {
     backend: LocalKeyedBackend<K>,
-    /// Handles by state name, in registration order.
+    /// Handles by descriptor id, in the order they were first asked for.
     handles: RefCell<Vec<CachedHandle>>,
     /// Whether the backend's current key is the key of the call in progress.
     key_set: Cell<bool>,
@@ -181,11 +186,16 @@ impl<K: Key> KeyedStateStore<K> {
         self.key_set.set(false);
     }
 
-    /// The handle of the state `name`, registered by `register` on first use. Makes `key` the
-    /// backend's current key if this call has not yet.
+    /// The handle of the state `name` that the descriptor with id `descriptor` declares,
+    /// registered by `register` on first use. Found by the descriptor's id (no name compared
+    /// per call); a descriptor not seen before (another one of the same name, or a function
+    /// that makes its descriptors per call) is found by name and takes the entry over, so the
+    /// cache holds one entry per state. Makes `key` the backend's current key if this call has
+    /// not yet.
     pub(crate) fn handle<H: Clone + 'static>(
         &self,
         key: &K,
+        descriptor: u64,
         name: &str,
         register: impl FnOnce(&LocalKeyedBackend<K>) -> Result<H, StateError>,
     ) -> H {
@@ -195,20 +205,27 @@ impl<K: Key> KeyedStateStore<K> {
                 .unwrap_or_else(|error| panic!("keyed state: {error}"));
             self.key_set.set(true);
         }
-        let cached = self
-            .handles
-            .borrow()
+        let mut handles = self.handles.borrow_mut();
+        if let Some(handle) = handles
             .iter()
-            .find(|(cached, _)| **cached == *name)
-            .and_then(|(_, handle)| handle.downcast_ref::<H>().cloned());
-        if let Some(handle) = cached {
-            return handle;
+            .find(|cached| cached.descriptor == descriptor)
+            .and_then(|cached| cached.handle.downcast_ref::<H>())
+        {
+            return handle.clone();
+        }
+        if let Some(cached) = handles.iter_mut().find(|cached| *cached.name == *name) {
+            if let Some(handle) = cached.handle.downcast_ref::<H>() {
+                cached.descriptor = descriptor;
+                return handle.clone();
+            }
         }
         // Not cached, or cached with another type: registering reports the conflict.
         let handle = register(&self.backend).unwrap_or_else(|error| panic!("keyed state: {error}"));
-        self.handles
-            .borrow_mut()
-            .push((name.into(), Box::new(handle.clone())));
+        handles.push(CachedHandle {
+            descriptor,
+            name: name.into(),
+            handle: Box::new(handle.clone()),
+        });
         handle
     }
 }

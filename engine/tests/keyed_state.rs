@@ -265,6 +265,53 @@ fn state_with_a_ttl_expires_and_state_without_one_stays() {
 }
 
 /// Registers "count" as a `ValueState<u64>` and then as a `ValueState<String>`.
+/// Counts per key with a descriptor made on every call, and reads the count through one it
+/// holds: both name the state "count", so both reach the same state.
+#[derive(Clone)]
+struct TwoDescriptors {
+    held: ValueStateDescriptor<u64>,
+}
+
+impl KeyedProcessFunction<String, Event, (String, u64)> for TwoDescriptors {
+    fn process_element(
+        &mut self,
+        event: Event,
+        ctx: &mut KeyedProcessContext<'_, String, (String, u64)>,
+    ) {
+        let per_call = ctx.value_state(&ValueStateDescriptor::<u64>::new("count"));
+        let next = per_call.value().expect("read").unwrap_or(0) + 1;
+        per_call.update(next).expect("write");
+        let held = ctx.value_state(&self.held).value().expect("read");
+        ctx.emit((event.0, held.expect("the same state")));
+    }
+}
+
+#[test]
+fn descriptors_of_one_name_reach_one_state_even_when_made_per_call() {
+    let input = events(2, 2_000, 20);
+    let mut totals: HashMap<String, u64> = HashMap::new();
+    for (key, _) in &input {
+        *totals.entry(key.clone()).or_default() += 1;
+    }
+    let expected: Vec<(String, u64)> = totals
+        .iter()
+        .flat_map(|(key, &n)| (1..=n).map(move |i| (key.clone(), i)))
+        .collect();
+    for backend in BACKENDS {
+        let env = env(backend, 1);
+        let (sink, out) = CollectSink::new();
+        source(&env, input.clone())
+            .key_by(|e: &Event| e.0.clone())
+            .process(TwoDescriptors {
+                held: ValueStateDescriptor::new("count"),
+            })
+            .sink_to(sink, "counts");
+        env.execute("two-descriptors")
+            .unwrap_or_else(|e| panic!("{backend}: {e}"));
+        common::assert_same_multiset(&out.records(), &expected);
+    }
+}
+
 #[derive(Clone)]
 struct Conflicting;
 

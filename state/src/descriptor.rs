@@ -9,6 +9,7 @@
 use std::any::{type_name, TypeId};
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::ttl::StateTtlConfig;
@@ -75,8 +76,15 @@ impl fmt::Display for StateSignature {
     }
 }
 
+/// A number no other descriptor of this process has.
+fn next_descriptor_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Declares a [`crate::ValueState<T>`]: one value per key (and namespace).
 pub struct ValueStateDescriptor<T> {
+    id: u64,
     name: String,
     ttl: Option<StateTtlConfig>,
     _type: PhantomData<fn() -> T>,
@@ -84,6 +92,7 @@ pub struct ValueStateDescriptor<T> {
 
 /// Declares a [`crate::ListState<T>`]: a list of values per key.
 pub struct ListStateDescriptor<T> {
+    id: u64,
     name: String,
     ttl: Option<StateTtlConfig>,
     _type: PhantomData<fn() -> T>,
@@ -91,6 +100,7 @@ pub struct ListStateDescriptor<T> {
 
 /// Declares a [`crate::MapState<UK, UV>`]: a map per key.
 pub struct MapStateDescriptor<UK, UV> {
+    id: u64,
     name: String,
     ttl: Option<StateTtlConfig>,
     _type: PhantomData<fn() -> (UK, UV)>,
@@ -101,6 +111,7 @@ pub type ReduceFn<T> = Arc<dyn Fn(&T, &T) -> T + Send + Sync>;
 
 /// Declares a [`crate::ReducingState<T>`]: one value per key, folded with a reduce function.
 pub struct ReducingStateDescriptor<T> {
+    id: u64,
     name: String,
     ttl: Option<StateTtlConfig>,
     reduce: ReduceFn<T>,
@@ -122,6 +133,7 @@ pub trait AggregateFunction<IN, ACC, OUT>: Send + Sync + 'static {
 
 /// Declares a [`crate::AggregatingState<IN, OUT>`] with accumulator type `ACC`.
 pub struct AggregatingStateDescriptor<IN, ACC, OUT> {
+    id: u64,
     name: String,
     ttl: Option<StateTtlConfig>,
     function: Arc<dyn AggregateFunction<IN, ACC, OUT>>,
@@ -134,9 +146,16 @@ macro_rules! common_descriptor_methods {
             &self.name
         }
 
-        /// Gives entries a time to live.
+        /// What tells this descriptor (and its clones) from any other made in this process,
+        /// even one of the same name: the engine finds the handle it registered by it.
+        pub fn id(&self) -> u64 {
+            self.id
+        }
+
+        /// Gives entries a time to live (a new descriptor, with an id of its own).
         pub fn with_ttl(mut self, ttl: StateTtlConfig) -> Self {
             self.ttl = Some(ttl);
+            self.id = next_descriptor_id();
             self
         }
 
@@ -152,6 +171,7 @@ impl<T: 'static> ValueStateDescriptor<T> {
     pub fn new(name: impl Into<String>) -> Self {
         ValueStateDescriptor {
             name: name.into(),
+            id: next_descriptor_id(),
             ttl: None,
             _type: PhantomData,
         }
@@ -169,6 +189,7 @@ impl<T: 'static> ListStateDescriptor<T> {
     pub fn new(name: impl Into<String>) -> Self {
         ListStateDescriptor {
             name: name.into(),
+            id: next_descriptor_id(),
             ttl: None,
             _type: PhantomData,
         }
@@ -186,6 +207,7 @@ impl<UK: 'static, UV: 'static> MapStateDescriptor<UK, UV> {
     pub fn new(name: impl Into<String>) -> Self {
         MapStateDescriptor {
             name: name.into(),
+            id: next_descriptor_id(),
             ttl: None,
             _type: PhantomData,
         }
@@ -210,6 +232,7 @@ impl<T: 'static> ReducingStateDescriptor<T> {
     ) -> Self {
         ReducingStateDescriptor {
             name: name.into(),
+            id: next_descriptor_id(),
             ttl: None,
             reduce: Arc::new(reduce),
         }
@@ -232,6 +255,7 @@ impl<IN: 'static, ACC: 'static, OUT: 'static> AggregatingStateDescriptor<IN, ACC
     pub fn new(name: impl Into<String>, function: impl AggregateFunction<IN, ACC, OUT>) -> Self {
         AggregatingStateDescriptor {
             name: name.into(),
+            id: next_descriptor_id(),
             ttl: None,
             function: Arc::new(function),
         }
@@ -261,6 +285,7 @@ impl<IN: 'static, ACC: 'static, OUT: 'static> AggregatingStateDescriptor<IN, ACC
 impl<T> Clone for ValueStateDescriptor<T> {
     fn clone(&self) -> Self {
         ValueStateDescriptor {
+            id: self.id,
             name: self.name.clone(),
             ttl: self.ttl,
             _type: PhantomData,
@@ -271,6 +296,7 @@ impl<T> Clone for ValueStateDescriptor<T> {
 impl<T> Clone for ListStateDescriptor<T> {
     fn clone(&self) -> Self {
         ListStateDescriptor {
+            id: self.id,
             name: self.name.clone(),
             ttl: self.ttl,
             _type: PhantomData,
@@ -281,6 +307,7 @@ impl<T> Clone for ListStateDescriptor<T> {
 impl<UK, UV> Clone for MapStateDescriptor<UK, UV> {
     fn clone(&self) -> Self {
         MapStateDescriptor {
+            id: self.id,
             name: self.name.clone(),
             ttl: self.ttl,
             _type: PhantomData,
@@ -291,6 +318,7 @@ impl<UK, UV> Clone for MapStateDescriptor<UK, UV> {
 impl<T> Clone for ReducingStateDescriptor<T> {
     fn clone(&self) -> Self {
         ReducingStateDescriptor {
+            id: self.id,
             name: self.name.clone(),
             ttl: self.ttl,
             reduce: Arc::clone(&self.reduce),
@@ -301,6 +329,7 @@ impl<T> Clone for ReducingStateDescriptor<T> {
 impl<IN, ACC, OUT> Clone for AggregatingStateDescriptor<IN, ACC, OUT> {
     fn clone(&self) -> Self {
         AggregatingStateDescriptor {
+            id: self.id,
             name: self.name.clone(),
             ttl: self.ttl,
             function: Arc::clone(&self.function),
@@ -345,6 +374,19 @@ mod tests {
         assert_ne!(a, d);
         assert_eq!(a, ValueStateDescriptor::<u64>::new("other").signature());
         assert_eq!(a.to_string(), "ValueState<u64> without TTL");
+    }
+
+    #[test]
+    fn clones_share_an_id_and_new_or_changed_descriptors_get_their_own() {
+        let a = ValueStateDescriptor::<u64>::new("count");
+        assert_eq!(a.clone().id(), a.id());
+        assert_ne!(ValueStateDescriptor::<u64>::new("count").id(), a.id());
+        let with_ttl = a
+            .clone()
+            .with_ttl(StateTtlConfig::new(Duration::from_secs(1)));
+        assert_ne!(with_ttl.id(), a.id(), "a TTL makes it another declaration");
+        let reducing = ReducingStateDescriptor::<u64>::new("sum", |x, y| x + y);
+        assert_eq!(reducing.clone().id(), reducing.id());
     }
 
     fn assert_send_sync<T: Send + Sync>() {}

@@ -125,13 +125,17 @@ impl<K: Key, O> KeyedProcessContext<'_, K, O> {
         descriptor: &ValueStateDescriptor<T>,
     ) -> ValueState<T> {
         self.state
-            .handle(self.key, descriptor.name(), |b| b.value_state(descriptor))
+            .handle(self.key, descriptor.id(), descriptor.name(), |b| {
+                b.value_state(descriptor)
+            })
     }
 
     /// A list per key (Flink's `ListState`; on RocksDB appends are merges, no read).
     pub fn list_state<T: StateValue>(&self, descriptor: &ListStateDescriptor<T>) -> ListState<T> {
         self.state
-            .handle(self.key, descriptor.name(), |b| b.list_state(descriptor))
+            .handle(self.key, descriptor.id(), descriptor.name(), |b| {
+                b.list_state(descriptor)
+            })
     }
 
     /// A map per key (Flink's `MapState`; iterate with `entries`).
@@ -141,7 +145,9 @@ impl<K: Key, O> KeyedProcessContext<'_, K, O> {
         UV: StateValue,
     {
         self.state
-            .handle(self.key, descriptor.name(), |b| b.map_state(descriptor))
+            .handle(self.key, descriptor.id(), descriptor.name(), |b| {
+                b.map_state(descriptor)
+            })
     }
 
     /// A value per key folded with the descriptor's reduce function on every `add`.
@@ -149,9 +155,10 @@ impl<K: Key, O> KeyedProcessContext<'_, K, O> {
         &self,
         descriptor: &ReducingStateDescriptor<T>,
     ) -> ReducingState<T> {
-        self.state.handle(self.key, descriptor.name(), |b| {
-            b.reducing_state(descriptor)
-        })
+        self.state
+            .handle(self.key, descriptor.id(), descriptor.name(), |b| {
+                b.reducing_state(descriptor)
+            })
     }
 
     /// An accumulator per key, fed by `add`, read as the descriptor's aggregate result.
@@ -159,9 +166,10 @@ impl<K: Key, O> KeyedProcessContext<'_, K, O> {
         &self,
         descriptor: &AggregatingStateDescriptor<IN, ACC, OUT>,
     ) -> AggregatingState<IN, OUT> {
-        self.state.handle(self.key, descriptor.name(), |b| {
-            b.aggregating_state(descriptor)
-        })
+        self.state
+            .handle(self.key, descriptor.id(), descriptor.name(), |b| {
+                b.aggregating_state(descriptor)
+            })
     }
 }
 

@@ -46,7 +46,9 @@ where
         let key = (self.key_selector)(&record);
         let store = self.state.as_deref().expect("opened");
         store.next_call();
-        let state = store.handle(&key, STATE_NAME, |b| b.value_state(&self.descriptor));
+        let state = store.handle(&key, self.descriptor.id(), STATE_NAME, |b| {
+            b.value_state(&self.descriptor)
+        });
         let value = match state.value().unwrap_or_else(|e| panic!("keyed state: {e}")) {
             Some(previous) => (self.reduce)(previous, record),
             None => record,
