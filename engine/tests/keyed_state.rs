@@ -60,17 +60,23 @@ impl KeyedProcessFunction<String, Event, (String, u64)> for RunningCount {
     }
 }
 
+/// What a running count per key emits for `input`: each key with 1, 2, … up to its number of
+/// records (in no particular order across keys).
+fn running_counts(input: &[Event]) -> Vec<(String, u64)> {
+    let mut totals: HashMap<String, u64> = HashMap::new();
+    for (key, _) in input {
+        *totals.entry(key.clone()).or_default() += 1;
+    }
+    totals
+        .iter()
+        .flat_map(|(key, &n)| (1..=n).map(move |i| (key.clone(), i)))
+        .collect()
+}
+
 #[test]
 fn value_state_keeps_a_count_per_key() {
     let input = events(1, 3_000, 50);
-    let mut totals: HashMap<String, u64> = HashMap::new();
-    for (key, _) in &input {
-        *totals.entry(key.clone()).or_default() += 1;
-    }
-    let expected: Vec<(String, u64)> = totals
-        .iter()
-        .flat_map(|(key, &n)| (1..=n).map(move |i| (key.clone(), i)))
-        .collect();
+    let expected = running_counts(&input);
     for backend in BACKENDS {
         for parallelism in common::parallelisms() {
             let env = env(backend, parallelism);
@@ -289,14 +295,7 @@ impl KeyedProcessFunction<String, Event, (String, u64)> for TwoDescriptors {
 #[test]
 fn descriptors_of_one_name_reach_one_state_even_when_made_per_call() {
     let input = events(2, 2_000, 20);
-    let mut totals: HashMap<String, u64> = HashMap::new();
-    for (key, _) in &input {
-        *totals.entry(key.clone()).or_default() += 1;
-    }
-    let expected: Vec<(String, u64)> = totals
-        .iter()
-        .flat_map(|(key, &n)| (1..=n).map(move |i| (key.clone(), i)))
-        .collect();
+    let expected = running_counts(&input);
     for backend in BACKENDS {
         let env = env(backend, 1);
         let (sink, out) = CollectSink::new();

@@ -266,7 +266,7 @@ impl CheckpointStorage {
     /// Opens (creating it if needed) the directory of `job`'s checkpoints under `root`, and
     /// takes its lock.
     pub fn open(root: &Path, job: &str) -> Result<CheckpointStorage, StateError> {
-        if job.is_empty() || job == "." || job == ".." || job.contains(['/', '\0']) {
+        if !is_plain_name(job) {
             return Err(StateError::invalid_config(
                 "checkpoint job name",
                 format!("'{job}'"),
@@ -503,6 +503,11 @@ fn checksum_file(path: &Path) -> std::io::Result<(u64, u32)> {
     }
 }
 
+/// Whether `name` names one entry of a directory: not empty, not `.` or `..`, no `/` or NUL.
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\0'])
+}
+
 fn corrupt(path: &Path, problem: String) -> StateError {
     StateErrorKind::CorruptCheckpoint {
         path: path.to_path_buf(),
@@ -544,12 +549,7 @@ impl StateFileWriter {
         pending: &PendingCheckpoint,
         name: &str,
     ) -> Result<StateFileWriter, StateError> {
-        if name.is_empty()
-            || name.contains(['/', '\0'])
-            || name == "."
-            || name == ".."
-            || name.starts_with(METADATA_FILE)
-        {
+        if !is_plain_name(name) || name.starts_with(METADATA_FILE) {
             return Err(StateError::invalid_config(
                 "checkpoint file name",
                 format!("'{name}'"),
