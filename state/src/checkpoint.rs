@@ -39,7 +39,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use futures_lite::AsyncWriteExt;
-use glommio::io::{DmaFile, DmaStreamWriter, DmaStreamWriterBuilder};
+use glommio::io::{DmaStreamWriter, DmaStreamWriterBuilder};
 
 use crate::checksum::{crc32, Crc32};
 use crate::error::{StateError, StateErrorKind};
@@ -208,8 +208,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A checkpoint being written: its directory, to which [`StateFileWriter`]s write.
-#[derive(Debug)]
+/// A checkpoint being written: its directory, to which [`StateFileWriter`]s write. Clones
+/// name the same checkpoint (each shard's writers hold one).
+#[derive(Clone, Debug)]
 pub struct PendingCheckpoint {
     checkpoint: u64,
     dir: PathBuf,
@@ -389,6 +390,21 @@ impl CheckpointStorage {
         Ok(found)
     }
 
+    /// The highest checkpoint number in the job's directory, committed or not: a new run
+    /// numbers its checkpoints after it.
+    pub fn highest_number(&self) -> Result<Option<u64>, StateError> {
+        Ok(self.numbered()?.last().map(|(number, _)| *number))
+    }
+
+    /// Deletes what an attempt at `checkpoint` wrote, unless it was committed.
+    pub fn discard(&self, checkpoint: u64) -> Result<(), StateError> {
+        let dir = self.checkpoint_dir(checkpoint);
+        if dir.exists() && !dir.join(METADATA_FILE).exists() {
+            fs::remove_dir_all(&dir).map_err(|source| io(&dir, "removing", source))?;
+        }
+        Ok(())
+    }
+
     /// The newest checkpoint a restore can use (see the module docs).
     pub fn latest(&self) -> Result<LatestCheckpoint, StateError> {
         let mut skipped = Vec::new();
@@ -557,7 +573,14 @@ impl StateFileWriter {
             ));
         }
         let path = pending.dir.join(name);
-        let file = DmaFile::create(&path)
+        // Readable too: glommio probes each device's polled I/O with a read on the first file
+        // it opens there, and logs an error when that read is refused.
+        let file = glommio::io::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .dma_open(&path)
             .await
             .map_err(|error| io(&path, "creating", error.into()))?;
         Ok(StateFileWriter {

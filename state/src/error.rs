@@ -28,6 +28,10 @@ impl StateError {
                 | StateErrorKind::UnknownState { .. }
                 | StateErrorKind::InvalidConfig { .. }
                 | StateErrorKind::IncompatibleRestore { .. }
+                | StateErrorKind::IncompatibleKeyedRestore { .. }
+                | StateErrorKind::IncompatibleKeyedSnapshot { .. }
+                | StateErrorKind::InvalidRestore { .. }
+                | StateErrorKind::NotBuilt { .. }
                 | StateErrorKind::OperatorStateTtl { .. }
         )
     }
@@ -169,6 +173,59 @@ pub enum StateErrorKind {
         restored: String,
         /// What the operator asked for.
         requested: String,
+    },
+
+    /// A restored keyed state was registered with another kind or stored type than the one it
+    /// was checkpointed with.
+    #[error(
+        "state '{state}' was checkpointed as {restored}, but is now registered as {requested}; \
+         a restored keyed state keeps its kind and types: register it as {restored} again, or \
+         give the new state another name"
+    )]
+    IncompatibleKeyedRestore {
+        /// The state name.
+        state: String,
+        /// What the checkpoint holds, e.g. `ValueState<u64>`.
+        restored: String,
+        /// What the operator asked for, e.g. `ListState<u64>`.
+        requested: String,
+    },
+
+    /// A keyed state snapshot taken by a backend that does not fit the one restoring it:
+    /// another max parallelism, key type or namespace type.
+    #[error(
+        "a keyed state snapshot was taken with {what} {restored}, but the backend restoring it \
+         has {what} {current}; {fix}"
+    )]
+    IncompatibleKeyedSnapshot {
+        /// What differs, e.g. "max parallelism" or "key type".
+        what: &'static str,
+        /// The snapshot's value.
+        restored: String,
+        /// The restoring backend's value.
+        current: String,
+        /// What to do about it.
+        fix: &'static str,
+    },
+
+    /// A keyed backend was restored at the wrong moment (twice, or after a state was registered)
+    /// or from snapshots that do not belong together.
+    #[error(
+        "keyed state cannot be restored: {problem}; restore a keyed backend once, before its \
+         operator registers any state, from the snapshots of one checkpoint"
+    )]
+    InvalidRestore {
+        /// What is wrong, with the offending values.
+        problem: String,
+    },
+
+    /// A capability that this build does not have yet.
+    #[error("{what} is not built yet; {fix}")]
+    NotBuilt {
+        /// What was asked for.
+        what: &'static str,
+        /// What to do instead.
+        fix: &'static str,
     },
 
     /// An operator (non-keyed) state descriptor carries a TTL, which operator state does not

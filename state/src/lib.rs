@@ -6,7 +6,9 @@
 //! - [`handle`]: what it gets back — [`ValueState`], [`ListState`], [`MapState`],
 //!   [`ReducingState`], [`AggregatingState`] — acting on the backend's current key.
 //! - [`backend`]: [`LocalKeyedBackend`], one per keyed operator subtask, over the heap
-//!   (copy-on-write snapshots) or the slot's [`SlotRocksDb`] (checkpoints, compaction-time TTL).
+//!   (copy-on-write snapshots) or the slot's [`SlotRocksDb`] (checkpoints, compaction-time TTL);
+//!   [`encode_keyed_snapshot`] writes a heap snapshot in the canonical keyed-state format that
+//!   [`LocalKeyedBackend::restore`] reads back, rescaled to the backend's key groups.
 //! - [`ttl`]: time to live and the injectable [`Clock`].
 //! - [`checkpoint`]: checkpoint storage — state files written through io_uring with their
 //!   checksums, metadata committed atomically, the newest usable checkpoint found on restore.
@@ -52,7 +54,12 @@ pub mod key_group;
 pub mod operator;
 pub mod ttl;
 
+pub use backend::heap::restore::RestoreSummary;
 pub use backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
+pub use backend::keyed_snapshot::{
+    decode_keyed_snapshot, encode_keyed_snapshot, KeyedEntryBytes, KeyedSnapshotContents,
+    KeyedStateContents, KEYED_SNAPSHOT_FORMAT_VERSION,
+};
 pub use backend::rocksdb::{
     split_key, RawEntries, RocksDbConfig, RocksDbMemoryUsage, SlotRocksDb, StateKeyParts,
     WriteBackStats, MAX_PARALLELISM_LIMIT,

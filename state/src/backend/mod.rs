@@ -8,6 +8,7 @@
 
 pub(crate) mod context;
 pub(crate) mod heap;
+pub(crate) mod keyed_snapshot;
 mod registry;
 pub(crate) mod rocksdb;
 
@@ -20,7 +21,7 @@ use crate::descriptor::{
     AggregatingStateDescriptor, ListStateDescriptor, MapStateDescriptor, ReducingStateDescriptor,
     StateKind, StateSignature, ValueStateDescriptor,
 };
-use crate::error::StateError;
+use crate::error::{StateError, StateErrorKind};
 use crate::handle::{
     AggregatingState, Aggregator, ListState, MapState, ReducingState, ValueAccess, ValueState,
 };
@@ -29,6 +30,7 @@ use crate::ttl::{Clock, StateTtlConfig};
 use crate::{StateKey, StateValue};
 
 use self::context::{KeyCodec, KeyContext};
+use self::heap::restore::{KeyDecoder, RestoreSummary};
 use self::heap::snapshot::HeapSnapshot;
 use self::heap::states::{HeapList, HeapMap, HeapValue};
 use self::heap::table::{Entry, FastMap};
@@ -150,7 +152,11 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
                 None,
             )),
             registry: Registry::default(),
-            storage: Storage::Heap(HeapStorage::new(clock, config.key_groups)),
+            storage: Storage::Heap(HeapStorage::new(
+                clock,
+                config.max_parallelism,
+                config.key_groups,
+            )),
         })
     }
 
@@ -278,7 +284,7 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
         match &self.storage {
             Storage::Heap(heap) => {
                 let table = self.registry.get_or_register(name, signature, || {
-                    Ok(heap.create_table::<Vec<Entry<T>>>(name, StateKind::List, ttl))
+                    heap.create_table::<Vec<Entry<T>>>(name, StateKind::List, ttl)
                 })?;
                 Ok(ListState::new(Rc::new(HeapList {
                     context: Rc::clone(&self.context),
@@ -307,7 +313,7 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
         match &self.storage {
             Storage::Heap(heap) => {
                 let table = self.registry.get_or_register(name, signature, || {
-                    Ok(heap.create_table::<FastMap<UK, Entry<UV>>>(name, StateKind::Map, ttl))
+                    heap.create_table::<FastMap<UK, Entry<UV>>>(name, StateKind::Map, ttl)
                 })?;
                 Ok(MapState::new(Rc::new(HeapMap {
                     context: Rc::clone(&self.context),
@@ -337,7 +343,7 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
         match &self.storage {
             Storage::Heap(heap) => {
                 let table = self.registry.get_or_register(name, signature, || {
-                    Ok(heap.create_table::<Entry<T>>(name, kind, ttl))
+                    heap.create_table::<Entry<T>>(name, kind, ttl)
                 })?;
                 Ok(Rc::new(HeapValue {
                     context: Rc::clone(&self.context),
@@ -427,9 +433,65 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
         }
     }
 
+    /// Takes over keyed state from checkpoint snapshots ([`crate::encode_keyed_snapshot`]'s
+    /// bytes): one snapshot, or several when the job was rescaled (those of the old subtasks
+    /// whose key groups overlap this one's). Only entries of this backend's key groups are
+    /// kept. Call it once, before any state is registered: each state's entries stay encoded
+    /// until the operator registers it, which then checks that the kind and types are those it
+    /// was checkpointed with and decodes them; states nobody registers are carried into every
+    /// later snapshot unchanged. See `backend/heap/restore.rs` for TTL and rescaling.
+    ///
+    /// Damaged or truncated bytes are a [`crate::StateErrorKind::CorruptSnapshot`] error,
+    /// snapshots of another max parallelism, key or namespace type an
+    /// [`crate::StateErrorKind::IncompatibleKeyedSnapshot`] one. Heap only for now: on RocksDB
+    /// this is a [`crate::StateErrorKind::NotBuilt`] error.
+    pub fn restore(&self, snapshots: &[&[u8]]) -> Result<RestoreSummary, StateError>
+    where
+        K: StateCodec,
+        N: StateCodec,
+    {
+        match &self.storage {
+            Storage::Heap(heap) => {
+                let summary = heap.restore(
+                    snapshots,
+                    KeyDecoder {
+                        key: decode_with::<K>,
+                        namespace: decode_with::<N>,
+                    },
+                )?;
+                tracing::info!(
+                    key_groups = ?self.key_groups(),
+                    snapshots = summary.snapshots,
+                    states = summary.states,
+                    entries = summary.entries,
+                    entries_elsewhere = summary.entries_elsewhere,
+                    bytes = summary.bytes,
+                    "restored keyed state"
+                );
+                Ok(summary)
+            }
+            Storage::RocksDb(_) => Err(StateErrorKind::NotBuilt {
+                what: "restoring RocksDB state from a checkpoint",
+                fix: "use state.backend.type: heap for a job that resumes from a checkpoint, or \
+                      start it without restoring its keyed state",
+            }
+            .into()),
+        }
+    }
+
+    /// Names of the states a restore brought that no descriptor registered yet, in checkpoint
+    /// order (always empty on RocksDB).
+    pub fn restored_state_names(&self) -> Vec<String> {
+        match &self.storage {
+            Storage::Heap(heap) => heap.restored_names(),
+            Storage::RocksDb(_) => Vec::new(),
+        }
+    }
+
     /// A consistent snapshot of all heap state, taken in O(states × key groups); writes go on
-    /// and do not change it. `None` on RocksDB, whose snapshot is
-    /// [`SlotRocksDb::create_checkpoint`].
+    /// and do not change it. It includes restored states not registered yet, still encoded;
+    /// [`crate::encode_keyed_snapshot`] writes it in the checkpoint format. `None` on RocksDB,
+    /// whose snapshot is [`SlotRocksDb::create_checkpoint`].
     pub fn heap_snapshot(&self) -> Option<HeapSnapshot<K, N>> {
         match &self.storage {
             Storage::Heap(heap) => Some(heap.snapshot()),

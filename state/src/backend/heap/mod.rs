@@ -1,7 +1,9 @@
 //! The heap state backend: typed maps per key group, no
 //! serialization on access, copy-on-write snapshots. See [`table`] for the data structure and
-//! the size estimate, [`snapshot`] for what a checkpoint reads.
+//! the size estimate, [`snapshot`] for what a checkpoint reads, [`restore`] for how a
+//! checkpoint comes back.
 
+pub(crate) mod restore;
 pub(crate) mod snapshot;
 pub(crate) mod states;
 pub(crate) mod table;
@@ -13,10 +15,11 @@ use std::sync::Arc;
 use crate::backend::{CleanupProgress, StateSize};
 use crate::descriptor::StateKind;
 use crate::error::StateError;
-use crate::key_group::KeyGroupRange;
+use crate::key_group::{KeyGroup, KeyGroupRange};
 use crate::ttl::{Clock, StateTtlConfig, TtlPolicy};
 use crate::StateKey;
 
+use restore::{KeyDecoder, RestoreSummary, RestoredStates};
 use snapshot::{HeapSnapshot, SharedGroups, SnapshotValue, StateSnapshot, TableSnapshot};
 use states::HeapTable;
 use table::{GroupCleanup, KeyGroupedTable};
@@ -26,6 +29,8 @@ pub(crate) trait ErasedHeapTable<K, N> {
     fn name(&self) -> &str;
     fn kind(&self) -> StateKind;
     fn has_ttl(&self) -> bool;
+    fn value_type(&self) -> &'static str;
+    fn user_key_type(&self) -> Option<&'static str>;
     fn entries(&self) -> usize;
     fn estimated_bytes(&self) -> usize;
     fn group_count(&self) -> usize;
@@ -46,6 +51,14 @@ impl<K: StateKey, N: StateKey, V: SnapshotValue> ErasedHeapTable<K, N> for HeapT
 
     fn has_ttl(&self) -> bool {
         self.ttl.is_some()
+    }
+
+    fn value_type(&self) -> &'static str {
+        V::value_type()
+    }
+
+    fn user_key_type(&self) -> Option<&'static str> {
+        V::user_key_type()
     }
 
     fn entries(&self) -> usize {
@@ -96,41 +109,112 @@ struct CleanupCursor {
     position: usize,
 }
 
-/// The heap side of a keyed backend: its tables and the cleanup cursor.
+/// The heap side of a keyed backend: its tables, the restored states not registered yet, and
+/// the cleanup cursor.
 pub(crate) struct HeapStorage<K, N> {
     clock: Arc<dyn Clock>,
+    max_parallelism: u32,
     key_groups: KeyGroupRange,
     tables: RefCell<Vec<Rc<dyn ErasedHeapTable<K, N>>>>,
+    restored: RefCell<RestoredStates<K, N>>,
     cursor: Cell<CleanupCursor>,
 }
 
 impl<K: StateKey, N: StateKey> HeapStorage<K, N> {
-    pub(crate) fn new(clock: Arc<dyn Clock>, key_groups: KeyGroupRange) -> Self {
+    pub(crate) fn new(
+        clock: Arc<dyn Clock>,
+        max_parallelism: u32,
+        key_groups: KeyGroupRange,
+    ) -> Self {
         HeapStorage {
             clock,
+            max_parallelism,
             key_groups,
             tables: RefCell::new(Vec::new()),
+            restored: RefCell::new(RestoredStates::default()),
             cursor: Cell::new(CleanupCursor::default()),
         }
     }
 
-    /// A new, empty table for a state.
+    /// The table of a state being registered: empty, or holding the state's restored entries
+    /// if a restore brought it (after checking it is registered as it was checkpointed).
     pub(crate) fn create_table<V: SnapshotValue>(
         &self,
         name: &str,
         kind: StateKind,
         ttl: Option<&StateTtlConfig>,
-    ) -> Rc<HeapTable<K, N, V>> {
+    ) -> Result<Rc<HeapTable<K, N, V>>, StateError> {
         let table = Rc::new(HeapTable {
             name: Rc::from(name),
             kind,
             ttl: TtlPolicy::new(ttl, &self.clock),
             data: RefCell::new(KeyGroupedTable::new(self.key_groups.len() as usize)),
         });
+        let mut restored = self.restored.borrow_mut();
+        let position = restored
+            .states
+            .iter()
+            .position(|state| state.header.name == name);
+        if let (Some(position), Some(decoder)) = (position, &restored.decoder) {
+            let state = &restored.states[position];
+            restore::check_registration::<V>(state, kind)?;
+            let entries = restore::load(
+                state,
+                &table,
+                decoder,
+                self.max_parallelism,
+                self.key_groups,
+                self.clock.now_ms(),
+            )?;
+            tracing::debug!(state = name, entries, "restored keyed state registered");
+            restored.states.remove(position);
+        }
         self.tables
             .borrow_mut()
             .push(Rc::clone(&table) as Rc<dyn ErasedHeapTable<K, N>>);
-        table
+        Ok(table)
+    }
+
+    /// Takes over the states of `snapshots` in this backend's key groups (see [`restore`]).
+    pub(crate) fn restore(
+        &self,
+        snapshots: &[&[u8]],
+        decoder: KeyDecoder<K, N>,
+    ) -> Result<RestoreSummary, StateError> {
+        let invalid = |problem: String| -> StateError {
+            crate::error::StateErrorKind::InvalidRestore { problem }.into()
+        };
+        if let Some(table) = self.tables.borrow().first() {
+            return Err(invalid(format!(
+                "state '{}' is already registered",
+                table.name()
+            )));
+        }
+        if self.restored.borrow().done {
+            return Err(invalid("this backend was restored before".to_string()));
+        }
+        let (states, summary) = restore::merge_snapshots(
+            snapshots,
+            self.max_parallelism,
+            self.key_groups,
+            std::any::type_name::<K>(),
+            std::any::type_name::<N>(),
+        )?;
+        let mut restored = self.restored.borrow_mut();
+        restored.done = true;
+        restored.states = states.into_iter().map(Rc::new).collect();
+        restored.decoder = Some(decoder);
+        Ok(summary)
+    }
+
+    /// Names of restored states not registered yet, in checkpoint order.
+    pub(crate) fn restored_names(&self) -> Vec<String> {
+        self.restored
+            .borrow()
+            .states
+            .iter()
+            .map(|state| state.header.name.clone())
+            .collect()
     }
 
     fn table(&self, state: &str) -> Result<Rc<dyn ErasedHeapTable<K, N>>, StateError> {
@@ -172,6 +256,15 @@ impl<K: StateKey, N: StateKey> HeapStorage<K, N> {
                 table.clear_group(group);
             }
         }
+        for state in self.restored.borrow_mut().states.iter_mut() {
+            if state
+                .blocks
+                .iter()
+                .any(|block| range.contains(KeyGroup(block.key_group)))
+            {
+                *state = Rc::new(state.without(range));
+            }
+        }
     }
 
     pub(crate) fn sizes(&self) -> Vec<StateSize> {
@@ -196,6 +289,9 @@ impl<K: StateKey, N: StateKey> HeapStorage<K, N> {
             .map(|table| StateSnapshot {
                 name: table.name().to_string(),
                 kind: table.kind(),
+                value_type: table.value_type(),
+                user_key_type: table.user_key_type(),
+                has_ttl: table.has_ttl(),
                 key_groups: self.key_groups,
                 taken_at_ms,
                 table: table.snapshot(),
@@ -203,8 +299,10 @@ impl<K: StateKey, N: StateKey> HeapStorage<K, N> {
             .collect();
         HeapSnapshot {
             taken_at_ms,
+            max_parallelism: self.max_parallelism,
             key_groups: self.key_groups,
             states,
+            restored: self.restored.borrow().states.clone(),
         }
     }
 

@@ -8,9 +8,15 @@
 //! time — the unit in which a checkpoint is written and rescaled.
 //!
 //! Entries already expired when the snapshot was taken are left out.
+//!
+//! States restored from a checkpoint that no descriptor has registered again yet are carried
+//! along as they were restored, still encoded ([`HeapSnapshot::unregistered_restored_states`]):
+//! [`crate::encode_keyed_snapshot`] writes them out unchanged, so they survive any number of
+//! checkpoints until an operator asks for them (as in Flink).
 
 use std::rc::Rc;
 
+use crate::backend::heap::restore::RestoredState;
 use crate::backend::heap::table::{Entry, FastMap, GroupMap, Stored};
 use crate::codec::StateCodec;
 use crate::descriptor::StateKind;
@@ -61,8 +67,48 @@ fn expiry(expires_at: i64) -> Option<i64> {
     (expires_at != NEVER_EXPIRES).then_some(expires_at)
 }
 
-/// A stored value that can be written to a snapshot.
+/// Decodes restored bytes, or says which state holds them and why they do not decode.
+fn decode<T: StateCodec>(state: &str, what: &'static str, bytes: &[u8]) -> Result<T, StateError> {
+    T::decode(bytes).map_err(|error| {
+        StateErrorKind::Corrupt {
+            state: state.to_string(),
+            what,
+            type_name: std::any::type_name::<T>(),
+            len: bytes.len(),
+            reason: error.to_string(),
+        }
+        .into()
+    })
+}
+
+/// A stored value that can be written to a snapshot, and rebuilt from one entry at a time when
+/// a restored state is registered.
 pub(crate) trait SnapshotValue: Stored {
+    /// One entry of a snapshot, decoded: a value, a list element, or a map entry.
+    type Part;
+
+    /// The type fingerprint of the stored values (the value type, the list element type, the
+    /// map value type).
+    fn value_type() -> &'static str;
+
+    /// The type fingerprint of a map's user keys; `None` for other kinds.
+    fn user_key_type() -> Option<&'static str>;
+
+    /// Decodes one restored entry of state `state`, expiring at `expires_at`.
+    fn decode_part(
+        state: &str,
+        user_key: Option<&[u8]>,
+        value: &[u8],
+        expires_at: i64,
+    ) -> Result<Self::Part, StateError>;
+
+    /// The stored value made of its first restored part.
+    fn from_part(part: Self::Part) -> Self;
+
+    /// Adds a later restored part: a value replaces, a list element is appended, a map entry
+    /// is inserted.
+    fn add_part(&mut self, part: Self::Part);
+
     fn visit<K, N>(
         &self,
         state: &str,
@@ -75,6 +121,36 @@ pub(crate) trait SnapshotValue: Stored {
 }
 
 impl<T: StateCodec + Clone> SnapshotValue for Entry<T> {
+    type Part = Entry<T>;
+
+    fn value_type() -> &'static str {
+        std::any::type_name::<T>()
+    }
+
+    fn user_key_type() -> Option<&'static str> {
+        None
+    }
+
+    fn decode_part(
+        state: &str,
+        _user_key: Option<&[u8]>,
+        value: &[u8],
+        expires_at: i64,
+    ) -> Result<Entry<T>, StateError> {
+        Ok(Entry {
+            value: decode(state, "checkpointed value", value)?,
+            expires_at,
+        })
+    }
+
+    fn from_part(part: Entry<T>) -> Self {
+        part
+    }
+
+    fn add_part(&mut self, part: Entry<T>) {
+        *self = part;
+    }
+
     fn visit<K, N>(
         &self,
         state: &str,
@@ -99,6 +175,36 @@ impl<T: StateCodec + Clone> SnapshotValue for Entry<T> {
 }
 
 impl<T: StateCodec + Clone> SnapshotValue for Vec<Entry<T>> {
+    type Part = Entry<T>;
+
+    fn value_type() -> &'static str {
+        std::any::type_name::<T>()
+    }
+
+    fn user_key_type() -> Option<&'static str> {
+        None
+    }
+
+    fn decode_part(
+        state: &str,
+        _user_key: Option<&[u8]>,
+        value: &[u8],
+        expires_at: i64,
+    ) -> Result<Entry<T>, StateError> {
+        Ok(Entry {
+            value: decode(state, "checkpointed list element", value)?,
+            expires_at,
+        })
+    }
+
+    fn from_part(part: Entry<T>) -> Self {
+        vec![part]
+    }
+
+    fn add_part(&mut self, part: Entry<T>) {
+        self.push(part);
+    }
+
     fn visit<K, N>(
         &self,
         state: &str,
@@ -120,6 +226,37 @@ where
     UK: StateCodec + std::hash::Hash + Eq + Clone,
     UV: StateCodec + Clone,
 {
+    type Part = (UK, Entry<UV>);
+
+    fn value_type() -> &'static str {
+        std::any::type_name::<UV>()
+    }
+
+    fn user_key_type() -> Option<&'static str> {
+        Some(std::any::type_name::<UK>())
+    }
+
+    fn decode_part(
+        state: &str,
+        user_key: Option<&[u8]>,
+        value: &[u8],
+        expires_at: i64,
+    ) -> Result<(UK, Entry<UV>), StateError> {
+        let user_key = decode(state, "checkpointed map key", user_key.unwrap_or_default())?;
+        let value = decode(state, "checkpointed map value", value)?;
+        Ok((user_key, Entry { value, expires_at }))
+    }
+
+    fn from_part((user_key, entry): (UK, Entry<UV>)) -> Self {
+        let mut map = FastMap::default();
+        map.insert(user_key, entry);
+        map
+    }
+
+    fn add_part(&mut self, (user_key, entry): (UK, Entry<UV>)) {
+        self.insert(user_key, entry);
+    }
+
     fn visit<K, N>(
         &self,
         state: &str,
@@ -194,6 +331,11 @@ impl<K, N, V: SnapshotValue> TableSnapshot<K, N> for SharedGroups<K, N, V> {
 pub struct StateSnapshot<K, N> {
     pub(crate) name: String,
     pub(crate) kind: StateKind,
+    /// The stored value type (list element, map value), as `std::any::type_name` gives it.
+    pub(crate) value_type: &'static str,
+    /// Map state: the user key type.
+    pub(crate) user_key_type: Option<&'static str>,
+    pub(crate) has_ttl: bool,
     pub(crate) key_groups: KeyGroupRange,
     pub(crate) taken_at_ms: i64,
     pub(crate) table: Box<dyn TableSnapshot<K, N>>,
@@ -208,6 +350,22 @@ impl<K, N> StateSnapshot<K, N> {
     /// The state kind.
     pub fn kind(&self) -> StateKind {
         self.kind
+    }
+
+    /// The type of the stored values (of list elements, of map values), as
+    /// `std::any::type_name` gives it: the fingerprint a restore checks.
+    pub fn value_type(&self) -> &'static str {
+        self.value_type
+    }
+
+    /// Map state: the type of the user keys.
+    pub fn user_key_type(&self) -> Option<&'static str> {
+        self.user_key_type
+    }
+
+    /// Whether the state has a time to live.
+    pub fn has_ttl(&self) -> bool {
+        self.has_ttl
     }
 
     /// Number of `(key, namespace)` entries, including any that had expired but were not yet
@@ -245,8 +403,11 @@ impl<K, N> StateSnapshot<K, N> {
 /// A consistent snapshot of all states of a heap backend.
 pub struct HeapSnapshot<K, N> {
     pub(crate) taken_at_ms: i64,
+    pub(crate) max_parallelism: u32,
     pub(crate) key_groups: KeyGroupRange,
     pub(crate) states: Vec<StateSnapshot<K, N>>,
+    /// Restored states not registered again yet, still encoded (see the module docs).
+    pub(crate) restored: Vec<Rc<RestoredState>>,
 }
 
 impl<K, N> HeapSnapshot<K, N> {
@@ -260,9 +421,23 @@ impl<K, N> HeapSnapshot<K, N> {
         self.key_groups
     }
 
-    /// Every state, in registration order.
+    /// The number of key groups of the job (`pipeline.max-parallelism`).
+    pub fn max_parallelism(&self) -> u32 {
+        self.max_parallelism
+    }
+
+    /// Every registered state, in registration order.
     pub fn states(&self) -> &[StateSnapshot<K, N>] {
         &self.states
+    }
+
+    /// States restored from a checkpoint that were not registered again: their names and
+    /// kinds, in checkpoint order. Their entries stay encoded; the snapshot's encoding holds them
+    /// unchanged.
+    pub fn unregistered_restored_states(&self) -> impl Iterator<Item = (&str, StateKind)> {
+        self.restored
+            .iter()
+            .map(|state| (state.header.name.as_str(), state.header.kind))
     }
 
     /// The state named `name`.
@@ -282,6 +457,14 @@ impl<K, N> std::fmt::Debug for HeapSnapshot<K, N> {
                     .states
                     .iter()
                     .map(|state| &state.name)
+                    .collect::<Vec<_>>(),
+            )
+            .field(
+                "unregistered_restored",
+                &self
+                    .restored
+                    .iter()
+                    .map(|state| &state.header.name)
                     .collect::<Vec<_>>(),
             )
             .finish()

@@ -80,7 +80,7 @@ impl<K, N, V> GroupMap<K, N, V> {
 }
 
 /// The hash a group map files `key` under: [`HashedKey::hash`] must be this.
-fn hash_of<K: std::hash::Hash, N: std::hash::Hash>(key: &(K, Option<N>)) -> u64 {
+pub(crate) fn hash_of<K: std::hash::Hash, N: std::hash::Hash>(key: &(K, Option<N>)) -> u64 {
     StableBuildHasher::default().hash_one(key)
 }
 
@@ -324,6 +324,38 @@ where
                 slot.insert((key.key.clone(), value));
                 self.entries += 1;
                 self.nested += added;
+            }
+        }
+    }
+
+    /// Adds one restored part (a value, a list element, a map entry) to the value of `key`:
+    /// the value is made with `new` if `key` has none yet, else `part` is added with `add`.
+    /// Used only while a restored state is registered (see `super::restore`).
+    pub(crate) fn add_restored<P>(
+        &mut self,
+        group: usize,
+        key: HashedKey<'_, K, N>,
+        part: P,
+        new: impl FnOnce(P) -> V,
+        add: impl FnOnce(&mut V, P),
+    ) {
+        let map = &mut Rc::make_mut(&mut self.groups[group]).table;
+        match map.entry(
+            key.hash,
+            |(stored, _)| stored == key.key,
+            |(stored, _)| hash_of(stored),
+        ) {
+            Slot::Occupied(mut slot) => {
+                let stored = &mut slot.get_mut().1;
+                let before = stored.nested_len();
+                add(stored, part);
+                self.nested = self.nested + stored.nested_len() - before;
+            }
+            Slot::Vacant(slot) => {
+                let value = new(part);
+                self.nested += value.nested_len();
+                self.entries += 1;
+                slot.insert((key.key.clone(), value));
             }
         }
     }

@@ -1,0 +1,784 @@
+//! The canonical byte format of one keyed operator subtask's state: what a checkpoint writes
+//! for a keyed backend, and what [`crate::LocalKeyedBackend::restore`] reads back.
+//!
+//! The format is backend-neutral: every entry is a key, an optional namespace, an optional map
+//! user key and a value, each encoded with [`crate::StateCodec`], grouped by key group — the
+//! unit in which state moves between subtasks when a job is rescaled. It describes itself
+//! (magic, version, and per state its name, kind, value types and TTL), so a restore can check
+//! a state's registration against what was checkpointed and a tool can read a file without the
+//! job's types. A heap backend writes it with [`encode_keyed_snapshot`] from a [`HeapSnapshot`];
+//! restored states that no descriptor asked for again are written back unchanged.
+//!
+//! **Version 1** (little-endian; never change it, add a version). `text` is a `u32` length and
+//! UTF-8; `bytes` a `u32` length and the bytes.
+//!
+//! | field                    | content                                                      |
+//! |--------------------------|--------------------------------------------------------------|
+//! | magic                    | `WKST` (Weir keyed state), 4 bytes                           |
+//! | version                  | `u32`, [`KEYED_SNAPSHOT_FORMAT_VERSION`]                     |
+//! | max parallelism          | `u32`: the number of key groups of the job                   |
+//! | key groups               | first and last (inclusive) key group of the subtask, `u32`s  |
+//! | taken at                 | `i64`, ms since the epoch (the backend's clock)              |
+//! | key type, namespace type | `text` each: `std::any::type_name` of `K` and `N`            |
+//! | state count              | `u32`, then each state:                                      |
+//! | - name                   | `text`, unique in the snapshot                               |
+//! | - kind                   | `u8`: 0 value, 1 list, 2 map, 3 reducing, 4 aggregating      |
+//! | - value type             | `text`: type of values, list elements, map values, or the    |
+//! |                          | accumulator of aggregating state                             |
+//! | - user key type          | `text`, map state only                                       |
+//! | - TTL                    | `u8`: 1 if the state has a time to live, else 0              |
+//! | - key-group block count  | `u32`, then each block, in ascending key-group order:        |
+//! | -- key group             | `u32`                                                        |
+//! | -- entry count           | `u32` (at least 1: empty key groups are left out)            |
+//! | -- length                | `u64`: bytes of the entries that follow                      |
+//! | -- entries               | each: flags `u8` (1 namespace, 2 user key, 4 expiry), key    |
+//! |                          | `bytes`, namespace `bytes` if flagged, user key `bytes` (map |
+//! |                          | state, always), value `bytes`, expiry `i64` (ms) if flagged  |
+//! | checksum                 | `u32`: CRC-32 of every byte before it                        |
+//!
+//! A list state has one entry per element, in list order; a map state one per user key, in the
+//! map's order. Entries that had expired when the snapshot was taken are left out.
+//!
+//! The type fingerprints are `std::any::type_name`, which names a type with its module path:
+//! renaming or moving a state's type makes its registration after a restore fail (naming both
+//! types), and so could, in principle, a compiler that prints a type differently — Rust does
+//! not promise these names stay the same. Keys and namespaces are checked the same way, once
+//! per restore.
+//!
+//! Reading never panics: every length is checked against the bytes that are left, and damaged,
+//! truncated or foreign bytes give a [`StateErrorKind::CorruptSnapshot`] error saying what is
+//! wrong, at which byte. The checksum catches damage that still parses; a length per key-group
+//! block lets a restore skip the key groups of other subtasks without reading their entries.
+
+use std::any::type_name;
+
+use crate::backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
+use crate::backend::rocksdb::key::MAX_PARALLELISM_LIMIT;
+use crate::checksum::crc32;
+use crate::codec::StateCodec;
+use crate::descriptor::StateKind;
+use crate::error::{StateError, StateErrorKind};
+use crate::key_group::{KeyGroup, KeyGroupRange};
+use crate::StateKey;
+
+/// The format version [`encode_keyed_snapshot`] writes and a restore reads.
+pub const KEYED_SNAPSHOT_FORMAT_VERSION: u32 = 1;
+
+const MAGIC: [u8; 4] = *b"WKST";
+const WHAT: &str = "keyed state snapshot";
+
+/// Entry flags.
+const HAS_NAMESPACE: u8 = 1;
+const HAS_USER_KEY: u8 = 2;
+const HAS_EXPIRY: u8 = 4;
+
+/// Bytes in front of a block's entries: key group, entry count, length.
+pub(crate) const BLOCK_HEADER_LEN: usize = 16;
+
+fn kind_code(kind: StateKind) -> u8 {
+    match kind {
+        StateKind::Value => 0,
+        StateKind::List => 1,
+        StateKind::Map => 2,
+        StateKind::Reducing => 3,
+        StateKind::Aggregating => 4,
+    }
+}
+
+fn kind_of(code: u8) -> Option<StateKind> {
+    Some(match code {
+        0 => StateKind::Value,
+        1 => StateKind::List,
+        2 => StateKind::Map,
+        3 => StateKind::Reducing,
+        4 => StateKind::Aggregating,
+        _ => return None,
+    })
+}
+
+/// How a state of `kind` storing `value_type` (and `user_key_type`) shows in error messages,
+/// e.g. `ValueState<u64>`, `MapState<alloc::string::String, u64>`.
+pub(crate) fn describe(kind: StateKind, value_type: &str, user_key_type: Option<&str>) -> String {
+    match (kind, user_key_type) {
+        (StateKind::Aggregating, _) => format!("{kind} with accumulator {value_type}"),
+        (_, Some(user_key_type)) => format!("{kind}<{user_key_type}, {value_type}>"),
+        (_, None) => format!("{kind}<{value_type}>"),
+    }
+}
+
+/// What a snapshot says about one state, before its entries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct StateHeader {
+    pub(crate) name: String,
+    pub(crate) kind: StateKind,
+    pub(crate) value_type: String,
+    pub(crate) user_key_type: Option<String>,
+    pub(crate) has_ttl: bool,
+}
+
+impl StateHeader {
+    pub(crate) fn describe(&self) -> String {
+        describe(self.kind, &self.value_type, self.user_key_type.as_deref())
+    }
+}
+
+fn write_state_header(
+    out: &mut Vec<u8>,
+    name: &str,
+    kind: StateKind,
+    value_type: &str,
+    user_key_type: Option<&str>,
+    has_ttl: bool,
+) -> Result<(), StateError> {
+    put_bytes(out, name, name.as_bytes())?;
+    out.push(kind_code(kind));
+    put_bytes(out, name, value_type.as_bytes())?;
+    if kind == StateKind::Map {
+        put_bytes(out, name, user_key_type.unwrap_or_default().as_bytes())?;
+    }
+    out.push(u8::from(has_ttl));
+    Ok(())
+}
+
+fn too_long(state: &str, len: usize) -> StateError {
+    StateErrorKind::Encode {
+        state: state.to_string(),
+        type_name: "keyed state snapshot field",
+        reason: format!("{len} bytes do not fit the format's u32 length"),
+    }
+    .into()
+}
+
+/// Appends a `u32` length and `bytes`.
+fn put_bytes(out: &mut Vec<u8>, state: &str, bytes: &[u8]) -> Result<(), StateError> {
+    let len = u32::try_from(bytes.len()).map_err(|_| too_long(state, bytes.len()))?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(bytes);
+    Ok(())
+}
+
+fn patch_u32(out: &mut [u8], at: usize, value: u32) {
+    out[at..at + 4].copy_from_slice(&value.to_le_bytes());
+}
+
+/// Encodes keys and namespaces, reusing the last encoding while the entries of one
+/// `(key, namespace)` follow each other (list elements, map entries).
+struct KeyEncoder<K, N> {
+    key: *const K,
+    key_bytes: Vec<u8>,
+    namespace: *const N,
+    namespace_bytes: Vec<u8>,
+}
+
+impl<K: StateCodec, N: StateCodec> KeyEncoder<K, N> {
+    fn new() -> Self {
+        KeyEncoder {
+            key: std::ptr::null(),
+            key_bytes: Vec::new(),
+            namespace: std::ptr::null(),
+            namespace_bytes: Vec::new(),
+        }
+    }
+
+    fn encode<T: StateCodec>(state: &str, value: &T, out: &mut Vec<u8>) -> Result<(), StateError> {
+        out.clear();
+        value.encode_into(out).map_err(|error| {
+            StateErrorKind::Encode {
+                state: state.to_string(),
+                type_name: type_name::<T>(),
+                reason: error.to_string(),
+            }
+            .into()
+        })
+    }
+
+    /// Appends one entry. The snapshot is frozen while it is encoded, so an entry at the
+    /// address of the previous one is the same entry.
+    fn put_entry(
+        &mut self,
+        out: &mut Vec<u8>,
+        state: &str,
+        entry: &SnapshotEntry<'_, K, N>,
+    ) -> Result<(), StateError> {
+        if !std::ptr::eq(self.key, entry.key) {
+            Self::encode(state, entry.key, &mut self.key_bytes)?;
+            self.key = entry.key;
+        }
+        let mut flags = 0;
+        if let Some(namespace) = entry.namespace {
+            flags |= HAS_NAMESPACE;
+            if !std::ptr::eq(self.namespace, namespace) {
+                Self::encode(state, namespace, &mut self.namespace_bytes)?;
+                self.namespace = namespace;
+            }
+        }
+        if entry.user_key.is_some() {
+            flags |= HAS_USER_KEY;
+        }
+        if entry.expires_at_ms.is_some() {
+            flags |= HAS_EXPIRY;
+        }
+        out.push(flags);
+        put_bytes(out, state, &self.key_bytes)?;
+        if entry.namespace.is_some() {
+            put_bytes(out, state, &self.namespace_bytes)?;
+        }
+        if let Some(user_key) = entry.user_key {
+            put_bytes(out, state, user_key)?;
+        }
+        put_bytes(out, state, entry.value)?;
+        if let Some(expires_at) = entry.expires_at_ms {
+            out.extend_from_slice(&expires_at.to_le_bytes());
+        }
+        Ok(())
+    }
+}
+
+/// Appends the canonical encoding of `snapshot` to `out` (see the module docs). It only reads
+/// the snapshot, so it may run any time after the snapshot was taken, while the backend goes on
+/// writing. On an error (a value whose rkyv `Serialize` fails), `out` is left as it was.
+pub fn encode_keyed_snapshot<K: StateKey + StateCodec, N: StateKey + StateCodec>(
+    snapshot: &HeapSnapshot<K, N>,
+    out: &mut Vec<u8>,
+) -> Result<(), StateError> {
+    let start = out.len();
+    let result = encode_body(snapshot, out);
+    match result {
+        Ok(()) => {
+            let checksum = crc32(&out[start..]);
+            out.extend_from_slice(&checksum.to_le_bytes());
+            Ok(())
+        }
+        Err(error) => {
+            out.truncate(start);
+            Err(error)
+        }
+    }
+}
+
+fn encode_body<K: StateKey + StateCodec, N: StateKey + StateCodec>(
+    snapshot: &HeapSnapshot<K, N>,
+    out: &mut Vec<u8>,
+) -> Result<(), StateError> {
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&KEYED_SNAPSHOT_FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&snapshot.max_parallelism.to_le_bytes());
+    out.extend_from_slice(&snapshot.key_groups.start.to_le_bytes());
+    out.extend_from_slice(&snapshot.key_groups.end.to_le_bytes());
+    out.extend_from_slice(&snapshot.taken_at_ms.to_le_bytes());
+    put_bytes(out, "*", type_name::<K>().as_bytes())?;
+    put_bytes(out, "*", type_name::<N>().as_bytes())?;
+    let count = snapshot.states.len() + snapshot.restored.len();
+    let count = u32::try_from(count).map_err(|_| too_long("*", count))?;
+    out.extend_from_slice(&count.to_le_bytes());
+    let mut keys = KeyEncoder::<K, N>::new();
+    for state in &snapshot.states {
+        encode_state(state, &mut keys, out)?;
+    }
+    for state in &snapshot.restored {
+        let header = &state.header;
+        write_state_header(
+            out,
+            &header.name,
+            header.kind,
+            &header.value_type,
+            header.user_key_type.as_deref(),
+            header.has_ttl,
+        )?;
+        out.extend_from_slice(&(state.blocks.len() as u32).to_le_bytes());
+        for block in &state.blocks {
+            let bytes = state.block_bytes(block);
+            out.extend_from_slice(&block.key_group.to_le_bytes());
+            out.extend_from_slice(&block.entries.to_le_bytes());
+            out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+            out.extend_from_slice(bytes);
+        }
+    }
+    Ok(())
+}
+
+fn encode_state<K: StateKey + StateCodec, N: StateKey + StateCodec>(
+    state: &StateSnapshot<K, N>,
+    keys: &mut KeyEncoder<K, N>,
+    out: &mut Vec<u8>,
+) -> Result<(), StateError> {
+    write_state_header(
+        out,
+        &state.name,
+        state.kind,
+        state.value_type,
+        state.user_key_type,
+        state.has_ttl,
+    )?;
+    let count_at = out.len();
+    out.extend_from_slice(&0u32.to_le_bytes());
+    let mut blocks = 0u32;
+    for group in state.key_groups.start..=state.key_groups.end {
+        let block_at = out.len();
+        out.extend_from_slice(&group.to_le_bytes());
+        out.extend_from_slice(&[0; 12]);
+        let mut entries = 0u32;
+        state.for_each_in_key_group(KeyGroup(group), |entry| {
+            entries = entries
+                .checked_add(1)
+                .ok_or_else(|| too_long(&state.name, usize::MAX))?;
+            keys.put_entry(out, &state.name, &entry)
+        })?;
+        if entries == 0 {
+            out.truncate(block_at);
+            continue;
+        }
+        let len = (out.len() - block_at - BLOCK_HEADER_LEN) as u64;
+        patch_u32(out, block_at + 4, entries);
+        out[block_at + 8..block_at + 16].copy_from_slice(&len.to_le_bytes());
+        blocks += 1;
+    }
+    patch_u32(out, count_at, blocks);
+    Ok(())
+}
+
+/// The bytes of a snapshot, read field by field; every problem is a sentence with the offset.
+pub(crate) struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Reader { bytes, at: 0 }
+    }
+
+    fn is_at_end(&self) -> bool {
+        self.at == self.bytes.len()
+    }
+
+    fn take(&mut self, len: u64, what: &str) -> Result<&'a [u8], String> {
+        let left = self.bytes.len() - self.at;
+        if len > left as u64 {
+            return Err(format!(
+                "truncated: {what} of {len} bytes at byte {}, only {left} left",
+                self.at
+            ));
+        }
+        let taken = &self.bytes[self.at..self.at + len as usize];
+        self.at += len as usize;
+        Ok(taken)
+    }
+
+    fn array<const LEN: usize>(&mut self, what: &str) -> Result<[u8; LEN], String> {
+        let mut array = [0; LEN];
+        array.copy_from_slice(self.take(LEN as u64, what)?);
+        Ok(array)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8, String> {
+        Ok(self.array::<1>(what)?[0])
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &str) -> Result<u64, String> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    fn i64(&mut self, what: &str) -> Result<i64, String> {
+        Ok(i64::from_le_bytes(self.array(what)?))
+    }
+
+    fn bytes(&mut self, what: &str) -> Result<&'a [u8], String> {
+        let len = self.u32(what)?;
+        self.take(u64::from(len), what)
+    }
+
+    fn text(&mut self, what: &str) -> Result<&'a str, String> {
+        let at = self.at;
+        std::str::from_utf8(self.bytes(what)?)
+            .map_err(|_| format!("the {what} at byte {at} is not UTF-8"))
+    }
+}
+
+/// One entry of a key-group block, still encoded.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawEntry<'a> {
+    pub(crate) key: &'a [u8],
+    pub(crate) namespace: Option<&'a [u8]>,
+    pub(crate) user_key: Option<&'a [u8]>,
+    pub(crate) value: &'a [u8],
+    pub(crate) expires_at_ms: Option<i64>,
+}
+
+/// The entries of one key-group block of a state.
+pub(crate) struct BlockEntries<'a> {
+    reader: Reader<'a>,
+    left: u32,
+    is_map: bool,
+    has_ttl: bool,
+}
+
+impl<'a> BlockEntries<'a> {
+    /// The `entries` entries in `bytes`, a block of a state of `header`.
+    pub(crate) fn new(bytes: &'a [u8], entries: u32, header: &StateHeader) -> Self {
+        BlockEntries {
+            reader: Reader::new(bytes),
+            left: entries,
+            is_map: header.kind == StateKind::Map,
+            has_ttl: header.has_ttl,
+        }
+    }
+
+    fn read(&mut self) -> Result<RawEntry<'a>, String> {
+        let at = self.reader.at;
+        let flags = self.reader.u8("entry flags")?;
+        if flags & !(HAS_NAMESPACE | HAS_USER_KEY | HAS_EXPIRY) != 0 {
+            return Err(format!(
+                "unknown entry flags {flags:#04x} at block byte {at}"
+            ));
+        }
+        if (flags & HAS_USER_KEY != 0) != self.is_map {
+            return Err(format!(
+                "the entry at block byte {at} {} a map user key, but the state is {}a map state",
+                if self.is_map { "lacks" } else { "has" },
+                if self.is_map { "" } else { "not " },
+            ));
+        }
+        if flags & HAS_EXPIRY != 0 && !self.has_ttl {
+            return Err(format!(
+                "the entry at block byte {at} has an expiry, but the state has no TTL"
+            ));
+        }
+        let key = self.reader.bytes("key")?;
+        let namespace = match flags & HAS_NAMESPACE {
+            0 => None,
+            _ => Some(self.reader.bytes("namespace")?),
+        };
+        let user_key = match flags & HAS_USER_KEY {
+            0 => None,
+            _ => Some(self.reader.bytes("user key")?),
+        };
+        let value = self.reader.bytes("value")?;
+        let expires_at_ms = match flags & HAS_EXPIRY {
+            0 => None,
+            _ => Some(self.reader.i64("expiry")?),
+        };
+        Ok(RawEntry {
+            key,
+            namespace,
+            user_key,
+            value,
+            expires_at_ms,
+        })
+    }
+
+    /// Reads every entry, checking that the count and the length agree.
+    fn validate(mut self) -> Result<(), String> {
+        while self.next().transpose()?.is_some() {}
+        Ok(())
+    }
+}
+
+impl<'a> Iterator for BlockEntries<'a> {
+    type Item = Result<RawEntry<'a>, String>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.left == 0 {
+            if self.reader.is_at_end() {
+                return None;
+            }
+            let extra = self.reader.bytes.len() - self.reader.at;
+            self.reader.at = self.reader.bytes.len();
+            return Some(Err(format!(
+                "{extra} bytes after the last entry of a key-group block"
+            )));
+        }
+        self.left -= 1;
+        let entry = self.read();
+        if entry.is_err() {
+            self.left = 0;
+            self.reader.at = self.reader.bytes.len();
+        }
+        Some(entry)
+    }
+}
+
+/// A block of one state's entries in one key group.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ParsedBlock<'a> {
+    pub(crate) key_group: u32,
+    pub(crate) entries: u32,
+    pub(crate) bytes: &'a [u8],
+}
+
+/// One state of a parsed snapshot.
+pub(crate) struct ParsedState<'a> {
+    pub(crate) header: StateHeader,
+    pub(crate) blocks: Vec<ParsedBlock<'a>>,
+}
+
+/// A snapshot whose structure and checksum were checked; entries still encoded.
+pub(crate) struct ParsedSnapshot<'a> {
+    pub(crate) max_parallelism: u32,
+    pub(crate) key_groups: KeyGroupRange,
+    pub(crate) taken_at_ms: i64,
+    pub(crate) key_type: &'a str,
+    pub(crate) namespace_type: &'a str,
+    pub(crate) states: Vec<ParsedState<'a>>,
+}
+
+/// A [`StateErrorKind::CorruptSnapshot`] error.
+pub(crate) fn corrupt(problem: String) -> StateError {
+    StateErrorKind::CorruptSnapshot {
+        what: WHAT,
+        problem,
+    }
+    .into()
+}
+
+/// Checks magic, version, checksum and structure of a snapshot, and the entries of the
+/// key-group blocks for which `read_entries` is true (the others are skipped by their length:
+/// a restore reads only its own key groups).
+pub(crate) fn parse<'a>(
+    bytes: &'a [u8],
+    read_entries: &dyn Fn(KeyGroup) -> bool,
+) -> Result<ParsedSnapshot<'a>, String> {
+    const MIN_LEN: usize = MAGIC.len() + 4 + 4;
+    if bytes.len() < MIN_LEN {
+        return Err(format!(
+            "truncated: {} bytes, shorter than the smallest snapshot ({MIN_LEN} bytes)",
+            bytes.len()
+        ));
+    }
+    if bytes[..4] != MAGIC {
+        return Err(format!(
+            "it starts with {:02x?}, not the magic bytes \"WKST\": it is not a keyed state \
+             snapshot",
+            &bytes[..4]
+        ));
+    }
+    let (body, stored) = bytes.split_at(bytes.len() - 4);
+    let mut reader = Reader::new(body);
+    reader.at = MAGIC.len();
+    let version = reader.u32("format version")?;
+    if version != KEYED_SNAPSHOT_FORMAT_VERSION {
+        return Err(format!(
+            "format version {version}; this build reads version {KEYED_SNAPSHOT_FORMAT_VERSION}"
+        ));
+    }
+    let stored = u32::from_le_bytes(stored.try_into().map_err(|_| "no checksum".to_string())?);
+    let computed = crc32(body);
+    if stored != computed {
+        return Err(format!(
+            "its CRC-32 is {computed:#010x}, but it says {stored:#010x}: the bytes are torn or \
+             damaged"
+        ));
+    }
+    let max_parallelism = reader.u32("max parallelism")?;
+    if max_parallelism == 0 || max_parallelism > MAX_PARALLELISM_LIMIT {
+        return Err(format!(
+            "max parallelism {max_parallelism} is outside 1..={MAX_PARALLELISM_LIMIT}"
+        ));
+    }
+    let key_groups = KeyGroupRange {
+        start: reader.u32("first key group")?,
+        end: reader.u32("last key group")?,
+    };
+    if key_groups.start > key_groups.end || key_groups.end >= max_parallelism {
+        return Err(format!(
+            "key groups {}..={} are not a range below max parallelism {max_parallelism}",
+            key_groups.start, key_groups.end
+        ));
+    }
+    let taken_at_ms = reader.i64("snapshot time")?;
+    let key_type = reader.text("key type")?;
+    let namespace_type = reader.text("namespace type")?;
+    let count = reader.u32("state count")?;
+    let mut states: Vec<ParsedState<'_>> = Vec::with_capacity(count.min(1024) as usize);
+    for _ in 0..count {
+        let state = parse_state(&mut reader, key_groups, read_entries)?;
+        if states
+            .iter()
+            .any(|other| other.header.name == state.header.name)
+        {
+            return Err(format!("state '{}' appears twice", state.header.name));
+        }
+        states.push(state);
+    }
+    if !reader.is_at_end() {
+        return Err(format!(
+            "{} unexpected bytes after the last state",
+            body.len() - reader.at
+        ));
+    }
+    Ok(ParsedSnapshot {
+        max_parallelism,
+        key_groups,
+        taken_at_ms,
+        key_type,
+        namespace_type,
+        states,
+    })
+}
+
+fn parse_state<'a>(
+    reader: &mut Reader<'a>,
+    key_groups: KeyGroupRange,
+    read_entries: &dyn Fn(KeyGroup) -> bool,
+) -> Result<ParsedState<'a>, String> {
+    let name = reader.text("state name")?.to_string();
+    let at = reader.at;
+    let code = reader.u8("state kind")?;
+    let kind = kind_of(code)
+        .ok_or_else(|| format!("state '{name}' has the unknown kind {code} at byte {at}"))?;
+    let value_type = reader.text("value type")?.to_string();
+    let user_key_type = match kind {
+        StateKind::Map => Some(reader.text("user key type")?.to_string()),
+        _ => None,
+    };
+    let has_ttl = match reader.u8("TTL flag")? {
+        0 => false,
+        1 => true,
+        other => {
+            return Err(format!(
+                "state '{name}' has the TTL flag {other}, not 0 or 1"
+            ))
+        }
+    };
+    let header = StateHeader {
+        name,
+        kind,
+        value_type,
+        user_key_type,
+        has_ttl,
+    };
+    let count = reader.u32("block count")?;
+    let mut blocks: Vec<ParsedBlock<'a>> = Vec::with_capacity(count.min(1024) as usize);
+    for _ in 0..count {
+        let key_group = reader.u32("key group")?;
+        let entries = reader.u32("entry count")?;
+        let len = reader.u64("block length")?;
+        let bytes = reader.take(len, "key-group block")?;
+        let problem =
+            |what: String| format!("state '{}', key group {key_group}: {what}", header.name);
+        if !key_groups.contains(KeyGroup(key_group)) {
+            return Err(problem(format!(
+                "outside the snapshot's key groups {}..={}",
+                key_groups.start, key_groups.end
+            )));
+        }
+        if blocks
+            .last()
+            .is_some_and(|last| last.key_group >= key_group)
+        {
+            return Err(problem(
+                "key-group blocks are not in ascending order".into(),
+            ));
+        }
+        if entries == 0 {
+            return Err(problem("an empty key-group block".into()));
+        }
+        if read_entries(KeyGroup(key_group)) {
+            BlockEntries::new(bytes, entries, &header)
+                .validate()
+                .map_err(problem)?;
+        }
+        blocks.push(ParsedBlock {
+            key_group,
+            entries,
+            bytes,
+        });
+    }
+    Ok(ParsedState { header, blocks })
+}
+
+/// One entry of [`KeyedStateContents`], still encoded ([`crate::StateCodec`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyedEntryBytes {
+    /// The key group of the key.
+    pub key_group: KeyGroup,
+    /// The encoded key.
+    pub key: Vec<u8>,
+    /// The encoded namespace, if the entry was written under one.
+    pub namespace: Option<Vec<u8>>,
+    /// Map state: the encoded user key.
+    pub user_key: Option<Vec<u8>>,
+    /// The encoded value, list element or map value.
+    pub value: Vec<u8>,
+    /// When the entry expires (ms since the epoch), for states with TTL.
+    pub expires_at_ms: Option<i64>,
+}
+
+/// One state of [`KeyedSnapshotContents`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyedStateContents {
+    /// The state name.
+    pub name: String,
+    /// Its kind.
+    pub kind: StateKind,
+    /// Type of its values, list elements, map values or accumulators (`std::any::type_name`).
+    pub value_type: String,
+    /// Map state: type of its user keys.
+    pub user_key_type: Option<String>,
+    /// Whether it has a time to live.
+    pub has_ttl: bool,
+    /// Its entries, by ascending key group; list elements in list order.
+    pub entries: Vec<KeyedEntryBytes>,
+}
+
+/// Everything a keyed state snapshot holds, for inspection and tests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyedSnapshotContents {
+    /// The number of key groups of the job.
+    pub max_parallelism: u32,
+    /// The key groups of the subtask that took it.
+    pub key_groups: KeyGroupRange,
+    /// When it was taken (ms since the epoch).
+    pub taken_at_ms: i64,
+    /// `std::any::type_name` of the key type.
+    pub key_type: String,
+    /// `std::any::type_name` of the namespace type.
+    pub namespace_type: String,
+    /// Its states: registered ones in registration order, then restored ones that were not
+    /// registered again.
+    pub states: Vec<KeyedStateContents>,
+}
+
+/// Reads the bytes of [`encode_keyed_snapshot`] without the job's types. Damaged, truncated or
+/// foreign bytes are a [`StateErrorKind::CorruptSnapshot`] error saying what is wrong.
+pub fn decode_keyed_snapshot(bytes: &[u8]) -> Result<KeyedSnapshotContents, StateError> {
+    let parsed = parse(bytes, &|_| true).map_err(corrupt)?;
+    let mut states = Vec::with_capacity(parsed.states.len());
+    for state in parsed.states {
+        let mut entries = Vec::new();
+        for block in &state.blocks {
+            for entry in BlockEntries::new(block.bytes, block.entries, &state.header) {
+                let entry = entry.map_err(corrupt)?;
+                entries.push(KeyedEntryBytes {
+                    key_group: KeyGroup(block.key_group),
+                    key: entry.key.to_vec(),
+                    namespace: entry.namespace.map(<[u8]>::to_vec),
+                    user_key: entry.user_key.map(<[u8]>::to_vec),
+                    value: entry.value.to_vec(),
+                    expires_at_ms: entry.expires_at_ms,
+                });
+            }
+        }
+        let header = state.header;
+        states.push(KeyedStateContents {
+            name: header.name,
+            kind: header.kind,
+            value_type: header.value_type,
+            user_key_type: header.user_key_type,
+            has_ttl: header.has_ttl,
+            entries,
+        });
+    }
+    Ok(KeyedSnapshotContents {
+        max_parallelism: parsed.max_parallelism,
+        key_groups: parsed.key_groups,
+        taken_at_ms: parsed.taken_at_ms,
+        key_type: parsed.key_type.to_string(),
+        namespace_type: parsed.namespace_type.to_string(),
+        states,
+    })
+}

@@ -1,0 +1,652 @@
+//! Restoring the heap backend from keyed-state checkpoints: round trips of every kind of
+//! state, with and without namespaces and TTL; rescaling (several snapshots into one backend,
+//! one snapshot into several); restored states nobody registers; registrations that do not
+//! match the checkpoint; copy-on-write. The byte format itself and damaged bytes:
+//! `keyed_snapshot_format.rs`.
+
+mod common;
+mod restore_support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use restore_support::*;
+use weir_state::{
+    decode_keyed_snapshot, encode_keyed_snapshot, AggregatingStateDescriptor, KeyGroup,
+    KeyedBackendConfig, ListStateDescriptor, LocalKeyedBackend, ManualClock, MapStateDescriptor,
+    StateErrorKind, StateKind, StateTtlConfig, ValueStateDescriptor,
+};
+
+#[test]
+fn every_kind_of_state_round_trips_without_namespaces() {
+    let (source, _) = heap::<()>(1, 0);
+    write_all(&source, 0..300, &[None]);
+    let expected = dump(&source);
+    assert_eq!(expected.len(), 300);
+    let bytes = checkpoint(&source);
+
+    let (restored, _) = heap::<()>(1, 0);
+    let summary = restored.restore(&[&bytes]).unwrap();
+    assert_eq!(summary.snapshots, 1);
+    assert_eq!(summary.states, 5);
+    assert_eq!(summary.entries_elsewhere, 0);
+    assert_eq!(
+        restored.restored_state_names(),
+        ["session", "events", "counts", "sum", "average"]
+    );
+    assert_eq!(dump(&restored), expected);
+    assert!(restored.restored_state_names().is_empty());
+    assert_eq!(restored.state_sizes(), source.state_sizes());
+
+    // What was written can be read without the job's types, and says what it holds.
+    let contents = decode_keyed_snapshot(&bytes).unwrap();
+    assert_eq!(contents.max_parallelism, MAX_PARALLELISM);
+    assert_eq!(contents.key_type, "u64");
+    assert_eq!(contents.namespace_type, "()");
+    let kinds: Vec<(&str, StateKind, usize)> = contents
+        .states
+        .iter()
+        .map(|state| (state.name.as_str(), state.kind, state.entries.len()))
+        .collect();
+    let maps: usize = (0..300u64).map(|key| 1 + (key * 10 % 3) as usize).sum();
+    assert_eq!(
+        kinds,
+        [
+            ("session", StateKind::Value, 300),
+            ("events", StateKind::List, 900),
+            ("counts", StateKind::Map, maps),
+            ("sum", StateKind::Reducing, 300),
+            ("average", StateKind::Aggregating, 300),
+        ]
+    );
+    let counts = &contents.states[2];
+    assert_eq!(
+        counts.user_key_type.as_deref(),
+        Some("alloc::string::String")
+    );
+    assert_eq!(contents.states[4].value_type, "(u64, u64)");
+    for state in &contents.states {
+        assert!(state
+            .entries
+            .windows(2)
+            .all(|pair| pair[0].key_group <= pair[1].key_group));
+        assert!(state.entries.iter().all(|entry| entry.namespace.is_none()));
+    }
+}
+
+#[test]
+fn states_under_namespaces_round_trip() {
+    let (source, _) = heap::<u64>(1, 0);
+    write_all(&source, 0..120, &[None, Some(7), Some(1 << 40)]);
+    let expected = dump(&source);
+    assert_eq!(expected.len(), 360);
+    let bytes = checkpoint(&source);
+    let (restored, _) = heap::<u64>(1, 0);
+    restored.restore(&[&bytes]).unwrap();
+    assert_eq!(dump(&restored), expected);
+}
+
+#[test]
+fn ttl_entries_keep_their_expiry() {
+    let ttl = StateTtlConfig::new(Duration::from_millis(100));
+    let value_d = ValueStateDescriptor::<u64>::new("v").with_ttl(ttl);
+    let list_d = ListStateDescriptor::<u64>::new("l").with_ttl(ttl);
+    let map_d = MapStateDescriptor::<u64, u64>::new("m").with_ttl(ttl);
+    let (source, clock) = heap::<()>(1, 0);
+    let value = source.value_state(&value_d).unwrap();
+    let list = source.list_state(&list_d).unwrap();
+    let map = source.map_state(&map_d).unwrap();
+    let write = |keys: std::ops::Range<u64>| {
+        for key in keys {
+            source.set_current_key(&key).unwrap();
+            value.update(key).unwrap();
+            list.add(key).unwrap();
+            map.put(key, key).unwrap();
+        }
+    };
+    write(0..10); // expire at START + 100
+    clock.advance(Duration::from_millis(50));
+    write(10..20); // expire at START + 150
+    let bytes = checkpoint(&source);
+    let contents = decode_keyed_snapshot(&bytes).unwrap();
+    for state in &contents.states {
+        assert!(state.has_ttl);
+        let expiries: BTreeSet<Option<i64>> =
+            state.entries.iter().map(|e| e.expires_at_ms).collect();
+        assert_eq!(
+            expiries,
+            [Some(START_MS + 100), Some(START_MS + 150)].into(),
+            "{}",
+            state.name
+        );
+    }
+
+    // Restored 120 ms after the start: the first ten have expired, the others live 30 ms more.
+    let (restored, clock) = heap::<()>(1, 0);
+    clock.set(START_MS + 120);
+    restored.restore(&[&bytes]).unwrap();
+    let value = restored.value_state(&value_d).unwrap();
+    let list = restored.list_state(&list_d).unwrap();
+    let map = restored.map_state(&map_d).unwrap();
+    let live: Vec<u64> = restored
+        .keys("v", restored.key_groups())
+        .unwrap()
+        .into_iter()
+        .map(|(key, _)| key)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(live, (10..20).collect::<Vec<_>>());
+    assert_eq!(
+        restored
+            .state_sizes()
+            .iter()
+            .map(|s| s.entries)
+            .sum::<u64>(),
+        30
+    );
+    for key in 0..20u64 {
+        restored.set_current_key(&key).unwrap();
+        let expected = (key >= 10).then_some(key);
+        assert_eq!(value.value().unwrap(), expected);
+        assert_eq!(
+            list.get().unwrap(),
+            expected.into_iter().collect::<Vec<_>>()
+        );
+        assert_eq!(map.get(&key).unwrap(), expected);
+    }
+    clock.set(START_MS + 150);
+    for key in 10..20u64 {
+        restored.set_current_key(&key).unwrap();
+        assert_eq!(value.value().unwrap(), None);
+        assert!(list.get().unwrap().is_empty());
+        assert_eq!(map.get(&key).unwrap(), None);
+    }
+}
+
+#[test]
+fn a_ttl_added_or_removed_on_restore_follows_the_new_registration() {
+    let ttl = StateTtlConfig::new(Duration::from_millis(100));
+    let (source, _) = heap::<()>(1, 0);
+    let plain = source
+        .value_state(&ValueStateDescriptor::<u64>::new("plain"))
+        .unwrap();
+    let timed = source
+        .value_state(&ValueStateDescriptor::<u64>::new("timed").with_ttl(ttl))
+        .unwrap();
+    source.set_current_key(&1).unwrap();
+    plain.update(1).unwrap();
+    timed.update(2).unwrap();
+    let bytes = checkpoint(&source);
+
+    let (restored, clock) = heap::<()>(1, 0);
+    clock.set(START_MS + 50);
+    restored.restore(&[&bytes]).unwrap();
+    // "plain" gets the TTL from its registration on; "timed" loses its TTL and lives on.
+    let plain = restored
+        .value_state(&ValueStateDescriptor::<u64>::new("plain").with_ttl(ttl))
+        .unwrap();
+    let timed = restored
+        .value_state(&ValueStateDescriptor::<u64>::new("timed"))
+        .unwrap();
+    restored.set_current_key(&1).unwrap();
+    clock.set(START_MS + 149);
+    assert_eq!(
+        (plain.value().unwrap(), timed.value().unwrap()),
+        (Some(1), Some(2))
+    );
+    clock.set(START_MS + 150);
+    assert_eq!(
+        (plain.value().unwrap(), timed.value().unwrap()),
+        (None, Some(2))
+    );
+    clock.set(START_MS + 1_000_000);
+    assert_eq!(timed.value().unwrap(), Some(2));
+}
+
+/// The states of subtasks 0 and 1 of parallelism 2, holding keys `0..n` between them.
+fn two_subtasks(n: u64) -> (Vec<u8>, Vec<u8>, Dump<u64>) {
+    let mut expected = Dump::new();
+    let mut bytes = Vec::new();
+    for subtask in 0..2 {
+        let (backend, _) = heap::<u64>(2, subtask);
+        let keys: Vec<u64> = (0..n).filter(|&key| owner(key, 2) == subtask).collect();
+        assert!(!keys.is_empty());
+        write_all(&backend, keys, &[None, Some(3)]);
+        expected.extend(dump(&backend));
+        bytes.push(checkpoint(&backend));
+    }
+    let second = bytes.pop().unwrap();
+    (bytes.pop().unwrap(), second, expected)
+}
+
+#[test]
+fn rescaling_restores_the_key_groups_of_each_new_subtask() {
+    let (zero, one, all) = two_subtasks(400);
+    assert_eq!(all.len(), 800);
+
+    // Parallelism 2 -> 1: the union, whatever order the files come in.
+    for order in [[&zero[..], &one[..]], [&one[..], &zero[..]]] {
+        let (single, _) = heap::<u64>(1, 0);
+        let summary = single.restore(&order).unwrap();
+        assert_eq!(summary.entries_elsewhere, 0);
+        assert_eq!(summary.states, 5);
+        let bytes = checkpoint(&single);
+        assert_eq!(dump(&single), all);
+        // The merged state's blocks were put in key-group order.
+        for state in decode_keyed_snapshot(&bytes).unwrap().states {
+            assert!(state
+                .entries
+                .windows(2)
+                .all(|pair| pair[0].key_group <= pair[1].key_group));
+        }
+    }
+
+    // Parallelism 2 -> 2 and 2 -> 3: each subtask gets exactly its own keys.
+    for parallelism in [2, 3] {
+        let mut union = Dump::new();
+        for subtask in 0..parallelism {
+            let (backend, _) = heap::<u64>(parallelism, subtask);
+            let summary = backend.restore(&[&zero, &one]).unwrap();
+            let own = dump(&backend);
+            assert!(own
+                .keys()
+                .all(|(key, _)| owner(*key, parallelism) == subtask));
+            let expected: Dump<u64> = all
+                .iter()
+                .filter(|((key, _), _)| owner(*key, parallelism) == subtask)
+                .map(|(key, contents)| (*key, contents.clone()))
+                .collect();
+            assert_eq!(own, expected, "subtask {subtask} of {parallelism}");
+            assert!(summary.entries > 0 && summary.entries_elsewhere > 0);
+            union.extend(own);
+        }
+        assert_eq!(union, all);
+    }
+}
+
+#[test]
+fn overlapping_snapshots_are_rejected() {
+    let (zero, _, _) = two_subtasks(50);
+    let (single, _) = heap::<u64>(1, 0);
+    let err = single.restore(&[&zero, &zero]).unwrap_err();
+    assert!(
+        matches!(err.kind(), StateErrorKind::InvalidRestore { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("the snapshots overlap"), "{err}");
+    // A failed restore leaves the backend as it was: it can be restored properly.
+    single.restore(&[&zero]).unwrap();
+}
+
+#[test]
+fn a_restored_state_nobody_registers_survives_later_checkpoints() {
+    let (source, _) = heap::<u64>(1, 0);
+    write_all(&source, 0..100, &[None, Some(1)]);
+    let expected = dump(&source);
+    let first = checkpoint(&source);
+
+    // The next run registers only the list state, and changes it.
+    let (second_run, _) = heap::<u64>(1, 0);
+    second_run.restore(&[&first]).unwrap();
+    let list = second_run.list_state(&list_d()).unwrap();
+    second_run.set_current_key(&5).unwrap();
+    list.add(99).unwrap();
+    assert_eq!(
+        second_run.restored_state_names(),
+        ["session", "counts", "sum", "average"]
+    );
+    let snapshot = second_run.heap_snapshot().unwrap();
+    let unregistered: Vec<&str> = snapshot
+        .unregistered_restored_states()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(unregistered, ["session", "counts", "sum", "average"]);
+    let second = checkpoint(&second_run);
+
+    // The states it did not register are in its checkpoint exactly as they were restored.
+    let before = decode_keyed_snapshot(&first).unwrap();
+    let after = decode_keyed_snapshot(&second).unwrap();
+    for name in ["session", "counts", "sum", "average"] {
+        let find = |contents: &weir_state::KeyedSnapshotContents| {
+            contents
+                .states
+                .iter()
+                .find(|state| state.name == name)
+                .cloned()
+                .unwrap()
+        };
+        assert_eq!(find(&after), find(&before), "{name}");
+    }
+
+    // A third run registers everything and finds it all, with the list change.
+    let (third_run, _) = heap::<u64>(1, 0);
+    third_run.restore(&[&second]).unwrap();
+    let mut expected = expected;
+    expected.get_mut(&(5, None)).unwrap().events.push(99);
+    assert_eq!(dump(&third_run), expected);
+}
+
+#[test]
+fn unregistered_restored_states_give_up_deleted_key_groups() {
+    let (source, _) = heap::<u64>(1, 0);
+    write_all(&source, 0..100, &[None]);
+    let bytes = checkpoint(&source);
+    let (restored, _) = heap::<u64>(1, 0);
+    restored.restore(&[&bytes]).unwrap();
+    let moved = weir_state::KeyGroupRange { start: 0, end: 63 };
+    restored.delete_key_groups(moved).unwrap();
+    let left = dump(&restored);
+    assert!(!left.is_empty());
+    assert!(left
+        .keys()
+        .all(|(key, _)| !moved.contains(KeyGroup::of(key, MAX_PARALLELISM))));
+    assert_eq!(
+        left.len(),
+        (0..100u64).filter(|key| owner(*key, 2) == 1).count()
+    );
+}
+
+#[test]
+fn a_state_restored_as_another_kind_or_type_fails_naming_both() {
+    let (source, _) = heap::<()>(1, 0);
+    write_all(&source, 0..10, &[None]);
+    let bytes = checkpoint(&source);
+    let (restored, _) = heap::<()>(1, 0);
+    restored.restore(&[&bytes]).unwrap();
+
+    let check = |err: weir_state::StateError, restored: &str, requested: &str| {
+        assert!(
+            matches!(err.kind(), StateErrorKind::IncompatibleKeyedRestore { .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        for part in [restored, requested, "give the new state another name"] {
+            assert!(text.contains(part), "{part} in {text}");
+        }
+        assert!(err.is_usage_error());
+    };
+    // Another value type.
+    let err = restored
+        .value_state(&ValueStateDescriptor::<String>::new("session"))
+        .unwrap_err();
+    check(
+        err,
+        "'session' was checkpointed as ValueState<keyed_restore::restore_support::Session>",
+        "registered as ValueState<alloc::string::String>",
+    );
+    // Another kind with the same stored type.
+    let err = restored
+        .value_state(&ValueStateDescriptor::<u64>::new("sum"))
+        .unwrap_err();
+    check(err, "ReducingState<u64>", "ValueState<u64>");
+    let err = restored
+        .list_state(&ListStateDescriptor::<u64>::new("sum"))
+        .unwrap_err();
+    check(err, "ReducingState<u64>", "ListState<u64>");
+    // Another map key type.
+    let err = restored
+        .map_state(&MapStateDescriptor::<u64, u64>::new("counts"))
+        .unwrap_err();
+    check(
+        err,
+        "MapState<alloc::string::String, u64>",
+        "MapState<u64, u64>",
+    );
+    // Another accumulator.
+    let err = restored
+        .aggregating_state(&AggregatingStateDescriptor::<u64, (u64, u64), u64>::new(
+            "session", Average,
+        ))
+        .unwrap_err();
+    check(
+        err,
+        "ValueState<keyed_restore::restore_support::Session>",
+        "AggregatingState with accumulator (u64, u64)",
+    );
+
+    // The failed registrations lost nothing: the right ones find all the data.
+    assert_eq!(restored.restored_state_names().len(), 5);
+    assert_eq!(dump(&restored), dump(&source));
+}
+
+#[test]
+fn a_value_that_does_not_decode_is_a_corrupt_error_naming_the_state() {
+    let (source, _) = heap::<()>(1, 0);
+    let names = source
+        .value_state(&ValueStateDescriptor::<String>::new("names"))
+        .unwrap();
+    source.set_current_key(&1).unwrap();
+    names
+        .update("a name long enough to live out of line".into())
+        .unwrap();
+    let mut bytes = checkpoint(&source);
+    let at = bytes
+        .windows(6)
+        .position(|window| window == b"a name")
+        .unwrap();
+    bytes[at] = 0xff; // no longer UTF-8
+    let bytes = with_checksum(bytes);
+
+    let (restored, _) = heap::<()>(1, 0);
+    restored.restore(&[&bytes]).unwrap();
+    let err = restored
+        .value_state(&ValueStateDescriptor::<String>::new("names"))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            StateErrorKind::Corrupt { state, what: "checkpointed value", .. } if state == "names"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("restore from an earlier checkpoint"),
+        "{err}"
+    );
+}
+
+#[test]
+fn snapshots_that_do_not_fit_the_backend_are_rejected() {
+    let (source, _) = heap::<()>(1, 0);
+    write_all(&source, 0..10, &[None]);
+    let bytes = checkpoint(&source);
+
+    // Another max parallelism.
+    let other = LocalKeyedBackend::<u64, ()>::heap(
+        KeyedBackendConfig::single(256),
+        Arc::new(ManualClock::new(0)),
+    )
+    .unwrap();
+    let err = other.restore(&[&bytes]).unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            StateErrorKind::IncompatibleKeyedSnapshot {
+                what: "max parallelism",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("128") && err.to_string().contains("256"),
+        "{err}"
+    );
+
+    // Another key type, another namespace type.
+    let keyed_by_string = LocalKeyedBackend::<String, ()>::heap(
+        KeyedBackendConfig::single(MAX_PARALLELISM),
+        Arc::new(ManualClock::new(0)),
+    )
+    .unwrap();
+    let err = keyed_by_string.restore(&[&bytes]).unwrap_err();
+    assert!(err.to_string().contains("key type u64"), "{err}");
+    let (windowed, _) = heap::<u64>(1, 0);
+    let err = windowed.restore(&[&bytes]).unwrap_err();
+    assert!(err.to_string().contains("namespace type ()"), "{err}");
+
+    // After a registration, or a second time.
+    let (late, _) = heap::<()>(1, 0);
+    late.value_state(&value_d()).unwrap();
+    let err = late.restore(&[&bytes]).unwrap_err();
+    assert!(
+        err.to_string().contains("'session' is already registered"),
+        "{err}"
+    );
+    let (twice, _) = heap::<()>(1, 0);
+    twice.restore(&[&bytes]).unwrap();
+    let err = twice.restore(&[&bytes]).unwrap_err();
+    assert!(err.to_string().contains("restored before"), "{err}");
+}
+
+#[test]
+fn restoring_rocksdb_is_not_built_yet() {
+    let fixture = common::Fixture::rocksdb();
+    let backend: LocalKeyedBackend<u64> = fixture.backend(MAX_PARALLELISM);
+    let (source, _) = heap::<()>(1, 0);
+    let err = backend.restore(&[&checkpoint(&source)]).unwrap_err();
+    assert!(
+        matches!(err.kind(), StateErrorKind::NotBuilt { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string()
+            .contains("restoring RocksDB state from a checkpoint is not built yet"),
+        "{err}"
+    );
+}
+
+#[test]
+fn writes_after_the_snapshot_do_not_change_its_encoding() {
+    let (backend, _) = heap::<u64>(1, 0);
+    write_all(&backend, 0..200, &[None, Some(2)]);
+    let snapshot = backend.heap_snapshot().unwrap();
+    let mut before = Vec::new();
+    encode_keyed_snapshot(&snapshot, &mut before).unwrap();
+    let expected = dump(&backend);
+
+    // Processing goes on before the (asynchronous) encoding runs again.
+    write_all(&backend, 100..300, &[Some(2), Some(9)]);
+    backend
+        .delete_key_groups(weir_state::KeyGroupRange { start: 0, end: 10 })
+        .unwrap();
+    let mut after = vec![0xaa];
+    encode_keyed_snapshot(&snapshot, &mut after).unwrap();
+    assert_eq!(after[0], 0xaa, "appends to what the buffer holds");
+    assert_eq!(&after[1..], &before[..]);
+
+    let (restored, _) = heap::<u64>(1, 0);
+    restored.restore(&[&after[1..]]).unwrap();
+    assert_eq!(dump(&restored), expected);
+}
+
+#[test]
+fn an_empty_backend_round_trips() {
+    let (source, _) = heap::<()>(2, 1);
+    let bytes = checkpoint(&source);
+    let contents = decode_keyed_snapshot(&bytes).unwrap();
+    assert!(contents.states.is_empty());
+    assert_eq!(contents.key_groups, source.key_groups());
+    let (restored, _) = heap::<()>(1, 0);
+    let summary = restored.restore(&[&bytes]).unwrap();
+    assert_eq!((summary.states, summary.entries), (0, 0));
+}
+
+/// One write of the model test.
+#[derive(Clone, Debug)]
+enum Write {
+    Value(u64, Option<u8>, u32),
+    ClearValue(u64, Option<u8>),
+    Push(u64, Option<u8>, u32),
+    Put(u64, Option<u8>, u8, u32),
+    Remove(u64, Option<u8>, u8),
+}
+
+fn write() -> impl Strategy<Value = Write> {
+    let key = 0u64..60;
+    let namespace = prop::option::of(0u8..3);
+    prop_oneof![
+        (key.clone(), namespace.clone(), any::<u32>()).prop_map(|(k, n, v)| Write::Value(k, n, v)),
+        (key.clone(), namespace.clone()).prop_map(|(k, n)| Write::ClearValue(k, n)),
+        (key.clone(), namespace.clone(), any::<u32>()).prop_map(|(k, n, v)| Write::Push(k, n, v)),
+        (key.clone(), namespace.clone(), 0u8..5, any::<u32>())
+            .prop_map(|(k, n, u, v)| Write::Put(k, n, u, v)),
+        (key, namespace, 0u8..5).prop_map(|(k, n, u)| Write::Remove(k, n, u)),
+    ]
+}
+
+type Model = BTreeMap<(u64, Option<u8>), (Option<u32>, Vec<u32>, BTreeMap<u8, u32>)>;
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Random writes, a checkpoint, and a restore into every subtask of a random parallelism:
+    /// together they hold exactly what a model of the writes holds, each key in one subtask.
+    #[test]
+    fn restore_matches_a_model(
+        writes in prop::collection::vec(write(), 0..300),
+        parallelism in 1u32..5,
+    ) {
+        let value_d = ValueStateDescriptor::<u32>::new("v");
+        let list_d = ListStateDescriptor::<u32>::new("l");
+        let map_d = MapStateDescriptor::<u8, u32>::new("m");
+        let (source, _) = heap::<u8>(1, 0);
+        let value = source.value_state(&value_d).unwrap();
+        let list = source.list_state(&list_d).unwrap();
+        let map = source.map_state(&map_d).unwrap();
+        let mut model = Model::new();
+        for write in &writes {
+            let (key, namespace) = match write {
+                Write::Value(k, n, _) | Write::ClearValue(k, n) | Write::Push(k, n, _)
+                | Write::Put(k, n, _, _) | Write::Remove(k, n, _) => (*k, *n),
+            };
+            source.set_current_key(&key).unwrap();
+            match namespace {
+                Some(n) => source.set_current_namespace(n).unwrap(),
+                None => source.clear_current_namespace().unwrap(),
+            }
+            let entry = model.entry((key, namespace)).or_default();
+            match *write {
+                Write::Value(_, _, v) => { value.update(v).unwrap(); entry.0 = Some(v); }
+                Write::ClearValue(..) => { value.clear().unwrap(); entry.0 = None; }
+                Write::Push(_, _, v) => { list.add(v).unwrap(); entry.1.push(v); }
+                Write::Put(_, _, u, v) => { map.put(u, v).unwrap(); entry.2.insert(u, v); }
+                Write::Remove(_, _, u) => { map.remove(&u).unwrap(); entry.2.remove(&u); }
+            }
+        }
+        model.retain(|_, (v, l, m)| v.is_some() || !l.is_empty() || !m.is_empty());
+        let bytes = checkpoint(&source);
+
+        let mut seen = Model::new();
+        for subtask in 0..parallelism {
+            let (backend, _) = heap::<u8>(parallelism, subtask);
+            backend.restore(&[&bytes]).unwrap();
+            let value = backend.value_state(&value_d).unwrap();
+            let list = backend.list_state(&list_d).unwrap();
+            let map = backend.map_state(&map_d).unwrap();
+            let mut keys = BTreeSet::new();
+            for state in ["v", "l", "m"] {
+                keys.extend(backend.keys(state, backend.key_groups()).unwrap());
+            }
+            for (key, namespace) in keys {
+                prop_assert_eq!(owner(key, parallelism), subtask);
+                backend.set_current_key(&key).unwrap();
+                match namespace {
+                    Some(n) => backend.set_current_namespace(n).unwrap(),
+                    None => backend.clear_current_namespace().unwrap(),
+                }
+                let contents = (
+                    value.value().unwrap(),
+                    list.get().unwrap(),
+                    map.entries().unwrap().map(Result::unwrap).collect(),
+                );
+                prop_assert!(seen.insert((key, namespace), contents).is_none());
+            }
+        }
+        prop_assert_eq!(seen, model);
+    }
+}
