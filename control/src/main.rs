@@ -58,6 +58,9 @@ enum Job {
     WordCount,
     /// Running per-sensor statistics over generated readings.
     KeyedAggregation,
+    /// Exactly-once check: per key, counts records and the gaps and repeats in their sequence
+    /// numbers, and reports each key when the input ends (kill it and `--resume` it).
+    SequenceCheck,
 }
 
 #[derive(Subcommand)]
@@ -76,7 +79,7 @@ enum Command {
         /// Drop results instead of printing them (throughput runs).
         #[arg(long)]
         discard: bool,
-        /// keyed-aggregation: number of generated readings.
+        /// keyed-aggregation: number of generated readings; sequence-check: of records.
         #[arg(long, default_value_t = 10_000_000)]
         events: u64,
         /// keyed-aggregation: number of sensors.
@@ -85,6 +88,17 @@ enum Command {
         /// keyed-aggregation: report a sensor every this many readings.
         #[arg(long, default_value_t = 25_000)]
         report_every: u64,
+        /// sequence-check: number of keys (rounded to a multiple of its 16 splits).
+        #[arg(long, default_value_t = 800)]
+        keys: u32,
+        /// sequence-check: records per second per source subtask at most (unthrottled if
+        /// absent).
+        #[arg(long)]
+        rate: Option<f64>,
+        /// Start from the latest completed checkpoint in the job's checkpoint directory
+        /// (execution.checkpointing.dir), or from scratch if it has none yet.
+        #[arg(long)]
+        resume: bool,
         /// Print the StreamGraph, JobGraph and ExecutionGraph instead of running.
         #[arg(long)]
         explain: bool,
@@ -217,6 +231,9 @@ fn run(cli: Cli) -> Result<()> {
             events,
             sensors,
             report_every,
+            keys,
+            rate,
+            resume,
             explain,
             explain_memory,
             quiet,
@@ -256,6 +273,18 @@ fn run(cli: Cli) -> Result<()> {
                     );
                     "keyed-aggregation"
                 }
+                Job::SequenceCheck => {
+                    let splits = 16;
+                    let keys_per_split = (keys / splits).max(1);
+                    let spec = weir_examples::sequence_check::SequenceSpec {
+                        splits,
+                        keys_per_split,
+                        per_key: (events / u64::from(splits * keys_per_split)).max(1),
+                        rate,
+                    };
+                    weir_examples::sequence_check::build(&env, spec, output);
+                    "sequence-check"
+                }
             };
             if explain {
                 print!("{}", env.explain(name)?);
@@ -263,6 +292,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             let options = RunOptions {
                 progress: (!quiet).then_some(Duration::from_secs(1)),
+                resume,
                 ..RunOptions::default()
             };
             let result = env
@@ -388,7 +418,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                // Where a job's checkpoints start from is worth a line too.
+                .unwrap_or_else(|_| "warn,weir_engine::checkpoint::driver=info".into()),
         )
         .with_writer(std::io::stderr)
         .init();

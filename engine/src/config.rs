@@ -114,6 +114,19 @@ pub enum AggPhaseStrategy {
     TwoPhase,
 }
 
+/// What `execution.checkpointing.*` configures, when checkpointing is on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CheckpointConfig {
+    /// `execution.checkpointing.dir`: checkpoints go to `<dir>/<job name>/`.
+    pub dir: PathBuf,
+    /// `execution.checkpointing.mode`: aligned barriers (else at-least-once).
+    pub exactly_once: bool,
+    /// When checkpoints are triggered, time out and fail the job.
+    pub settings: crate::checkpoint::CheckpointSettings,
+    /// `execution.checkpointing.num-retained`.
+    pub retained: usize,
+}
+
 /// Every key Weir reads.
 pub const OPTIONS: &[ConfigOption] = &[
     option!("taskmanager.numberOfTaskSlots", OptionKind::Count(1), "",
@@ -150,6 +163,22 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Credits per exchange channel: segments a sender may have in flight to a receiver on another shard, batches to one on its own shard (rounded up to a power of two)."),
     option!("taskmanager.shard.spin-before-park", OptionKind::Duration, "1 ms",
         "How long an idle shard spins before it sleeps; shorter saves CPU, longer cuts wake-up latency."),
+    option!("execution.checkpointing.interval", OptionKind::Duration, "0",
+        "Time between checkpoints (Flink's name); 0 turns checkpointing off."),
+    option!("execution.checkpointing.dir", OptionKind::Path, "",
+        "Directory of the checkpoints (`<dir>/<job name>/chk-<n>/`); a local directory or a shared mount. Needed when checkpointing is on."),
+    option!("execution.checkpointing.mode", OptionKind::Choice(&["EXACTLY_ONCE", "AT_LEAST_ONCE"]), "EXACTLY_ONCE",
+        "EXACTLY_ONCE aligns barriers (a task holds an input channel after its barrier until every channel delivered it); AT_LEAST_ONCE does not align, so records after a barrier may be counted again after a restore."),
+    option!("execution.checkpointing.timeout", OptionKind::Duration, "10 min",
+        "A checkpoint not completed this long after its trigger is aborted."),
+    option!("execution.checkpointing.min-pause", OptionKind::Duration, "0",
+        "Least time from the end of one checkpoint to the trigger of the next."),
+    option!("execution.checkpointing.max-concurrent-checkpoints", OptionKind::Count(1), "1",
+        "Most checkpoints in progress at once."),
+    option!("execution.checkpointing.tolerable-failed-checkpoints", OptionKind::Range(0, 1_000_000), "0",
+        "Checkpoint failures in a row (expired or declined) the job tolerates before it fails."),
+    option!("execution.checkpointing.num-retained", OptionKind::Count(1), "1",
+        "Completed checkpoints kept on disk; older ones are deleted."),
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
         "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or one RocksDB instance per slot ('rocksdb')."),
     option!("state.backend.rocksdb.localdir", OptionKind::Path, "",
@@ -514,6 +543,45 @@ impl Configuration {
             write_back_ratio: self.fraction("state.backend.rocksdb.memory.write-back-ratio"),
             ..RocksDbMemoryRatios::default()
         }
+    }
+
+    /// The `execution.checkpointing.*` settings; `None` when checkpointing is off.
+    pub fn checkpointing(&self) -> Result<Option<CheckpointConfig>, ConfigError> {
+        let interval = self.duration("execution.checkpointing.interval");
+        if interval.is_zero() {
+            return Ok(None);
+        }
+        let Some(dir) = self.raw("execution.checkpointing.dir") else {
+            return Err(ConfigError::InvalidValue {
+                key: "execution.checkpointing.dir".into(),
+                value: String::new(),
+                expected: format!(
+                    "a directory for the checkpoints, since execution.checkpointing.interval is {}; \
+                     set it, e.g. -D execution.checkpointing.dir=/var/lib/weir/checkpoints",
+                    self.raw("execution.checkpointing.interval").unwrap_or_default()
+                ),
+            });
+        };
+        let ms = |key| self.duration(key).as_millis().min(i64::MAX as u128) as i64;
+        Ok(Some(CheckpointConfig {
+            dir: PathBuf::from(dir.trim()),
+            exactly_once: self.raw("execution.checkpointing.mode").map(str::trim)
+                != Some("AT_LEAST_ONCE"),
+            settings: crate::checkpoint::CheckpointSettings {
+                interval_ms: ms("execution.checkpointing.interval").max(1),
+                timeout_ms: ms("execution.checkpointing.timeout").max(1),
+                min_pause_ms: ms("execution.checkpointing.min-pause"),
+                max_concurrent: self
+                    .count("execution.checkpointing.max-concurrent-checkpoints")
+                    .expect("has a default"),
+                tolerable_failures: self
+                    .count("execution.checkpointing.tolerable-failed-checkpoints")
+                    .expect("has a default") as u32,
+            },
+            retained: self
+                .count("execution.checkpointing.num-retained")
+                .expect("has a default"),
+        }))
     }
 
     /// The memory budget of a worker with `slots` slots under these settings.

@@ -50,6 +50,14 @@ pub enum JobError {
         /// Whether restarting could help.
         kind: FailureKind,
     },
+    /// Checkpoints failed more often in a row than the job tolerates.
+    #[error("job '{job}' failed: {reason}")]
+    CheckpointsFailed {
+        /// The job's name.
+        job: String,
+        /// What failed, naming the setting.
+        reason: String,
+    },
     /// The job was cancelled on request before it finished.
     #[error("job '{job}' was cancelled")]
     Cancelled {

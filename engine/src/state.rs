@@ -55,6 +55,7 @@ pub use weir_state::{
     ValueStateDescriptor,
 };
 
+use crate::checkpoint::task_state::{DeferredPart, PART_KEYED};
 use crate::error::JobError;
 use crate::operator::RuntimeContext;
 use crate::record::Key;
@@ -165,6 +166,11 @@ impl<K: Key> KeyedStateStore<K> {
             }
             _ => LocalKeyedBackend::heap(config, Arc::new(SystemClock))?,
         };
+        let restored = ctx.restored_of_all(PART_KEYED);
+        if !restored.is_empty() {
+            let parts: Vec<&[u8]> = restored.iter().map(Vec::as_slice).collect();
+            backend.restore(&parts)?;
+        }
         let store = Rc::new(KeyedStateStore {
             backend,
             handles: RefCell::new(Vec::new()),
@@ -178,6 +184,17 @@ impl<K: Key> KeyedStateStore<K> {
             SHARD_HEAP_STATES.with(|states| states.borrow_mut().push(weak));
         }
         Ok(store)
+    }
+
+    /// The keyed state as a checkpoint part: a copy-on-write snapshot taken now (a pointer
+    /// per key group and state), encoded by the checkpoint writer after the barrier.
+    pub(crate) fn snapshot_part(&self) -> Result<DeferredPart, String> {
+        let snapshot = self.backend.heap_snapshot().ok_or_else(|| {
+            "checkpoints of the RocksDB state backend are not built yet".to_string()
+        })?;
+        Ok(Box::new(move |out: &mut Vec<u8>| {
+            weir_state::encode_keyed_snapshot(&snapshot, out).map_err(|e| e.to_string())
+        }))
     }
 
     /// A new call begins (a record or a timer, maybe for another key).
@@ -306,6 +323,19 @@ impl OperatorStateId {
     pub(crate) fn store(self) -> Rc<OperatorStateStore> {
         SHARD_OPERATOR_STATES.with(|stores| Rc::clone(stores.borrow_mut().entry(self).or_default()))
     }
+
+    /// The store if it was used on this thread.
+    pub(crate) fn existing(self) -> Option<Rc<OperatorStateStore>> {
+        SHARD_OPERATOR_STATES.with(|stores| stores.borrow().get(&self).cloned())
+    }
+
+    /// Makes the store of this id the one restored from `bytes` (an `OperatorStateSnapshot`).
+    pub(crate) fn restore(self, bytes: &[u8]) -> Result<(), StateError> {
+        let snapshot = weir_state::OperatorStateSnapshot::from_bytes(bytes)?;
+        let store = Rc::new(OperatorStateStore::from_snapshot(snapshot));
+        SHARD_OPERATOR_STATES.with(|stores| stores.borrow_mut().insert(self, store));
+        Ok(())
+    }
 }
 
 thread_local! {
@@ -316,6 +346,7 @@ thread_local! {
 
 /// Forgets this shard's state (the job on it ended or begins).
 pub(crate) fn clear_shard_states() {
+    crate::checkpoint::task_state::clear_shard_task_states();
     SHARD_HEAP_STATES.with(|states| states.borrow_mut().clear());
     SHARD_OPERATOR_STATES.with(|stores| stores.borrow_mut().clear());
 }

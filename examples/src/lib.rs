@@ -4,6 +4,7 @@
 #![warn(missing_docs)]
 
 pub mod keyed_aggregation;
+pub mod sequence_check;
 pub mod word_count;
 
 /// Where an example writes its results.

@@ -252,6 +252,12 @@ pub trait KeyedProcessFunction<K, I, O>: Clone + Send + Sync + 'static {
     fn process_element(&mut self, value: I, ctx: &mut KeyedProcessContext<'_, K, O>);
     /// A timer of `ctx.current_key()` fired at `timestamp`.
     fn on_timer(&mut self, _timestamp: i64, _ctx: &mut KeyedProcessContext<'_, K, O>) {}
+    /// What the function keeps in its own fields that a checkpoint cannot restore, if it
+    /// matters: a job with checkpointing on refuses to start, naming it. Keyed state and timers
+    /// are checkpointed; a function's fields are not (as in Flink).
+    fn unmanaged_state(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 impl<K, I, O, F> KeyedProcessFunction<K, I, O> for F

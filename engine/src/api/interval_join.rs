@@ -357,6 +357,10 @@ where
         self.function.open(ctx);
     }
 
+    fn unmanaged_state(&self) -> Option<&'static str> {
+        Some("its join buffers in operator memory")
+    }
+
     fn process_element(&mut self, value: Either<A, B>, ctx: &mut KeyedProcessContext<'_, K, O>) {
         let (timestamp, late) = self.arrival(ctx);
         let IntervalJoinFunction {

@@ -12,7 +12,7 @@ use super::ConnectorError;
 use crate::operator::RuntimeContext;
 
 /// A range of the collection.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct CollectionSplit {
     /// Next element to emit.
     pub next: usize,

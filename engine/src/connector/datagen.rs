@@ -16,7 +16,7 @@ use super::ConnectorError;
 use crate::operator::RuntimeContext;
 
 /// One strided slice of the generated sequence.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct GeneratorSplit {
     /// Index of the slice (= the first index it generates).
     pub slice: u64,

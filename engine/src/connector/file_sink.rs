@@ -126,4 +126,16 @@ impl<T> SinkWriter<T> for FileWriter<T> {
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         Box::pin(polled_when_woken(self.close()))
     }
+
+    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(polled_when_woken(async move {
+            match &mut self.writer {
+                Some(writer) => {
+                    let result = writer.flush().await;
+                    result.map_err(|e| self.io_error("write", e))
+                }
+                None => Ok(()),
+            }
+        }))
+    }
 }

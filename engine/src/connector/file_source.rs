@@ -33,9 +33,10 @@ pub enum LineFormat {
 }
 
 /// One file and the position reached in it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct FileSplit {
     /// The file.
+    #[rkyv(with = rkyv::with::AsString)]
     pub path: PathBuf,
     /// Byte offset of the next line.
     pub offset: u64,

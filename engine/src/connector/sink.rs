@@ -17,6 +17,13 @@ pub trait SinkWriter<T> {
 
     /// The input ended: write out everything and close.
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>>;
+
+    /// A checkpoint barrier reached the sink: hand what it buffered to the system, so that
+    /// records from before a completed checkpoint outlive the process (a resumed job does not
+    /// produce them again). The default has nothing buffered.
+    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A sink of records of type `T`.

@@ -19,8 +19,9 @@ pub enum Boundedness {
 
 /// A piece of a source's input, with the position reading has reached in it. A reader's
 /// [`SourceReader::snapshot_splits`] returns its splits with current positions; restarting a
-/// reader from them resumes exactly where it left off.
-pub trait SourceSplit: Clone + Debug + Send + 'static {
+/// reader from them resumes exactly where it left off. Checkpoints store splits encoded
+/// ([`weir_state::StateCodec`]: derive rkyv's `Archive`, `Serialize` and `Deserialize`).
+pub trait SourceSplit: Clone + Debug + Send + weir_state::StateCodec + 'static {
     /// A stable id for the split (a file path, a generator slice).
     fn split_id(&self) -> String;
 }
@@ -29,6 +30,10 @@ pub trait SourceSplit: Clone + Debug + Send + 'static {
 pub trait SplitEnumerator<S>: Send {
     /// The next split for `subtask`, or `None` when there is no more work for it.
     fn next_split(&mut self, subtask: usize) -> Option<S>;
+
+    /// The splits not handed out yet, each with the subtask it is kept for (`None`: any), for
+    /// a checkpoint; [`Source::restore_enumerator`] makes an enumerator from them again.
+    fn snapshot_state(&self) -> Vec<(Option<usize>, S)>;
 }
 
 /// An enumerator over a fixed list of splits, each either pinned to one subtask or free for
@@ -58,13 +63,24 @@ impl<S> StaticSplits<S> {
     }
 }
 
-impl<S: Send> SplitEnumerator<S> for StaticSplits<S> {
+impl<S> StaticSplits<S> {
+    /// The splits a checkpoint held (see [`SplitEnumerator::snapshot_state`]).
+    pub fn restored(splits: Vec<(Option<usize>, S)>) -> Self {
+        StaticSplits { splits }
+    }
+}
+
+impl<S: Clone + Send> SplitEnumerator<S> for StaticSplits<S> {
     fn next_split(&mut self, subtask: usize) -> Option<S> {
         let index = self
             .splits
             .iter()
             .position(|(owner, _)| owner.is_none_or(|o| o == subtask))?;
         Some(self.splits.remove(index).1)
+    }
+
+    fn snapshot_state(&self) -> Vec<(Option<usize>, S)> {
+        self.splits.clone()
     }
 }
 
@@ -118,4 +134,15 @@ pub trait Source<T>: Send + Sync + 'static {
 
     /// Creates the reader of one subtask, on its shard.
     fn create_reader(&self, ctx: &RuntimeContext) -> Box<dyn SourceReader<T, Self::Split>>;
+
+    /// The enumerator of a run that resumes from a checkpoint, from the splits its enumerator
+    /// had not handed out then ([`SplitEnumerator::snapshot_state`]). The default hands them
+    /// out as [`StaticSplits`] does.
+    fn restore_enumerator(
+        &self,
+        _parallelism: usize,
+        pending: Vec<(Option<usize>, Self::Split)>,
+    ) -> Box<dyn SplitEnumerator<Self::Split>> {
+        Box::new(StaticSplits::restored(pending))
+    }
 }

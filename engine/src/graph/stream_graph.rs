@@ -11,12 +11,18 @@ use std::rc::Rc;
 use glommio::channels::shared_channel::{ConnectedReceiver, ConnectedSender};
 use weir_memory::{Segment, SegmentPool};
 
+use crate::checkpoint::driver::TaskCheckpointing;
 use crate::connector::Boundedness;
 use crate::error::TaskResult;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{RuntimeContext, SideOutputs};
 use crate::runtime::exchange::PartitionKind;
 use crate::runtime::task::{Subtask, TaskSettings};
+
+/// Builds the task of a chain that starts at an exchange: its input channels, its chain, the
+/// job's settings, and its side of checkpointing.
+pub(crate) type NetworkTaskFn =
+    fn(Vec<ReceiverEnd>, AnyOutput, &TaskSettings, Option<TaskCheckpointing>) -> Box<dyn Subtask>;
 
 /// A `Box<dyn Output<T>>` for the `T` of the edge it stands on, boxed once more so that graph
 /// code can move it without knowing `T`. Downcast once, when a task is built.
@@ -32,6 +38,8 @@ pub(crate) trait OperatorFactory: Send + Sync {
         next: AnyOutput,
         side: SideOutputs,
     ) -> AnyOutput;
+    /// What the operators this makes hold that checkpoints cannot write yet, if anything.
+    fn unsupported_state(&self) -> Option<&'static str>;
 }
 
 /// Creates one subtask's sink writer, as an output.
@@ -39,13 +47,26 @@ pub(crate) trait SinkFactory: Send + Sync {
     fn create(&self, ctx: &RuntimeContext, metrics: Arc<OperatorMetrics>) -> TaskResult<AnyOutput>;
 }
 
-/// A split enumerator shared by a source's subtasks (`Mutex<Box<dyn SplitEnumerator<S>>>`).
+/// A split enumerator shared by a source's subtasks (`Mutex<EnumeratorCell<S>>`).
 pub(crate) type SharedEnumerator = Arc<dyn Any + Send + Sync>;
 
 /// Creates a source's enumerator (once per run) and its subtasks.
 pub(crate) trait SourceFactory: Send + Sync {
     fn boundedness(&self) -> Boundedness;
-    fn create_enumerator(&self, parallelism: usize) -> SharedEnumerator;
+    /// The enumerator of a run with `parallelism` readers; `restored` is its snapshot in the
+    /// checkpoint the run resumes from.
+    fn create_enumerator(
+        &self,
+        parallelism: usize,
+        restored: Option<&[u8]>,
+    ) -> Result<SharedEnumerator, String>;
+    /// The enumerator's snapshot for `checkpoint`; it hands no reader another split until
+    /// that reader has passed the checkpoint's barrier.
+    fn snapshot_enumerator(
+        &self,
+        enumerator: &SharedEnumerator,
+        checkpoint: u64,
+    ) -> Result<Vec<u8>, String>;
     #[allow(clippy::too_many_arguments)]
     fn create_task(
         &self,
@@ -55,7 +76,8 @@ pub(crate) trait SourceFactory: Send + Sync {
         enumerator: &SharedEnumerator,
         chain: AnyOutput,
         cancel: Arc<AtomicBool>,
-    ) -> Box<dyn Subtask>;
+        checkpointing: Option<TaskCheckpointing>,
+    ) -> TaskResult<Box<dyn Subtask>>;
 }
 
 /// The sending end of one channel: a ring to another shard, or a queue to a subtask on this
@@ -98,7 +120,7 @@ pub(crate) trait WriterFactory: Send + Sync {
 pub(crate) struct TypeOps {
     pub(crate) fan_out: fn(Vec<AnyOutput>) -> AnyOutput,
     /// The task reading a subtask's input channels (in channel order) into its chain.
-    pub(crate) network_task: fn(Vec<ReceiverEnd>, AnyOutput, &TaskSettings) -> Box<dyn Subtask>,
+    pub(crate) network_task: NetworkTaskFn,
     /// A channel between two subtasks on one shard carrying this type, holding at most the
     /// given number of batches and events.
     pub(crate) local_channel: fn(usize) -> Rc<dyn Any>,

@@ -36,7 +36,10 @@ pub(crate) use map::MapOperator;
 pub(crate) use process::{KeyedProcessOperator, ProcessOperator};
 pub(crate) use reduce::ReduceOperator;
 
-use crate::error::TaskResult;
+use crate::checkpoint::task_state::TaskStateId;
+use crate::checkpoint::task_state::{OperatorSnapshot, TaskState};
+use crate::checkpoint::CheckpointBarrier;
+use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
 use crate::record::Watermark;
 use crate::state::{OperatorStateId, StateEnv};
@@ -65,6 +68,9 @@ pub struct RuntimeContext {
     pub(crate) state: StateEnv,
     /// Names this subtask's operator (non-keyed) state on its shard.
     pub(crate) operator_state: OperatorStateId,
+    /// Names the state of the task this operator runs in: where its snapshots go, and what it
+    /// restores from.
+    pub(crate) task: TaskStateId,
 }
 
 impl RuntimeContext {
@@ -83,7 +89,27 @@ impl RuntimeContext {
             max_parallelism,
             state: StateEnv::default(),
             operator_state: OperatorStateId::fresh(),
+            task: TaskStateId::detached(),
         }
+    }
+
+    /// The part `name` this operator subtask wrote in the checkpoint the job resumes from.
+    pub(crate) fn restored(&self, name: &str) -> Option<Vec<u8>> {
+        self.task
+            .get()
+            .restored(&self.state.operator_id, name)
+            .map(<[u8]>::to_vec)
+    }
+
+    /// The part `name` of every subtask of this operator in the checkpoint the job resumes
+    /// from (keyed state, which each subtask filters by the key groups it owns).
+    pub(crate) fn restored_of_all(&self, name: &str) -> Vec<Vec<u8>> {
+        self.task
+            .get()
+            .restored_of_all(&self.state.operator_id, name)
+            .into_iter()
+            .map(<[u8]>::to_vec)
+            .collect()
     }
 
     /// This subtask's operator state (Flink's `OperatorStateStore`): list state (split evenly
@@ -119,6 +145,9 @@ pub(crate) enum ChainEvent {
     Flush,
     /// The input has ended: emit what is left and close.
     Finish,
+    /// A checkpoint barrier: every operator writes its state as it is after the records before
+    /// the barrier (`Operator::snapshot_state`), then passes the barrier on.
+    Barrier(CheckpointBarrier),
 }
 
 /// The receiving end of a stream of `T` inside a task: a chained operator, a fan-out, a sink
@@ -169,6 +198,24 @@ pub(crate) trait Operator<I, O>: 'static {
     fn flush(&mut self, _out: &mut Emitter<O>) {}
     /// The input ended; emit anything held back.
     fn finish(&mut self, _out: &mut Emitter<O>) {}
+
+    /// A checkpoint barrier is about to pass: emit what is held back to be sent later (as at a
+    /// flush), so that it goes out ahead of the barrier.
+    fn prepare_snapshot_pre_barrier(&mut self, out: &mut Emitter<O>) {
+        self.flush(out);
+    }
+    /// Writes the operator's state as it is when the barrier passes into `snapshot`: its keyed
+    /// state and timers, anything it keeps itself. Its operator state (`RuntimeContext::
+    /// operator_state`) is written by the link. A restored operator reads its parts back in
+    /// `open` (`RuntimeContext::restored`).
+    fn snapshot_state(&mut self, _snapshot: &mut OperatorSnapshot) -> Result<(), String> {
+        Ok(())
+    }
+    /// What this operator holds that checkpoints cannot write yet, if anything: a job with
+    /// checkpointing on is refused at its start, naming it.
+    fn unsupported_state(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Drives one operator inside a chain and passes its output on.
@@ -178,6 +225,10 @@ pub(crate) struct OperatorLink<O, Op> {
     next: Box<dyn Output<O>>,
     batch_size: usize,
     metrics: Arc<OperatorMetrics>,
+    /// Where the operator's snapshot goes when a barrier passes, under its operator id.
+    task: Rc<TaskState>,
+    operator_id: Arc<str>,
+    operator_state: OperatorStateId,
 }
 
 impl<O, Op> OperatorLink<O, Op> {
@@ -203,8 +254,40 @@ impl<O, Op> OperatorLink<O, Op> {
             next,
             batch_size,
             metrics,
+            task: ctx.task.get(),
+            operator_id: Arc::clone(&ctx.state.operator_id),
+            operator_state: ctx.operator_state,
         }
     }
+}
+
+/// Writes a snapshot of one operator at a barrier into its task's state: what the operator
+/// writes itself (`Operator::snapshot_state` via `write`), then its operator state if it has
+/// any. Shared by operator links, sources and sinks.
+pub(crate) fn snapshot_operator(
+    task: &TaskState,
+    operator_id: &Arc<str>,
+    operator_state: OperatorStateId,
+    name: &str,
+    write: impl FnOnce(&mut OperatorSnapshot) -> Result<(), String>,
+) -> TaskResult {
+    let _scope = scope::enter(name);
+    let mut snapshot = OperatorSnapshot::default();
+    let fail = |error: String| {
+        TaskError::user(format!("cannot snapshot its state: {error}")).in_operator(name)
+    };
+    write(&mut snapshot).map_err(fail)?;
+    if let Some(store) = operator_state.existing() {
+        if !store.state_names().is_empty() {
+            let bytes = store
+                .snapshot()
+                .and_then(|snapshot| snapshot.to_bytes())
+                .map_err(|error| fail(error.to_string()))?;
+            snapshot.add(crate::checkpoint::task_state::PART_OPERATOR_STATE, bytes);
+        }
+    }
+    task.add(operator_id, snapshot);
+    Ok(())
 }
 
 impl<O: 'static, Op> OperatorLink<O, Op> {
@@ -293,10 +376,24 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                         self.operator.finish(out);
                         true
                     }
+                    ChainEvent::Barrier(_) => {
+                        self.operator.prepare_snapshot_pre_barrier(out);
+                        true
+                    }
                 }
             };
             if emitted {
                 self.emit().await?;
+            }
+            if let ChainEvent::Barrier(_) = event {
+                let operator = &mut self.operator;
+                snapshot_operator(
+                    &self.task,
+                    &self.operator_id,
+                    self.operator_state,
+                    &self.metrics.name,
+                    |snapshot| operator.snapshot_state(snapshot),
+                )?;
             }
             self.out.side.event(event).await?;
             self.next.event(event).await

@@ -4,9 +4,13 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 
+use weir_state::{KeyGroup, KeyGroupRange};
+
 use super::{Emitter, Operator, RuntimeContext};
 use crate::api::function::KeyedTimers;
 use crate::api::{KeyedProcessContext, KeyedProcessFunction, ProcessContext, ProcessFunction};
+use crate::checkpoint::bytes::{ByteReader, ByteWriter};
+use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED, PART_TIMERS};
 use crate::record::{Key, Watermark, NO_TIMESTAMP};
 use crate::state::KeyedStateStore;
 use crate::time::TimeDomain;
@@ -124,6 +128,8 @@ where
     fn open(&mut self, ctx: &RuntimeContext) {
         let state = KeyedStateStore::open(ctx)
             .unwrap_or_else(|error| panic!("cannot open the keyed state backend: {error}"));
+        restore_timers(&mut self.timers, &ctx.restored_of_all(PART_TIMERS), ctx)
+            .unwrap_or_else(|error| panic!("cannot restore the timers: {error}"));
         self.state = Some(state);
         self.function.open(ctx);
         self.runtime = Some(ctx.clone());
@@ -162,4 +168,76 @@ where
     fn next_processing_time(&self) -> Option<i64> {
         self.timers.processing.next_time()
     }
+
+    fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
+        let state = self.state.as_deref().expect("opened");
+        snapshot.add_deferred(PART_KEYED, state.snapshot_part()?);
+        snapshot.add(PART_TIMERS, encode_timers(&self.timers)?);
+        Ok(())
+    }
+
+    fn unsupported_state(&self) -> Option<&'static str> {
+        self.function.unmanaged_state()
+    }
+}
+
+/// A keyed operator's timers as a checkpoint part: per timer its domain (`u8`: 0 event time,
+/// 1 processing time), time and encoded key, in the order they fire.
+pub(crate) fn encode_timers<K: Key>(timers: &KeyedTimers<K>) -> Result<Vec<u8>, String> {
+    let mut out = ByteWriter::default();
+    let mut entries = Vec::new();
+    let mut failure = None;
+    for (domain, queue) in [(0u8, &timers.event), (1, &timers.processing)] {
+        queue.for_each(|time, key| {
+            let mut bytes = Vec::new();
+            match key.encode_into(&mut bytes) {
+                Ok(()) => entries.push((domain, time, bytes)),
+                Err(error) => failure = Some(format!("cannot encode a timer's key: {error}")),
+            }
+        });
+    }
+    if let Some(failure) = failure {
+        return Err(failure);
+    }
+    out.u64(entries.len() as u64);
+    for (domain, time, key) in entries {
+        out.u8(domain);
+        out.i64(time);
+        out.bytes(&key);
+    }
+    Ok(out.out)
+}
+
+/// Registers the timers of `parts` (written by [`encode_timers`], one per old subtask) whose
+/// keys fall in `ctx`'s key groups.
+pub(crate) fn restore_timers<K: Key>(
+    timers: &mut KeyedTimers<K>,
+    parts: &[Vec<u8>],
+    ctx: &RuntimeContext,
+) -> Result<(), String> {
+    let max = ctx.max_parallelism as u32;
+    let range = KeyGroupRange::for_subtask(max, ctx.parallelism as u32, ctx.subtask as u32);
+    for part in parts {
+        let mut reader = ByteReader::new(part, "the timers' snapshot");
+        let count = reader.count(17)?;
+        for _ in 0..count {
+            let domain = reader.u8()?;
+            let time = reader.i64()?;
+            let key = K::decode(reader.bytes()?).map_err(|error| {
+                format!(
+                    "a timer's key does not decode as {}: {error}",
+                    std::any::type_name::<K>()
+                )
+            })?;
+            if !range.contains(KeyGroup::of(&key, max)) {
+                continue;
+            }
+            match domain {
+                0 => timers.event.register(&key, time),
+                1 => timers.processing.register(&key, time),
+                other => return Err(format!("a timer has the unknown time domain {other}")),
+            }
+        }
+    }
+    Ok(())
 }

@@ -4,6 +4,7 @@
 use std::rc::Rc;
 
 use super::{Emitter, Operator, RuntimeContext};
+use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED};
 use crate::record::Key;
 use crate::state::{KeyedStateStore, StateValue, ValueStateDescriptor};
 
@@ -60,4 +61,10 @@ where
     }
 
     const AT_MOST_ONE_PER_RECORD: bool = true;
+
+    fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
+        let state = self.state.as_deref().expect("opened");
+        snapshot.add_deferred(PART_KEYED, state.snapshot_part()?);
+        Ok(())
+    }
 }

@@ -19,6 +19,12 @@ use weir_memory::{PoolStats, Segment, SegmentPool};
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::task::{Subtask, TaskSettings};
+use crate::checkpoint::driver::{
+    open_checkpoints, CheckpointDriver, CheckpointStart, DriverPlan, JobCheckpointing,
+    OperatorEntry, TaskCheckpointing,
+};
+use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_OPERATOR_STATE};
+use crate::config::CheckpointConfig;
 use crate::config::Configuration;
 use crate::error::{JobError, TaskError, TaskResult};
 use crate::graph::{
@@ -75,6 +81,9 @@ pub struct RunOptions {
     pub progress: Option<Duration>,
     /// Cancels the run from another thread.
     pub cancel: CancelHandle,
+    /// With checkpointing configured: start from the latest completed checkpoint in the job's
+    /// checkpoint directory (`weir run … --resume`), or from scratch if it has none yet.
+    pub resume: bool,
 }
 
 /// Cancels a running job: its sources stop, every subtask winds down, and the run ends with
@@ -137,6 +146,8 @@ impl LocalChannels {
 
 /// Channel endpoints of one subtask, before connecting.
 struct SubtaskPlan {
+    /// The subtask's index in the execution graph (its task number for checkpoints).
+    index: usize,
     vertex: usize,
     subtask: usize,
     slot: usize,
@@ -155,6 +166,10 @@ struct JobShared {
     state_backend: BackendType,
     /// The slots' RocksDB instances, when state lives there.
     rocksdb: Option<JobRocksDb>,
+    /// What tasks share with the checkpoint coordinator, when the job is checkpointed.
+    checkpointing: Option<Arc<JobCheckpointing>>,
+    /// The checkpoint the job resumes from.
+    restored: Option<Arc<RestoredJob>>,
 }
 
 /// A subtask's failure, attributed.
@@ -205,6 +220,8 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 /// Builds one subtask's chain on its shard.
 struct ChainBuilder<'a> {
     shared: &'a JobShared,
+    /// The task's state for checkpoints (shared by its chain's operators).
+    task: TaskStateId,
     subtask: usize,
     slot: usize,
     pool: &'a SegmentPool,
@@ -215,15 +232,28 @@ struct ChainBuilder<'a> {
 }
 
 impl ChainBuilder<'_> {
-    fn context(&mut self, node: usize) -> RuntimeContext {
-        let operator_state = *self
-            .operator_states
-            .entry(node)
-            .or_insert_with(OperatorStateId::fresh);
+    fn context(&mut self, node: usize) -> TaskResult<RuntimeContext> {
         let job = &self.shared.exec.job;
         let graph_node = &job.graph.nodes[node];
         let operator_id = job.operator_ids[node].to_string();
-        RuntimeContext {
+        let operator_state = match self.operator_states.get(&node) {
+            Some(&id) => id,
+            None => {
+                let id = OperatorStateId::fresh();
+                let restored = self.shared.restored.as_ref().and_then(|restored| {
+                    restored.part(&operator_id, self.subtask, PART_OPERATOR_STATE)
+                });
+                if let Some(bytes) = restored {
+                    id.restore(bytes).map_err(|error| {
+                        TaskError::user(format!("cannot restore its operator state: {error}"))
+                            .in_operator(&graph_node.name)
+                    })?;
+                }
+                self.operator_states.insert(node, id);
+                id
+            }
+        };
+        Ok(RuntimeContext {
             operator_name: graph_node.name.as_str().into(),
             subtask: self.subtask,
             parallelism: job.node_parallelism[node],
@@ -238,7 +268,22 @@ impl ChainBuilder<'_> {
                 operator_id: operator_id.into(),
             },
             operator_state,
-        }
+            task: self.task,
+        })
+    }
+
+    /// The task's side of checkpointing, when the job is checkpointed.
+    fn checkpointing(&self, index: usize, head: usize) -> Option<TaskCheckpointing> {
+        let job = Arc::clone(self.shared.checkpointing.as_ref()?);
+        Some(TaskCheckpointing {
+            job,
+            task: index,
+            file_name: format!(
+                "task-{}-{}",
+                self.shared.exec.job.operator_ids[head], self.subtask
+            ),
+            state: self.task.get(),
+        })
     }
 
     fn metrics(&mut self, node: usize) -> Arc<OperatorMetrics> {
@@ -255,7 +300,7 @@ impl ChainBuilder<'_> {
     /// A `Box<dyn Output<In>>` feeding `node`.
     fn input_of(&mut self, node: usize) -> TaskResult<AnyOutput> {
         let graph = Arc::clone(&self.shared.exec.job.graph);
-        let ctx = self.context(node);
+        let ctx = self.context(node)?;
         let metrics = self.metrics(node);
         match &graph.nodes[node].kind {
             NodeKind::Sink(factory) => factory.create(&ctx, metrics),
@@ -345,32 +390,44 @@ impl ChainBuilder<'_> {
         Ok(main)
     }
 
-    fn build(mut self, vertex: usize, receivers: Vec<ReceiverEnd>) -> TaskResult<Box<dyn Subtask>> {
+    fn build(
+        mut self,
+        index: usize,
+        vertex: usize,
+        receivers: Vec<ReceiverEnd>,
+    ) -> TaskResult<Box<dyn Subtask>> {
         let job = &self.shared.exec.job;
         let head = job.vertices[vertex].head;
         let graph = Arc::clone(&job.graph);
         let node = &graph.nodes[head];
+        let checkpointing = self.checkpointing(index, head);
         match &node.kind {
             NodeKind::Source(factory) => {
                 let chain = self.output_of_source(head)?;
-                let ctx = self.context(head);
+                let ctx = self.context(head)?;
                 let metrics = self.metrics(head);
                 let enumerator = self.shared.enumerators[head]
                     .as_ref()
                     .expect("enumerator of every source");
-                Ok(factory.create_task(
+                factory.create_task(
                     &ctx,
                     &self.shared.settings,
                     metrics,
                     enumerator,
                     chain,
                     Arc::clone(&self.shared.cancel),
-                ))
+                    checkpointing,
+                )
             }
             NodeKind::Operator(_) | NodeKind::Sink(_) => {
                 let chain = self.input_of(head)?;
                 let ops = node.input_ops.expect("a consuming node has an input type");
-                Ok((ops.network_task)(receivers, chain, &self.shared.settings))
+                Ok((ops.network_task)(
+                    receivers,
+                    chain,
+                    &self.shared.settings,
+                    checkpointing,
+                ))
             }
         }
     }
@@ -383,6 +440,7 @@ async fn run_subtask(
     locals: Rc<LocalChannels>,
 ) -> Result<(), SubtaskFailure> {
     let SubtaskPlan {
+        index,
         vertex,
         subtask,
         slot,
@@ -419,6 +477,7 @@ async fn run_subtask(
     };
     let builder = ChainBuilder {
         shared: &shared,
+        task: TaskStateId::create(subtask, shared.restored.clone()),
         subtask,
         slot,
         pool: &pool,
@@ -426,7 +485,7 @@ async fn run_subtask(
         metrics: HashMap::new(),
         operator_states: HashMap::new(),
     };
-    let outcome = AssertUnwindSafe(async { builder.build(vertex, receivers)?.run().await })
+    let outcome = AssertUnwindSafe(async { builder.build(index, vertex, receivers)?.run().await })
         .catch_unwind()
         .await;
     match outcome {
@@ -550,7 +609,9 @@ pub fn run_job(
     let mut plans: Vec<SubtaskPlan> = exec
         .subtasks
         .iter()
-        .map(|s| SubtaskPlan {
+        .enumerate()
+        .map(|(index, s)| SubtaskPlan {
+            index,
             vertex: s.vertex,
             subtask: s.subtask,
             slot: s.slot,
@@ -599,17 +660,48 @@ pub fn run_job(
         }
     }
 
+    let job_name = exec.job.job_name().to_string();
+    let checkpoint_config = config.checkpointing()?;
+    if options.resume && checkpoint_config.is_none() {
+        return Err(JobError::InvalidJob(format!(
+            "cannot resume job '{job_name}': checkpointing is off; set \
+             execution.checkpointing.interval and execution.checkpointing.dir as the run that \
+             wrote the checkpoints did"
+        )));
+    }
+    let checkpoints = match &checkpoint_config {
+        Some(checkpoint_config) => Some(start_checkpoints(
+            &exec,
+            config,
+            checkpoint_config,
+            &job_name,
+            options.resume,
+        )?),
+        None => None,
+    };
+    let restored = checkpoints.as_ref().and_then(|c| c.restored.clone());
     let graph = &exec.job.graph;
-    let enumerators = graph
-        .nodes
-        .iter()
-        .map(|n| match &n.kind {
+    let mut enumerators = Vec::with_capacity(graph.nodes.len());
+    for n in &graph.nodes {
+        enumerators.push(match &n.kind {
             NodeKind::Source(factory) if exec.job.node_parallelism[n.id] > 0 => {
-                Some(factory.create_enumerator(exec.job.node_parallelism[n.id]))
+                let id = exec.job.operator_ids[n.id].to_string();
+                let snapshot = restored
+                    .as_ref()
+                    .and_then(|restored| restored.enumerators.get(&id));
+                let enumerator = factory
+                    .create_enumerator(exec.job.node_parallelism[n.id], snapshot.map(Vec::as_slice))
+                    .map_err(|error| {
+                        JobError::InvalidJob(format!(
+                            "cannot restore the split enumerator of source '{}': {error}",
+                            n.name
+                        ))
+                    })?;
+                Some(enumerator)
             }
             _ => None,
-        })
-        .collect();
+        });
+    }
     let source_names: Vec<String> = graph
         .nodes
         .iter()
@@ -624,7 +716,6 @@ pub fn run_job(
         auto_watermark_interval: config.auto_watermark_interval(),
     };
     let cores = exec.cores[..slots].to_vec();
-    let job_name = exec.job.job_name().to_string();
     let state_backend = config.state_backend();
     let rocksdb = match state_backend {
         BackendType::RocksDb => Some(JobRocksDb::open(
@@ -638,6 +729,22 @@ pub fn run_job(
     // memtables on the writing shard and frees them on its flush threads, so with RocksDB the
     // figure drifts; its memory is bounded by its cache instead (`JobRocksDb`).
     let heap_share = (state_backend == BackendType::Heap).then_some(budget.heap);
+    let driver = match (checkpoints, &checkpoint_config) {
+        (Some(start), Some(checkpoint_config)) => {
+            let plan = driver_plan(
+                &exec,
+                &enumerators,
+                checkpoint_config,
+                &job_name,
+                start.first,
+            );
+            let stop = Arc::clone(&options.cancel.stop);
+            Some(CheckpointDriver::start(start.storage, plan, move || {
+                stop.store(true, Ordering::Relaxed)
+            }))
+        }
+        _ => None,
+    };
     let shared = Arc::new(JobShared {
         exec,
         settings,
@@ -646,6 +753,8 @@ pub fn run_job(
         cancel: Arc::clone(&options.cancel.stop),
         state_backend,
         rocksdb,
+        checkpointing: driver.as_ref().map(|driver| Arc::clone(&driver.shared)),
+        restored,
     });
 
     let mut per_slot: Vec<Vec<SubtaskPlan>> = (0..slots).map(|_| Vec::new()).collect();
@@ -672,6 +781,13 @@ pub fn run_job(
     })?;
     let duration = started.elapsed();
     drop(progress);
+    let checkpoint_failure = driver.and_then(CheckpointDriver::stop);
+    if let Some(reason) = checkpoint_failure {
+        return Err(JobError::CheckpointsFailed {
+            job: job_name,
+            reason,
+        });
+    }
 
     let mut failures: Vec<SubtaskFailure> = results.into_iter().flatten().collect();
     failures.sort_by_key(|f| f.error.secondary);
@@ -700,4 +816,115 @@ pub fn run_job(
         operators: metrics.snapshot(),
         pools: pools.iter().map(SegmentPool::stats).collect(),
     })
+}
+
+/// Every operator of the job with its id and parallelism, as checkpoints record them.
+fn operator_entries(exec: &ExecutionGraph) -> Vec<OperatorEntry> {
+    let job = &exec.job;
+    job.graph
+        .nodes
+        .iter()
+        .map(|node| OperatorEntry {
+            id: job.operator_ids[node.id].to_string(),
+            name: node.name.clone(),
+            parallelism: job.node_parallelism[node.id],
+        })
+        .collect()
+}
+
+/// Checks that the job can be checkpointed and opens its checkpoint directory (restoring the
+/// latest checkpoint with `resume`).
+fn start_checkpoints(
+    exec: &ExecutionGraph,
+    config: &Configuration,
+    checkpoint_config: &CheckpointConfig,
+    job_name: &str,
+    resume: bool,
+) -> Result<CheckpointStart, JobError> {
+    if config.state_backend() == BackendType::RocksDb {
+        return Err(JobError::InvalidJob(
+            "checkpoints of the RocksDB state backend are not built yet (they need one RocksDB \
+             instance per operator); with execution.checkpointing.interval set, use \
+             state.backend.type: hashmap"
+                .into(),
+        ));
+    }
+    for node in &exec.job.graph.nodes {
+        let unsupported = match &node.kind {
+            NodeKind::Operator(factory) => factory.unsupported_state(),
+            NodeKind::Source(_) | NodeKind::Sink(_) => None,
+        };
+        if let Some(what) = unsupported {
+            return Err(JobError::InvalidJob(format!(
+                "operator '{}' keeps {what}, which checkpoints cannot write yet; run the job \
+                 without execution.checkpointing.interval, or build this step from a keyed \
+                 process function with keyed state and timers",
+                node.name
+            )));
+        }
+    }
+    open_checkpoints(
+        &checkpoint_config.dir,
+        job_name,
+        resume,
+        &operator_entries(exec),
+    )
+}
+
+/// What the coordinator thread needs of the job.
+fn driver_plan(
+    exec: &ExecutionGraph,
+    enumerators: &[Option<SharedEnumerator>],
+    checkpoint_config: &CheckpointConfig,
+    job_name: &str,
+    first: u64,
+) -> DriverPlan {
+    let job = &exec.job;
+    let sources: Vec<(
+        String,
+        Arc<dyn crate::graph::SourceFactory>,
+        SharedEnumerator,
+    )> = job
+        .graph
+        .nodes
+        .iter()
+        .filter_map(|node| match (&node.kind, &enumerators[node.id]) {
+            (NodeKind::Source(factory), Some(enumerator)) => Some((
+                job.operator_ids[node.id].to_string(),
+                Arc::clone(factory),
+                Arc::clone(enumerator),
+            )),
+            _ => None,
+        })
+        .collect();
+    DriverPlan {
+        job: job_name.to_string(),
+        settings: checkpoint_config.settings,
+        retained: checkpoint_config.retained,
+        task_subtasks: exec.subtasks.iter().map(|s| s.subtask).collect(),
+        sources: exec
+            .subtasks
+            .iter()
+            .map(|s| {
+                matches!(
+                    job.graph.nodes[job.vertices[s.vertex].head].kind,
+                    NodeKind::Source(_)
+                )
+            })
+            .collect(),
+        operators: operator_entries(exec),
+        enumerators: Box::new(move |checkpoint| {
+            sources
+                .iter()
+                .map(|(id, factory, enumerator)| {
+                    Ok((
+                        id.clone(),
+                        factory.snapshot_enumerator(enumerator, checkpoint)?,
+                    ))
+                })
+                .collect()
+        }),
+        exactly_once: checkpoint_config.exactly_once,
+        first,
+    }
 }

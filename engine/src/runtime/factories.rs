@@ -9,12 +9,15 @@ use super::exchange::local::LocalChannel;
 use super::exchange::partitioner::{
     BroadcastPartitioner, ForwardPartitioner, KeyGroupPartitioner, RebalancePartitioner,
 };
-use super::exchange::reader::InputGate;
+use super::exchange::reader::{BarrierAlignment, InputGate};
 use super::exchange::writer::ExchangeWriter;
 use super::exchange::PartitionKind;
 use super::task::{DiscardOutput, NetworkTask, SinkOutput, SourceTask, Subtask, TaskSettings};
-use crate::connector::{Boundedness, Sink, Source, SplitEnumerator};
-use crate::error::TaskResult;
+use crate::checkpoint::bytes::{ByteReader, ByteWriter};
+use crate::checkpoint::driver::TaskCheckpointing;
+use crate::checkpoint::task_state::PART_SPLITS;
+use crate::connector::{Boundedness, Sink, Source, SourceSplit, SplitEnumerator};
+use crate::error::{TaskError, TaskResult};
 use crate::graph::SharedEnumerator;
 use crate::graph::{
     AnyOutput, OperatorFactory, ReceiverEnd, SinkFactory, SourceFactory, TypeOps, WriterFactory,
@@ -67,11 +70,17 @@ fn network_task<T: Record>(
     inputs: Vec<ReceiverEnd>,
     chain: AnyOutput,
     settings: &TaskSettings,
+    checkpointing: Option<TaskCheckpointing>,
 ) -> Box<dyn Subtask> {
+    let alignment = match &checkpointing {
+        Some(c) if !c.job.exactly_once => BarrierAlignment::AtLeastOnce,
+        _ => BarrierAlignment::Aligned,
+    };
     Box::new(NetworkTask {
-        gate: InputGate::<T>::new(inputs),
+        gate: InputGate::<T>::new(inputs, alignment),
         chain: downcast_output::<T>(chain),
         settings: settings.clone(),
+        checkpointing,
     })
 }
 
@@ -126,6 +135,10 @@ where
     ) -> AnyOutput {
         link_operator((self.make)(), ctx, settings, metrics, next, side)
     }
+
+    fn unsupported_state(&self) -> Option<&'static str> {
+        (self.make)().unsupported_state()
+    }
 }
 
 /// Creates a filter per subtask (a link of its own: it filters batches in place).
@@ -164,6 +177,10 @@ where
         );
         erase_output::<T>(Box::new(link))
     }
+
+    fn unsupported_state(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// Creates a sink writer per subtask.
@@ -187,7 +204,13 @@ impl<T: Record, S: Sink<T>> SinkFactory for SinkNode<T, S> {
             .sink
             .create_writer(ctx)
             .map_err(|e| e.in_operator(&metrics.name))?;
-        Ok(erase_output::<T>(Box::new(SinkOutput { writer, metrics })))
+        Ok(erase_output::<T>(Box::new(SinkOutput {
+            writer,
+            metrics,
+            task: ctx.task.get(),
+            operator_id: Arc::clone(&ctx.state.operator_id),
+            operator_state: ctx.operator_state,
+        })))
     }
 }
 
@@ -203,15 +226,121 @@ impl<T, S> SourceNode<T, S> {
     }
 }
 
-type EnumeratorOf<S> = Mutex<Box<dyn SplitEnumerator<S>>>;
+/// A source's split enumerator, shared by its readers, with the checkpoint barrier each
+/// reader must pass before it gets another split (see `checkpoint::driver`).
+pub(crate) struct EnumeratorCell<S> {
+    enumerator: Box<dyn SplitEnumerator<S>>,
+    held: Vec<Option<u64>>,
+}
+
+/// What a reader asking for a split gets.
+pub(crate) enum NextSplit<S> {
+    Split(S),
+    /// No more work for it.
+    NoMore,
+    /// Not before it has passed the barrier of a checkpoint being taken: ask again after
+    /// reading the mailbox.
+    Held,
+}
+
+impl<S> EnumeratorCell<S> {
+    pub(crate) fn next_split(&mut self, subtask: usize) -> NextSplit<S> {
+        if self.held.get(subtask).copied().flatten().is_some() {
+            return NextSplit::Held;
+        }
+        match self.enumerator.next_split(subtask) {
+            Some(split) => NextSplit::Split(split),
+            None => NextSplit::NoMore,
+        }
+    }
+
+    /// Reader `subtask` passed the barrier of `checkpoint`.
+    pub(crate) fn release(&mut self, subtask: usize, checkpoint: u64) {
+        if let Some(held) = self.held.get_mut(subtask) {
+            if held.is_some_and(|c| c <= checkpoint) {
+                *held = None;
+            }
+        }
+    }
+}
+
+type EnumeratorOf<S> = Mutex<EnumeratorCell<S>>;
+
+/// Encodes a source's splits, each with the subtask it is kept for (`None`: any).
+fn encode_splits<S: SourceSplit>(splits: &[(Option<usize>, S)]) -> Result<Vec<u8>, String> {
+    let mut out = ByteWriter::default();
+    out.u64(splits.len() as u64);
+    let mut scratch = Vec::new();
+    for (owner, split) in splits {
+        out.u8(u8::from(owner.is_some()));
+        out.u64(owner.unwrap_or(0) as u64);
+        scratch.clear();
+        split
+            .encode_into(&mut scratch)
+            .map_err(|e| format!("cannot encode split {}: {e}", split.split_id()))?;
+        out.bytes(&scratch);
+    }
+    Ok(out.out)
+}
+
+fn decode_splits<S: SourceSplit>(
+    bytes: &[u8],
+    what: &str,
+) -> Result<Vec<(Option<usize>, S)>, String> {
+    let mut reader = ByteReader::new(bytes, what);
+    let count = reader.count(17)?;
+    let mut splits = Vec::with_capacity(count);
+    for _ in 0..count {
+        let has_owner = reader.u8()? != 0;
+        let owner = reader.u64()? as usize;
+        let split = S::decode(reader.bytes()?).map_err(|e| {
+            format!(
+                "{what} holds a split that does not decode as {}: {e}",
+                std::any::type_name::<S>()
+            )
+        })?;
+        splits.push((has_owner.then_some(owner), split));
+    }
+    Ok(splits)
+}
 
 impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
     fn boundedness(&self) -> Boundedness {
         self.source.boundedness()
     }
 
-    fn create_enumerator(&self, parallelism: usize) -> SharedEnumerator {
-        Arc::new(Mutex::new(self.source.create_enumerator(parallelism)))
+    fn create_enumerator(
+        &self,
+        parallelism: usize,
+        restored: Option<&[u8]>,
+    ) -> Result<SharedEnumerator, String> {
+        let enumerator = match restored {
+            None => self.source.create_enumerator(parallelism),
+            Some(bytes) => {
+                let pending = decode_splits(bytes, "the split enumerator's snapshot")?;
+                self.source.restore_enumerator(parallelism, pending)
+            }
+        };
+        Ok(Arc::new(Mutex::new(EnumeratorCell {
+            enumerator,
+            held: vec![None; parallelism],
+        })))
+    }
+
+    fn snapshot_enumerator(
+        &self,
+        enumerator: &SharedEnumerator,
+        checkpoint: u64,
+    ) -> Result<Vec<u8>, String> {
+        let cell = enumerator
+            .downcast_ref::<EnumeratorOf<S::Split>>()
+            .expect("internal error: enumerator of the wrong split type");
+        let mut cell = cell.lock().expect("enumerator lock");
+        let bytes = encode_splits(&cell.enumerator.snapshot_state())?;
+        for held in &mut cell.held {
+            *held = Some(checkpoint);
+        }
+        Ok(bytes)
     }
 
     fn create_task(
@@ -222,24 +351,43 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
         enumerator: &SharedEnumerator,
         chain: AnyOutput,
         cancel: Arc<AtomicBool>,
-    ) -> Box<dyn Subtask> {
+        checkpointing: Option<TaskCheckpointing>,
+    ) -> TaskResult<Box<dyn Subtask>> {
         let enumerator = Arc::clone(enumerator)
             .downcast::<EnumeratorOf<S::Split>>()
             .unwrap_or_else(|_| panic!("internal error: enumerator of the wrong split type"));
-        Box::new(SourceTask {
-            reader: self.source.create_reader(ctx),
+        let mut reader = self.source.create_reader(ctx);
+        let mut watermarks =
+            SplitWatermarkTracker::new(self.watermarks.clone(), settings.auto_watermark_interval);
+        if let Some(bytes) = ctx.restored(PART_SPLITS) {
+            let splits = decode_splits::<S::Split>(&bytes, "the reader's split snapshot")
+                .map_err(|e| TaskError::internal(e).in_operator(&metrics.name))?;
+            for (_, split) in splits {
+                reader.add_split(split);
+                watermarks.on_split_added();
+            }
+        }
+        Ok(Box::new(SourceTask {
+            reader,
             enumerator,
             subtask: ctx.subtask,
             chain: downcast_output::<T>(chain),
             settings: settings.clone(),
             metrics,
             cancel,
-            watermarks: SplitWatermarkTracker::new(
-                self.watermarks.clone(),
-                settings.auto_watermark_interval,
-            ),
-        })
+            watermarks,
+            mailbox: checkpointing.as_ref().and_then(|c| c.job.mailbox(c.task)),
+            checkpointing,
+            operator_id: Arc::clone(&ctx.state.operator_id),
+            operator_state: ctx.operator_state,
+        }))
     }
+}
+
+/// The encoded splits of a reader, for its snapshot.
+pub(crate) fn snapshot_reader_splits<S: SourceSplit>(splits: Vec<S>) -> Result<Vec<u8>, String> {
+    let owned: Vec<(Option<usize>, S)> = splits.into_iter().map(|s| (None, s)).collect();
+    encode_splits(&owned)
 }
 
 /// Exchange writers for unkeyed edges (forward, rebalance, broadcast).

@@ -1,6 +1,7 @@
 //! Subtasks: the loops that run one chain on one shard — a source task polling its reader, or
 //! a network task reading its input gate — plus the output that ends a chain in a sink.
 
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,11 +13,16 @@ use weir_memory::Segment;
 use super::exchange::frame::{Entries, Entry, Event};
 use super::exchange::local::LocalItem;
 use super::exchange::reader::{Delivery, GateEvent, InputGate};
-use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SplitEnumerator};
+use super::factories::{snapshot_reader_splits, EnumeratorCell, NextSplit};
+use crate::checkpoint::driver::{SourceCommand, SourceMailbox, TaskCheckpointing};
+use crate::checkpoint::task_state::{TaskState, PART_SPLITS};
+use crate::checkpoint::CheckpointBarrier;
+use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SourceSplit};
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
-use crate::operator::{nothing_to_do, scope, Batch, ChainEvent, Output};
+use crate::operator::{nothing_to_do, scope, snapshot_operator, Batch, ChainEvent, Output};
 use crate::record::{Record, Watermark};
+use crate::state::OperatorStateId;
 use crate::time::now_ms;
 use crate::time::watermark::{SplitWatermarkTracker, WatermarkUpdate};
 
@@ -104,14 +110,25 @@ fn until_next_timer<T>(chain: &dyn Output<T>) -> Option<Duration> {
 /// for splits, end with the final watermark.
 pub(crate) struct SourceTask<T, S> {
     pub(crate) reader: Box<dyn SourceReader<T, S>>,
-    pub(crate) enumerator: Arc<Mutex<Box<dyn SplitEnumerator<S>>>>,
+    pub(crate) enumerator: Arc<Mutex<EnumeratorCell<S>>>,
     pub(crate) subtask: usize,
     pub(crate) chain: Box<dyn Output<T>>,
     pub(crate) settings: TaskSettings,
     pub(crate) metrics: Arc<OperatorMetrics>,
     pub(crate) cancel: Arc<AtomicBool>,
     pub(crate) watermarks: SplitWatermarkTracker<T>,
+    /// Where the coordinator asks for checkpoints, when the job is checkpointed.
+    pub(crate) mailbox: Option<Arc<SourceMailbox>>,
+    pub(crate) checkpointing: Option<TaskCheckpointing>,
+    pub(crate) operator_id: Arc<str>,
+    pub(crate) operator_state: OperatorStateId,
 }
+
+/// How long a source that holds a mailbox waits for data at most before it looks into it.
+const MAILBOX_POLL: Duration = Duration::from_millis(5);
+/// How soon a reader the enumerator held back (a checkpoint is being taken: its trigger is in
+/// the mailbox, or about to be) asks again.
+const HELD_RETRY: Duration = Duration::from_millis(1);
 
 impl ConnectorError {
     /// The task failure this connector error means, raised by `operator`.
@@ -125,7 +142,49 @@ impl ConnectorError {
     }
 }
 
-impl<T: 'static, S: 'static> SourceTask<T, S> {
+impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
+    /// Carries out what the mailbox holds.
+    async fn read_mailbox(&mut self) -> TaskResult {
+        while let Some(command) = self.mailbox.as_ref().and_then(|m| m.take()) {
+            match command {
+                SourceCommand::TriggerCheckpoint(checkpoint) => self.checkpoint(checkpoint).await?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Snapshots the reader's splits, sends the barrier down the chain (every operator
+    /// snapshots as it passes), lets the enumerator hand this reader splits again, and has the
+    /// task's state file written.
+    async fn checkpoint(&mut self, checkpoint: u64) -> TaskResult {
+        let Some(checkpointing) = &self.checkpointing else {
+            return Ok(());
+        };
+        let reader = &self.reader;
+        snapshot_operator(
+            &checkpointing.state,
+            &self.operator_id,
+            self.operator_state,
+            &self.metrics.name,
+            |snapshot| {
+                snapshot.add(
+                    PART_SPLITS,
+                    snapshot_reader_splits(reader.snapshot_splits())?,
+                );
+                Ok(())
+            },
+        )?;
+        self.chain
+            .event(ChainEvent::Barrier(CheckpointBarrier { id: checkpoint }))
+            .await?;
+        self.enumerator
+            .lock()
+            .expect("enumerator lock")
+            .release(self.subtask, checkpoint);
+        checkpointing.write_snapshot(checkpoint);
+        Ok(())
+    }
+
     /// Sends on what the watermark tracker decided: status changes and advanced watermarks.
     /// Returns whether anything was sent (it waits in the output buffers until a flush).
     async fn emit_watermarks(&mut self, updates: &mut Vec<WatermarkUpdate>) -> TaskResult<bool> {
@@ -195,6 +254,9 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskError::cancelled("the job was cancelled"));
             }
+            if self.mailbox.is_some() {
+                self.read_mailbox().await?;
+            }
             let status = {
                 let _scope = scope::enter(&self.metrics.name);
                 self.reader
@@ -232,11 +294,12 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
                         .expect("enumerator lock")
                         .next_split(self.subtask);
                     match next {
-                        Some(split) => {
+                        NextSplit::Split(split) => {
                             self.reader.add_split(split);
                             self.watermarks.on_split_added();
                         }
-                        None => break,
+                        NextSplit::NoMore => break,
+                        NextSplit::Held => glommio::timer::sleep(HELD_RETRY).await,
                     }
                 }
                 ReadStatus::Idle(wait) => {
@@ -244,6 +307,9 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
                         timer.flush(&mut self.chain).await?;
                     }
                     let mut wait = wait.min(Duration::from_millis(100));
+                    if self.mailbox.is_some() {
+                        wait = wait.min(MAILBOX_POLL);
+                    }
                     if let Some(periodic) = self.watermarks.next_periodic() {
                         wait = wait.min(periodic.saturating_duration_since(Instant::now()));
                     }
@@ -261,6 +327,9 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
             timer.flush_if_due(&mut self.chain).await?;
             glommio::yield_if_needed().await;
         }
+        if let Some(checkpointing) = &self.checkpointing {
+            checkpointing.job.finished();
+        }
         self.chain
             .event(ChainEvent::Watermark(Watermark::MAX))
             .await?;
@@ -268,7 +337,7 @@ impl<T: 'static, S: 'static> SourceTask<T, S> {
     }
 }
 
-impl<T: 'static, S: 'static> Subtask for SourceTask<T, S> {
+impl<T: 'static, S: SourceSplit> Subtask for SourceTask<T, S> {
     fn run(self: Box<Self>) -> LocalBoxFuture<'static, TaskResult> {
         Box::pin(self.run_loop())
     }
@@ -281,6 +350,7 @@ pub(crate) struct NetworkTask<T> {
     pub(crate) gate: InputGate<T>,
     pub(crate) chain: Box<dyn Output<T>>,
     pub(crate) settings: TaskSettings,
+    pub(crate) checkpointing: Option<TaskCheckpointing>,
 }
 
 impl<T: Record> NetworkTask<T> {
@@ -294,6 +364,14 @@ impl<T: Record> NetworkTask<T> {
                     self.chain
                         .event(ChainEvent::WatermarkStatus { idle })
                         .await?
+                }
+                GateEvent::Barrier(checkpoint) => {
+                    self.chain
+                        .event(ChainEvent::Barrier(CheckpointBarrier { id: checkpoint }))
+                        .await?;
+                    if let Some(checkpointing) = &self.checkpointing {
+                        checkpointing.write_snapshot(checkpoint);
+                    }
                 }
             }
         }
@@ -310,6 +388,7 @@ impl<T: Record> NetworkTask<T> {
             Event::Watermark(w) => self.gate.on_watermark(channel, w, events),
             Event::WatermarkStatus { idle } => self.gate.on_watermark_status(channel, idle, events),
             Event::EndOfPartition => self.gate.on_end_of_partition(channel, events),
+            Event::Barrier(checkpoint) => self.gate.on_barrier(channel, checkpoint, events),
         }
         self.on_gate_events(events).await
     }
@@ -323,7 +402,13 @@ impl<T: Record> NetworkTask<T> {
         batch: &mut Batch<T>,
         events: &mut Vec<GateEvent>,
     ) -> TaskResult {
+        let mut barrier = false;
         for entry in Entries::new(&segment) {
+            if barrier {
+                return Err(TaskError::internal(
+                    "a segment holds entries after a checkpoint barrier (a barrier ends its segment)",
+                ));
+            }
             match entry {
                 Entry::Record(bytes, timestamp) => {
                     // SAFETY: the sender wrote these bytes with `T::encode` at a 16-byte
@@ -339,6 +424,7 @@ impl<T: Record> NetworkTask<T> {
                     if !batch.is_empty() {
                         self.chain.push(batch).await?;
                     }
+                    barrier = matches!(event, Event::Barrier(_));
                     self.on_event(channel, event, events).await?;
                 }
             }
@@ -406,6 +492,9 @@ impl<T: Record> NetworkTask<T> {
             fire_processing_timers(&mut self.chain).await?;
             timer.flush_if_due(&mut self.chain).await?;
         }
+        if let Some(checkpointing) = &self.checkpointing {
+            checkpointing.job.finished();
+        }
         self.chain.event(ChainEvent::Finish).await
     }
 }
@@ -420,6 +509,10 @@ impl<T: Record> Subtask for NetworkTask<T> {
 pub(crate) struct SinkOutput<T> {
     pub(crate) writer: Box<dyn SinkWriter<T>>,
     pub(crate) metrics: Arc<OperatorMetrics>,
+    /// Where the sink's operator state goes at a barrier.
+    pub(crate) task: Rc<TaskState>,
+    pub(crate) operator_id: Arc<str>,
+    pub(crate) operator_state: OperatorStateId,
 }
 
 impl<T: 'static> Output<T> for SinkOutput<T> {
@@ -446,6 +539,22 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
                 let _scope = scope::enter(&self.metrics.name);
                 let result = self.writer.finish().await;
                 result.map_err(|e| e.in_operator(&self.metrics.name))
+            }),
+            // What the sink buffered goes out (at least once: transactional sinks will make
+            // it part of the checkpoint); its operator state is snapshotted.
+            ChainEvent::Barrier(_) => Box::pin(async move {
+                {
+                    let _scope = scope::enter(&self.metrics.name);
+                    let result = self.writer.flush().await;
+                    result.map_err(|e| e.in_operator(&self.metrics.name))?;
+                }
+                snapshot_operator(
+                    &self.task,
+                    &self.operator_id,
+                    self.operator_state,
+                    &self.metrics.name,
+                    |_| Ok(()),
+                )
             }),
             ChainEvent::Watermark(_)
             | ChainEvent::WatermarkStatus { .. }

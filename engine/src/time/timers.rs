@@ -169,6 +169,22 @@ impl<T: Hash + Eq + Clone> TimerQueue<T> {
         Some((time, payload))
     }
 
+    /// Every registered timer, in the order they would fire: what a checkpoint writes, and
+    /// registering them again in this order into an empty queue gives the same queue.
+    pub(crate) fn for_each(&self, mut visit: impl FnMut(i64, &T)) {
+        for (&time, bucket) in &self.by_time {
+            for (payload, number) in &bucket.order {
+                let live = bucket
+                    .live
+                    .as_ref()
+                    .is_none_or(|live| live.get(payload) == Some(number));
+                if live {
+                    visit(time, payload);
+                }
+            }
+        }
+    }
+
     /// Number of registered timers.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

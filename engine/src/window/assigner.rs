@@ -279,6 +279,10 @@ where
             link_operator(operator, ctx, settings, metrics, next, side)
         }
     }
+
+    fn unsupported_state(&self) -> Option<&'static str> {
+        Some("window contents and their timers in operator memory")
+    }
 }
 
 /// What every window operator is built from besides its function.

@@ -118,7 +118,7 @@ pub struct GatedSource<T> {
     pub open: Arc<dyn Fn() -> bool + Send + Sync>,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct GatedSplit {
     next: usize,
 }

@@ -11,6 +11,7 @@
 //! | 1 | watermark | the watermark | none |
 //! | 2 | end of partition | 0 | none: the sender will send nothing more on this channel |
 //! | 3 | watermark status | 1 idle, 0 active | none |
+//! | 4 | checkpoint barrier | the checkpoint's id | none; always the segment's last entry |
 
 use weir_memory::Segment;
 
@@ -20,6 +21,7 @@ const TAG_RECORD: u32 = 0;
 const TAG_WATERMARK: u32 = 1;
 const TAG_END_OF_PARTITION: u32 = 2;
 const TAG_WATERMARK_STATUS: u32 = 3;
+const TAG_BARRIER: u32 = 4;
 const HEADER: usize = 16;
 const FIRST_ENTRY: usize = 0;
 
@@ -38,6 +40,8 @@ pub enum Event {
         idle: bool,
     },
     EndOfPartition,
+    /// Checkpoint barrier: what came before belongs to this checkpoint's state.
+    Barrier(u64),
 }
 
 /// One entry read from a segment.
@@ -103,6 +107,7 @@ impl SegmentBuilder {
             Event::Watermark(w) => (TAG_WATERMARK, w.0),
             Event::WatermarkStatus { idle } => (TAG_WATERMARK_STATUS, i64::from(idle)),
             Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
+            Event::Barrier(checkpoint) => (TAG_BARRIER, checkpoint as i64),
         };
         if self.pos + HEADER > self.segment.capacity() {
             return false;
@@ -154,6 +159,7 @@ impl<'a> Iterator for Entries<'a> {
             TAG_WATERMARK => Entry::Event(Event::Watermark(Watermark(value))),
             TAG_WATERMARK_STATUS => Entry::Event(Event::WatermarkStatus { idle: value != 0 }),
             TAG_END_OF_PARTITION => Entry::Event(Event::EndOfPartition),
+            TAG_BARRIER => Entry::Event(Event::Barrier(value as u64)),
             other => panic!("corrupt segment: unknown entry tag {other} at offset {pos}"),
         })
     }
@@ -198,7 +204,7 @@ mod tests {
                 }
             }
             let wm = Event::Watermark(Watermark(-17));
-            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::EndOfPartition];
+            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(u64::MAX - 3), Event::EndOfPartition];
             for event in events {
                 if !builder.try_event(event) {
                     segments.push(builder.finish());

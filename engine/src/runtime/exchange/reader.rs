@@ -2,7 +2,12 @@
 //! its input edges, tracks each channel's watermark and end of partition, and reports a
 //! channel that closed without ending (its sender failed).
 
-use futures::stream::{self, LocalBoxStream, SelectAll, StreamExt};
+use std::cell::{Cell, RefCell};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::task::{Context, Poll, Waker};
+
+use futures::stream::{self, LocalBoxStream, SelectAll, Stream, StreamExt};
 use weir_memory::Segment;
 
 use super::local::{BatchRecycler, LocalItem, LocalReceiver};
@@ -19,9 +24,65 @@ pub(crate) enum Delivery<T> {
     Local(LocalItem<T>),
 }
 
-/// Merges the input channels of one subtask.
+/// How a task's input lines up checkpoint barriers (`execution.checkpointing.mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BarrierAlignment {
+    /// Exactly once: a channel whose barrier came is not read until every channel's has.
+    Aligned,
+    /// At least once: channels are read on; the barrier passes when the last one brings it.
+    AtLeastOnce,
+}
+
+/// The checkpoint whose barrier some channels have delivered and others not yet.
+#[derive(Debug)]
+struct Alignment {
+    checkpoint: u64,
+    /// Per channel: whether its barrier came.
+    arrived: Vec<bool>,
+}
+
+/// Whether a channel is held for barrier alignment, shared by the gate and the channel's
+/// stream: a held stream answers `Pending` without looking at its channel, and is woken when
+/// the gate lets it go.
+#[derive(Default)]
+struct Hold {
+    held: Cell<bool>,
+    waker: RefCell<Option<Waker>>,
+}
+
+impl Hold {
+    fn release(&self) {
+        self.held.set(false);
+        if let Some(waker) = self.waker.borrow_mut().take() {
+            waker.wake();
+        }
+    }
+}
+
+/// A channel's deliveries, unless the gate holds it.
+struct Holdable<S> {
+    deliveries: S,
+    hold: Rc<Hold>,
+}
+
+impl<S: Stream + Unpin> Stream for Holdable<S> {
+    type Item = S::Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
+        if self.hold.held.get() {
+            *self.hold.waker.borrow_mut() = Some(cx.waker().clone());
+            return Poll::Pending;
+        }
+        self.deliveries.poll_next_unpin(cx)
+    }
+}
+
+/// Merges the input channels of one subtask (only channels that were woken are polled); a
+/// channel held for barrier alignment is not read until the gate lets it go.
 pub(crate) struct InputGate<T> {
     channels: SelectAll<LocalBoxStream<'static, (usize, Option<Delivery<T>>)>>,
+    /// Per channel, whether it is held.
+    holds: Vec<Rc<Hold>>,
     /// Per channel, where a local channel's emptied batches go back to.
     recyclers: Vec<Option<BatchRecycler<T>>>,
     watermarks: Vec<Watermark>,
@@ -33,12 +94,15 @@ pub(crate) struct InputGate<T> {
     current: Watermark,
     /// Whether the task's input is idle (all open channels are).
     idle_output: bool,
+    alignment_mode: BarrierAlignment,
+    alignment: Option<Alignment>,
 }
 
 impl<T: 'static> InputGate<T> {
-    pub(crate) fn new(inputs: Vec<ReceiverEnd>) -> Self {
+    pub(crate) fn new(inputs: Vec<ReceiverEnd>, alignment_mode: BarrierAlignment) -> Self {
         let count = inputs.len();
         let mut recyclers = Vec::with_capacity(count);
+        let mut holds = Vec::with_capacity(count);
         let channels = stream::select_all(inputs.into_iter().enumerate().map(|(i, input)| {
             let deliveries = match input {
                 ReceiverEnd::Remote(receiver) => {
@@ -51,13 +115,16 @@ impl<T: 'static> InputGate<T> {
                     receiver.map(Delivery::Local).boxed_local()
                 }
             };
-            deliveries
+            let hold = Rc::new(Hold::default());
+            holds.push(Rc::clone(&hold));
+            Holdable { deliveries, hold }
                 .map(move |delivery| (i, Some(delivery)))
                 .chain(stream::once(async move { (i, None) }))
                 .boxed_local()
         }));
         InputGate {
             channels,
+            holds,
             recyclers,
             watermarks: Vec::new(),
             ended: Vec::new(),
@@ -65,6 +132,8 @@ impl<T: 'static> InputGate<T> {
             aligned: Vec::new(),
             current: Watermark::MIN,
             idle_output: false,
+            alignment_mode,
+            alignment: None,
         }
         .with_channels(count)
     }
@@ -97,6 +166,56 @@ impl<T: 'static> InputGate<T> {
                     ))
                 }
             }
+        }
+    }
+
+    /// Records that `channel` delivered the barrier of `checkpoint`; pushes
+    /// [`GateEvent::Barrier`] once every open channel has (the task snapshots then), and stops
+    /// reading `channel` until then when aligning. A barrier of a newer checkpoint while an
+    /// older one aligns ends the older one: it cannot complete (an upstream task gave it up),
+    /// and the newer one covers everything it would have.
+    pub(crate) fn on_barrier(&mut self, channel: usize, checkpoint: u64, out: &mut Vec<GateEvent>) {
+        match &mut self.alignment {
+            Some(alignment) if alignment.checkpoint > checkpoint => return,
+            Some(alignment) if alignment.checkpoint == checkpoint => {
+                alignment.arrived[channel] = true;
+            }
+            _ => {
+                // A newer checkpoint ends the older one's alignment.
+                self.release_all();
+                let mut arrived = vec![false; self.ended.len()];
+                arrived[channel] = true;
+                self.alignment = Some(Alignment {
+                    checkpoint,
+                    arrived,
+                });
+            }
+        }
+        if self.alignment_mode == BarrierAlignment::Aligned {
+            if let Some(hold) = self.holds.get(channel) {
+                hold.held.set(true);
+            }
+        }
+        self.complete_alignment(out);
+    }
+
+    fn release_all(&mut self) {
+        for hold in &self.holds {
+            hold.release();
+        }
+    }
+
+    /// Ends the alignment once every channel still open has delivered its barrier.
+    fn complete_alignment(&mut self, out: &mut Vec<GateEvent>) {
+        let Some(alignment) = &self.alignment else {
+            return;
+        };
+        let complete =
+            (0..self.ended.len()).all(|channel| alignment.arrived[channel] || self.ended[channel]);
+        if complete {
+            out.push(GateEvent::Barrier(alignment.checkpoint));
+            self.alignment = None;
+            self.release_all();
         }
     }
 
@@ -184,12 +303,14 @@ impl<T: 'static> InputGate<T> {
     }
 
     /// Records that a channel ended; it no longer holds event time back.
+    /// A channel that ends while a barrier aligns no longer holds it back.
     pub(crate) fn on_end_of_partition(&mut self, channel: usize, out: &mut Vec<GateEvent>) {
         self.ended[channel] = true;
         self.idle[channel] = false;
         self.aligned[channel] = true;
         self.watermarks[channel] = Watermark::MAX;
         self.advance(out);
+        self.complete_alignment(out);
     }
 }
 
@@ -197,15 +318,140 @@ impl<T: 'static> InputGate<T> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GateEvent {
     Watermark(Watermark),
-    Status { idle: bool },
+    Status {
+        idle: bool,
+    },
+    /// Every channel delivered this checkpoint's barrier.
+    Barrier(u64),
 }
 
 #[cfg(test)]
 mod tests {
+    use futures::FutureExt;
+
+    use super::super::frame::Event;
+    use super::super::local::{LocalChannel, LocalSender};
     use super::*;
 
+    /// What a task reading the gate sees, in order: records by value, and barriers passed.
+    fn drain(gate: &mut InputGate<u32>) -> Vec<String> {
+        let mut seen = Vec::new();
+        let mut events = Vec::new();
+        while let Some(next) = gate.next().now_or_never() {
+            let Some((channel, delivery)) = next.expect("no channel failed") else {
+                break;
+            };
+            match delivery {
+                Delivery::Local(LocalItem::Records(batch)) => {
+                    seen.extend(batch.records.iter().map(u32::to_string));
+                }
+                Delivery::Local(LocalItem::Event(Event::Barrier(checkpoint))) => {
+                    gate.on_barrier(channel, checkpoint, &mut events);
+                }
+                Delivery::Local(LocalItem::Event(Event::EndOfPartition)) => {
+                    gate.on_end_of_partition(channel, &mut events);
+                }
+                Delivery::Local(LocalItem::Event(_)) | Delivery::Segment(_) => {}
+            }
+            for event in events.drain(..) {
+                if let GateEvent::Barrier(checkpoint) = event {
+                    seen.push(format!("barrier {checkpoint}"));
+                }
+            }
+        }
+        seen
+    }
+
+    /// Two local channels: `a` sends 1, barrier 7, 2; `b` sends 10, 11, barrier 7, 12 — and,
+    /// with `end_b`, ends instead of sending its barrier.
+    fn two_channels(alignment: BarrierAlignment, end_b: bool) -> InputGate<u32> {
+        let (a, b) = (
+            LocalChannel::<u32>::new_erased(8),
+            LocalChannel::<u32>::new_erased(8),
+        );
+        let send = |channel: &Rc<dyn std::any::Any>, items: Vec<LocalItem<u32>>| {
+            let sender = LocalSender::<u32>::from_any(Rc::clone(channel));
+            for item in items {
+                assert!(sender.try_send(item).is_ok());
+            }
+            // Keep the channel open: dropping the sender would close it unended.
+            std::mem::forget(sender);
+        };
+        let records = |values: &[u32]| {
+            let mut batch = Batch::with_capacity(values.len());
+            for &v in values {
+                batch.push(v, 0);
+            }
+            LocalItem::Records(batch)
+        };
+        send(
+            &a,
+            vec![
+                records(&[1]),
+                LocalItem::Event(Event::Barrier(7)),
+                records(&[2]),
+            ],
+        );
+        let last = if end_b {
+            LocalItem::Event(Event::EndOfPartition)
+        } else {
+            LocalItem::Event(Event::Barrier(7))
+        };
+        send(
+            &b,
+            vec![records(&[10]), records(&[11]), last, records(&[12])],
+        );
+        InputGate::new(
+            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
+            alignment,
+        )
+    }
+
+    #[test]
+    fn an_aligned_barrier_holds_its_channel_until_every_channel_delivered_it() {
+        let seen = drain(&mut two_channels(BarrierAlignment::Aligned, false));
+        let barrier = seen
+            .iter()
+            .position(|s| s == "barrier 7")
+            .expect("barrier passed");
+        let mut before: Vec<_> = seen[..barrier].to_vec();
+        before.sort();
+        assert_eq!(
+            before,
+            vec!["1", "10", "11"],
+            "what precedes the barrier: {seen:?}"
+        );
+        let mut after: Vec<_> = seen[barrier + 1..].to_vec();
+        after.sort();
+        assert_eq!(after, vec!["12", "2"], "what follows it: {seen:?}");
+    }
+
+    #[test]
+    fn a_channel_that_ends_no_longer_holds_the_barrier_back() {
+        let seen = drain(&mut two_channels(BarrierAlignment::Aligned, true));
+        let barrier = seen
+            .iter()
+            .position(|s| s == "barrier 7")
+            .expect("barrier passed");
+        assert!(!seen[..barrier].contains(&"2".to_string()), "{seen:?}");
+        assert!(seen[barrier + 1..].contains(&"2".to_string()), "{seen:?}");
+    }
+
+    #[test]
+    fn at_least_once_reads_on_after_a_barrier() {
+        let seen = drain(&mut two_channels(BarrierAlignment::AtLeastOnce, false));
+        let barrier = seen
+            .iter()
+            .position(|s| s == "barrier 7")
+            .expect("barrier passed");
+        assert!(
+            seen[..barrier].contains(&"2".to_string()),
+            "channel a was read on past its barrier: {seen:?}"
+        );
+    }
+
     fn gate(channels: usize) -> InputGate<()> {
-        InputGate::new(Vec::new()).with_channels(channels)
+        InputGate::new(Vec::new(), BarrierAlignment::Aligned).with_channels(channels)
     }
 
     fn wm(gate: &mut InputGate<()>, channel: usize, w: i64) -> Vec<GateEvent> {

@@ -359,7 +359,10 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
                         let fitted = Self::open_segment(open, &self.pool)?.try_event(event);
                         debug_assert!(fitted, "an empty segment takes any event");
                     }
-                    if self.flush_per_record {
+                    // A barrier leaves at once (a checkpoint must not wait for the buffer
+                    // timeout) and ends its segment, so the receiver never holds records
+                    // behind a barrier of a channel it has stopped reading.
+                    if self.flush_per_record || matches!(event, Event::Barrier(_)) {
                         send_segment(sender, open, metrics, cancel).await?;
                     }
                 }
@@ -413,6 +416,7 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
             ChainEvent::WatermarkStatus { idle } => {
                 Box::pin(self.write_event(Event::WatermarkStatus { idle }))
             }
+            ChainEvent::Barrier(barrier) => Box::pin(self.write_event(Event::Barrier(barrier.id))),
             // Timers live in operators; an exchange writer ends its chain.
             ChainEvent::ProcessingTime(_) => nothing_to_do(),
             ChainEvent::Flush => Box::pin(self.flush_all()),

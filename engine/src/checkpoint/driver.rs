@@ -1,0 +1,726 @@
+//! Checkpointing a job run embedded (local mode): the coordinator on a thread of its own,
+//! the sources' mailboxes, the tasks' acknowledgements, and reading a checkpoint back when a
+//! job resumes.
+//!
+//! A checkpoint goes like this. The coordinator thread's [`Coordinator`] says trigger `n`; the
+//! thread begins `chk-n/` in the job's [`CheckpointStorage`], snapshots every source's split
+//! enumerator (holding back further splits from each reader until it has passed barrier `n`,
+//! so that a split is in the enumerator's snapshot or in one reader's, never both) and posts
+//! "trigger `n`" to every source subtask's [`SourceMailbox`]. A source reads its mailbox
+//! between batches, snapshots its splits, sends the barrier down its chain — every operator
+//! writes its state as the barrier passes it — and writes its task's state file. Downstream,
+//! each input gate aligns the barrier over its channels ([`crate::runtime`]'s input gate) and
+//! the task does the same. Each task's file is written by a glommio task on its shard while
+//! records flow again, and acknowledged over a channel to the coordinator thread; when every
+//! task has acknowledged, the thread commits `_metadata` (with this module's payload: which
+//! file holds which subtask, each operator's parallelism, the enumerators' snapshots) and
+//! deletes what `num-retained` no longer needs.
+//!
+//! Once any task has finished (a bounded input ended), no further checkpoint is triggered:
+//! a checkpoint after a task finished needs the finished tasks' final state, which this slice
+//! does not write.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use weir_state::checkpoint::{
+    CheckpointMetadata, CheckpointStorage, PendingCheckpoint, StateFileWriter, StoredFile,
+};
+
+use super::bytes::{ByteReader, ByteWriter};
+use super::coordinator::{CheckpointSettings, Command, Coordinator};
+use super::task_state::{decode_file, encode_file, RestoredJob, TaskState};
+use crate::error::JobError;
+use crate::time::now_ms;
+
+/// What a source subtask is asked between batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SourceCommand {
+    /// Snapshot and inject the barrier of this checkpoint.
+    TriggerCheckpoint(u64),
+}
+
+/// A source subtask's mailbox: the coordinator thread posts, the source reads between
+/// batches (one atomic load when empty) and at least every few milliseconds while it waits
+/// for data (not while it waits for credit: a barrier could not go out then anyway).
+#[derive(Debug, Default)]
+pub(crate) struct SourceMailbox {
+    has_mail: AtomicBool,
+    mail: Mutex<VecDeque<SourceCommand>>,
+}
+
+impl SourceMailbox {
+    fn post(&self, command: SourceCommand) {
+        self.mail.lock().expect("mailbox lock").push_back(command);
+        self.has_mail.store(true, Ordering::Release);
+    }
+
+    /// The next command, if one was posted.
+    pub(crate) fn take(&self) -> Option<SourceCommand> {
+        if !self.has_mail.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut mail = self.mail.lock().expect("mailbox lock");
+        let command = mail.pop_front();
+        if mail.is_empty() {
+            self.has_mail.store(false, Ordering::Release);
+        }
+        command
+    }
+}
+
+/// What a task tells the coordinator thread.
+#[derive(Debug)]
+pub(crate) enum TaskReport {
+    /// Its state file for the checkpoint is written.
+    Acknowledge {
+        checkpoint: u64,
+        task: usize,
+        file: StoredFile,
+    },
+    /// It could not write its state for the checkpoint.
+    Decline {
+        checkpoint: u64,
+        task: usize,
+        reason: String,
+    },
+    /// It ended (its input did).
+    Finished,
+}
+
+/// What every task of a checkpointed job shares with the coordinator thread.
+#[derive(Debug)]
+pub(crate) struct JobCheckpointing {
+    reports: Mutex<Sender<TaskReport>>,
+    /// The directories of checkpoints being written, by number.
+    pending: Mutex<HashMap<u64, PendingCheckpoint>>,
+    /// Per task (index in the execution graph's subtasks), its mailbox if it is a source.
+    mailboxes: Vec<Option<Arc<SourceMailbox>>>,
+    /// Barrier alignment (`execution.checkpointing.mode: EXACTLY_ONCE`).
+    pub(crate) exactly_once: bool,
+}
+
+impl JobCheckpointing {
+    fn report(&self, report: TaskReport) {
+        // The coordinator thread is gone only when the job is over.
+        let _ = self.reports.lock().expect("reports lock").send(report);
+    }
+
+    /// The mailbox of task `task`, if it is a source.
+    pub(crate) fn mailbox(&self, task: usize) -> Option<Arc<SourceMailbox>> {
+        self.mailboxes.get(task).cloned().flatten()
+    }
+
+    /// A task ended.
+    pub(crate) fn finished(&self) {
+        self.report(TaskReport::Finished);
+    }
+}
+
+/// One task's side of checkpointing, on its shard.
+pub(crate) struct TaskCheckpointing {
+    pub(crate) job: Arc<JobCheckpointing>,
+    /// The task's index in the execution graph's subtasks.
+    pub(crate) task: usize,
+    /// Its state file's name in each checkpoint.
+    pub(crate) file_name: String,
+    pub(crate) state: Rc<TaskState>,
+}
+
+impl TaskCheckpointing {
+    /// The barrier of `checkpoint` has passed the task's whole chain: writes what its
+    /// operators put into the task state to the checkpoint's directory, on a glommio task of
+    /// this shard, and acknowledges (or declines) to the coordinator.
+    pub(crate) fn write_snapshot(&self, checkpoint: u64) {
+        let parts = self.state.take();
+        let pending = self
+            .job
+            .pending
+            .lock()
+            .expect("pending lock")
+            .get(&checkpoint)
+            .cloned();
+        let job = Arc::clone(&self.job);
+        let task = self.task;
+        let name = self.file_name.clone();
+        glommio::spawn_local(async move {
+            let result = match pending {
+                None => Err("the checkpoint was aborted before the task's barrier".to_string()),
+                Some(pending) => write_file(&pending, &name, parts).await,
+            };
+            job.report(match result {
+                Ok(file) => TaskReport::Acknowledge {
+                    checkpoint,
+                    task,
+                    file,
+                },
+                Err(reason) => TaskReport::Decline {
+                    checkpoint,
+                    task,
+                    reason,
+                },
+            });
+        })
+        .detach();
+    }
+}
+
+async fn write_file(
+    pending: &PendingCheckpoint,
+    name: &str,
+    parts: Vec<(Arc<str>, &'static str, super::task_state::Part)>,
+) -> Result<StoredFile, String> {
+    let bytes = encode_file(parts)?;
+    let mut writer = StateFileWriter::create(pending, name)
+        .await
+        .map_err(|e| e.to_string())?;
+    writer.write(&bytes).await.map_err(|e| e.to_string())?;
+    writer.finish().await.map_err(|e| e.to_string())
+}
+
+/// Snapshots every source's split enumerator for a checkpoint: (operator id, bytes) each.
+pub(crate) type EnumeratorSnapshots =
+    Box<dyn Fn(u64) -> Result<Vec<(String, Vec<u8>)>, String> + Send>;
+
+/// One operator as the payload records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct OperatorEntry {
+    pub(crate) id: String,
+    pub(crate) name: String,
+    pub(crate) parallelism: usize,
+}
+
+/// What the coordinator thread needs to know of the job.
+pub(crate) struct DriverPlan {
+    pub(crate) job: String,
+    pub(crate) settings: CheckpointSettings,
+    pub(crate) retained: usize,
+    /// Per task, its subtask index (the payload records which file is which subtask's).
+    pub(crate) task_subtasks: Vec<usize>,
+    /// Which tasks are sources (they get mailboxes).
+    pub(crate) sources: Vec<bool>,
+    pub(crate) operators: Vec<OperatorEntry>,
+    pub(crate) enumerators: EnumeratorSnapshots,
+    pub(crate) exactly_once: bool,
+    /// The first checkpoint number to use.
+    pub(crate) first: u64,
+}
+
+/// The coordinator thread of one job run.
+pub(crate) struct CheckpointDriver {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<Option<String>>>,
+    pub(crate) shared: Arc<JobCheckpointing>,
+}
+
+impl CheckpointDriver {
+    /// Starts the coordinator thread for a job whose checkpoints go to `storage`; `fail` is
+    /// called with the reason if too many checkpoints fail in a row.
+    pub(crate) fn start(
+        storage: CheckpointStorage,
+        plan: DriverPlan,
+        fail: impl Fn() + Send + 'static,
+    ) -> CheckpointDriver {
+        let (sender, receiver) = mpsc::channel();
+        let shared = Arc::new(JobCheckpointing {
+            reports: Mutex::new(sender),
+            pending: Mutex::new(HashMap::new()),
+            mailboxes: plan
+                .sources
+                .iter()
+                .map(|&source| source.then(|| Arc::new(SourceMailbox::default())))
+                .collect(),
+            exactly_once: plan.exactly_once,
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let shared = Arc::clone(&shared);
+            let stop = Arc::clone(&stop);
+            std::thread::Builder::new()
+                .name("checkpoint-coordinator".into())
+                .spawn(move || {
+                    let mut host = Host {
+                        coordinator: Coordinator::new(
+                            plan.settings,
+                            plan.task_subtasks.len(),
+                            plan.first,
+                        ),
+                        storage,
+                        plan,
+                        shared,
+                        enumerators: HashMap::new(),
+                        finished: false,
+                    };
+                    let failure = host.run(&receiver, &stop);
+                    if failure.is_some() {
+                        fail();
+                    }
+                    host.discard_pending();
+                    failure
+                })
+                .expect("spawn the checkpoint coordinator thread")
+        };
+        CheckpointDriver {
+            stop,
+            thread: Some(thread),
+            shared,
+        }
+    }
+
+    /// Stops the coordinator thread: the reason it failed the job, if it did.
+    pub(crate) fn stop(mut self) -> Option<String> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Option<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.thread.take()?.join() {
+            Ok(failure) => failure,
+            Err(panic) => Some(format!(
+                "the checkpoint coordinator failed: {}",
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default()
+            )),
+        }
+    }
+}
+
+impl Drop for CheckpointDriver {
+    /// A run that ends early (its shards could not start, or it panicked) stops the thread
+    /// too, releasing the checkpoint directory.
+    fn drop(&mut self) {
+        self.join();
+    }
+}
+
+/// The coordinator thread's state.
+struct Host {
+    coordinator: Coordinator<StoredFile>,
+    storage: CheckpointStorage,
+    plan: DriverPlan,
+    shared: Arc<JobCheckpointing>,
+    /// The enumerators' snapshots of each pending checkpoint.
+    enumerators: HashMap<u64, Vec<(String, Vec<u8>)>>,
+    /// A task has finished: no checkpoint can complete any more.
+    finished: bool,
+}
+
+impl Host {
+    /// Runs until stopped; the reason the job must fail, if checkpoints failed too often.
+    fn run(&mut self, reports: &Receiver<TaskReport>, stop: &AtomicBool) -> Option<String> {
+        while !stop.load(Ordering::Relaxed) {
+            let now = now_ms();
+            let wait = if self.finished {
+                50
+            } else {
+                let next = [
+                    Some(self.coordinator.next_trigger()),
+                    self.coordinator.next_expiry(),
+                ]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(now + 50);
+                next.saturating_sub(now).clamp(1, 50)
+            };
+            let commands = match reports.recv_timeout(Duration::from_millis(wait as u64)) {
+                Ok(report) => self.on_report(report),
+                Err(RecvTimeoutError::Timeout) => Vec::new(),
+                Err(RecvTimeoutError::Disconnected) => return None,
+            };
+            let mut commands = commands;
+            if !self.finished {
+                commands.extend(self.coordinator.tick(now_ms()));
+            }
+            for command in commands {
+                if let Some(failure) = self.execute(command) {
+                    return Some(failure);
+                }
+            }
+        }
+        None
+    }
+
+    fn on_report(&mut self, report: TaskReport) -> Vec<Command<StoredFile>> {
+        let now = now_ms();
+        match report {
+            TaskReport::Acknowledge {
+                checkpoint,
+                task,
+                file,
+            } => self.coordinator.acknowledge(checkpoint, task, file, now),
+            TaskReport::Decline {
+                checkpoint,
+                task,
+                reason,
+            } => self.coordinator.decline(checkpoint, task, &reason, now),
+            TaskReport::Finished => {
+                if !self.finished {
+                    tracing::info!(
+                        job = %self.plan.job,
+                        "a task has finished: no further checkpoints are taken (a checkpoint \
+                         after a task finished would need that task's final state)"
+                    );
+                }
+                self.finished = true;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Carries out one command; the job's failure reason for `FailJob`.
+    fn execute(&mut self, command: Command<StoredFile>) -> Option<String> {
+        match command {
+            Command::Trigger { checkpoint, .. } => {
+                if let Err(reason) = self.trigger(checkpoint) {
+                    tracing::warn!(job = %self.plan.job, checkpoint, "checkpoint not triggered: {reason}");
+                    let commands = self.coordinator.decline(checkpoint, 0, &reason, now_ms());
+                    for command in commands {
+                        if let Some(failure) = self.execute(command) {
+                            return Some(failure);
+                        }
+                    }
+                }
+            }
+            Command::Persist {
+                checkpoint,
+                timestamp_ms,
+                handles,
+            } => {
+                if let Err(reason) = self.persist(checkpoint, timestamp_ms, handles) {
+                    tracing::warn!(job = %self.plan.job, checkpoint, "checkpoint not committed: {reason}");
+                    self.forget(checkpoint);
+                }
+            }
+            Command::NotifyComplete { checkpoint } => {
+                tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint complete");
+            }
+            Command::NotifyAborted { checkpoint, reason } => {
+                tracing::warn!(job = %self.plan.job, checkpoint, ?reason, "checkpoint aborted");
+                self.forget(checkpoint);
+            }
+            Command::FailJob { reason } => return Some(reason),
+        }
+        None
+    }
+
+    fn trigger(&mut self, checkpoint: u64) -> Result<(), String> {
+        let pending = self.storage.begin(checkpoint).map_err(|e| e.to_string())?;
+        self.shared
+            .pending
+            .lock()
+            .expect("pending lock")
+            .insert(checkpoint, pending);
+        // Enumerators first (they hold splits back until each reader passed the barrier),
+        // then the sources' mailboxes — even when an enumerator failed, so that every reader
+        // passes the barrier and is let go (the checkpoint is declined).
+        let enumerators = (self.plan.enumerators)(checkpoint);
+        for mailbox in self.shared.mailboxes.iter().flatten() {
+            mailbox.post(SourceCommand::TriggerCheckpoint(checkpoint));
+        }
+        self.enumerators.insert(checkpoint, enumerators?);
+        Ok(())
+    }
+
+    fn persist(
+        &mut self,
+        checkpoint: u64,
+        timestamp_ms: i64,
+        files: Vec<StoredFile>,
+    ) -> Result<(), String> {
+        let pending = self
+            .shared
+            .pending
+            .lock()
+            .expect("pending lock")
+            .remove(&checkpoint)
+            .ok_or("its directory is gone")?;
+        let enumerators = self.enumerators.remove(&checkpoint).unwrap_or_default();
+        let payload = encode_payload(&self.plan, &enumerators);
+        let metadata = CheckpointMetadata {
+            job: self.plan.job.clone(),
+            checkpoint,
+            timestamp_ms,
+            files,
+            payload,
+        };
+        self.storage
+            .commit(pending, &metadata)
+            .map_err(|e| e.to_string())?;
+        tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint committed");
+        self.storage
+            .retain(self.plan.retained)
+            .map_err(|e| e.to_string())
+    }
+
+    fn forget(&mut self, checkpoint: u64) {
+        self.enumerators.remove(&checkpoint);
+        self.shared
+            .pending
+            .lock()
+            .expect("pending lock")
+            .remove(&checkpoint);
+        if let Err(error) = self.storage.discard(checkpoint) {
+            tracing::warn!(job = %self.plan.job, checkpoint, %error, "cannot remove an aborted checkpoint");
+        }
+    }
+
+    /// Removes what checkpoints still pending at the job's end wrote.
+    fn discard_pending(&mut self) {
+        let pending: Vec<u64> = self.coordinator.pending().collect();
+        for checkpoint in pending {
+            self.forget(checkpoint);
+        }
+    }
+}
+
+const PAYLOAD_MAGIC: &[u8; 8] = b"WEIRJOB\0";
+const PAYLOAD_VERSION: u32 = 1;
+
+/// The coordinator's part of `_metadata`: the operators with their parallelism, which subtask
+/// each state file (in the metadata's file order) belongs to, and the enumerators' snapshots.
+fn encode_payload(plan: &DriverPlan, enumerators: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut out = ByteWriter::default();
+    out.out.extend_from_slice(PAYLOAD_MAGIC);
+    out.u32(PAYLOAD_VERSION);
+    out.u64(plan.operators.len() as u64);
+    for operator in &plan.operators {
+        out.text(&operator.id);
+        out.text(&operator.name);
+        out.u64(operator.parallelism as u64);
+    }
+    out.u64(plan.task_subtasks.len() as u64);
+    for &subtask in &plan.task_subtasks {
+        out.u64(subtask as u64);
+    }
+    out.u64(enumerators.len() as u64);
+    for (id, bytes) in enumerators {
+        out.text(id);
+        out.bytes(bytes);
+    }
+    out.out
+}
+
+/// What [`encode_payload`] wrote.
+#[derive(Debug)]
+struct Payload {
+    operators: Vec<OperatorEntry>,
+    file_subtasks: Vec<usize>,
+    enumerators: Vec<(String, Vec<u8>)>,
+}
+
+fn decode_payload(bytes: &[u8], what: &str) -> Result<Payload, String> {
+    let mut reader = ByteReader::new(bytes, what);
+    reader.header(PAYLOAD_MAGIC, PAYLOAD_VERSION)?;
+    let count = reader.count(24)?;
+    let mut operators = Vec::with_capacity(count);
+    for _ in 0..count {
+        operators.push(OperatorEntry {
+            id: reader.text()?,
+            name: reader.text()?,
+            parallelism: reader.u64()? as usize,
+        });
+    }
+    let count = reader.count(8)?;
+    let mut file_subtasks = Vec::with_capacity(count);
+    for _ in 0..count {
+        file_subtasks.push(reader.u64()? as usize);
+    }
+    let count = reader.count(16)?;
+    let mut enumerators = Vec::with_capacity(count);
+    for _ in 0..count {
+        enumerators.push((reader.text()?, reader.bytes()?.to_vec()));
+    }
+    if !reader.is_empty() {
+        return Err(format!("{what} has bytes after its payload"));
+    }
+    Ok(Payload {
+        operators,
+        file_subtasks,
+        enumerators,
+    })
+}
+
+/// Where a run's checkpoints go and what it starts from.
+pub(crate) struct CheckpointStart {
+    pub(crate) storage: CheckpointStorage,
+    pub(crate) restored: Option<Arc<RestoredJob>>,
+    /// The number of the run's first checkpoint.
+    pub(crate) first: u64,
+}
+
+/// Opens job `job`'s checkpoint directory under `root` (taking its lock) and, with `resume`,
+/// reads its latest completed checkpoint back, checked against the job's `operators`:
+/// state of an operator the job no longer has, or at another parallelism, is refused.
+pub(crate) fn open_checkpoints(
+    root: &std::path::Path,
+    job: &str,
+    resume: bool,
+    operators: &[OperatorEntry],
+) -> Result<CheckpointStart, JobError> {
+    let refuse = |message: String| JobError::InvalidJob(message);
+    let storage = CheckpointStorage::open(root, job).map_err(|e| refuse(e.to_string()))?;
+    let highest = storage
+        .highest_number()
+        .map_err(|e| refuse(e.to_string()))?;
+    let first = highest.map_or(1, |n| n + 1);
+    if !resume {
+        if let Some(highest) = highest {
+            tracing::warn!(
+                "job '{job}' starts from scratch although {} holds checkpoints up to chk-{highest}; \
+                 pass --resume to continue from the latest one (older checkpoints are deleted as \
+                 new ones complete)",
+                storage.dir().display()
+            );
+        }
+        return Ok(CheckpointStart {
+            storage,
+            restored: None,
+            first,
+        });
+    }
+    let latest = storage.latest().map_err(|e| refuse(e.to_string()))?;
+    for skipped in &latest.skipped {
+        tracing::warn!("passing over a checkpoint that cannot be restored: {skipped}");
+    }
+    let Some(completed) = latest.usable else {
+        if latest.skipped.is_empty() {
+            tracing::info!(
+                "job '{job}' has no checkpoint in {} yet: it starts from scratch",
+                storage.dir().display()
+            );
+            return Ok(CheckpointStart {
+                storage,
+                restored: None,
+                first,
+            });
+        }
+        let reasons: Vec<String> = latest.skipped.iter().map(ToString::to_string).collect();
+        return Err(refuse(format!(
+            "cannot resume job '{job}': no checkpoint in {} can be restored ({}); remove the \
+             directory to start from scratch",
+            storage.dir().display(),
+            reasons.join("; ")
+        )));
+    };
+    let metadata_path = completed.dir.join(weir_state::checkpoint::METADATA_FILE);
+    let what = metadata_path.display().to_string();
+    let payload = decode_payload(&completed.metadata.payload, &what).map_err(refuse)?;
+    if payload.file_subtasks.len() != completed.metadata.files.len() {
+        return Err(refuse(format!(
+            "{what} lists {} state files but says which subtask {} of them belong to; the \
+             checkpoint is damaged",
+            completed.metadata.files.len(),
+            payload.file_subtasks.len()
+        )));
+    }
+    let mut restored = RestoredJob {
+        checkpoint: completed.metadata.checkpoint,
+        ..RestoredJob::default()
+    };
+    for (file, &subtask) in completed.metadata.files.iter().zip(&payload.file_subtasks) {
+        let subtasks = payload.operators.iter().map(|o| o.parallelism).max();
+        if subtask >= subtasks.unwrap_or(0) {
+            return Err(refuse(format!(
+                "{what} says {} belongs to subtask {subtask}, which no operator of the job has",
+                file.name
+            )));
+        }
+        let path: PathBuf = completed.path_of(file);
+        let bytes = std::fs::read(&path)
+            .map_err(|e| refuse(format!("cannot read {}: {e}", path.display())))?;
+        let parts = decode_file(&bytes, &path.display().to_string()).map_err(refuse)?;
+        restored.add_file(subtask, parts);
+    }
+    for (id, bytes) in payload.enumerators {
+        restored.enumerators.insert(id, bytes);
+    }
+    for old in &payload.operators {
+        let has_state =
+            restored.parts.contains_key(&old.id) || restored.enumerators.contains_key(&old.id);
+        if !has_state {
+            continue;
+        }
+        match operators.iter().find(|now| now.id == old.id) {
+            None => {
+                return Err(refuse(format!(
+                    "checkpoint {} of job '{job}' holds state of operator '{}' (id {}), which \
+                     the job no longer has; give the operator that should take it over the \
+                     same uid, or start from scratch",
+                    restored.checkpoint, old.name, old.id
+                )))
+            }
+            Some(now) if now.parallelism != old.parallelism => {
+                return Err(refuse(format!(
+                    "checkpoint {} of job '{job}' holds operator '{}' at parallelism {}, the \
+                     job runs it at {}; restoring at another parallelism is not supported yet: \
+                     run with the same parallelism",
+                    restored.checkpoint, old.name, old.parallelism, now.parallelism
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    tracing::info!(
+        "job '{job}' resumes from checkpoint {} ({})",
+        restored.checkpoint,
+        completed.dir.display()
+    );
+    Ok(CheckpointStart {
+        storage,
+        restored: Some(Arc::new(restored)),
+        first,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mailbox_delivers_in_order() {
+        let mailbox = SourceMailbox::default();
+        assert_eq!(mailbox.take(), None);
+        mailbox.post(SourceCommand::TriggerCheckpoint(1));
+        mailbox.post(SourceCommand::TriggerCheckpoint(2));
+        assert_eq!(mailbox.take(), Some(SourceCommand::TriggerCheckpoint(1)));
+        assert_eq!(mailbox.take(), Some(SourceCommand::TriggerCheckpoint(2)));
+        assert_eq!(mailbox.take(), None);
+    }
+
+    #[test]
+    fn payload_reads_back() {
+        let plan = DriverPlan {
+            job: "j".into(),
+            settings: CheckpointSettings::every(10),
+            retained: 1,
+            task_subtasks: vec![0, 1, 0],
+            sources: vec![true, true, false],
+            operators: vec![OperatorEntry {
+                id: "abc".into(),
+                name: "source".into(),
+                parallelism: 2,
+            }],
+            enumerators: Box::new(|_| Ok(Vec::new())),
+            exactly_once: true,
+            first: 1,
+        };
+        let bytes = encode_payload(&plan, &[("abc".into(), vec![9, 8])]);
+        let payload = decode_payload(&bytes, "_metadata").unwrap();
+        assert_eq!(payload.operators, plan.operators);
+        assert_eq!(payload.file_subtasks, vec![0, 1, 0]);
+        assert_eq!(payload.enumerators, vec![("abc".to_string(), vec![9, 8])]);
+        assert!(decode_payload(&bytes[..bytes.len() - 1], "_metadata")
+            .unwrap_err()
+            .contains("_metadata is truncated"));
+    }
+}

@@ -1,0 +1,278 @@
+//! What one task's operators write at a barrier, and what they read back when the job
+//! resumes from a checkpoint.
+//!
+//! Every operator of a chain writes named parts (its keyed state, its timers, its operator
+//! state, a source's splits) into its task's [`TaskState`] while the barrier passes it; the
+//! task then writes them all into one state file of the checkpoint (`task-<operator id of its
+//! head>-<subtask>`), layout:
+//!
+//! | field | |
+//! |---|---|
+//! | magic, version | `WEIRTASK`, `u32` 1 |
+//! | parts | `u64` count, then per part: operator id (text), part name (text), bytes |
+//!
+//! (text and bytes are a `u64` length and the bytes; integers little-endian). A part is either
+//! taken at the barrier or deferred: a copy-on-write snapshot taken at the barrier and encoded
+//! by the writer afterwards, while records flow again.
+//!
+//! On restore, an operator finds its parts by its operator id: the keyed parts of every old
+//! subtask (each keeps the key groups it owns now), the other parts of its own subtask.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::bytes::{ByteReader, ByteWriter};
+
+/// An operator's keyed state (the canonical keyed-snapshot format of `weir_state`).
+pub(crate) const PART_KEYED: &str = "keyed";
+/// A keyed operator's timers.
+pub(crate) const PART_TIMERS: &str = "timers";
+/// An operator subtask's operator state (`OperatorStateStore`).
+pub(crate) const PART_OPERATOR_STATE: &str = "operator-state";
+/// A source reader's splits with their positions.
+pub(crate) const PART_SPLITS: &str = "splits";
+
+const MAGIC: &[u8; 8] = b"WEIRTASK";
+const VERSION: u32 = 1;
+
+/// Encodes a part after the barrier has passed.
+pub(crate) type DeferredPart = Box<dyn FnOnce(&mut Vec<u8>) -> Result<(), String>>;
+
+/// One part of an operator's snapshot.
+pub(crate) enum Part {
+    /// Taken at the barrier.
+    Bytes(Vec<u8>),
+    /// Encoded by the writer from a snapshot taken at the barrier.
+    Deferred(DeferredPart),
+}
+
+/// What one operator wrote at a barrier.
+#[derive(Default)]
+pub(crate) struct OperatorSnapshot {
+    pub(crate) parts: Vec<(&'static str, Part)>,
+}
+
+impl OperatorSnapshot {
+    pub(crate) fn add(&mut self, name: &'static str, bytes: Vec<u8>) {
+        self.parts.push((name, Part::Bytes(bytes)));
+    }
+
+    pub(crate) fn add_deferred(&mut self, name: &'static str, encode: DeferredPart) {
+        self.parts.push((name, Part::Deferred(encode)));
+    }
+}
+
+/// The parts of one checkpoint's state file: (operator id, part name, bytes).
+pub(crate) type FileParts = Vec<(String, String, Vec<u8>)>;
+
+/// One old subtask's parts of one operator, by part name.
+pub(crate) type SubtaskParts = (usize, HashMap<String, Vec<u8>>);
+
+/// What a job restores from: per operator id, per old subtask, its parts by name.
+#[derive(Debug, Default)]
+pub(crate) struct RestoredJob {
+    /// The checkpoint restored.
+    pub(crate) checkpoint: u64,
+    pub(crate) parts: HashMap<String, Vec<SubtaskParts>>,
+    /// Each source's split enumerator, by operator id: its pending splits, encoded.
+    pub(crate) enumerators: HashMap<String, Vec<u8>>,
+}
+
+impl RestoredJob {
+    /// The part `name` of `operator`'s subtask `subtask`.
+    pub(crate) fn part(&self, operator: &str, subtask: usize, name: &str) -> Option<&[u8]> {
+        self.parts
+            .get(operator)?
+            .iter()
+            .find(|(s, _)| *s == subtask)
+            .and_then(|(_, parts)| parts.get(name))
+            .map(Vec::as_slice)
+    }
+
+    /// The part `name` of every old subtask of `operator` that wrote one.
+    pub(crate) fn parts_of_all(&self, operator: &str, name: &str) -> Vec<&[u8]> {
+        self.parts.get(operator).map_or_else(Vec::new, |subtasks| {
+            subtasks
+                .iter()
+                .filter_map(|(_, parts)| parts.get(name).map(Vec::as_slice))
+                .collect()
+        })
+    }
+
+    /// Adds the parts of one old subtask's state file.
+    pub(crate) fn add_file(&mut self, subtask: usize, parts: FileParts) {
+        for (operator, name, bytes) in parts {
+            let subtasks = self.parts.entry(operator).or_default();
+            let at = match subtasks.iter().position(|(s, _)| *s == subtask) {
+                Some(at) => at,
+                None => {
+                    subtasks.push((subtask, HashMap::new()));
+                    subtasks.len() - 1
+                }
+            };
+            subtasks[at].1.insert(name, bytes);
+        }
+    }
+}
+
+/// One task's parts for the barrier passing its chain, and what it restores from.
+pub(crate) struct TaskState {
+    written: RefCell<Vec<(Arc<str>, &'static str, Part)>>,
+    restored: Option<Arc<RestoredJob>>,
+    subtask: usize,
+}
+
+impl TaskState {
+    /// Takes what an operator wrote at the barrier.
+    pub(crate) fn add(&self, operator: &Arc<str>, snapshot: OperatorSnapshot) {
+        let mut written = self.written.borrow_mut();
+        for (name, part) in snapshot.parts {
+            written.push((Arc::clone(operator), name, part));
+        }
+    }
+
+    /// Everything written at the barrier, taken.
+    pub(crate) fn take(&self) -> Vec<(Arc<str>, &'static str, Part)> {
+        std::mem::take(&mut self.written.borrow_mut())
+    }
+
+    /// The part `name` this operator's subtask wrote in the restored checkpoint.
+    pub(crate) fn restored(&self, operator: &str, name: &str) -> Option<&[u8]> {
+        self.restored.as_ref()?.part(operator, self.subtask, name)
+    }
+
+    /// The part `name` of every old subtask of this operator (keyed state: each backend keeps
+    /// the key groups it owns).
+    pub(crate) fn restored_of_all(&self, operator: &str, name: &str) -> Vec<&[u8]> {
+        self.restored
+            .as_ref()
+            .map_or_else(Vec::new, |job| job.parts_of_all(operator, name))
+    }
+}
+
+/// Encodes the parts taken from a task into the bytes of its state file, running deferred
+/// encodings now.
+pub(crate) fn encode_file(parts: Vec<(Arc<str>, &'static str, Part)>) -> Result<Vec<u8>, String> {
+    let mut out = ByteWriter::default();
+    out.out.extend_from_slice(MAGIC);
+    out.u32(VERSION);
+    out.u64(parts.len() as u64);
+    let mut scratch = Vec::new();
+    for (operator, name, part) in parts {
+        out.text(&operator);
+        out.text(name);
+        match part {
+            Part::Bytes(bytes) => out.bytes(&bytes),
+            Part::Deferred(encode) => {
+                scratch.clear();
+                encode(&mut scratch)?;
+                out.bytes(&scratch);
+            }
+        }
+    }
+    Ok(out.out)
+}
+
+/// Reads a state file written by [`encode_file`]; `what` names it in errors.
+pub(crate) fn decode_file(bytes: &[u8], what: &str) -> Result<FileParts, String> {
+    let mut reader = ByteReader::new(bytes, what);
+    reader.header(MAGIC, VERSION)?;
+    let count = reader.count(24)?;
+    let mut parts = Vec::with_capacity(count);
+    for _ in 0..count {
+        let operator = reader.text()?;
+        let name = reader.text()?;
+        let bytes = reader.bytes()?.to_vec();
+        parts.push((operator, name, bytes));
+    }
+    if !reader.is_empty() {
+        return Err(format!("{what} has bytes after its last part"));
+    }
+    Ok(parts)
+}
+
+/// Names one task's [`TaskState`] on its shard, so that the `RuntimeContext` carrying it stays
+/// `Send` (as [`crate::state::OperatorStateId`] does for operator state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct TaskStateId(u64);
+
+thread_local! {
+    static SHARD_TASK_STATES: RefCell<HashMap<TaskStateId, Rc<TaskState>>> = RefCell::default();
+}
+
+impl TaskStateId {
+    /// A task's state on this shard, restoring from `restored` if the job resumes.
+    pub(crate) fn create(subtask: usize, restored: Option<Arc<RestoredJob>>) -> TaskStateId {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = TaskStateId(NEXT.fetch_add(1, Ordering::Relaxed));
+        let state = Rc::new(TaskState {
+            written: RefCell::default(),
+            restored,
+            subtask,
+        });
+        SHARD_TASK_STATES.with(|states| states.borrow_mut().insert(id, state));
+        id
+    }
+
+    /// The task state of operators outside any job (built by a unit test): never restoring.
+    pub(crate) fn detached() -> TaskStateId {
+        TaskStateId(u64::MAX)
+    }
+
+    /// The task's state; one outside any job where this shard has none by that id.
+    pub(crate) fn get(self) -> Rc<TaskState> {
+        SHARD_TASK_STATES.with(|states| {
+            Rc::clone(states.borrow_mut().entry(self).or_insert_with(|| {
+                Rc::new(TaskState {
+                    written: RefCell::default(),
+                    restored: None,
+                    subtask: 0,
+                })
+            }))
+        })
+    }
+}
+
+/// Forgets this shard's task states (the job on it ended or begins).
+pub(crate) fn clear_shard_task_states() {
+    SHARD_TASK_STATES.with(|states| states.borrow_mut().clear());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_state_file_reads_back_and_damage_is_named() {
+        let parts = vec![
+            (Arc::from("a1"), PART_KEYED, Part::Bytes(vec![1, 2, 3])),
+            (
+                Arc::from("a1"),
+                PART_TIMERS,
+                Part::Deferred(Box::new(|out: &mut Vec<u8>| {
+                    out.extend_from_slice(b"later");
+                    Ok(())
+                })),
+            ),
+        ];
+        let bytes = encode_file(parts).unwrap();
+        let back = decode_file(&bytes, "task-a1-0").unwrap();
+        assert_eq!(
+            back,
+            vec![
+                ("a1".to_string(), "keyed".to_string(), vec![1, 2, 3]),
+                ("a1".into(), "timers".into(), b"later".to_vec())
+            ]
+        );
+        let error = decode_file(&bytes[..bytes.len() - 2], "task-a1-0").unwrap_err();
+        assert!(error.contains("task-a1-0 is truncated"), "{error}");
+        let mut job = RestoredJob::default();
+        job.add_file(1, back);
+        assert_eq!(job.part("a1", 1, "keyed"), Some(&[1u8, 2, 3][..]));
+        assert_eq!(job.part("a1", 0, "keyed"), None);
+        assert_eq!(job.parts_of_all("a1", "timers"), vec![&b"later"[..]]);
+    }
+}

@@ -1,0 +1,369 @@
+//! An exactly-once check, the shape of Flink's checkpointing ITCases: a bounded source of
+//! sequence numbers, keyed; each key's state counts its records and the gaps and repeats in
+//! its sequence; when the input ends (the final watermark fires each key's timer) every key
+//! reports its state. Killed and resumed from its checkpoints any number of times, a run
+//! still reports, for every key, every record counted once: no gap, no repeat.
+//!
+//! Split `s` of `splits` generates records `j = 0, 1, …` for keys `s·keys_per_split + j mod
+//! keys_per_split`, key by key in turn, each key's sequence numbers counting up from 0: a key
+//! comes from one split, in order, so the state can tell a lost record (a gap) from one seen
+//! twice (a repeat).
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use weir_engine::connector::{
+    Boundedness, ConnectorError, LocalBoxFuture, ReadStatus, Source, SourceReader, SourceSplit,
+    SplitEnumerator, StaticSplits,
+};
+use weir_engine::prelude::*;
+
+use crate::Output;
+
+/// One generated record.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Numbered {
+    /// The key.
+    pub key: u32,
+    /// Its position in the key's sequence.
+    pub seq: u64,
+}
+
+/// What a key's state says at the end.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct KeyReport {
+    /// The key.
+    pub key: u32,
+    /// Records counted.
+    pub count: u64,
+    /// The sequence number expected next.
+    pub next: u64,
+    /// Sequence numbers skipped (records lost).
+    pub gaps: u64,
+    /// Sequence numbers seen again (records counted twice).
+    pub repeats: u64,
+}
+
+impl fmt::Display for KeyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "key {} count {} next {} gaps {} repeats {}",
+            self.key, self.count, self.next, self.gaps, self.repeats
+        )
+    }
+}
+
+impl KeyReport {
+    /// Reads a line written by `Display`.
+    pub fn parse(line: &str) -> Option<KeyReport> {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        match fields.as_slice() {
+            ["key", key, "count", count, "next", next, "gaps", gaps, "repeats", repeats] => {
+                Some(KeyReport {
+                    key: key.parse().ok()?,
+                    count: count.parse().ok()?,
+                    next: next.parse().ok()?,
+                    gaps: gaps.parse().ok()?,
+                    repeats: repeats.parse().ok()?,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The source's shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SequenceSpec {
+    /// Splits (readers take whole splits).
+    pub splits: u32,
+    /// Keys each split generates.
+    pub keys_per_split: u32,
+    /// Records each key gets.
+    pub per_key: u64,
+    /// Records per second per reader at most (unthrottled if `None`).
+    pub rate: Option<f64>,
+}
+
+impl SequenceSpec {
+    /// Every key.
+    pub fn keys(&self) -> u32 {
+        self.splits * self.keys_per_split
+    }
+
+    /// Records in all.
+    pub fn records(&self) -> u64 {
+        u64::from(self.keys()) * self.per_key
+    }
+}
+
+/// One split and how far it has been read.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct SequenceSplit {
+    /// The split.
+    pub split: u32,
+    /// The next record index.
+    pub next: u64,
+}
+
+impl SourceSplit for SequenceSplit {
+    fn split_id(&self) -> String {
+        format!("sequence-{}", self.split)
+    }
+}
+
+/// The bounded source of [`Numbered`] records.
+#[derive(Clone, Debug)]
+pub struct SequenceSource {
+    spec: SequenceSpec,
+}
+
+impl SequenceSource {
+    /// A source of this shape.
+    pub fn new(spec: SequenceSpec) -> Self {
+        SequenceSource { spec }
+    }
+}
+
+impl Source<Numbered> for SequenceSource {
+    type Split = SequenceSplit;
+
+    fn boundedness(&self) -> Boundedness {
+        Boundedness::Bounded
+    }
+
+    fn create_enumerator(&self, _parallelism: usize) -> Box<dyn SplitEnumerator<SequenceSplit>> {
+        Box::new(StaticSplits::shared(
+            (0..self.spec.splits)
+                .map(|split| SequenceSplit { split, next: 0 })
+                .collect(),
+        ))
+    }
+
+    fn create_reader(
+        &self,
+        _ctx: &RuntimeContext,
+    ) -> Box<dyn SourceReader<Numbered, SequenceSplit>> {
+        Box::new(SequenceReader {
+            spec: self.spec,
+            splits: Vec::new(),
+            started: Instant::now(),
+            emitted: 0,
+        })
+    }
+}
+
+struct SequenceReader {
+    spec: SequenceSpec,
+    /// Unfinished splits, with their number in the order they came.
+    splits: Vec<(u32, SequenceSplit)>,
+    started: Instant,
+    emitted: u64,
+}
+
+impl SourceReader<Numbered, SequenceSplit> for SequenceReader {
+    fn add_split(&mut self, split: SequenceSplit) {
+        let number = self.splits.last().map_or(0, |(n, _)| n + 1);
+        self.splits.push((number, split));
+    }
+
+    fn poll_next<'a>(
+        &'a mut self,
+        out: &'a mut Vec<Numbered>,
+        max: usize,
+    ) -> LocalBoxFuture<'a, Result<ReadStatus, ConnectorError>> {
+        Box::pin(async move {
+            let Some((number, split)) = self.splits.first_mut() else {
+                return Ok(ReadStatus::NeedSplit);
+            };
+            let end = u64::from(self.spec.keys_per_split) * self.spec.per_key;
+            if split.next >= end {
+                let number = *number;
+                self.splits.remove(0);
+                return Ok(ReadStatus::SplitFinished { split: number });
+            }
+            let mut room = max as u64;
+            if let Some(rate) = self.spec.rate {
+                let allowed = (self.started.elapsed().as_secs_f64() * rate) as u64;
+                room = room.min(allowed.saturating_sub(self.emitted));
+                if room == 0 {
+                    return Ok(ReadStatus::Idle(Duration::from_millis(1)));
+                }
+            }
+            let first_key = split.split * self.spec.keys_per_split;
+            let keys = u64::from(self.spec.keys_per_split);
+            let until = end.min(split.next + room);
+            for j in split.next..until {
+                out.push(Numbered {
+                    key: first_key + (j % keys) as u32,
+                    seq: j / keys,
+                });
+            }
+            self.emitted += until - split.next;
+            split.next = until;
+            Ok(ReadStatus::Records { split: *number })
+        })
+    }
+
+    fn snapshot_splits(&self) -> Vec<SequenceSplit> {
+        self.splits.iter().map(|(_, split)| split.clone()).collect()
+    }
+}
+
+/// A key's state.
+#[derive(Clone, Debug, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct SequenceState {
+    count: u64,
+    next: u64,
+    gaps: u64,
+    repeats: u64,
+}
+
+/// Counts each key's records, gaps and repeats; reports at the end of input.
+#[derive(Clone)]
+struct CheckSequence {
+    state: ValueStateDescriptor<SequenceState>,
+}
+
+impl KeyedProcessFunction<u32, Numbered, KeyReport> for CheckSequence {
+    fn process_element(
+        &mut self,
+        record: Numbered,
+        ctx: &mut KeyedProcessContext<'_, u32, KeyReport>,
+    ) {
+        let state = ctx.value_state(&self.state);
+        let mut seen = state.value().expect("read state").unwrap_or_default();
+        if seen.count == 0 {
+            // Fires when the input ends (the final watermark).
+            ctx.register_event_time_timer(i64::MAX);
+        }
+        seen.count += 1;
+        if record.seq >= seen.next {
+            seen.gaps += record.seq - seen.next;
+            seen.next = record.seq + 1;
+        } else {
+            seen.repeats += 1;
+        }
+        state.update(seen).expect("write state");
+    }
+
+    fn on_timer(&mut self, _timestamp: i64, ctx: &mut KeyedProcessContext<'_, u32, KeyReport>) {
+        let key = *ctx.current_key();
+        let seen = ctx.value_state(&self.state).value().expect("read state");
+        if let Some(seen) = seen {
+            ctx.emit(KeyReport {
+                key,
+                count: seen.count,
+                next: seen.next,
+                gaps: seen.gaps,
+                repeats: seen.repeats,
+            });
+        }
+    }
+}
+
+/// The reports of the check over a source of shape `spec`.
+pub fn reports(env: &StreamEnvironment, spec: SequenceSpec) -> DataStream<KeyReport> {
+    env.from_source(
+        SequenceSource::new(spec),
+        WatermarkStrategy::no_watermarks(),
+        "sequence",
+    )
+    .uid("sequence")
+    .key_by(|record: &Numbered| record.key)
+    .process(CheckSequence {
+        state: ValueStateDescriptor::new("sequence"),
+    })
+    .name("check sequence")
+    .uid("check-sequence")
+}
+
+/// Adds the check to `env`, writing its reports to `output`.
+pub fn build(env: &StreamEnvironment, spec: SequenceSpec, output: Output) {
+    let reports = reports(env, spec);
+    match output {
+        Output::Print => reports.sink_to(PrintSink::new(), "print"),
+        Output::Files(dir) => reports.sink_to(FileSink::lines(dir), "files"),
+        Output::Discard => reports.sink_to(DiscardSink::new(), "discard"),
+    };
+}
+
+/// What is wrong with `reports` for a run over `spec`: keys missing or reported twice, counts,
+/// gaps and repeats — empty when every record was counted exactly once.
+pub fn problems(spec: SequenceSpec, reports: &[KeyReport]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut seen = vec![0u32; spec.keys() as usize];
+    for report in reports {
+        match seen.get_mut(report.key as usize) {
+            Some(times) => *times += 1,
+            None => problems.push(format!(
+                "key {} is not one the source generates",
+                report.key
+            )),
+        }
+        let expected = KeyReport {
+            key: report.key,
+            count: spec.per_key,
+            next: spec.per_key,
+            gaps: 0,
+            repeats: 0,
+        };
+        if *report != expected {
+            problems.push(format!("{report} (expected {expected})"));
+        }
+    }
+    for (key, times) in seen.iter().enumerate() {
+        if *times != 1 {
+            problems.push(format!("key {key} reported {times} times"));
+        }
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_counts_every_record_once() {
+        let spec = SequenceSpec {
+            splits: 3,
+            keys_per_split: 5,
+            per_key: 2_000,
+            rate: None,
+        };
+        let env = StreamEnvironment::new(Configuration::default()).unwrap();
+        let (sink, collected) = CollectSink::new();
+        reports(&env, spec).sink_to(sink, "collect");
+        env.execute("sequence-check").unwrap();
+        assert_eq!(problems(spec, &collected.records()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_check_sees_lost_and_repeated_records() {
+        let spec = SequenceSpec {
+            splits: 1,
+            keys_per_split: 2,
+            per_key: 10,
+            rate: None,
+        };
+        let good = |key| KeyReport {
+            key,
+            count: 10,
+            next: 10,
+            gaps: 0,
+            repeats: 0,
+        };
+        assert!(problems(spec, &[good(0), good(1)]).is_empty());
+        let lost = KeyReport {
+            count: 9,
+            gaps: 1,
+            ..good(1)
+        };
+        assert_eq!(problems(spec, &[good(0), lost]).len(), 1);
+        assert_eq!(problems(spec, &[good(0)]), vec!["key 1 reported 0 times"]);
+        let line = good(1).to_string();
+        assert_eq!(KeyReport::parse(&line), Some(good(1)));
+    }
+}

@@ -1,0 +1,328 @@
+//! Checkpoints in process: a job stopped at a random moment resumes from its latest completed
+//! checkpoint with every record counted once; a damaged checkpoint is passed over for the one
+//! before it; jobs whose state checkpoints cannot write yet are refused, naming it.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use weir_engine::api::RunOptions;
+use weir_engine::prelude::*;
+use weir_engine::JobError;
+use weir_examples::keyed_aggregation;
+use weir_examples::sequence_check::{problems, reports, KeyReport, SequenceSpec};
+
+/// Many small splits, so that splits change hands while checkpoints are taken.
+const SPEC: SequenceSpec = SequenceSpec {
+    splits: 24,
+    keys_per_split: 2,
+    per_key: 4_000,
+    rate: Some(60_000.0),
+};
+
+fn config(checkpoints: &Path, slots: usize, retained: usize) -> Configuration {
+    Configuration::default()
+        .with("execution.checkpointing.interval", "20ms")
+        .and_then(|c| {
+            c.with(
+                "execution.checkpointing.dir",
+                checkpoints.to_str().expect("a UTF-8 path"),
+            )
+        })
+        .and_then(|c| c.with("taskmanager.numberOfTaskSlots", slots.to_string()))
+        .and_then(|c| c.with("execution.checkpointing.num-retained", retained.to_string()))
+        .expect("valid settings")
+}
+
+/// The completed checkpoints in the job's directory, by number.
+fn completed(checkpoints: &Path) -> Vec<u64> {
+    let mut numbers: Vec<u64> = std::fs::read_dir(checkpoints.join("sequence-check"))
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter(|e| e.path().join("_metadata").exists())
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    numbers.sort_unstable();
+    numbers
+}
+
+/// Runs the check until `stop_after` checkpoints completed in this run, then cancels it.
+fn run_until_checkpoints(
+    config: &Configuration,
+    checkpoints: &Path,
+    resume: bool,
+    stop_after: usize,
+) {
+    let before = completed(checkpoints).last().copied().unwrap_or(0);
+    let env = StreamEnvironment::new(config.clone()).expect("an environment");
+    reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+    let options = RunOptions {
+        resume,
+        ..RunOptions::default()
+    };
+    let job = env
+        .execute_async("sequence-check", options)
+        .expect("started");
+    let started = Instant::now();
+    // Retention deletes older checkpoints: count the ones seen while polling.
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < stop_after {
+        seen.extend(completed(checkpoints).into_iter().filter(|&n| n > before));
+        assert!(
+            !job.is_finished(),
+            "the job ended before {stop_after} checkpoints"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no checkpoint completes"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    job.cancel();
+    match job.wait() {
+        Err(JobError::Cancelled { .. }) => {}
+        other => panic!("expected the cancelled job, got {other:?}"),
+    }
+}
+
+/// Resumes the check and runs it to its end: its reports, and how many records its source
+/// read.
+fn resume_reports(config: &Configuration) -> (Vec<KeyReport>, u64) {
+    let env = StreamEnvironment::new(config.clone()).expect("an environment");
+    let (sink, collected) = CollectSink::new();
+    reports(&env, SPEC).sink_to(sink, "collect");
+    let options = RunOptions {
+        resume: true,
+        ..RunOptions::default()
+    };
+    let result = env
+        .execute_with("sequence-check", options)
+        .expect("the resumed job");
+    (collected.records(), result.records_out("Source: sequence"))
+}
+
+/// [`resume_reports`], checked: the problems with the reports, and the records read.
+fn resume_to_end(config: &Configuration) -> (Vec<String>, u64) {
+    let (reports, read) = resume_reports(config);
+    (problems(SPEC, &reports), read)
+}
+
+fn stopped_and_resumed(slots: usize) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config(dir.path(), slots, 1);
+    run_until_checkpoints(&config, dir.path(), false, 2);
+    run_until_checkpoints(&config, dir.path(), true, 3);
+    let (problems, read) = resume_to_end(&config);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert!(
+        read < SPEC.records(),
+        "the last run read {read} of {} records: it did not resume",
+        SPEC.records()
+    );
+}
+
+#[test]
+fn a_stopped_job_resumes_with_every_record_counted_once_at_parallelism_1() {
+    stopped_and_resumed(1);
+}
+
+#[test]
+fn a_stopped_job_resumes_with_every_record_counted_once_at_parallelism_2() {
+    stopped_and_resumed(2);
+}
+
+#[test]
+fn at_least_once_loses_nothing() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config(dir.path(), 2, 1)
+        .with("execution.checkpointing.mode", "AT_LEAST_ONCE")
+        .unwrap();
+    run_until_checkpoints(&config, dir.path(), false, 2);
+    let (reports, read) = resume_reports(&config);
+    assert!(read < SPEC.records(), "it resumed");
+    assert_eq!(reports.len(), SPEC.keys() as usize);
+    for report in &reports {
+        // Records after a barrier may be counted again; none may be lost.
+        assert_eq!(report.gaps, 0, "{report}");
+        assert_eq!(report.next, SPEC.per_key, "{report}");
+        assert_eq!(report.count, SPEC.per_key + report.repeats, "{report}");
+    }
+}
+
+/// A keyed `reduce` (the keyed-aggregation example) resumes with its running values.
+#[test]
+fn a_keyed_reduce_resumes_with_its_values() {
+    let (events, sensors, every) = (3_000_000, 7, 1_000);
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config(dir.path(), 2, 1);
+    let build = |env: &StreamEnvironment,
+                 sink: Option<CollectSink<keyed_aggregation::SensorStats>>| {
+        let stats = keyed_aggregation::reports(env, events, sensors, every);
+        match sink {
+            Some(sink) => stats.sink_to(sink, "collect"),
+            None => stats.sink_to(DiscardSink::new(), "discard"),
+        };
+    };
+    let env = StreamEnvironment::new(config.clone()).unwrap();
+    build(&env, None);
+    let job = env
+        .execute_async("aggregation", RunOptions::default())
+        .unwrap();
+    let started = Instant::now();
+    while !dir
+        .path()
+        .join("aggregation")
+        .read_dir()
+        .is_ok_and(|mut entries| {
+            entries.any(|e| e.is_ok_and(|e| e.path().join("_metadata").exists()))
+        })
+    {
+        assert!(
+            !job.is_finished(),
+            "the job ended before its first checkpoint"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no checkpoint completes"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    job.cancel();
+    assert!(matches!(
+        job.wait(),
+        Err(JobError::Cancelled { .. }) | Ok(_)
+    ));
+
+    let env = StreamEnvironment::new(config).unwrap();
+    let (sink, collected) = CollectSink::new();
+    build(&env, Some(sink));
+    let options = RunOptions {
+        resume: true,
+        ..RunOptions::default()
+    };
+    env.execute_with("aggregation", options).unwrap();
+    let mut expected = std::collections::HashMap::new();
+    for i in 0..events {
+        *expected
+            .entry(keyed_aggregation::reading(i, sensors).sensor)
+            .or_insert(0u64) += 1;
+    }
+    for (sensor, count) in expected {
+        let last = collected
+            .records()
+            .iter()
+            .filter(|r| r.sensor == sensor)
+            .map(|r| r.count)
+            .max();
+        assert_eq!(last, Some(count / every * every), "sensor {sensor}");
+    }
+}
+
+#[test]
+fn a_damaged_checkpoint_is_passed_over_for_the_one_before() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config(dir.path(), 2, 2);
+    run_until_checkpoints(&config, dir.path(), false, 3);
+    let numbers = completed(dir.path());
+    let newest = dir
+        .path()
+        .join("sequence-check")
+        .join(format!("chk-{}", numbers.last().unwrap()));
+    let file = std::fs::read_dir(&newest)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("task-")
+        })
+        .expect("a task state file");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x40;
+    std::fs::write(&file, bytes).unwrap();
+    let (problems, read) = resume_to_end(&config);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert!(
+        read < SPEC.records(),
+        "it resumed from the older checkpoint"
+    );
+
+    // With every retained checkpoint damaged, the start is refused naming why.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = self::config(dir.path(), 1, 1);
+    run_until_checkpoints(&config, dir.path(), false, 1);
+    for number in completed(dir.path()) {
+        let chk = dir
+            .path()
+            .join("sequence-check")
+            .join(format!("chk-{number}"));
+        std::fs::remove_file(chk.join("_metadata")).unwrap();
+    }
+    let env = StreamEnvironment::new(config.clone()).unwrap();
+    reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+    let options = RunOptions {
+        resume: true,
+        ..RunOptions::default()
+    };
+    let error = env
+        .execute_with("sequence-check", options)
+        .expect_err("no checkpoint can be restored")
+        .to_string();
+    assert!(
+        error.contains("no checkpoint") && error.contains("never completed"),
+        "{error}"
+    );
+}
+
+#[test]
+fn state_checkpoints_cannot_write_yet_is_refused_at_the_start() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config(dir.path(), 1, 1);
+    let env = StreamEnvironment::new(config.clone()).unwrap();
+    env.from_source(
+        DataGeneratorSource::sequence(0, 1_000),
+        WatermarkStrategy::for_monotonous_timestamps()
+            .with_timestamp_assigner(|n: &u64, _| *n as i64),
+        "numbers",
+    )
+    .key_by(|n: &u64| n % 10)
+    .window(TumblingEventTimeWindows::of(Duration::from_millis(100)))
+    .reduce(|a, b| a + b)
+    .name("sums")
+    .sink_to(DiscardSink::new(), "discard");
+    let error = env.execute("windows").expect_err("refused").to_string();
+    assert!(
+        error.contains("'sums'") && error.contains("window contents"),
+        "{error}"
+    );
+
+    let rocksdb = config.with("state.backend.type", "rocksdb").unwrap();
+    let env = StreamEnvironment::new(rocksdb).unwrap();
+    reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+    let error = env
+        .execute("sequence-check")
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        error.contains("RocksDB") && error.contains("hashmap"),
+        "{error}"
+    );
+
+    let no_dir = Configuration::default()
+        .with("execution.checkpointing.interval", "1s")
+        .unwrap();
+    let error = StreamEnvironment::new(no_dir)
+        .and_then(|env| {
+            reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+            env.execute("sequence-check")
+        })
+        .expect_err("refused")
+        .to_string();
+    assert!(error.contains("execution.checkpointing.dir"), "{error}");
+}
