@@ -33,9 +33,9 @@ fn config(checkpoints: &Path, slots: usize, retained: usize) -> Configuration {
         .expect("valid settings")
 }
 
-/// The completed checkpoints in the job's directory, by number.
-fn completed(checkpoints: &Path) -> Vec<u64> {
-    let mut numbers: Vec<u64> = std::fs::read_dir(checkpoints.join("sequence-check"))
+/// The completed checkpoints in job `job`'s directory, by number.
+fn completed_of(checkpoints: &Path, job: &str) -> Vec<u64> {
+    let mut numbers: Vec<u64> = std::fs::read_dir(checkpoints.join(job))
         .map(|entries| {
             entries
                 .filter_map(Result::ok)
@@ -48,6 +48,11 @@ fn completed(checkpoints: &Path) -> Vec<u64> {
     numbers
 }
 
+/// The sequence check's completed checkpoints.
+fn completed(checkpoints: &Path) -> Vec<u64> {
+    completed_of(checkpoints, "sequence-check")
+}
+
 /// Runs the check until `stop_after` checkpoints completed in this run, then cancels it.
 fn run_until_checkpoints(
     config: &Configuration,
@@ -55,21 +60,45 @@ fn run_until_checkpoints(
     resume: bool,
     stop_after: usize,
 ) {
-    let before = completed(checkpoints).last().copied().unwrap_or(0);
+    stop_after_checkpoints(
+        config,
+        checkpoints,
+        "sequence-check",
+        resume,
+        stop_after,
+        |env| {
+            reports(env, SPEC).sink_to(DiscardSink::new(), "discard");
+        },
+    );
+}
+
+/// Runs job `name` (built by `build`) until `stop_after` checkpoints completed in this run,
+/// then cancels it (it may have finished first: its last checkpoints are there all the same).
+fn stop_after_checkpoints(
+    config: &Configuration,
+    checkpoints: &Path,
+    name: &str,
+    resume: bool,
+    stop_after: usize,
+    build: impl Fn(&StreamEnvironment),
+) {
+    let before = completed_of(checkpoints, name).last().copied().unwrap_or(0);
     let env = StreamEnvironment::new(config.clone()).expect("an environment");
-    reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+    build(&env);
     let options = RunOptions {
         resume,
         ..RunOptions::default()
     };
-    let job = env
-        .execute_async("sequence-check", options)
-        .expect("started");
+    let job = env.execute_async(name, options).expect("started");
     let started = Instant::now();
     // Retention deletes older checkpoints: count the ones seen while polling.
     let mut seen = std::collections::BTreeSet::new();
     while seen.len() < stop_after {
-        seen.extend(completed(checkpoints).into_iter().filter(|&n| n > before));
+        seen.extend(
+            completed_of(checkpoints, name)
+                .into_iter()
+                .filter(|&n| n > before),
+        );
         assert!(
             !job.is_finished(),
             "the job ended before {stop_after} checkpoints"
@@ -78,12 +107,12 @@ fn run_until_checkpoints(
             started.elapsed() < Duration::from_secs(60),
             "no checkpoint completes"
         );
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(1));
     }
     job.cancel();
     match job.wait() {
-        Err(JobError::Cancelled { .. }) => {}
-        other => panic!("expected the cancelled job, got {other:?}"),
+        Err(JobError::Cancelled { .. }) | Ok(_) => {}
+        Err(other) => panic!("expected the cancelled job, got {other}"),
     }
 }
 
@@ -165,35 +194,9 @@ fn a_keyed_reduce_resumes_with_its_values() {
             None => stats.sink_to(DiscardSink::new(), "discard"),
         };
     };
-    let env = StreamEnvironment::new(config.clone()).unwrap();
-    build(&env, None);
-    let job = env
-        .execute_async("aggregation", RunOptions::default())
-        .unwrap();
-    let started = Instant::now();
-    while !dir
-        .path()
-        .join("aggregation")
-        .read_dir()
-        .is_ok_and(|mut entries| {
-            entries.any(|e| e.is_ok_and(|e| e.path().join("_metadata").exists()))
-        })
-    {
-        assert!(
-            !job.is_finished(),
-            "the job ended before its first checkpoint"
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "no checkpoint completes"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    job.cancel();
-    assert!(matches!(
-        job.wait(),
-        Err(JobError::Cancelled { .. }) | Ok(_)
-    ));
+    stop_after_checkpoints(&config, dir.path(), "aggregation", false, 1, |env| {
+        build(env, None)
+    });
 
     let env = StreamEnvironment::new(config).unwrap();
     let (sink, collected) = CollectSink::new();

@@ -365,7 +365,7 @@ impl Host {
             } => self.coordinator.decline(checkpoint, task, &reason, now),
             TaskReport::Finished => {
                 if !self.finished {
-                    tracing::info!(
+                    tracing::debug!(
                         job = %self.plan.job,
                         "a task has finished: no further checkpoints are taken (a checkpoint \
                          after a task finished would need that task's final state)"
