@@ -76,6 +76,15 @@ pub enum JobError {
     },
 }
 
+/// The text of a panic's payload.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with a non-text payload".into())
+}
+
 /// A failure inside a running subtask, before it is attributed to an operator.
 #[derive(Debug, Clone)]
 pub(crate) struct TaskError {

@@ -36,7 +36,7 @@ use weir_state::checkpoint::{
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
 use super::task_state::{decode_file, encode_file, RestoredJob, TaskState};
-use crate::error::JobError;
+use crate::error::{panic_message, JobError};
 use crate::time::now_ms;
 
 /// What a source subtask is asked between batches.
@@ -284,11 +284,7 @@ impl CheckpointDriver {
             Ok(failure) => failure,
             Err(panic) => Some(format!(
                 "the checkpoint coordinator failed: {}",
-                panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default()
+                panic_message(&*panic)
             )),
         }
     }
@@ -627,8 +623,8 @@ pub(crate) fn open_checkpoints(
         checkpoint: completed.metadata.checkpoint,
         ..RestoredJob::default()
     };
+    let subtasks = payload.operators.iter().map(|o| o.parallelism).max();
     for (file, &subtask) in completed.metadata.files.iter().zip(&payload.file_subtasks) {
-        let subtasks = payload.operators.iter().map(|o| o.parallelism).max();
         if subtask >= subtasks.unwrap_or(0) {
             return Err(refuse(format!(
                 "{what} says {} belongs to subtask {subtask}, which no operator of the job has",

@@ -26,7 +26,7 @@ use crate::checkpoint::driver::{
 use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_OPERATOR_STATE};
 use crate::config::CheckpointConfig;
 use crate::config::Configuration;
-use crate::error::{JobError, TaskError, TaskResult};
+use crate::error::{panic_message, JobError, TaskError, TaskResult};
 use crate::graph::{
     within_slot, AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
     SharedEnumerator, TypeOps, WriterParts,
@@ -207,14 +207,6 @@ fn heap_failure_of(
             parallelism: None,
         },
     }
-}
-
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic with a non-text payload".into())
 }
 
 /// Builds one subtask's chain on its shard.
