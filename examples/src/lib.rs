@@ -5,6 +5,7 @@
 
 pub mod keyed_aggregation;
 pub mod sequence_check;
+pub mod window_check;
 pub mod word_count;
 
 /// Where an example writes its results.

@@ -148,8 +148,7 @@ impl Source<Numbered> for SequenceSource {
         Box::new(SequenceReader {
             spec: self.spec,
             splits: Vec::new(),
-            started: Instant::now(),
-            emitted: 0,
+            throttle: Throttle::new(self.spec.rate),
         })
     }
 }
@@ -158,8 +157,41 @@ struct SequenceReader {
     spec: SequenceSpec,
     /// Unfinished splits, with their number in the order they came.
     splits: Vec<(u32, SequenceSplit)>,
+    throttle: Throttle,
+}
+
+/// Caps a reader at `rate` records per second since it started (no cap: `None`).
+pub(crate) struct Throttle {
+    rate: Option<f64>,
     started: Instant,
     emitted: u64,
+}
+
+impl Throttle {
+    pub(crate) fn new(rate: Option<f64>) -> Self {
+        Throttle {
+            rate,
+            started: Instant::now(),
+            emitted: 0,
+        }
+    }
+
+    /// How many of `max` records may go now; 0: wait.
+    pub(crate) fn room(&self, max: usize) -> u64 {
+        let max = max as u64;
+        match self.rate {
+            None => max,
+            Some(rate) => {
+                let allowed = (self.started.elapsed().as_secs_f64() * rate) as u64;
+                max.min(allowed.saturating_sub(self.emitted))
+            }
+        }
+    }
+
+    /// `records` went.
+    pub(crate) fn took(&mut self, records: u64) {
+        self.emitted += records;
+    }
 }
 
 impl SourceReader<Numbered, SequenceSplit> for SequenceReader {
@@ -183,13 +215,9 @@ impl SourceReader<Numbered, SequenceSplit> for SequenceReader {
                 self.splits.remove(0);
                 return Ok(ReadStatus::SplitFinished { split: number });
             }
-            let mut room = max as u64;
-            if let Some(rate) = self.spec.rate {
-                let allowed = (self.started.elapsed().as_secs_f64() * rate) as u64;
-                room = room.min(allowed.saturating_sub(self.emitted));
-                if room == 0 {
-                    return Ok(ReadStatus::Idle(Duration::from_millis(1)));
-                }
+            let room = self.throttle.room(max);
+            if room == 0 {
+                return Ok(ReadStatus::Idle(Duration::from_millis(1)));
             }
             let first_key = split.split * self.spec.keys_per_split;
             let keys = u64::from(self.spec.keys_per_split);
@@ -200,7 +228,7 @@ impl SourceReader<Numbered, SequenceSplit> for SequenceReader {
                     seq: j / keys,
                 });
             }
-            self.emitted += until - split.next;
+            self.throttle.took(until - split.next);
             split.next = until;
             Ok(ReadStatus::Records { split: *number })
         })

@@ -56,6 +56,9 @@ pub mod ttl;
 
 pub use backend::heap::restore::RestoreSummary;
 pub use backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
+pub use backend::keyed_entries::{
+    KeyedSnapshotEntries, KeyedSnapshotWriter, StateValueCodec, WriterState,
+};
 pub use backend::keyed_snapshot::{
     decode_keyed_snapshot, encode_keyed_snapshot, KeyedEntryBytes, KeyedSnapshotContents,
     KeyedStateContents, KEYED_SNAPSHOT_FORMAT_VERSION,

@@ -1,5 +1,6 @@
 //! User function traits and the contexts they receive.
 
+use crate::operator::process::OwnKeyedState;
 use crate::operator::{Batch, Emitter, OutputTag, RuntimeContext};
 use crate::record::{Key, Watermark, NO_TIMESTAMP};
 use crate::state::{
@@ -256,6 +257,13 @@ pub trait KeyedProcessFunction<K, I, O>: Clone + Send + Sync + 'static {
     /// matters: a job with checkpointing on refuses to start, naming it. Keyed state and timers
     /// are checkpointed; a function's fields are not (as in Flink).
     fn unmanaged_state(&self) -> Option<&'static str> {
+        None
+    }
+    /// Keyed state the function keeps in fields of its own and writes to checkpoints itself
+    /// (the interval join's buffers).
+    #[doc(hidden)]
+    #[allow(private_interfaces)]
+    fn own_keyed_state(&mut self) -> Option<&mut dyn OwnKeyedState<K>> {
         None
     }
 }

@@ -22,10 +22,17 @@ use std::sync::{Mutex, PoisonError};
 use super::connected::{either_key, tag_and_union};
 use super::either::Either;
 use super::function::{KeyedProcessContext, KeyedProcessFunction};
+use weir_state::{
+    KeyedSnapshotEntries, KeyedSnapshotWriter, StateError, StateKind, StateValueCodec, WriterState,
+};
+
 use super::keyed::KeyedStream;
 use super::stream::DataStream;
+use crate::checkpoint::keyed::{foreign_state, KeyedScope};
+use crate::operator::process::OwnKeyedState;
 use crate::operator::{Emitter, OutputTag, RuntimeContext};
 use crate::record::{Key, Record};
+use crate::state::StateValue;
 
 /// The function of an interval join (Flink's `ProcessJoinFunction`): called once per joined
 /// (left, right) pair. Closures work:
@@ -219,8 +226,14 @@ where
         self
     }
 
-    /// Calls `function` on every joined pair. The operator is named `Interval Join`.
-    pub fn process<O: Record, F: ProcessJoinFunction<A, B, O>>(self, function: F) -> DataStream<O> {
+    /// Calls `function` on every joined pair. The operator is named `Interval Join`. Both
+    /// sides' records wait in buffers per key, which checkpoints write, so they must be
+    /// [`StateValue`]s (rkyv-archivable, as records are).
+    pub fn process<O: Record, F: ProcessJoinFunction<A, B, O>>(self, function: F) -> DataStream<O>
+    where
+        A: StateValue,
+        B: StateValue,
+    {
         let left_key = self.left.key_selector();
         let right_key = self.right.key_selector();
         let left = self.left.into_unkeyed();
@@ -346,19 +359,114 @@ impl<K: Key, A, B, F> IntervalJoinFunction<K, A, B, F> {
     }
 }
 
+/// The checkpointed buffers: per key one list state per side, an entry per buffered record
+/// with its timestamp as namespace.
+const LEFT_BUFFER: &str = "interval-join-left";
+const RIGHT_BUFFER: &str = "interval-join-right";
+
+impl<K, A, B, F> OwnKeyedState<K> for IntervalJoinFunction<K, A, B, F>
+where
+    K: Key,
+    A: StateValue,
+    B: StateValue,
+{
+    fn snapshot(&mut self, scope: &KeyedScope) -> Result<Vec<u8>, StateError> {
+        let mut writer = scope.writer::<K, i64>();
+        let left = BufferState::<A>::add(&mut writer, LEFT_BUFFER);
+        let right = BufferState::<B>::add(&mut writer, RIGHT_BUFFER);
+        for (key, buffers) in self.buffers.get().iter() {
+            writer.set_key(key)?;
+            left.put(&mut writer, &buffers.left)?;
+            right.put(&mut writer, &buffers.right)?;
+        }
+        let mut bytes = Vec::new();
+        writer.finish(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    fn restore(&mut self, scope: &KeyedScope, parts: &[&[u8]]) -> Result<(), StateError> {
+        let restored = scope.read::<K, i64>(parts)?;
+        let buffers = self.buffers.get();
+        BufferState::<A>::restore(&restored, LEFT_BUFFER, |key, timestamp, record| {
+            let side = &mut Self::key_buffers(buffers, key).left;
+            side.entry(timestamp).or_default().push(record);
+        })?;
+        BufferState::<B>::restore(&restored, RIGHT_BUFFER, |key, timestamp, record| {
+            let side = &mut Self::key_buffers(buffers, key).right;
+            side.entry(timestamp).or_default().push(record);
+        })
+    }
+}
+
+/// One side's buffer in a checkpoint.
+struct BufferState<T> {
+    state: WriterState,
+    codec: StateValueCodec<T>,
+}
+
+impl<T: StateValue> BufferState<T> {
+    fn add<K: Key>(writer: &mut KeyedSnapshotWriter<K, i64>, name: &str) -> Self {
+        let codec = StateValueCodec::of();
+        let state = writer.add_state(name, StateKind::List, codec.value_type());
+        BufferState { state, codec }
+    }
+
+    /// Writes the current key's buffered records.
+    fn put<K: Key>(
+        &self,
+        writer: &mut KeyedSnapshotWriter<K, i64>,
+        buffer: &BTreeMap<i64, Vec<T>>,
+    ) -> Result<(), StateError> {
+        for (timestamp, records) in buffer {
+            for record in records {
+                writer.put(self.state, Some(timestamp), &self.codec, record)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands every restored record of `name` with its key and timestamp to `buffer`.
+    fn restore<K: Key>(
+        restored: &KeyedSnapshotEntries<K, i64>,
+        name: &str,
+        mut buffer: impl FnMut(&K, i64, T),
+    ) -> Result<(), StateError> {
+        restored.for_each(
+            name,
+            StateKind::List,
+            &StateValueCodec::of(),
+            |key, timestamp, record| {
+                let timestamp = timestamp.ok_or_else(|| {
+                    foreign_state(
+                        format!(
+                            "the interval join's checkpoint holds a record of key {key:?} \
+                             without its timestamp"
+                        ),
+                        "restore from a checkpoint this job wrote",
+                    )
+                })?;
+                buffer(key, timestamp, record);
+                Ok(())
+            },
+        )?;
+        Ok(())
+    }
+}
+
 impl<K, A, B, O, F> KeyedProcessFunction<K, Either<A, B>, O> for IntervalJoinFunction<K, A, B, F>
 where
     K: Key,
-    A: Record,
-    B: Record,
+    A: Record + StateValue,
+    B: Record + StateValue,
     F: ProcessJoinFunction<A, B, O>,
 {
     fn open(&mut self, ctx: &RuntimeContext) {
         self.function.open(ctx);
     }
 
-    fn unmanaged_state(&self) -> Option<&'static str> {
-        Some("its join buffers in operator memory")
+    #[allow(private_interfaces)]
+    fn own_keyed_state(&mut self) -> Option<&mut dyn OwnKeyedState<K>> {
+        Some(self)
     }
 
     fn process_element(&mut self, value: Either<A, B>, ctx: &mut KeyedProcessContext<'_, K, O>) {

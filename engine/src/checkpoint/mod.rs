@@ -6,6 +6,8 @@
 //!   triggers the sources through their mailboxes, collects the tasks' acknowledgements and
 //!   commits the checkpoint storage; reads the latest checkpoint back when a job resumes.
 //! - `task_state`: what one task's operators write at a barrier and restore from.
+//! - `keyed`: keyed state operators keep in structures of their own, in the keyed-snapshot
+//!   format.
 //! - [`restart`]: after a failure, whether and when the job restarts from its last checkpoint
 //!   (Flink's restart strategies).
 //!
@@ -14,6 +16,7 @@
 pub(crate) mod bytes;
 pub mod coordinator;
 pub(crate) mod driver;
+pub(crate) mod keyed;
 pub mod restart;
 pub(crate) mod task_state;
 

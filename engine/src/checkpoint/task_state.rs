@@ -30,6 +30,9 @@ use super::bytes::{ByteReader, ByteWriter};
 pub(crate) const PART_KEYED: &str = "keyed";
 /// A keyed operator's timers.
 pub(crate) const PART_TIMERS: &str = "timers";
+/// Keyed state a function keeps in its own fields (the interval join's buffers), in the
+/// canonical keyed-snapshot format.
+pub(crate) const PART_OWN_KEYED: &str = "own-keyed";
 /// An operator subtask's operator state (`OperatorStateStore`).
 pub(crate) const PART_OPERATOR_STATE: &str = "operator-state";
 /// A source reader's splits with their positions.

@@ -20,7 +20,7 @@ mod fan_out;
 mod filter;
 mod flat_map;
 mod map;
-mod process;
+pub(crate) mod process;
 mod reduce;
 pub(crate) mod scope;
 

@@ -4,13 +4,14 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 
-use weir_state::{KeyGroup, KeyGroupRange};
+use weir_state::{KeyGroup, KeyGroupRange, StateError};
 
 use super::{Emitter, Operator, RuntimeContext};
 use crate::api::function::KeyedTimers;
 use crate::api::{KeyedProcessContext, KeyedProcessFunction, ProcessContext, ProcessFunction};
 use crate::checkpoint::bytes::{ByteReader, ByteWriter};
-use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED, PART_TIMERS};
+use crate::checkpoint::keyed::KeyedScope;
+use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED, PART_OWN_KEYED, PART_TIMERS};
 use crate::record::{Key, Watermark, NO_TIMESTAMP};
 use crate::state::KeyedStateStore;
 use crate::time::TimeDomain;
@@ -54,6 +55,15 @@ impl<I, O, F: ProcessFunction<I, O>> Operator<I, O> for ProcessOperator<F> {
     fn on_watermark(&mut self, watermark: Watermark, _out: &mut Emitter<O>) {
         self.watermark = watermark;
     }
+}
+
+/// Keyed state a keyed process function keeps in fields of its own and writes to checkpoints
+/// itself, in the canonical keyed-snapshot format (the interval join's buffers).
+pub(crate) trait OwnKeyedState<K> {
+    /// The state of every key of the subtask owning `scope`.
+    fn snapshot(&mut self, scope: &KeyedScope) -> Result<Vec<u8>, StateError>;
+    /// Takes back what `parts` (one per old subtask) hold for the key groups of `scope`.
+    fn restore(&mut self, scope: &KeyedScope, parts: &[&[u8]]) -> Result<(), StateError>;
 }
 
 pub(crate) struct KeyedProcessOperator<K, KS, F> {
@@ -130,6 +140,14 @@ where
             .unwrap_or_else(|error| panic!("cannot open the keyed state backend: {error}"));
         restore_timers(&mut self.timers, &ctx.restored_of_all(PART_TIMERS), ctx)
             .unwrap_or_else(|error| panic!("cannot restore the timers: {error}"));
+        if let Some(own) = self.function.own_keyed_state() {
+            let parts = ctx.restored_of_all(PART_OWN_KEYED);
+            if !parts.is_empty() {
+                let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
+                own.restore(&KeyedScope::of(ctx), &parts)
+                    .unwrap_or_else(|error| panic!("cannot restore the function's state: {error}"));
+            }
+        }
         self.state = Some(state);
         self.function.open(ctx);
         self.runtime = Some(ctx.clone());
@@ -173,6 +191,11 @@ where
         let state = self.state.as_deref().expect("opened");
         snapshot.add_deferred(PART_KEYED, state.snapshot_part()?);
         snapshot.add(PART_TIMERS, encode_timers(&self.timers)?);
+        if let Some(own) = self.function.own_keyed_state() {
+            let scope = KeyedScope::of(self.runtime.as_ref().expect("opened"));
+            let bytes = own.snapshot(&scope).map_err(|error| error.to_string())?;
+            snapshot.add(PART_OWN_KEYED, bytes);
+        }
         Ok(())
     }
 

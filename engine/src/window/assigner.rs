@@ -280,8 +280,10 @@ where
         }
     }
 
+    /// Heap windows write their panes, sessions and timers (`window::checkpoint`); a job on
+    /// RocksDB is refused checkpoints as a whole.
     fn unsupported_state(&self) -> Option<&'static str> {
-        Some("window contents and their timers in operator memory")
+        None
     }
 }
 
@@ -360,6 +362,10 @@ where
             .downcast_ref::<W>()
             .expect("checked in WindowAs::new");
         self.logic.fire(key, window, panes, timestamp, out)
+    }
+
+    fn acc_codec(&self) -> Option<super::checkpoint::AccCodec<L::Acc>> {
+        self.logic.acc_codec()
     }
 }
 

@@ -5,9 +5,11 @@
 use std::marker::PhantomData;
 
 use weir_state::{
-    ListState, ListStateDescriptor, LocalKeyedBackend, StateError, StateValue, ValueState,
-    ValueStateDescriptor,
+    ListState, ListStateDescriptor, LocalKeyedBackend, StateCodec, StateError, StateValue,
+    ValueState, ValueStateDescriptor,
 };
+
+use super::checkpoint::{AccCodec, CONTENTS};
 
 use crate::api::Collector;
 use crate::operator::Batch;
@@ -99,6 +101,9 @@ pub(crate) trait WindowLogic<K, W, T, O>: 'static {
         timestamp: i64,
         out: &mut Batch<O>,
     );
+    /// How a checkpoint writes an accumulator (`None`: the accumulators stand for contents in
+    /// the state backend).
+    fn acc_codec(&self) -> Option<AccCodec<Self::Acc>>;
 }
 
 /// `reduce(f)`, optionally followed by `post(key, window, reduced)`.
@@ -122,7 +127,7 @@ impl<F, P> ReduceLogic<F, P> {
 
 impl<K, W, T, O, F, P> WindowLogic<K, W, T, O> for ReduceLogic<F, P>
 where
-    T: Clone + 'static,
+    T: Clone + StateCodec,
     F: FnMut(T, T) -> T + 'static,
     P: FnMut(&K, &W, T) -> O + 'static,
 {
@@ -159,6 +164,10 @@ where
             out.push((self.post)(key, window, result), timestamp);
         }
     }
+
+    fn acc_codec(&self) -> Option<AccCodec<Option<T>>> {
+        Some(AccCodec::optional())
+    }
 }
 
 /// `aggregate(f)`, optionally followed by `post(key, window, result)`.
@@ -180,7 +189,7 @@ impl<A: Clone, ACC, R, P: Clone> Clone for AggregateLogic<A, ACC, R, P> {
 
 impl<K, W, T, ACC, R, O, A, P> WindowLogic<K, W, T, O> for AggregateLogic<A, ACC, R, P>
 where
-    ACC: 'static,
+    ACC: StateCodec,
     R: 'static,
     A: AggregateFunction<T, ACC, R> + Clone,
     P: FnMut(&K, &W, R) -> O + 'static,
@@ -213,6 +222,10 @@ where
         };
         out.push((self.post)(key, window, result), timestamp);
     }
+
+    fn acc_codec(&self) -> Option<AccCodec<ACC>> {
+        Some(AccCodec::value())
+    }
 }
 
 /// `process(f)`: keeps the records, hands them all to `f` when the window fires.
@@ -223,7 +236,7 @@ pub(crate) struct ProcessLogic<F> {
 
 impl<K, W, T, O, F> WindowLogic<K, W, T, O> for ProcessLogic<F>
 where
-    T: 'static,
+    T: StateCodec,
     F: ProcessWindowFunction<K, W, T, O>,
 {
     type Acc = Vec<T>;
@@ -249,10 +262,11 @@ where
             &mut Collector { out, timestamp },
         );
     }
-}
 
-/// The name of a window operator's contents in the state backend (one per operator).
-const CONTENTS: &str = "window-contents";
+    fn acc_codec(&self) -> Option<AccCodec<Vec<T>>> {
+        Some(AccCodec::list())
+    }
+}
 
 /// How a window function keeps a pane's (or session's) contents in a state backend, for the
 /// window operators' RocksDB path (`stored.rs`): the namespace is the pane, and the backend's

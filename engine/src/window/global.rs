@@ -4,9 +4,13 @@
 
 use std::marker::PhantomData;
 
+use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
+
+use super::checkpoint::{contents_in_rocksdb, KeyedScope, COUNTS};
 use super::function::WindowLogic;
 use super::{GlobalWindow, KeyMap, Window};
-use crate::operator::{Emitter, Operator};
+use crate::checkpoint::task_state::OperatorSnapshot;
+use crate::operator::{Emitter, Operator, RuntimeContext};
 use crate::record::Key;
 
 pub(crate) struct CountWindowOperator<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> {
@@ -14,6 +18,8 @@ pub(crate) struct CountWindowOperator<K, T, O, KS, L: WindowLogic<K, GlobalWindo
     logic: L,
     count: u64,
     keys: KeyMap<K, (u64, L::Acc)>,
+    /// Set when opened.
+    scope: Option<KeyedScope>,
     _types: PhantomData<fn(T) -> O>,
 }
 
@@ -24,8 +30,57 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
             logic,
             count,
             keys: KeyMap::default(),
+            scope: None,
             _types: PhantomData,
         }
+    }
+
+    /// Writes every key's window and count (`checkpoint.rs` has the layout).
+    fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError>
+    where
+        K: Key,
+    {
+        let scope = self.scope.expect("opened");
+        let codec = self.logic.acc_codec().ok_or_else(contents_in_rocksdb)?;
+        let mut writer = super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, &codec);
+        let counts = writer.add_state::<u64>(COUNTS, StateKind::Value);
+        for (key, (seen, acc)) in &self.keys {
+            writer.key(key)?;
+            writer.contents(None, acc)?;
+            writer.put(&counts, seen)?;
+        }
+        writer.finish(snapshot)
+    }
+
+    /// Takes back the windows and counts of this subtask's key groups from the checkpoint the
+    /// job resumes from.
+    fn restore(
+        &mut self,
+        restored: &KeyedSnapshotEntries<K, GlobalWindow>,
+    ) -> Result<(), StateError>
+    where
+        K: Key,
+    {
+        let codec = self.logic.acc_codec().ok_or_else(contents_in_rocksdb)?;
+        let (keys, logic) = (&mut self.keys, &self.logic);
+        codec.restore(restored, |key, _, bytes| {
+            let (_, acc) = keys
+                .entry(key.clone())
+                .or_insert_with(|| (0, logic.create(key)));
+            codec.decode_into(acc, bytes)
+        })?;
+        restored.for_each(
+            COUNTS,
+            StateKind::Value,
+            &StateValueCodec::<u64>::of(),
+            |key, _, count| {
+                if let Some((seen, _)) = self.keys.get_mut(key) {
+                    *seen = count;
+                }
+                Ok(())
+            },
+        )?;
+        Ok(())
     }
 }
 
@@ -37,6 +92,17 @@ where
     KS: Fn(&T) -> K + 'static,
     L: WindowLogic<K, GlobalWindow, T, O>,
 {
+    fn open(&mut self, ctx: &RuntimeContext) {
+        let scope =
+            super::checkpoint::open(ctx, "count windows", |restored| self.restore(restored));
+        self.scope = Some(scope);
+    }
+
+    fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
+        self.write_snapshot(snapshot)
+            .map_err(|error| error.to_string())
+    }
+
     fn process_element(&mut self, record: T, _timestamp: i64, out: &mut Emitter<O>) {
         let key = (self.key_selector)(&record);
         let logic = &mut self.logic;

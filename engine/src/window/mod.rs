@@ -15,6 +15,7 @@
 
 pub(crate) mod aligned;
 pub(crate) mod assigner;
+mod checkpoint;
 pub(crate) mod function;
 mod global;
 mod panes;
@@ -48,7 +49,19 @@ pub trait Window: Clone + Hash + Eq + Debug + Send + 'static {
 }
 
 /// A time interval `[start, end)` in milliseconds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
 pub struct TimeWindow {
     /// First millisecond of the window (inclusive).
     pub start: i64,
@@ -76,7 +89,9 @@ impl Window for TimeWindow {
 }
 
 /// The one window of `GlobalWindows`: all of a key's records, fired by a count trigger.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
 pub struct GlobalWindow;
 
 impl Window for GlobalWindow {

@@ -8,11 +8,15 @@ use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
+
 use super::assigner::SessionGap;
+use super::checkpoint::{contents_in_rocksdb, KeyedScope, CLEANUP_TIMERS, FIRE_TIMERS};
 use super::function::WindowLogic;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
+use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::metrics::OperatorMetrics;
-use crate::operator::{Emitter, Operator, OutputTag};
+use crate::operator::{Emitter, Operator, OutputTag, RuntimeContext};
 use crate::record::{Key, Watermark};
 use crate::time::{TimeDomain, TimerQueue};
 
@@ -67,6 +71,25 @@ impl<A> Sessions<A> {
         }
     }
 
+    fn get_mut(&mut self, start: i64) -> Option<&mut (i64, A)> {
+        match &mut self.latest {
+            Some((latest, session)) if *latest == start => Some(session),
+            _ => self.earlier.get_mut(&start),
+        }
+    }
+
+    /// Every session: start, end and accumulator.
+    fn iter(&self) -> impl Iterator<Item = (i64, &(i64, A))> {
+        self.earlier
+            .iter()
+            .map(|(start, session)| (*start, session))
+            .chain(
+                self.latest
+                    .as_ref()
+                    .map(|(start, session)| (*start, session)),
+            )
+    }
+
     fn insert(&mut self, start: i64, session: (i64, A)) {
         match &self.latest {
             Some((latest, _)) if *latest > start => {
@@ -108,6 +131,8 @@ pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     fire_timers: TimerQueue<K>,
     cleanup_timers: TimerQueue<K>,
     watermark: Watermark,
+    /// Set when opened.
+    scope: Option<KeyedScope>,
     _output: PhantomData<fn() -> O>,
 }
 
@@ -141,8 +166,72 @@ where
             fire_timers: TimerQueue::default(),
             cleanup_timers: TimerQueue::default(),
             watermark: Watermark::MIN,
+            scope: None,
             _output: PhantomData,
         }
+    }
+
+    /// Writes every key's sessions and their timers (`checkpoint.rs` has the layout).
+    fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+        let scope = self.scope.expect("opened");
+        let codec = self.logic.acc_codec().ok_or_else(contents_in_rocksdb)?;
+        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, &codec);
+        let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
+        let cleanup_timers = writer.add_state::<i64>(CLEANUP_TIMERS, StateKind::List);
+        for (key, sessions) in &self.keys {
+            writer.key(key)?;
+            for (start, (end, acc)) in sessions.iter() {
+                writer.contents(Some(&TimeWindow::new(start, *end)), acc)?;
+            }
+        }
+        let mut result = Ok(());
+        for (timers, state) in [
+            (&self.fire_timers, &fire_timers),
+            (&self.cleanup_timers, &cleanup_timers),
+        ] {
+            timers.for_each(|time, key| {
+                if result.is_ok() {
+                    result = writer.key(key).and_then(|()| writer.put(state, &time));
+                }
+            });
+        }
+        result?;
+        writer.finish(snapshot)
+    }
+
+    /// Takes back the sessions and timers of this subtask's key groups from the checkpoint
+    /// the job resumes from.
+    fn restore(
+        &mut self,
+        restored: &KeyedSnapshotEntries<K, TimeWindow>,
+    ) -> Result<(), StateError> {
+        let codec = self.logic.acc_codec().ok_or_else(contents_in_rocksdb)?;
+        let (keys, logic) = (&mut self.keys, &self.logic);
+        codec.restore(restored, |key, window, bytes| {
+            let window = window.ok_or_else(|| {
+                super::checkpoint::foreign_window(format!(
+                    "the session window operator's checkpoint holds contents of key {key:?} \
+                     without their session"
+                ))
+            })?;
+            let sessions = keys.entry(key.clone()).or_default();
+            if sessions.get(window.start).is_none() {
+                sessions.insert(window.start, (window.end, logic.create(key)));
+            }
+            let (_, acc) = sessions.get_mut(window.start).expect("inserted above");
+            codec.decode_into(acc, bytes)
+        })?;
+        let times = StateValueCodec::<i64>::of();
+        for (name, timers) in [
+            (FIRE_TIMERS, &mut self.fire_timers),
+            (CLEANUP_TIMERS, &mut self.cleanup_timers),
+        ] {
+            restored.for_each(name, StateKind::List, &times, |key, _, time| {
+                timers.register(key, time);
+                Ok(())
+            })?;
+        }
+        Ok(())
     }
 
     fn is_past(&self, window: &TimeWindow, lateness: i64) -> bool {
@@ -221,6 +310,16 @@ where
     fn bind_metrics(&mut self, metrics: &Arc<OperatorMetrics>) {
         self.late.dropped = Some(metrics.late_records_dropped.clone());
         self.operator = metrics.name.as_str().into();
+    }
+
+    fn open(&mut self, ctx: &RuntimeContext) {
+        let scope = super::checkpoint::open(ctx, "sessions", |restored| self.restore(restored));
+        self.scope = Some(scope);
+    }
+
+    fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
+        self.write_snapshot(snapshot)
+            .map_err(|error| error.to_string())
     }
 
     fn process_element(&mut self, record: T, timestamp: i64, out: &mut Emitter<O>) {

@@ -199,4 +199,8 @@ where
         loaded.clear();
         self.loaded = loaded;
     }
+
+    fn acc_codec(&self) -> Option<super::checkpoint::AccCodec<Self::Acc>> {
+        None
+    }
 }

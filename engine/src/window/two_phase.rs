@@ -507,6 +507,10 @@ where
     fn weight(&self, value: &Partial<K, L::Acc>) -> u64 {
         value.records
     }
+
+    fn acc_codec(&self) -> Option<super::checkpoint::AccCodec<L::Acc>> {
+        self.inner.acc_codec()
+    }
 }
 
 impl<K, W, T, O, L> StoredLogic<K, W, Partial<K, L::Acc>, O> for MergeLogic<L, T>

@@ -204,34 +204,55 @@ impl<K: StateCodec, N: StateCodec> KeyEncoder<K, N> {
             Self::encode(state, entry.key, &mut self.key_bytes)?;
             self.key = entry.key;
         }
-        let mut flags = 0;
         if let Some(namespace) = entry.namespace {
-            flags |= HAS_NAMESPACE;
             if !std::ptr::eq(self.namespace, namespace) {
                 Self::encode(state, namespace, &mut self.namespace_bytes)?;
                 self.namespace = namespace;
             }
         }
-        if entry.user_key.is_some() {
-            flags |= HAS_USER_KEY;
-        }
-        if entry.expires_at_ms.is_some() {
-            flags |= HAS_EXPIRY;
-        }
-        out.push(flags);
-        put_bytes(out, state, &self.key_bytes)?;
-        if entry.namespace.is_some() {
-            put_bytes(out, state, &self.namespace_bytes)?;
-        }
-        if let Some(user_key) = entry.user_key {
-            put_bytes(out, state, user_key)?;
-        }
-        put_bytes(out, state, entry.value)?;
-        if let Some(expires_at) = entry.expires_at_ms {
-            out.extend_from_slice(&expires_at.to_le_bytes());
-        }
-        Ok(())
+        write_entry(
+            out,
+            state,
+            &RawEntry {
+                key: &self.key_bytes,
+                namespace: entry.namespace.map(|_| self.namespace_bytes.as_slice()),
+                user_key: entry.user_key,
+                value: entry.value,
+                expires_at_ms: entry.expires_at_ms,
+            },
+        )
     }
+}
+
+/// Appends one entry of a key-group block.
+pub(crate) fn write_entry(
+    out: &mut Vec<u8>,
+    state: &str,
+    entry: &RawEntry<'_>,
+) -> Result<(), StateError> {
+    let mut flags = 0;
+    if entry.namespace.is_some() {
+        flags |= HAS_NAMESPACE;
+    }
+    if entry.user_key.is_some() {
+        flags |= HAS_USER_KEY;
+    }
+    if entry.expires_at_ms.is_some() {
+        flags |= HAS_EXPIRY;
+    }
+    out.push(flags);
+    put_bytes(out, state, entry.key)?;
+    if let Some(namespace) = entry.namespace {
+        put_bytes(out, state, namespace)?;
+    }
+    if let Some(user_key) = entry.user_key {
+        put_bytes(out, state, user_key)?;
+    }
+    put_bytes(out, state, entry.value)?;
+    if let Some(expires_at) = entry.expires_at_ms {
+        out.extend_from_slice(&expires_at.to_le_bytes());
+    }
+    Ok(())
 }
 
 /// Appends the canonical encoding of `snapshot` to `out` (see the module docs). It only reads
@@ -241,9 +262,16 @@ pub fn encode_keyed_snapshot<K: StateKey + StateCodec, N: StateKey + StateCodec>
     snapshot: &HeapSnapshot<K, N>,
     out: &mut Vec<u8>,
 ) -> Result<(), StateError> {
+    with_checksum(out, |out| encode_body(snapshot, out))
+}
+
+/// Appends what `body` writes and its CRC-32; on an error `out` is left as it was.
+pub(crate) fn with_checksum(
+    out: &mut Vec<u8>,
+    body: impl FnOnce(&mut Vec<u8>) -> Result<(), StateError>,
+) -> Result<(), StateError> {
     let start = out.len();
-    let result = encode_body(snapshot, out);
-    match result {
+    match body(out) {
         Ok(()) => {
             let checksum = crc32(&out[start..]);
             out.extend_from_slice(&checksum.to_le_bytes());
@@ -260,39 +288,70 @@ fn encode_body<K: StateKey + StateCodec, N: StateKey + StateCodec>(
     snapshot: &HeapSnapshot<K, N>,
     out: &mut Vec<u8>,
 ) -> Result<(), StateError> {
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&KEYED_SNAPSHOT_FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&snapshot.max_parallelism.to_le_bytes());
-    out.extend_from_slice(&snapshot.key_groups.start.to_le_bytes());
-    out.extend_from_slice(&snapshot.key_groups.end.to_le_bytes());
-    out.extend_from_slice(&snapshot.taken_at_ms.to_le_bytes());
-    put_bytes(out, "*", type_name::<K>().as_bytes())?;
-    put_bytes(out, "*", type_name::<N>().as_bytes())?;
-    let count = snapshot.states.len() + snapshot.restored.len();
-    let count = u32::try_from(count).map_err(|_| too_long("*", count))?;
-    out.extend_from_slice(&count.to_le_bytes());
+    write_header::<K, N>(
+        out,
+        snapshot.max_parallelism,
+        snapshot.key_groups,
+        snapshot.taken_at_ms,
+        snapshot.states.len() + snapshot.restored.len(),
+    )?;
     let mut keys = KeyEncoder::<K, N>::new();
     for state in &snapshot.states {
         encode_state(state, &mut keys, out)?;
     }
     for state in &snapshot.restored {
-        let header = &state.header;
-        write_state_header(
-            out,
-            &header.name,
-            header.kind,
-            &header.value_type,
-            header.user_key_type.as_deref(),
-            header.has_ttl,
-        )?;
-        out.extend_from_slice(&(state.blocks.len() as u32).to_le_bytes());
-        for block in &state.blocks {
-            let bytes = state.block_bytes(block);
-            out.extend_from_slice(&block.key_group.to_le_bytes());
-            out.extend_from_slice(&block.entries.to_le_bytes());
-            out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-            out.extend_from_slice(bytes);
-        }
+        let blocks = state
+            .blocks
+            .iter()
+            .map(|block| (block.key_group, block.entries, state.block_bytes(block)));
+        write_state_blocks(out, &state.header, blocks)?;
+    }
+    Ok(())
+}
+
+/// Appends everything in front of the states: magic, version, key groups, time, key and
+/// namespace types, and the number of states that follow.
+pub(crate) fn write_header<K, N>(
+    out: &mut Vec<u8>,
+    max_parallelism: u32,
+    key_groups: KeyGroupRange,
+    taken_at_ms: i64,
+    states: usize,
+) -> Result<(), StateError> {
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&KEYED_SNAPSHOT_FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&max_parallelism.to_le_bytes());
+    out.extend_from_slice(&key_groups.start.to_le_bytes());
+    out.extend_from_slice(&key_groups.end.to_le_bytes());
+    out.extend_from_slice(&taken_at_ms.to_le_bytes());
+    put_bytes(out, "*", type_name::<K>().as_bytes())?;
+    put_bytes(out, "*", type_name::<N>().as_bytes())?;
+    let count = u32::try_from(states).map_err(|_| too_long("*", states))?;
+    out.extend_from_slice(&count.to_le_bytes());
+    Ok(())
+}
+
+/// Appends a state of `header` whose key-group blocks are already encoded: `(key group, entry
+/// count, entries)`, in ascending key-group order, none empty.
+pub(crate) fn write_state_blocks<'a>(
+    out: &mut Vec<u8>,
+    header: &StateHeader,
+    blocks: impl ExactSizeIterator<Item = (u32, u32, &'a [u8])>,
+) -> Result<(), StateError> {
+    write_state_header(
+        out,
+        &header.name,
+        header.kind,
+        &header.value_type,
+        header.user_key_type.as_deref(),
+        header.has_ttl,
+    )?;
+    out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
+    for (key_group, entries, bytes) in blocks {
+        out.extend_from_slice(&key_group.to_le_bytes());
+        out.extend_from_slice(&entries.to_le_bytes());
+        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(bytes);
     }
     Ok(())
 }

@@ -350,7 +350,8 @@ struct DecodedKey<'a, K, N> {
     hash: u64,
 }
 
-fn decode_with<T>(
+/// Decodes `bytes` of state `state` with `decode`, or says what they failed to be.
+pub(crate) fn decode_with<T>(
     state: &str,
     what: &'static str,
     decode: fn(&[u8]) -> Result<T, rancor::Error>,

@@ -1,0 +1,255 @@
+//! Checkpoints of the window operators' heap state.
+//!
+//! A window operator keeps its windows in maps of its own (`aligned.rs`, `session.rs`,
+//! `global.rs`), not in a keyed backend, and checkpoints them as keyed state
+//! (`checkpoint::keyed`): the task's `keyed` part of the operator, keyed by the window's key,
+//! with these states:
+//!
+//! - `window-contents`: per window, its accumulator (value state), or its records for
+//!   `process` (list state); the namespace is the pane `[start, start + pane)` of tumbling and
+//!   sliding windows, the session `[start, end)`, none for count windows;
+//! - `window-fire-timers` (list of `i64`): the key's window-firing timers — the one live timer
+//!   of an aligned window's key, every timer of a key's sessions;
+//! - `window-cleanup-timers` (list of `i64`): sessions kept for their allowed lateness;
+//! - `window-count` (`u64`): records in the key's count window.
+//!
+//! Pane clean-up timers are not written: a restore sets them again from the panes. The
+//! operator's watermark is not written either: as in Flink, a restored operator starts from
+//! no watermark, and its timers fire when watermarks arrive again.
+//!
+//! The snapshot is encoded when the barrier passes, before the next record: the maps change
+//! right after it, and they are not copy-on-write.
+
+use std::any::type_name;
+
+use rkyv::rancor;
+use weir_state::{
+    KeyedSnapshotEntries, KeyedSnapshotWriter, StateCodec, StateError, StateErrorKind, StateKind,
+    StateValueCodec,
+};
+
+use crate::checkpoint::keyed::foreign_state;
+pub(crate) use crate::checkpoint::keyed::KeyedScope;
+use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED};
+use crate::operator::RuntimeContext;
+use crate::record::Key;
+
+/// The accumulators (or records) of panes, sessions and count windows.
+pub(crate) const CONTENTS: &str = "window-contents";
+/// Window-firing timers.
+pub(crate) const FIRE_TIMERS: &str = "window-fire-timers";
+/// Session clean-up timers (allowed lateness).
+pub(crate) const CLEANUP_TIMERS: &str = "window-cleanup-timers";
+/// Records in each key's count window.
+pub(crate) const COUNTS: &str = "window-count";
+
+/// How a window function's accumulator is checkpointed: as the entries of a value or list
+/// state of `value_type` under its key and window.
+pub(crate) struct AccCodec<A> {
+    kind: StateKind,
+    value_type: &'static str,
+    /// How many entries `acc` is written as.
+    entries: fn(&A) -> usize,
+    /// Appends the encoding of the `i`-th entry of `acc`.
+    encode_entry: fn(&A, usize, &mut Vec<u8>) -> Result<(), rancor::Error>,
+    /// Folds one decoded entry into `acc` (a value state's entry replaces it).
+    decode_entry: fn(&mut A, &[u8]) -> Result<(), rancor::Error>,
+}
+
+impl<A> AccCodec<A> {
+    /// Calls `visit` with every window content in `restored`: key, window and encoded entry,
+    /// which [`AccCodec::decode_into`] folds into the window's accumulator.
+    pub(crate) fn restore<K: Key, N: StateCodec>(
+        &self,
+        restored: &KeyedSnapshotEntries<K, N>,
+        visit: impl FnMut(&K, Option<N>, &[u8]) -> Result<(), StateError>,
+    ) -> Result<u64, StateError> {
+        restored.for_each_encoded(CONTENTS, self.kind, self.value_type, visit)
+    }
+
+    /// Folds one checkpointed entry into `acc` (a value state's entry replaces it).
+    pub(crate) fn decode_into(&self, acc: &mut A, bytes: &[u8]) -> Result<(), StateError> {
+        (self.decode_entry)(acc, bytes).map_err(|error| {
+            StateErrorKind::Corrupt {
+                state: CONTENTS.to_string(),
+                what: "checkpointed window contents",
+                type_name: self.value_type,
+                len: bytes.len(),
+                reason: error.to_string(),
+            }
+            .into()
+        })
+    }
+}
+
+impl<T: StateCodec> AccCodec<Option<T>> {
+    /// `reduce`: the reduced value, if any.
+    pub(crate) fn optional() -> Self {
+        AccCodec {
+            kind: StateKind::Value,
+            value_type: type_name::<T>(),
+            entries: |acc| usize::from(acc.is_some()),
+            encode_entry: |acc, _, out| acc.as_ref().expect("counted").encode_into(out),
+            decode_entry: |acc, bytes| {
+                *acc = Some(T::decode(bytes)?);
+                Ok(())
+            },
+        }
+    }
+}
+
+impl<T: StateCodec> AccCodec<T> {
+    /// `aggregate`: the accumulator itself.
+    pub(crate) fn value() -> Self {
+        AccCodec {
+            kind: StateKind::Value,
+            value_type: type_name::<T>(),
+            entries: |_| 1,
+            encode_entry: |acc, _, out| acc.encode_into(out),
+            decode_entry: |acc, bytes| {
+                *acc = T::decode(bytes)?;
+                Ok(())
+            },
+        }
+    }
+}
+
+impl<T: StateCodec> AccCodec<Vec<T>> {
+    /// `process`: the window's records, one list element each.
+    pub(crate) fn list() -> Self {
+        AccCodec {
+            kind: StateKind::List,
+            value_type: type_name::<T>(),
+            entries: Vec::len,
+            encode_entry: |acc, i, out| acc[i].encode_into(out),
+            decode_entry: |acc, bytes| {
+                acc.push(T::decode(bytes)?);
+                Ok(())
+            },
+        }
+    }
+}
+
+/// Writes one window operator subtask's snapshot.
+pub(crate) struct WindowSnapshot<'c, K, N, A> {
+    writer: KeyedSnapshotWriter<K, N>,
+    codec: &'c AccCodec<A>,
+    contents: weir_state::WriterState,
+}
+
+impl<'c, K: Key, N: StateCodec, A> WindowSnapshot<'c, K, N, A> {
+    /// Makes `key` the key of what is put next.
+    pub(crate) fn key(&mut self, key: &K) -> Result<(), StateError> {
+        self.writer.set_key(key)
+    }
+
+    /// Puts the current key's window `window` holding `acc`.
+    pub(crate) fn contents(&mut self, window: Option<&N>, acc: &A) -> Result<(), StateError> {
+        for i in 0..(self.codec.entries)(acc) {
+            self.writer.put_with(self.contents, window, |out| {
+                (self.codec.encode_entry)(acc, i, out)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Adds a state of `i64` or `u64` values (timers, counts).
+    pub(crate) fn add_state<V: StateCodec>(
+        &mut self,
+        name: &str,
+        kind: StateKind,
+    ) -> (weir_state::WriterState, StateValueCodec<V>) {
+        let codec = StateValueCodec::<V>::of();
+        (self.writer.add_state(name, kind, codec.value_type()), codec)
+    }
+
+    /// Puts `value` of the current key into `state`.
+    pub(crate) fn put<V>(
+        &mut self,
+        (state, codec): &(weir_state::WriterState, StateValueCodec<V>),
+        value: &V,
+    ) -> Result<(), StateError> {
+        self.writer.put(*state, None, codec, value)
+    }
+
+    /// Adds the encoded snapshot to the operator's.
+    pub(crate) fn finish(self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+        let mut bytes = Vec::new();
+        self.writer.finish(&mut bytes)?;
+        snapshot.add(PART_KEYED, bytes);
+        Ok(())
+    }
+}
+
+/// A snapshot of one window operator subtask whose window contents are written with
+/// `codec`.
+pub(crate) fn snapshot<'c, K: Key, N: StateCodec, A>(
+    scope: &KeyedScope,
+    codec: &'c AccCodec<A>,
+) -> WindowSnapshot<'c, K, N, A> {
+    let mut writer = scope.writer();
+    let contents = writer.add_state(CONTENTS, codec.kind, codec.value_type);
+    WindowSnapshot {
+        writer,
+        codec,
+        contents,
+    }
+}
+
+/// Opens a window operator subtask: the key groups it owns, whose entries in the checkpoint
+/// the job resumes from (if it does) go to `restore`. A restore that fails fails the job,
+/// naming the `what` it could not restore and why.
+pub(crate) fn open<K: Key, N: StateCodec>(
+    ctx: &RuntimeContext,
+    what: &str,
+    restore: impl FnOnce(&KeyedSnapshotEntries<K, N>) -> Result<(), StateError>,
+) -> KeyedScope {
+    let scope = KeyedScope::of(ctx);
+    let restored = scope
+        .restored(ctx, PART_KEYED)
+        .and_then(|restored| restored.map_or(Ok(()), |restored| restore(&restored)));
+    match restored {
+        Ok(()) => scope,
+        Err(error) => panic!("cannot restore the {what}: {error}"),
+    }
+}
+
+/// The keyed part of an operator's `snapshot`, read back as one subtask owning every key
+/// group: for testing an operator's snapshot and restore on their own.
+#[cfg(test)]
+pub(crate) fn read_back<K: Key, N: StateCodec>(
+    snapshot: &OperatorSnapshot,
+    max_parallelism: u32,
+) -> KeyedSnapshotEntries<K, N> {
+    let bytes = snapshot
+        .parts
+        .iter()
+        .find_map(|(name, part)| match part {
+            crate::checkpoint::task_state::Part::Bytes(bytes) if *name == PART_KEYED => {
+                Some(bytes.as_slice())
+            }
+            _ => None,
+        })
+        .expect("a keyed part");
+    KeyedScope::single(max_parallelism)
+        .read(&[bytes])
+        .expect("the snapshot reads back")
+}
+
+/// A checkpointed window the operator cannot take back: its geometry changed.
+pub(crate) fn foreign_window(what: String) -> StateError {
+    foreign_state(
+        what,
+        "restore with the window assigner (size, slide, offset, gap) the checkpoint was taken \
+         with",
+    )
+}
+
+/// Why a window function has no [`AccCodec`]: its contents live in RocksDB.
+pub(crate) fn contents_in_rocksdb() -> StateError {
+    StateErrorKind::NotBuilt {
+        what: "checkpointing window contents kept in RocksDB",
+        fix: "use state.backend.type: heap for a checkpointed job with windows",
+    }
+    .into()
+}
