@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 EVENTS="${1:-20000000}"
 ROUNDS="${2:-3}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/weir-target}"
-cargo build --release --bin weir >&2
+cargo build --release --workspace --bin weir >&2
 WEIR="$CARGO_TARGET_DIR/release/weir"
 CORES=$(nproc)
 RUNS=$(mktemp -d)

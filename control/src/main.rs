@@ -122,6 +122,26 @@ enum Command {
         #[command(flatten)]
         config: ConfigArgs,
     },
+    /// Read checkpoints.
+    Checkpoint {
+        #[command(subcommand)]
+        checkpoint: CheckpointCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum CheckpointCommand {
+    /// Print what a checkpoint holds — operators, per subtask its keyed states (types, key
+    /// groups, entries), timers, operator states and source positions — and verify every
+    /// checksum; exits with an error if any fails.
+    Inspect {
+        /// A checkpoint (`<dir>/<job>/chk-<n>`) or a job's checkpoint directory (its newest
+        /// completed checkpoint).
+        path: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -211,6 +231,10 @@ enum Bench {
         /// The generator's seed.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Checkpoint the engine run every MS milliseconds (into a temporary directory,
+        /// removed afterwards); the report adds the checkpoints' figures.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        checkpoint_interval_ms: Option<u64>,
         /// Set a further engine configuration key, e.g.
         /// -D state.backend.rocksdb.memory.write-back-ratio=0 (repeatable).
         #[arg(short = 'D', value_name = "KEY=VALUE")]
@@ -319,6 +343,26 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Checkpoint {
+            checkpoint: CheckpointCommand::Inspect { path, json },
+        } => {
+            let report =
+                weir_engine::checkpoint::inspect::inspect(&path).map_err(anyhow::Error::msg)?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            } else {
+                print!("{report}");
+            }
+            if !report.problems.is_empty() {
+                bail!(
+                    "checkpoint {} in {} is damaged: {}",
+                    report.checkpoint,
+                    report.path.display(),
+                    report.problems.join("; ")
+                );
+            }
+            Ok(())
+        }
     }
 }
 
@@ -380,6 +424,7 @@ fn run_bench(bench: Bench) -> Result<()> {
             state_backend,
             buffer_timeout_ms,
             seed,
+            checkpoint_interval_ms,
             settings,
             json,
         } => {
@@ -392,6 +437,7 @@ fn run_bench(bench: Bench) -> Result<()> {
                 state_backend,
                 buffer_timeout_ms,
                 seed,
+                checkpoint_interval_ms,
                 settings,
             };
             if all {

@@ -452,28 +452,7 @@ impl CheckpointStorage {
     fn verify(&self, dir: &Path) -> Result<CompletedCheckpoint, StateError> {
         let metadata = self.committed_metadata(dir)?;
         for file in &metadata.files {
-            let path = dir.join(&file.name);
-            let (len, crc) = checksum_file(&path)
-                .map_err(|error| corrupt(&path, format!("reading it failed: {error}")))?;
-            if len != file.len {
-                return Err(corrupt(
-                    &path,
-                    format!(
-                        "it has {len} bytes, the metadata says {}: it is truncated or was \
-                         changed",
-                        file.len
-                    ),
-                ));
-            }
-            if crc != file.crc32 {
-                return Err(corrupt(
-                    &path,
-                    format!(
-                        "its CRC-32 is {crc:#010x}, the metadata says {:#010x}: it is damaged",
-                        file.crc32
-                    ),
-                ));
-            }
+            verify_file(dir, file)?;
         }
         Ok(CompletedCheckpoint {
             dir: dir.to_path_buf(),
@@ -504,6 +483,33 @@ impl CheckpointStorage {
 }
 
 /// The length and CRC-32 of a file, read in 64 KiB pieces.
+/// Checks that `file` of the checkpoint in `dir` has the length and CRC-32 its metadata says
+/// (a [`StateErrorKind::CorruptCheckpoint`] error naming the file and what is wrong).
+pub fn verify_file(dir: &Path, file: &StoredFile) -> Result<(), StateError> {
+    let path = dir.join(&file.name);
+    let (len, crc) = checksum_file(&path)
+        .map_err(|error| corrupt(&path, format!("reading it failed: {error}")))?;
+    if len != file.len {
+        return Err(corrupt(
+            &path,
+            format!(
+                "it has {len} bytes, the metadata says {}: it is truncated or was changed",
+                file.len
+            ),
+        ));
+    }
+    if crc != file.crc32 {
+        return Err(corrupt(
+            &path,
+            format!(
+                "its CRC-32 is {crc:#010x}, the metadata says {:#010x}: it is damaged",
+                file.crc32
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn checksum_file(path: &Path) -> std::io::Result<(u64, u32)> {
     let mut file = File::open(path)?;
     let mut buffer = vec![0u8; 64 << 10];

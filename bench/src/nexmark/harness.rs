@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use weir_engine::checkpoint::CheckpointStats;
 use weir_engine::connector::{ConnectorError, Generator, LocalBoxFuture, Sink, SinkWriter};
 use weir_engine::prelude::*;
 use weir_engine::runtime::PeriodicThread;
@@ -154,8 +155,88 @@ pub struct NexmarkOptions {
     pub buffer_timeout_ms: u64,
     /// The generator's seed.
     pub seed: u64,
+    /// Checkpoint the engine run this often (into a temporary directory); `None`: off.
+    pub checkpoint_interval_ms: Option<u64>,
     /// Further engine settings, `KEY=VALUE` (`-D`), applied after the ones above.
     pub settings: Vec<String>,
+}
+
+/// Milliseconds at the median and the maximum.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct MedianMaxMs {
+    /// Median.
+    pub p50: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// Milliseconds at the median, the 99th percentile and the maximum.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct PausesMs {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// The size of the last checkpoint.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CheckpointBytes {
+    /// Of the last full checkpoint.
+    pub last_full: u64,
+    /// Of the last incremental one (`None`: every checkpoint is full, as on the heap).
+    pub last_incremental: Option<u64>,
+}
+
+/// What the checkpoints of an engine run did.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckpointFigures {
+    /// The interval asked for.
+    pub interval_ms: u64,
+    /// Checkpoints completed.
+    pub checkpoints_completed: u64,
+    /// Checkpoints aborted.
+    pub checkpoints_aborted: u64,
+    /// Trigger to commit (`None`: none completed).
+    pub checkpoint_duration_ms: Option<MedianMaxMs>,
+    /// Size of the last completed checkpoint.
+    pub checkpoint_bytes: CheckpointBytes,
+    /// Per task and checkpoint, how long its shard worked on the snapshot instead of records
+    /// (`None`: none completed).
+    pub sync_pause_ms: Option<PausesMs>,
+}
+
+impl CheckpointFigures {
+    fn of(interval_ms: u64, stats: &CheckpointStats) -> Self {
+        let ms = |durations: &[Duration]| {
+            let mut ms: Vec<f64> = durations.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+            ms.sort_by(f64::total_cmp);
+            ms
+        };
+        let at = |sorted: &[f64], q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+        let durations = ms(&stats.durations);
+        let pauses = ms(&stats.sync_pauses);
+        CheckpointFigures {
+            interval_ms,
+            checkpoints_completed: stats.completed,
+            checkpoints_aborted: stats.aborted,
+            checkpoint_duration_ms: (!durations.is_empty()).then(|| MedianMaxMs {
+                p50: at(&durations, 0.5),
+                max: at(&durations, 1.0),
+            }),
+            checkpoint_bytes: CheckpointBytes {
+                last_full: stats.last_bytes,
+                last_incremental: None,
+            },
+            sync_pause_ms: (!pauses.is_empty()).then(|| PausesMs {
+                p50: at(&pauses, 0.5),
+                p99: at(&pauses, 0.99),
+                max: at(&pauses, 1.0),
+            }),
+        }
+    }
 }
 
 /// Latency percentiles, in milliseconds.
@@ -204,6 +285,9 @@ pub struct NexmarkReport {
     pub state_backend: Option<String>,
     /// The further engine settings the run had (`-D KEY=VALUE`; none for the baseline).
     pub settings: Vec<String>,
+    /// The checkpoints' figures (`None`: the run was not checkpointed).
+    #[serde(flatten)]
+    pub checkpoints: Option<CheckpointFigures>,
 }
 
 fn generator(options: &NexmarkOptions) -> Result<NexmarkGenerator, BenchError> {
@@ -263,6 +347,7 @@ pub fn run_baseline(options: &NexmarkOptions) -> Result<NexmarkReport, BenchErro
         rate: None,
         state_backend: None,
         settings: Vec::new(),
+        checkpoints: None,
     })
 }
 
@@ -534,6 +619,27 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
             .set(key, value)
             .map_err(|e| BenchError::Nexmark(e.to_string()))?;
     }
+    // Removed when the run is over.
+    let checkpoint_dir = match options.checkpoint_interval_ms {
+        Some(interval) => {
+            let dir = tempfile::tempdir().map_err(|e| {
+                BenchError::Nexmark(format!("cannot create a checkpoint directory: {e}"))
+            })?;
+            let path = dir.path().to_str().ok_or_else(|| {
+                BenchError::Nexmark("the temporary directory's path is not UTF-8".into())
+            })?;
+            for (key, value) in [
+                ("execution.checkpointing.interval", format!("{interval} ms")),
+                ("execution.checkpointing.dir", path.to_string()),
+            ] {
+                config
+                    .set(key, value)
+                    .map_err(|e| BenchError::Nexmark(e.to_string()))?;
+            }
+            Some(dir)
+        }
+        None => None,
+    };
     config
         .apply_pairs(options.settings.iter().map(String::as_str))
         .map_err(|e| BenchError::Nexmark(e.to_string()))?;
@@ -582,6 +688,7 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         .execute(&format!("nexmark {}", query.name()))
         .map_err(BenchError::job("nexmark"))?;
     drop(progress);
+    drop(checkpoint_dir);
     let output = take();
     let seconds = result.duration.as_secs_f64().max(1e-9);
     let rate = options.events as f64 / seconds;
@@ -599,6 +706,10 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         rate: options.rate,
         state_backend: Some(options.state_backend.clone()),
         settings: options.settings.clone(),
+        checkpoints: options
+            .checkpoint_interval_ms
+            .zip(result.checkpoints.as_ref())
+            .map(|(interval, stats)| CheckpointFigures::of(interval, stats)),
     })
 }
 
@@ -707,8 +818,42 @@ mod tests {
             state_backend: "hashmap".into(),
             buffer_timeout_ms: 1,
             seed: 0,
+            checkpoint_interval_ms: None,
             settings: Vec::new(),
         }
+    }
+
+    /// A checkpointed run gives the same results, and reports its checkpoints in its JSON.
+    #[test]
+    fn a_checkpointed_run_reports_its_checkpoints() {
+        let plain = options(Query::Q5, 100_000);
+        let checkpointed = NexmarkOptions {
+            rate: Some(100_000.0),
+            checkpoint_interval_ms: Some(50),
+            ..plain.clone()
+        };
+        let reference = run_engine(&plain).unwrap();
+        let report = run_engine(&checkpointed).unwrap();
+        assert_eq!(report.checksum, reference.checksum);
+        let figures = report.checkpoints.as_ref().expect("checkpoint figures");
+        assert!(figures.checkpoints_completed > 0, "{figures:?}");
+        assert!(figures.checkpoint_bytes.last_full > 0, "{figures:?}");
+        let pauses = figures.sync_pause_ms.expect("pauses");
+        assert!(
+            pauses.p50 <= pauses.p99 && pauses.p99 <= pauses.max,
+            "{pauses:?}"
+        );
+        let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+        for field in [
+            "checkpoints_completed",
+            "checkpoint_duration_ms",
+            "checkpoint_bytes",
+            "sync_pause_ms",
+        ] {
+            assert!(json.get(field).is_some(), "{field} in {json}");
+        }
+        let json = serde_json::to_value(&reference).unwrap();
+        assert!(json.get("checkpoints_completed").is_none(), "{json}");
     }
 
     #[test]

@@ -20,6 +20,7 @@
 //! a checkpoint after a task finished needs the finished tasks' final state, which this slice
 //! does not write.
 
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -27,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use weir_state::checkpoint::{
     CheckpointMetadata, CheckpointStorage, PendingCheckpoint, StateFileWriter, StoredFile,
@@ -36,6 +37,7 @@ use weir_state::checkpoint::{
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
 use super::task_state::{decode_file, encode_file, RestoredJob, TaskState};
+use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
 use crate::time::now_ms;
 
@@ -83,6 +85,8 @@ pub(crate) enum TaskReport {
         checkpoint: u64,
         task: usize,
         file: StoredFile,
+        /// How long its shard worked on the snapshot instead of records.
+        pause: Duration,
     },
     /// It could not write its state for the checkpoint.
     Decline {
@@ -137,7 +141,8 @@ impl TaskCheckpointing {
     /// The barrier of `checkpoint` has passed the task's whole chain: writes what its
     /// operators put into the task state to the checkpoint's directory, on a glommio task of
     /// this shard, and acknowledges (or declines) to the coordinator.
-    pub(crate) fn write_snapshot(&self, checkpoint: u64) {
+    /// `pause` is how long the barrier took through the chain (the operators' snapshots).
+    pub(crate) fn write_snapshot(&self, checkpoint: u64, pause: Duration) {
         let parts = self.state.take();
         let pending = self
             .job
@@ -149,16 +154,18 @@ impl TaskCheckpointing {
         let job = Arc::clone(&self.job);
         let task = self.task;
         let name = self.file_name.clone();
+        WRITES_IN_FLIGHT.with(|writes| writes.set(writes.get() + 1));
         glommio::spawn_local(async move {
             let result = match pending {
                 None => Err("the checkpoint was aborted before the task's barrier".to_string()),
                 Some(pending) => write_file(&pending, &name, parts).await,
             };
             job.report(match result {
-                Ok(file) => TaskReport::Acknowledge {
+                Ok((file, encoding)) => TaskReport::Acknowledge {
                     checkpoint,
                     task,
                     file,
+                    pause: pause + encoding,
                 },
                 Err(reason) => TaskReport::Decline {
                     checkpoint,
@@ -166,22 +173,41 @@ impl TaskCheckpointing {
                     reason,
                 },
             });
+            WRITES_IN_FLIGHT.with(|writes| writes.set(writes.get() - 1));
         })
         .detach();
     }
 }
 
+thread_local! {
+    /// State files this shard is still writing.
+    static WRITES_IN_FLIGHT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Waits until the state files this shard began writing are written (or failed): a shard
+/// ends only then, since dropping a DMA writer mid-close aborts the process (glommio 0.9).
+pub(crate) async fn finish_shard_writes() {
+    while WRITES_IN_FLIGHT.with(Cell::get) > 0 {
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Writes a task's state file: the file, and how long encoding it took (on the shard, which
+/// processes no records meanwhile; the writing does not hold it).
 async fn write_file(
     pending: &PendingCheckpoint,
     name: &str,
     parts: Vec<(Arc<str>, &'static str, super::task_state::Part)>,
-) -> Result<StoredFile, String> {
+) -> Result<(StoredFile, Duration), String> {
+    let started = Instant::now();
     let bytes = encode_file(parts)?;
+    let encoding = started.elapsed();
     let mut writer = StateFileWriter::create(pending, name)
         .await
         .map_err(|e| e.to_string())?;
     writer.write(&bytes).await.map_err(|e| e.to_string())?;
-    writer.finish().await.map_err(|e| e.to_string())
+    let file = writer.finish().await.map_err(|e| e.to_string())?;
+    Ok((file, encoding))
 }
 
 /// Snapshots every source's split enumerator for a checkpoint: (operator id, bytes) each.
@@ -215,7 +241,7 @@ pub(crate) struct DriverPlan {
 /// The coordinator thread of one job run.
 pub(crate) struct CheckpointDriver {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<Option<String>>>,
+    thread: Option<JoinHandle<(Option<String>, CheckpointStats)>>,
     pub(crate) shared: Arc<JobCheckpointing>,
 }
 
@@ -256,13 +282,15 @@ impl CheckpointDriver {
                         shared,
                         enumerators: HashMap::new(),
                         finished: false,
+                        triggered: HashMap::new(),
+                        stats: CheckpointStats::default(),
                     };
                     let failure = host.run(&receiver, &stop);
                     if failure.is_some() {
                         fail();
                     }
                     host.discard_pending();
-                    failure
+                    (failure, host.stats)
                 })
                 .expect("spawn the checkpoint coordinator thread")
         };
@@ -273,19 +301,26 @@ impl CheckpointDriver {
         }
     }
 
-    /// Stops the coordinator thread: the reason it failed the job, if it did.
-    pub(crate) fn stop(mut self) -> Option<String> {
+    /// Stops the coordinator thread: the reason it failed the job, if it did, and what its
+    /// checkpoints did.
+    pub(crate) fn stop(mut self) -> (Option<String>, CheckpointStats) {
         self.join()
     }
 
-    fn join(&mut self) -> Option<String> {
+    fn join(&mut self) -> (Option<String>, CheckpointStats) {
         self.stop.store(true, Ordering::Relaxed);
-        match self.thread.take()?.join() {
-            Ok(failure) => failure,
-            Err(panic) => Some(format!(
-                "the checkpoint coordinator failed: {}",
-                panic_message(&*panic)
-            )),
+        let Some(thread) = self.thread.take() else {
+            return (None, CheckpointStats::default());
+        };
+        match thread.join() {
+            Ok(ended) => ended,
+            Err(panic) => (
+                Some(format!(
+                    "the checkpoint coordinator failed: {}",
+                    panic_message(&*panic)
+                )),
+                CheckpointStats::default(),
+            ),
         }
     }
 }
@@ -308,6 +343,9 @@ struct Host {
     enumerators: HashMap<u64, Vec<(String, Vec<u8>)>>,
     /// A task has finished: no checkpoint can complete any more.
     finished: bool,
+    /// When each pending checkpoint was triggered, and its tasks' pauses.
+    triggered: HashMap<u64, (Instant, Vec<Duration>)>,
+    stats: CheckpointStats,
 }
 
 impl Host {
@@ -353,7 +391,13 @@ impl Host {
                 checkpoint,
                 task,
                 file,
-            } => self.coordinator.acknowledge(checkpoint, task, file, now),
+                pause,
+            } => {
+                if let Some((_, pauses)) = self.triggered.get_mut(&checkpoint) {
+                    pauses.push(pause);
+                }
+                self.coordinator.acknowledge(checkpoint, task, file, now)
+            }
             TaskReport::Decline {
                 checkpoint,
                 task,
@@ -410,6 +454,8 @@ impl Host {
     }
 
     fn trigger(&mut self, checkpoint: u64) -> Result<(), String> {
+        self.triggered
+            .insert(checkpoint, (Instant::now(), Vec::new()));
         let pending = self.storage.begin(checkpoint).map_err(|e| e.to_string())?;
         self.shared
             .pending
@@ -442,6 +488,7 @@ impl Host {
             .ok_or("its directory is gone")?;
         let enumerators = self.enumerators.remove(&checkpoint).unwrap_or_default();
         let payload = encode_payload(&self.plan, &enumerators);
+        let bytes = files.iter().map(|file| file.len).sum();
         let metadata = CheckpointMetadata {
             job: self.plan.job.clone(),
             checkpoint,
@@ -453,6 +500,9 @@ impl Host {
             .commit(pending, &metadata)
             .map_err(|e| e.to_string())?;
         tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint committed");
+        if let Some((triggered, pauses)) = self.triggered.remove(&checkpoint) {
+            self.stats.completed(triggered.elapsed(), bytes, pauses);
+        }
         self.storage
             .retain(self.plan.retained)
             .map_err(|e| e.to_string())
@@ -460,6 +510,9 @@ impl Host {
 
     fn forget(&mut self, checkpoint: u64) {
         self.enumerators.remove(&checkpoint);
+        if self.triggered.remove(&checkpoint).is_some() {
+            self.stats.aborted += 1;
+        }
         self.shared
             .pending
             .lock()
@@ -508,13 +561,14 @@ fn encode_payload(plan: &DriverPlan, enumerators: &[(String, Vec<u8>)]) -> Vec<u
 
 /// What [`encode_payload`] wrote.
 #[derive(Debug)]
-struct Payload {
-    operators: Vec<OperatorEntry>,
-    file_subtasks: Vec<usize>,
-    enumerators: Vec<(String, Vec<u8>)>,
+pub(crate) struct Payload {
+    pub(crate) operators: Vec<OperatorEntry>,
+    /// Per state file, in the metadata's order, the subtask it is of.
+    pub(crate) file_subtasks: Vec<usize>,
+    pub(crate) enumerators: Vec<(String, Vec<u8>)>,
 }
 
-fn decode_payload(bytes: &[u8], what: &str) -> Result<Payload, String> {
+pub(crate) fn decode_payload(bytes: &[u8], what: &str) -> Result<Payload, String> {
     let mut reader = ByteReader::new(bytes, what);
     reader.header(PAYLOAD_MAGIC, PAYLOAD_VERSION)?;
     let count = reader.count(24)?;

@@ -6,6 +6,7 @@
 //!   triggers the sources through their mailboxes, collects the tasks' acknowledgements and
 //!   commits the checkpoint storage; reads the latest checkpoint back when a job resumes.
 //! - `task_state`: what one task's operators write at a barrier and restore from.
+//! - [`inspect`]: what a checkpoint holds, read without the job's types, checksums verified.
 //! - `keyed`: keyed state operators keep in structures of their own, in the keyed-snapshot
 //!   format.
 //! - [`restart`]: after a failure, whether and when the job restarts from its last checkpoint
@@ -16,9 +17,12 @@
 pub(crate) mod bytes;
 pub mod coordinator;
 pub(crate) mod driver;
+pub mod inspect;
 pub(crate) mod keyed;
 pub mod restart;
 pub(crate) mod task_state;
+
+use std::time::Duration;
 
 /// A checkpoint barrier: the records before it belong to checkpoint `id`'s state, those after
 /// it to the next one's.
@@ -26,6 +30,32 @@ pub(crate) mod task_state;
 pub(crate) struct CheckpointBarrier {
     /// The checkpoint.
     pub(crate) id: u64,
+}
+
+/// What a job run's checkpoints did (`JobResult::checkpoints`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckpointStats {
+    /// Checkpoints completed (committed).
+    pub completed: u64,
+    /// Checkpoints triggered and then aborted (declined, expired, or not committed).
+    pub aborted: u64,
+    /// Per completed checkpoint, from its trigger to its commit.
+    pub durations: Vec<Duration>,
+    /// The bytes of the last completed checkpoint's state files (each is a full snapshot).
+    pub last_bytes: u64,
+    /// Per task and completed checkpoint, how long the task's shard worked on its snapshot
+    /// instead of records: the barrier's way through the task's chain (the operators'
+    /// synchronous snapshots) and the encoding of its state file. Alignment is not counted.
+    pub sync_pauses: Vec<Duration>,
+}
+
+impl CheckpointStats {
+    pub(crate) fn completed(&mut self, took: Duration, bytes: u64, pauses: Vec<Duration>) {
+        self.completed += 1;
+        self.durations.push(took);
+        self.last_bytes = bytes;
+        self.sync_pauses.extend(pauses);
+    }
 }
 
 pub use coordinator::{AbortReason, CheckpointSettings, Command, Coordinator};

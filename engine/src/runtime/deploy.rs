@@ -24,6 +24,7 @@ use crate::checkpoint::driver::{
     OperatorEntry, TaskCheckpointing,
 };
 use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_OPERATOR_STATE};
+use crate::checkpoint::CheckpointStats;
 use crate::config::CheckpointConfig;
 use crate::config::Configuration;
 use crate::error::{panic_message, JobError, TaskError, TaskResult};
@@ -46,6 +47,8 @@ pub struct JobResult {
     pub operators: Vec<OperatorCounts>,
     /// Network segment pool usage per slot.
     pub pools: Vec<PoolStats>,
+    /// What the run's checkpoints did (`None`: checkpointing was off).
+    pub checkpoints: Option<CheckpointStats>,
 }
 
 impl JobResult {
@@ -556,6 +559,7 @@ fn run_shard(
                 .into_iter()
                 .filter_map(Result::err)
                 .collect();
+            crate::checkpoint::driver::finish_shard_writes().await;
             // Dropping a glommio task cancels it: the sampler stops without finishing its sleep.
             drop(sampler);
             queues.sample(&load);
@@ -773,7 +777,10 @@ pub fn run_job(
     })?;
     let duration = started.elapsed();
     drop(progress);
-    let checkpoint_failure = driver.and_then(CheckpointDriver::stop);
+    let (checkpoint_failure, checkpoints) = match driver.map(CheckpointDriver::stop) {
+        Some((failure, stats)) => (failure, Some(stats)),
+        None => (None, None),
+    };
     if let Some(reason) = checkpoint_failure {
         return Err(JobError::CheckpointsFailed {
             job: job_name,
@@ -807,6 +814,7 @@ pub fn run_job(
         duration,
         operators: metrics.snapshot(),
         pools: pools.iter().map(SegmentPool::stats).collect(),
+        checkpoints,
     })
 }
 

@@ -266,7 +266,9 @@ impl<S> EnumeratorCell<S> {
 
 type EnumeratorOf<S> = Mutex<EnumeratorCell<S>>;
 
-/// Encodes a source's splits, each with the subtask it is kept for (`None`: any).
+/// Encodes a source's splits, each with the subtask it is kept for (`None`: any): per split
+/// a `u8` (1: kept for a subtask), the subtask (`u64`), its id and its `Debug` form (texts,
+/// which `weir checkpoint inspect` shows as its position) and its encoding (bytes).
 fn encode_splits<S: SourceSplit>(splits: &[(Option<usize>, S)]) -> Result<Vec<u8>, String> {
     let mut out = ByteWriter::default();
     out.u64(splits.len() as u64);
@@ -274,6 +276,8 @@ fn encode_splits<S: SourceSplit>(splits: &[(Option<usize>, S)]) -> Result<Vec<u8
     for (owner, split) in splits {
         out.u8(u8::from(owner.is_some()));
         out.u64(owner.unwrap_or(0) as u64);
+        out.text(&split.split_id());
+        out.text(&format!("{split:?}"));
         scratch.clear();
         split
             .encode_into(&mut scratch)
@@ -283,25 +287,54 @@ fn encode_splits<S: SourceSplit>(splits: &[(Option<usize>, S)]) -> Result<Vec<u8
     Ok(out.out)
 }
 
-fn decode_splits<S: SourceSplit>(
-    bytes: &[u8],
-    what: &str,
-) -> Result<Vec<(Option<usize>, S)>, String> {
+/// One split as [`encode_splits`] wrote it, still encoded.
+pub(crate) struct RawSplit<'a> {
+    pub(crate) owner: Option<usize>,
+    pub(crate) id: String,
+    /// Its `Debug` form: where reading has got to.
+    pub(crate) shown: String,
+    pub(crate) bytes: &'a [u8],
+}
+
+/// Reads what [`encode_splits`] wrote, without the split type.
+pub(crate) fn read_splits<'a>(bytes: &'a [u8], what: &'a str) -> Result<Vec<RawSplit<'a>>, String> {
     let mut reader = ByteReader::new(bytes, what);
-    let count = reader.count(17)?;
+    // Flag, subtask, and three lengths.
+    let count = reader.count(1 + 4 * 8)?;
     let mut splits = Vec::with_capacity(count);
     for _ in 0..count {
         let has_owner = reader.u8()? != 0;
         let owner = reader.u64()? as usize;
-        let split = S::decode(reader.bytes()?).map_err(|e| {
-            format!(
-                "{what} holds a split that does not decode as {}: {e}",
-                std::any::type_name::<S>()
-            )
-        })?;
-        splits.push((has_owner.then_some(owner), split));
+        splits.push(RawSplit {
+            owner: has_owner.then_some(owner),
+            id: reader.text()?,
+            shown: reader.text()?,
+            bytes: reader.bytes()?,
+        });
+    }
+    if !reader.is_empty() {
+        return Err(format!("{what} has bytes after its last split"));
     }
     Ok(splits)
+}
+
+fn decode_splits<S: SourceSplit>(
+    bytes: &[u8],
+    what: &str,
+) -> Result<Vec<(Option<usize>, S)>, String> {
+    read_splits(bytes, what)?
+        .into_iter()
+        .map(|raw| {
+            let split = S::decode(raw.bytes).map_err(|e| {
+                format!(
+                    "{what} holds split {} that does not decode as {}: {e}",
+                    raw.id,
+                    std::any::type_name::<S>()
+                )
+            })?;
+            Ok((raw.owner, split))
+        })
+        .collect()
 }
 
 impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {

@@ -160,6 +160,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
         let Some(checkpointing) = &self.checkpointing else {
             return Ok(());
         };
+        let started = Instant::now();
         let reader = &self.reader;
         snapshot_operator(
             &checkpointing.state,
@@ -181,7 +182,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             .lock()
             .expect("enumerator lock")
             .release(self.subtask, checkpoint);
-        checkpointing.write_snapshot(checkpoint);
+        checkpointing.write_snapshot(checkpoint, started.elapsed());
         Ok(())
     }
 
@@ -366,11 +367,12 @@ impl<T: Record> NetworkTask<T> {
                         .await?
                 }
                 GateEvent::Barrier(checkpoint) => {
+                    let started = Instant::now();
                     self.chain
                         .event(ChainEvent::Barrier(CheckpointBarrier { id: checkpoint }))
                         .await?;
                     if let Some(checkpointing) = &self.checkpointing {
-                        checkpointing.write_snapshot(checkpoint);
+                        checkpointing.write_snapshot(checkpoint, started.elapsed());
                     }
                 }
             }
