@@ -10,11 +10,12 @@ use serde::Serialize;
 use weir_state::checkpoint::{verify_file, CheckpointMetadata, METADATA_FILE};
 use weir_state::{decode_keyed_snapshot, OperatorStateSnapshot};
 
-use super::bytes::ByteReader;
 use super::driver::decode_payload;
 use super::task_state::{decode_file, PART_KEYED, PART_OPERATOR_STATE, PART_OWN_KEYED};
 use super::task_state::{PART_SPLITS, PART_TIMERS};
+use crate::operator::process::read_timers;
 use crate::runtime::factories::read_splits;
+use crate::time::TimeDomain;
 
 /// What a checkpoint holds.
 #[derive(Clone, Debug, Serialize)]
@@ -320,17 +321,12 @@ fn describe_part(name: &str, bytes: &[u8]) -> Result<PartContent, String> {
             })
         }
         PART_TIMERS => {
-            let mut reader = ByteReader::new(bytes, "the timers");
-            let count = reader.count(17)?;
-            let (mut event_time, mut processing_time) = (0, 0);
-            for _ in 0..count {
-                match reader.u8()? {
-                    0 => event_time += 1,
-                    _ => processing_time += 1,
-                }
-                reader.i64()?;
-                reader.bytes()?;
-            }
+            let timers = read_timers(bytes)?;
+            let event_time = timers
+                .iter()
+                .filter(|timer| timer.domain == TimeDomain::EventTime)
+                .count() as u64;
+            let processing_time = timers.len() as u64 - event_time;
             PartContent::Timers {
                 event_time,
                 processing_time,

@@ -241,12 +241,8 @@ pub(crate) fn restore_timers<K: Key>(
     let max = ctx.max_parallelism as u32;
     let range = KeyGroupRange::for_subtask(max, ctx.parallelism as u32, ctx.subtask as u32);
     for part in parts {
-        let mut reader = ByteReader::new(part, "the timers' snapshot");
-        let count = reader.count(17)?;
-        for _ in 0..count {
-            let domain = reader.u8()?;
-            let time = reader.i64()?;
-            let key = K::decode(reader.bytes()?).map_err(|error| {
+        for timer in read_timers(part)? {
+            let key = K::decode(timer.key).map_err(|error| {
                 format!(
                     "a timer's key does not decode as {}: {error}",
                     std::any::type_name::<K>()
@@ -255,12 +251,39 @@ pub(crate) fn restore_timers<K: Key>(
             if !range.contains(KeyGroup::of(&key, max)) {
                 continue;
             }
-            match domain {
-                0 => timers.event.register(&key, time),
-                1 => timers.processing.register(&key, time),
-                other => return Err(format!("a timer has the unknown time domain {other}")),
+            match timer.domain {
+                TimeDomain::EventTime => timers.event.register(&key, timer.time),
+                TimeDomain::ProcessingTime => timers.processing.register(&key, timer.time),
             }
         }
     }
     Ok(())
+}
+
+/// One timer as [`encode_timers`] wrote it, its key still encoded.
+pub(crate) struct RawTimer<'a> {
+    pub(crate) domain: TimeDomain,
+    pub(crate) time: i64,
+    pub(crate) key: &'a [u8],
+}
+
+/// Reads what [`encode_timers`] wrote, without the key type.
+pub(crate) fn read_timers(part: &[u8]) -> Result<Vec<RawTimer<'_>>, String> {
+    let mut reader = ByteReader::new(part, "the timers' snapshot");
+    // Domain, time and the key's length.
+    let count = reader.count(1 + 2 * 8)?;
+    let mut timers = Vec::with_capacity(count);
+    for _ in 0..count {
+        let domain = match reader.u8()? {
+            0 => TimeDomain::EventTime,
+            1 => TimeDomain::ProcessingTime,
+            other => return Err(format!("a timer has the unknown time domain {other}")),
+        };
+        timers.push(RawTimer {
+            domain,
+            time: reader.i64()?,
+            key: reader.bytes()?,
+        });
+    }
+    Ok(timers)
 }
