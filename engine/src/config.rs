@@ -12,6 +12,8 @@ use std::time::Duration;
 use weir_memory::{MemoryConfig, RocksDbMemoryRatios, WorkerBudget};
 use weir_state::BackendType;
 
+use crate::checkpoint::restart::{ExponentialDelay, RestartStrategy};
+
 /// A setting that cannot be used.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum ConfigError {
@@ -67,6 +69,8 @@ pub enum OptionKind {
     Size,
     /// A fraction in `[0, 1]`.
     Fraction,
+    /// A decimal number of at least 1, e.g. `1.5`.
+    Factor,
     /// `true` or `false`.
     Bool,
     /// A comma-separated list of CPU core ids, e.g. `0,1,2`.
@@ -179,6 +183,30 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Checkpoint failures in a row (expired or declined) the job tolerates before it fails."),
     option!("execution.checkpointing.num-retained", OptionKind::Count(1), "1",
         "Completed checkpoints kept on disk; older ones are deleted."),
+    option!("restart-strategy.type", OptionKind::Choice(&["none", "off", "disable", "fixed-delay", "fixeddelay", "failure-rate", "failurerate", "exponential-delay", "exponentialdelay"]), "",
+        "What happens when a task fails (Flink's strategies): the job's tasks restart from the latest completed checkpoint (from the start without checkpointing) after a delay, until the strategy gives up and the job fails. Default: exponential-delay when checkpointing is on, none otherwise."),
+    option!("restart-strategy.fixed-delay.attempts", OptionKind::Count(0), "1",
+        "fixed-delay: restarts before the job fails."),
+    option!("restart-strategy.fixed-delay.delay", OptionKind::Duration, "1 s",
+        "fixed-delay: wait before each restart."),
+    option!("restart-strategy.failure-rate.max-failures-per-interval", OptionKind::Count(1), "1",
+        "failure-rate: failures within the interval before the job fails."),
+    option!("restart-strategy.failure-rate.failure-rate-interval", OptionKind::Duration, "1 min",
+        "failure-rate: the interval failures are counted in."),
+    option!("restart-strategy.failure-rate.delay", OptionKind::Duration, "1 s",
+        "failure-rate: wait before each restart."),
+    option!("restart-strategy.exponential-delay.initial-backoff", OptionKind::Duration, "1 s",
+        "exponential-delay: wait before the first restart."),
+    option!("restart-strategy.exponential-delay.max-backoff", OptionKind::Duration, "1 min",
+        "exponential-delay: the longest wait."),
+    option!("restart-strategy.exponential-delay.backoff-multiplier", OptionKind::Factor, "1.5",
+        "exponential-delay: each wait is this many times the one before."),
+    option!("restart-strategy.exponential-delay.reset-backoff-threshold", OptionKind::Duration, "1 h",
+        "exponential-delay: running this long without a failure starts again from the initial backoff."),
+    option!("restart-strategy.exponential-delay.jitter-factor", OptionKind::Fraction, "0.1",
+        "exponential-delay: each wait moves by up to this share of itself either way, so jobs failing together do not restart together."),
+    option!("restart-strategy.exponential-delay.attempts-before-reset-backoff", OptionKind::Count(1), "",
+        "exponential-delay: restarts without a reset before the job fails. Default: unlimited."),
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
         "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or one RocksDB instance per slot ('rocksdb')."),
     option!("state.backend.rocksdb.localdir", OptionKind::Path, "",
@@ -193,7 +221,7 @@ fn option(key: &str) -> Option<&'static ConfigOption> {
     OPTIONS.iter().find(|o| o.key == key)
 }
 
-/// Parses `1 ms`, `250us`, `2s`, `1 min`, `0`.
+/// Parses `1 ms`, `250us`, `2s`, `1 min`, `1 h`, `0`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let text = text.trim();
     let split = text
@@ -208,6 +236,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         "ms" => 1_000_000,
         "s" => 1_000_000_000,
         "min" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
         _ => return None,
     };
     Some(Duration::from_nanos(number.checked_mul(nanos)?))
@@ -250,6 +279,7 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
             .trim()
             .parse::<f64>()
             .is_ok_and(|v| (0.0..=1.0).contains(&v)),
+        OptionKind::Factor => value.trim().parse::<f64>().is_ok_and(|v| v >= 1.0),
         OptionKind::Bool => matches!(value.trim(), "true" | "false"),
         OptionKind::CoreList => parse_core_list(value).is_some(),
         OptionKind::Choice(words) => words.contains(&value.trim()),
@@ -264,6 +294,7 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
         OptionKind::Duration => "a duration such as '1 ms', '200ms', '10 s' or '0'".into(),
         OptionKind::Size => "a size such as '1728m', '32kb' or '1 gb'".into(),
         OptionKind::Fraction => "a fraction between 0 and 1, e.g. 0.1".into(),
+        OptionKind::Factor => "a number of at least 1, e.g. 1.5".into(),
         OptionKind::Bool => "true or false".into(),
         OptionKind::CoreList => "a comma-separated list of core ids, e.g. 0,1".into(),
         OptionKind::Choice(words) => format!("one of {}", words.join(", ")),
@@ -434,7 +465,8 @@ impl Configuration {
         parse_size(self.raw(key).expect("has a default")).expect("validated")
     }
 
-    fn fraction(&self, key: &'static str) -> f64 {
+    /// A fraction or a factor.
+    fn number(&self, key: &'static str) -> f64 {
         self.raw(key)
             .expect("has a default")
             .trim()
@@ -501,8 +533,8 @@ impl Configuration {
     pub fn memory(&self) -> MemoryConfig {
         MemoryConfig {
             process_size: self.size("taskmanager.memory.process.size"),
-            managed_fraction: self.fraction("taskmanager.memory.managed.fraction"),
-            network_fraction: self.fraction("taskmanager.memory.network.fraction"),
+            managed_fraction: self.number("taskmanager.memory.managed.fraction"),
+            network_fraction: self.number("taskmanager.memory.network.fraction"),
             network_min: self.size("taskmanager.memory.network.min"),
             network_max: self.size("taskmanager.memory.network.max"),
             segment_size: self.size("taskmanager.memory.segment-size") as usize,
@@ -539,8 +571,8 @@ impl Configuration {
     /// How RocksDB divides a slot's managed memory (`state.backend.rocksdb.memory.*`).
     pub fn rocksdb_memory_ratios(&self) -> RocksDbMemoryRatios {
         RocksDbMemoryRatios {
-            write_buffer_ratio: self.fraction("state.backend.rocksdb.memory.write-buffer-ratio"),
-            write_back_ratio: self.fraction("state.backend.rocksdb.memory.write-back-ratio"),
+            write_buffer_ratio: self.number("state.backend.rocksdb.memory.write-buffer-ratio"),
+            write_back_ratio: self.number("state.backend.rocksdb.memory.write-back-ratio"),
             ..RocksDbMemoryRatios::default()
         }
     }
@@ -584,6 +616,42 @@ impl Configuration {
         }))
     }
 
+    /// The `restart-strategy.*` settings; without `restart-strategy.type`, `exponential-delay`
+    /// for a `checkpointed` job and `none` otherwise (Flink's defaults).
+    pub fn restart_strategy(&self, checkpointed: bool) -> RestartStrategy {
+        let ms = |key| self.duration(key).as_millis().min(i64::MAX as u128) as i64;
+        let count = |key| {
+            self.count(key)
+                .map_or(u32::MAX, |n| n.min(u32::MAX as usize) as u32)
+        };
+        let kind = self.raw("restart-strategy.type").map(str::trim);
+        match kind {
+            None if !checkpointed => RestartStrategy::None,
+            Some("none" | "off" | "disable") => RestartStrategy::None,
+            Some("fixed-delay" | "fixeddelay") => RestartStrategy::FixedDelay {
+                attempts: count("restart-strategy.fixed-delay.attempts"),
+                delay_ms: ms("restart-strategy.fixed-delay.delay"),
+            },
+            Some("failure-rate" | "failurerate") => RestartStrategy::FailureRate {
+                max_failures: count("restart-strategy.failure-rate.max-failures-per-interval"),
+                interval_ms: ms("restart-strategy.failure-rate.failure-rate-interval"),
+                delay_ms: ms("restart-strategy.failure-rate.delay"),
+            },
+            _ => RestartStrategy::ExponentialDelay(ExponentialDelay {
+                initial_backoff_ms: ms("restart-strategy.exponential-delay.initial-backoff"),
+                max_backoff_ms: ms("restart-strategy.exponential-delay.max-backoff"),
+                multiplier: self.number("restart-strategy.exponential-delay.backoff-multiplier"),
+                reset_threshold_ms: ms(
+                    "restart-strategy.exponential-delay.reset-backoff-threshold",
+                ),
+                jitter: self.number("restart-strategy.exponential-delay.jitter-factor"),
+                attempts_before_reset: count(
+                    "restart-strategy.exponential-delay.attempts-before-reset-backoff",
+                ),
+            }),
+        }
+    }
+
     /// The memory budget of a worker with `slots` slots under these settings.
     pub fn worker_budget(&self, slots: usize) -> Result<WorkerBudget, ConfigError> {
         let memory = self.memory();
@@ -611,6 +679,76 @@ impl Configuration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn restart_strategies_read_flinks_keys_and_defaults() {
+        let default = Configuration::default();
+        assert_eq!(default.restart_strategy(false), RestartStrategy::None);
+        assert_eq!(
+            default.restart_strategy(true),
+            RestartStrategy::ExponentialDelay(ExponentialDelay::default())
+        );
+        let fixed = Configuration::default()
+            .with("restart-strategy.type", "fixed-delay")
+            .and_then(|c| c.with("restart-strategy.fixed-delay.attempts", "3"))
+            .and_then(|c| c.with("restart-strategy.fixed-delay.delay", "250 ms"))
+            .unwrap();
+        let expected = RestartStrategy::FixedDelay {
+            attempts: 3,
+            delay_ms: 250,
+        };
+        assert_eq!(fixed.restart_strategy(false), expected);
+        assert_eq!(fixed.restart_strategy(true), expected);
+        let rate = Configuration::default()
+            .with("restart-strategy.type", "failurerate")
+            .unwrap();
+        assert_eq!(rate.restart_strategy(true), RestartStrategy::FAILURE_RATE);
+        let exponential = Configuration::default()
+            .with("restart-strategy.type", "exponential-delay")
+            .and_then(|c| c.with("restart-strategy.exponential-delay.backoff-multiplier", "2"))
+            .and_then(|c| {
+                c.with(
+                    "restart-strategy.exponential-delay.reset-backoff-threshold",
+                    "2 h",
+                )
+            })
+            .and_then(|c| {
+                c.with(
+                    "restart-strategy.exponential-delay.attempts-before-reset-backoff",
+                    "4",
+                )
+            })
+            .unwrap();
+        assert_eq!(
+            exponential.restart_strategy(false),
+            RestartStrategy::ExponentialDelay(ExponentialDelay {
+                multiplier: 2.0,
+                reset_threshold_ms: 2 * 60 * 60 * 1_000,
+                attempts_before_reset: 4,
+                ..ExponentialDelay::default()
+            })
+        );
+        let off = Configuration::default()
+            .with("restart-strategy.type", "none")
+            .unwrap();
+        assert_eq!(off.restart_strategy(true), RestartStrategy::None);
+        let error = Configuration::default()
+            .with(
+                "restart-strategy.exponential-delay.backoff-multiplier",
+                "0.5",
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("backoff-multiplier") && error.contains("at least 1"),
+            "{error}"
+        );
+        let error = Configuration::default()
+            .with("restart-strategy.type", "sometimes")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("fixed-delay"), "{error}");
+    }
 
     #[test]
     fn defaults_and_overrides() {

@@ -58,6 +58,16 @@ pub enum JobError {
         /// What failed, naming the setting.
         reason: String,
     },
+    /// A task failed and the restart strategy allows no further restart.
+    #[error("{last}; not restarted again: {reason}")]
+    RestartsExhausted {
+        /// Restarts before this failure.
+        restarts: u32,
+        /// Which setting ran out, and how to change it.
+        reason: String,
+        /// The failure that ended the job.
+        last: Box<JobError>,
+    },
     /// The job was cancelled on request before it finished.
     #[error("job '{job}' was cancelled")]
     Cancelled {
@@ -74,6 +84,18 @@ pub enum JobError {
         /// The executor's error.
         message: String,
     },
+}
+
+impl JobError {
+    /// Whether the job's restart strategy applies: a task failed, or checkpoints failed more
+    /// often than tolerated. A bad job or setting, a cancel request, or executors that cannot
+    /// start would end a restarted run the same way.
+    pub fn is_restartable(&self) -> bool {
+        matches!(
+            self,
+            JobError::TaskFailed { .. } | JobError::CheckpointsFailed { .. }
+        )
+    }
 }
 
 /// The text of a panic's payload.

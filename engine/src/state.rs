@@ -55,7 +55,7 @@ pub use weir_state::{
     ValueStateDescriptor,
 };
 
-use crate::checkpoint::task_state::{DeferredPart, PART_KEYED};
+use crate::checkpoint::task_state::{DeferredPart, RestoredParts, PART_KEYED};
 use crate::error::JobError;
 use crate::operator::RuntimeContext;
 use crate::record::Key;
@@ -329,11 +329,30 @@ impl OperatorStateId {
         SHARD_OPERATOR_STATES.with(|stores| stores.borrow().get(&self).cloned())
     }
 
-    /// Makes the store of this id the one restored from `bytes` (an `OperatorStateSnapshot`).
-    pub(crate) fn restore(self, bytes: &[u8]) -> Result<(), StateError> {
-        let snapshot = weir_state::OperatorStateSnapshot::from_bytes(bytes)?;
-        let store = Rc::new(OperatorStateStore::from_snapshot(snapshot));
-        SHARD_OPERATOR_STATES.with(|stores| stores.borrow_mut().insert(self, store));
+    /// Makes the store of this id subtask `subtask` of `parallelism`'s share of the restored
+    /// operator state (`OperatorStateSnapshot`s; every old subtask's when the parallelism
+    /// changed, redistributed by Flink's rules).
+    pub(crate) fn restore(
+        self,
+        restored: &RestoredParts<'_>,
+        subtask: usize,
+        parallelism: usize,
+    ) -> Result<(), StateError> {
+        let store = if restored.rescaled() {
+            // One snapshot per old subtask, in subtask order (empty where one wrote none).
+            let mut old =
+                vec![weir_state::OperatorStateSnapshot::default(); restored.old_parallelism];
+            for &(subtask, bytes) in &restored.parts {
+                if let Some(slot) = old.get_mut(subtask) {
+                    *slot = weir_state::OperatorStateSnapshot::from_bytes(bytes)?;
+                }
+            }
+            OperatorStateStore::restore(&old, subtask as u32, parallelism as u32)?
+        } else {
+            let (_, bytes) = restored.parts.first().expect("the caller checked");
+            OperatorStateStore::from_snapshot(weir_state::OperatorStateSnapshot::from_bytes(bytes)?)
+        };
+        SHARD_OPERATOR_STATES.with(|stores| stores.borrow_mut().insert(self, Rc::new(store)));
         Ok(())
     }
 }

@@ -393,3 +393,67 @@ fn panic_in_open_names_the_operator() {
         other => panic!("expected TaskFailed, got {other:?}"),
     }
 }
+
+/// Without checkpointing, a restart strategy starts the job again from the beginning; when it
+/// runs out, the job fails with the last failure and the setting that ran out.
+#[test]
+fn a_restart_strategy_restarts_from_the_beginning_until_it_gives_up() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+
+    let strategy = [
+        ("restart-strategy.type", "fixed-delay"),
+        ("restart-strategy.fixed-delay.attempts", "2"),
+        ("restart-strategy.fixed-delay.delay", "10 ms"),
+    ];
+    // Panics on the poison record the first time only: one restart, then the whole input.
+    let env = common::env_with(1, &strategy);
+    let failed = Arc::new(AtomicU64::new(0));
+    let once = Arc::clone(&failed);
+    let (sink, collected) = CollectSink::new();
+    env.from_sequence(0, 2_000)
+        .map(move |n: u64| {
+            if n == POISON && once.fetch_add(1, Ordering::Relaxed) == 0 {
+                explode(n)
+            } else {
+                n
+            }
+        })
+        .name("exploding-map")
+        .sink_to(sink, "collect");
+    let result = env.execute("once").expect("the restarted job ends");
+    assert_eq!(result.restarts.len(), 1, "{:?}", result.restarts);
+    assert!(result.restarts[0].cause.contains("poison record 777"));
+    assert_eq!(result.restarts[0].delay, Duration::from_millis(10));
+    assert_eq!(
+        result.records_out("Source: Sequence"),
+        2_000,
+        "from the beginning"
+    );
+    // The collect sink is not transactional: what the first run wrote is there too.
+    let mut records = collected.records();
+    records.sort_unstable();
+    records.dedup();
+    assert_eq!(records, (0..2_000).collect::<Vec<_>>());
+
+    // Panics every time: two restarts, then the job fails.
+    let env = common::env_with(1, &strategy);
+    env.from_sequence(0, 2_000)
+        .map(explode)
+        .name("exploding-map")
+        .sink_to(DiscardSink::new(), "discard");
+    let err = env.execute("always").expect_err("it keeps failing");
+    match &err {
+        JobError::RestartsExhausted { restarts, last, .. } => {
+            assert_eq!(*restarts, 2, "{err}");
+            assert_exploded(last, 0, 1);
+        }
+        other => panic!("expected RestartsExhausted, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.contains("restart-strategy.fixed-delay.attempts = 2") && text.contains("poison"),
+        "{text}"
+    );
+    run_a_healthy_job();
+}

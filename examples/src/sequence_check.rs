@@ -293,18 +293,30 @@ impl KeyedProcessFunction<u32, Numbered, KeyReport> for CheckSequence {
 
 /// The reports of the check over a source of shape `spec`.
 pub fn reports(env: &StreamEnvironment, spec: SequenceSpec) -> DataStream<KeyReport> {
-    env.from_source(
-        SequenceSource::new(spec),
-        WatermarkStrategy::no_watermarks(),
-        "sequence",
-    )
-    .uid("sequence")
-    .key_by(|record: &Numbered| record.key)
-    .process(CheckSequence {
-        state: ValueStateDescriptor::new("sequence"),
-    })
-    .name("check sequence")
-    .uid("check-sequence")
+    reports_with(env, spec, |records| records)
+}
+
+/// [`reports`], with `between` applied to the source's records before the keyed check (a
+/// failure injector, in the recovery tests).
+pub fn reports_with(
+    env: &StreamEnvironment,
+    spec: SequenceSpec,
+    between: impl FnOnce(DataStream<Numbered>) -> DataStream<Numbered>,
+) -> DataStream<KeyReport> {
+    let records = env
+        .from_source(
+            SequenceSource::new(spec),
+            WatermarkStrategy::no_watermarks(),
+            "sequence",
+        )
+        .uid("sequence");
+    between(records)
+        .key_by(|record: &Numbered| record.key)
+        .process(CheckSequence {
+            state: ValueStateDescriptor::new("sequence"),
+        })
+        .name("check sequence")
+        .uid("check-sequence")
 }
 
 /// Adds the check to `env`, writing its reports to `output`.

@@ -256,7 +256,18 @@ pub fn reports(
     spec: WindowCheckSpec,
     parallelism: usize,
 ) -> DataStream<WindowReport> {
-    let records = env
+    reports_with(env, spec, parallelism, |records| records)
+}
+
+/// [`reports`], with `between` applied to the source's records before the windows (a
+/// failure injector, in the recovery tests).
+pub fn reports_with(
+    env: &StreamEnvironment,
+    spec: WindowCheckSpec,
+    parallelism: usize,
+    between: impl FnOnce(DataStream<Tally>) -> DataStream<Tally>,
+) -> DataStream<WindowReport> {
+    let source = env
         .from_source(
             CheckSource { spec },
             WatermarkStrategy::for_monotonous_timestamps()
@@ -265,6 +276,7 @@ pub fn reports(
         )
         .parallelism(parallelism)
         .uid("numbers");
+    let records = between(source);
     let key = |tally: &Tally| tally.key;
     let tumbling = records
         .clone()

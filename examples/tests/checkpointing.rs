@@ -1,9 +1,12 @@
 //! Checkpoints in process: a job stopped at a random moment resumes from its latest completed
 //! checkpoint with every record counted once — in keyed state, and in tumbling, sliding,
-//! session and count windows; a damaged checkpoint is passed over for the one before it; jobs
-//! whose state checkpoints cannot write yet are refused, naming it.
+//! session and count windows; a job whose subtasks panic at random points restarts from its
+//! latest checkpoint (its restart strategy) with the same result; a damaged checkpoint is
+//! passed over for the one before it; jobs whose state checkpoints cannot write yet are
+//! refused, naming it.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,7 +16,7 @@ use weir_engine::prelude::*;
 use weir_engine::state::StateValue;
 use weir_engine::JobError;
 use weir_examples::keyed_aggregation;
-use weir_examples::sequence_check::{problems, reports, KeyReport, SequenceSpec};
+use weir_examples::sequence_check::{self, problems, reports, KeyReport, SequenceSpec};
 use weir_examples::window_check::{self, WindowCheckSpec, WindowReport};
 
 /// Many small splits, so that splits change hands while checkpoints are taken.
@@ -482,4 +485,236 @@ fn state_checkpoints_cannot_write_yet_is_refused_at_the_start() {
         .expect_err("refused")
         .to_string();
     assert!(error.contains("execution.checkpointing.dir"), "{error}");
+}
+
+/// Panics when the records through it, counted over every subtask and every restart, reach
+/// one of its points: each point fails the job once, in whichever subtask gets there.
+#[derive(Clone)]
+struct Faults {
+    through: Arc<AtomicU64>,
+    points: Arc<Vec<u64>>,
+    fired: Arc<AtomicU64>,
+}
+
+impl Faults {
+    /// `count` points from `within`, at least a tenth of its length apart (so that one
+    /// failure has stopped the job before the next point is reached), drawn from `seed`.
+    fn random(seed: u64, count: usize, within: std::ops::Range<u64>) -> Faults {
+        let mut state = seed;
+        let mut next = || {
+            // SplitMix64.
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let gap = (within.end - within.start) / 10;
+        let mut points: Vec<u64> = Vec::new();
+        while points.len() < count {
+            let point = within.start + next() % (within.end - within.start);
+            if points.iter().all(|&p| p.abs_diff(point) >= gap) {
+                points.push(point);
+            }
+        }
+        points.sort_unstable();
+        Faults {
+            through: Arc::default(),
+            points: Arc::new(points),
+            fired: Arc::default(),
+        }
+    }
+
+    /// `stream` with this injector after it.
+    fn inject<T: Record>(&self, stream: DataStream<T>) -> DataStream<T> {
+        let faults = self.clone();
+        stream
+            .map(move |record: T| {
+                let through = faults.through.fetch_add(1, Ordering::Relaxed) + 1;
+                if faults.points.binary_search(&through).is_ok() {
+                    faults.fired.fetch_add(1, Ordering::Relaxed);
+                    panic!("injected failure at record {through}");
+                }
+                record
+            })
+            .name("faults")
+    }
+
+    fn fired(&self) -> u64 {
+        self.fired.load(Ordering::Relaxed)
+    }
+}
+
+/// Restarts at once, as often as the faults need.
+fn restarting(config: Configuration) -> Configuration {
+    config
+        .with("restart-strategy.type", "fixed-delay")
+        .and_then(|c| c.with("restart-strategy.fixed-delay.attempts", "100"))
+        .and_then(|c| c.with("restart-strategy.fixed-delay.delay", "0"))
+        .expect("valid settings")
+}
+
+/// A seed for the fault points, printed so that a failing run can be repeated.
+fn seed() -> u64 {
+    let seed = std::env::var("WEIR_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_nanos() as u64
+        });
+    eprintln!("fault points from WEIR_FAULT_SEED={seed}");
+    seed
+}
+
+/// The restarts of `result` were the injected failures, one each.
+fn check_restarts(result: &weir_engine::JobResult, faults: &[&Faults], seed: u64) {
+    let fired: u64 = faults.iter().map(|f| f.fired()).sum();
+    assert_eq!(
+        result.restarts.len() as u64,
+        fired,
+        "one restart per injected failure (seed {seed}): {:?}",
+        result.restarts
+    );
+    for restart in &result.restarts {
+        assert!(
+            restart.cause.contains("injected failure at record"),
+            "restarted for something else (seed {seed}): {}",
+            restart.cause
+        );
+    }
+}
+
+fn sequence_survives_panics(slots: usize) {
+    let seed = seed();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let env = StreamEnvironment::new(restarting(config(dir.path(), slots, 1))).unwrap();
+    let records = SPEC.records();
+    let faults = Faults::random(seed, 3, records / 10..records * 9 / 10);
+    let log = OffsetLog::<KeyReport>::default();
+    sequence_check::reports_with(&env, SPEC, |records| faults.inject(records))
+        .sink_to(log.clone(), "log");
+    let result = env
+        .execute("sequence-check")
+        .unwrap_or_else(|e| panic!("the job failed (seed {seed}): {e}"));
+    assert_eq!(faults.fired(), 3, "every point was reached (seed {seed})");
+    check_restarts(&result, &[&faults], seed);
+    let problems = problems(SPEC, &log.records());
+    assert!(problems.is_empty(), "seed {seed}: {problems:?}");
+    assert!(
+        result.records_out("Source: sequence") < records,
+        "the last run restored a checkpoint (seed {seed})"
+    );
+}
+
+#[test]
+fn a_job_whose_subtasks_panic_restarts_with_every_record_counted_once_at_parallelism_1() {
+    sequence_survives_panics(1);
+}
+
+#[test]
+fn a_job_whose_subtasks_panic_restarts_with_every_record_counted_once_at_parallelism_2() {
+    sequence_survives_panics(2);
+}
+
+/// Windows and joins, with panics both before the windows (in the source's task) and after
+/// them (in the task that writes their reports).
+fn windows_survive_panics(slots: usize) {
+    let seed = seed();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let env = StreamEnvironment::new(restarting(config(dir.path(), slots, 1))).unwrap();
+    let records = u64::from(WINDOWS.keys_per_split) * slots as u64 * WINDOWS.per_key;
+    let reports = window_check::expected(WINDOWS, slots).len() as u64;
+    let before = Faults::random(seed, 2, records / 10..records * 9 / 10);
+    let after = Faults::random(seed.rotate_left(17), 1, reports / 10..reports / 2);
+    let log = OffsetLog::<WindowReport>::default();
+    let windows = window_check::reports_with(&env, WINDOWS, slots, |r| before.inject(r));
+    after.inject(windows).sink_to(log.clone(), "log");
+    let result = env
+        .execute("window-check")
+        .unwrap_or_else(|e| panic!("the job failed (seed {seed}): {e}"));
+    assert_eq!(
+        before.fired() + after.fired(),
+        3,
+        "every point was reached (seed {seed})"
+    );
+    check_restarts(&result, &[&before, &after], seed);
+    let problems = window_check::problems(WINDOWS, slots, &[log.records()]);
+    assert!(problems.is_empty(), "seed {seed}: {problems:?}");
+}
+
+#[test]
+fn windows_and_joins_whose_subtasks_panic_restart_with_every_record_counted_once_at_parallelism_1()
+{
+    windows_survive_panics(1);
+}
+
+#[test]
+fn windows_and_joins_whose_subtasks_panic_restart_with_every_record_counted_once_at_parallelism_2()
+{
+    windows_survive_panics(2);
+}
+
+/// Stopped at parallelism `from` and resumed at `to`: key groups (state and timers) move to
+/// the subtasks that own them now and the readers' splits are shared out again, and every
+/// record is still counted once.
+fn sequence_rescaled(from: usize, to: usize) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_until_checkpoints(&config(dir.path(), from, 1), dir.path(), false, 2);
+    let (problems, read) = resume_to_end(&config(dir.path(), to, 1));
+    assert!(problems.is_empty(), "{from} → {to}: {problems:?}");
+    assert!(
+        read < SPEC.records(),
+        "the rescaled run read {read} of {} records: it did not resume",
+        SPEC.records()
+    );
+}
+
+#[test]
+fn a_job_stopped_at_parallelism_2_resumes_at_1_with_every_record_counted_once() {
+    sequence_rescaled(2, 1);
+}
+
+#[test]
+fn a_job_stopped_at_parallelism_1_resumes_at_2_with_every_record_counted_once() {
+    sequence_rescaled(1, 2);
+}
+
+/// The window check's windows and join at parallelism 2, then 1, then 2 again (its source and
+/// sink stay at 2, so the input and the sink's logs are the same): every window and pair
+/// once, with exactly its records.
+#[test]
+fn windows_and_joins_rescale_with_every_record_counted_once() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let at = |windows: usize| {
+        config(dir.path(), 2, 1)
+            .with("parallelism.default", windows.to_string())
+            .expect("valid settings")
+    };
+    let log = OffsetLog::<WindowReport>::default();
+    let build = |env: &StreamEnvironment| {
+        window_check::reports(env, WINDOWS, 2)
+            .sink_to(log.clone(), "log")
+            .parallelism(2);
+    };
+    stop_after_checkpoints(&at(2), dir.path(), "window-check", false, 3, build);
+    stop_after_checkpoints(&at(1), dir.path(), "window-check", true, 3, build);
+    let env = StreamEnvironment::new(at(2)).expect("an environment");
+    build(&env);
+    let options = RunOptions {
+        resume: true,
+        ..RunOptions::default()
+    };
+    let result = env
+        .execute_with("window-check", options)
+        .expect("the resumed job");
+    let total = u64::from(WINDOWS.keys_per_split) * 2 * WINDOWS.per_key;
+    assert!(
+        result.records_out("Source: numbers") < total,
+        "the last run resumed from a checkpoint"
+    );
+    let problems = window_check::problems(WINDOWS, 2, &[log.records()]);
+    assert!(problems.is_empty(), "{problems:?}");
 }

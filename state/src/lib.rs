@@ -80,8 +80,8 @@ pub use handle::{
 };
 pub use key_group::{KeyGroup, KeyGroupRange, StableHasher};
 pub use operator::{
-    redistribute, BroadcastState, DistributionMode, OperatorListState, OperatorStateImage,
-    OperatorStateSnapshot, OperatorStateStore, SNAPSHOT_FORMAT_VERSION,
+    redistribute, split_range, BroadcastState, DistributionMode, OperatorListState,
+    OperatorStateImage, OperatorStateSnapshot, OperatorStateStore, SNAPSHOT_FORMAT_VERSION,
 };
 pub use ttl::{Clock, ManualClock, StateTtlConfig, StateVisibility, SystemClock, TtlUpdateType};
 

@@ -610,7 +610,8 @@ pub(crate) struct CheckpointStart {
 
 /// Opens job `job`'s checkpoint directory under `root` (taking its lock) and, with `resume`,
 /// reads its latest completed checkpoint back, checked against the job's `operators`:
-/// state of an operator the job no longer has, or at another parallelism, is refused.
+/// state of an operator the job no longer has is refused; an operator at another parallelism
+/// is rescaled (its subtasks share out the old ones' state).
 pub(crate) fn open_checkpoints(
     root: &std::path::Path,
     job: &str,
@@ -709,16 +710,15 @@ pub(crate) fn open_checkpoints(
                     restored.checkpoint, old.name, old.id
                 )))
             }
-            Some(now) if now.parallelism != old.parallelism => {
-                return Err(refuse(format!(
-                    "checkpoint {} of job '{job}' holds operator '{}' at parallelism {}, the \
-                     job runs it at {}; restoring at another parallelism is not supported yet: \
-                     run with the same parallelism",
-                    restored.checkpoint, old.name, old.parallelism, now.parallelism
-                )))
-            }
+            Some(now) if now.parallelism != old.parallelism => tracing::info!(
+                "operator '{}' rescales from parallelism {} to {}",
+                old.name,
+                old.parallelism,
+                now.parallelism
+            ),
             Some(_) => {}
         }
+        restored.parallelism.insert(old.id.clone(), old.parallelism);
     }
     tracing::info!(
         "job '{job}' resumes from checkpoint {} ({})",

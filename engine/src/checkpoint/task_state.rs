@@ -16,7 +16,9 @@
 //! by the writer afterwards, while records flow again.
 //!
 //! On restore, an operator finds its parts by its operator id: the keyed parts of every old
-//! subtask (each keeps the key groups it owns now), the other parts of its own subtask.
+//! subtask (each keeps the key groups it owns now); the other parts (operator state, a
+//! source's splits) of its own subtask, or, when the job restores at another parallelism, of
+//! every old subtask, whose contents the new subtasks share out ([`RestoredParts::share`]).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -80,21 +82,13 @@ pub(crate) struct RestoredJob {
     /// The checkpoint restored.
     pub(crate) checkpoint: u64,
     pub(crate) parts: HashMap<String, Vec<SubtaskParts>>,
+    /// Each operator's parallelism in the checkpoint, by operator id.
+    pub(crate) parallelism: HashMap<String, usize>,
     /// Each source's split enumerator, by operator id: its pending splits, encoded.
     pub(crate) enumerators: HashMap<String, Vec<u8>>,
 }
 
 impl RestoredJob {
-    /// The part `name` of `operator`'s subtask `subtask`.
-    pub(crate) fn part(&self, operator: &str, subtask: usize, name: &str) -> Option<&[u8]> {
-        self.parts
-            .get(operator)?
-            .iter()
-            .find(|(s, _)| *s == subtask)
-            .and_then(|(_, parts)| parts.get(name))
-            .map(Vec::as_slice)
-    }
-
     /// The part `name` of every old subtask of `operator` that wrote one.
     pub(crate) fn parts_of_all(&self, operator: &str, name: &str) -> Vec<&[u8]> {
         self.parts.get(operator).map_or_else(Vec::new, |subtasks| {
@@ -103,6 +97,37 @@ impl RestoredJob {
                 .filter_map(|(_, parts)| parts.get(name).map(Vec::as_slice))
                 .collect()
         })
+    }
+
+    /// The part `name` of `operator` that subtask `subtask` of `parallelism` restores from:
+    /// its own subtask's at an unchanged parallelism, else every old subtask's.
+    pub(crate) fn parts_for(
+        &self,
+        operator: &str,
+        name: &str,
+        subtask: usize,
+        parallelism: usize,
+    ) -> RestoredParts<'_> {
+        let old_parallelism = self
+            .parallelism
+            .get(operator)
+            .copied()
+            .unwrap_or(parallelism);
+        let mut parts: Vec<(usize, &[u8])> =
+            self.parts.get(operator).map_or_else(Vec::new, |subtasks| {
+                subtasks
+                    .iter()
+                    .filter(|(old, _)| old_parallelism != parallelism || *old == subtask)
+                    .filter_map(|(old, parts)| Some((*old, parts.get(name)?.as_slice())))
+                    .collect()
+            });
+        parts.sort_by_key(|(old, _)| *old);
+        RestoredParts {
+            old_parallelism,
+            subtask,
+            parallelism,
+            parts,
+        }
     }
 
     /// Adds the parts of one old subtask's state file.
@@ -118,6 +143,41 @@ impl RestoredJob {
             };
             subtasks[at].1.insert(name, bytes);
         }
+    }
+}
+
+/// The restored parts a subtask takes its unkeyed state from (see [`RestoredJob::parts_for`]).
+pub(crate) struct RestoredParts<'a> {
+    /// The operator's parallelism in the checkpoint.
+    pub(crate) old_parallelism: usize,
+    subtask: usize,
+    parallelism: usize,
+    /// (old subtask, part), in old subtask order: the subtask's own only, unless rescaled.
+    pub(crate) parts: Vec<(usize, &'a [u8])>,
+}
+
+impl RestoredParts<'_> {
+    /// Whether the operator restores at another parallelism than it was checkpointed at.
+    pub(crate) fn rescaled(&self) -> bool {
+        self.old_parallelism != self.parallelism
+    }
+
+    /// This subtask's share of list-like contents: each part decoded to its elements by
+    /// `decode`; at an unchanged parallelism the own subtask's elements, else a contiguous
+    /// share of all of them in old subtask order (Flink's even split of list state).
+    pub(crate) fn share<T, E>(
+        &self,
+        mut decode: impl FnMut(&[u8]) -> Result<Vec<T>, E>,
+    ) -> Result<Vec<T>, E> {
+        let mut all = Vec::new();
+        for (_, part) in &self.parts {
+            all.extend(decode(part)?);
+        }
+        if !self.rescaled() {
+            return Ok(all);
+        }
+        let range = weir_state::split_range(all.len(), self.subtask, self.parallelism);
+        Ok(all.drain(range).collect())
     }
 }
 
@@ -142,9 +202,16 @@ impl TaskState {
         std::mem::take(&mut self.written.borrow_mut())
     }
 
-    /// The part `name` this operator's subtask wrote in the restored checkpoint.
-    pub(crate) fn restored(&self, operator: &str, name: &str) -> Option<&[u8]> {
-        self.restored.as_ref()?.part(operator, self.subtask, name)
+    /// The parts `name` that this subtask of `parallelism` takes unkeyed state from (`None`:
+    /// the job does not resume).
+    pub(crate) fn restored_for(
+        &self,
+        operator: &str,
+        name: &str,
+        parallelism: usize,
+    ) -> Option<RestoredParts<'_>> {
+        let restored = self.restored.as_ref()?;
+        Some(restored.parts_for(operator, name, self.subtask, parallelism))
     }
 
     /// The part `name` of every old subtask of this operator (keyed state: each backend keeps
@@ -274,8 +341,18 @@ mod tests {
         assert!(error.contains("task-a1-0 is truncated"), "{error}");
         let mut job = RestoredJob::default();
         job.add_file(1, back);
-        assert_eq!(job.part("a1", 1, "keyed"), Some(&[1u8, 2, 3][..]));
-        assert_eq!(job.part("a1", 0, "keyed"), None);
+        job.parallelism.insert("a1".into(), 2);
+        let own = |subtask| job.parts_for("a1", "keyed", subtask, 2).parts;
+        assert_eq!(own(1), vec![(1, &[1u8, 2, 3][..])]);
+        assert_eq!(own(0), vec![]);
+        // At another parallelism every old subtask's part is read, and shared out.
+        let rescaled = job.parts_for("a1", "keyed", 0, 1);
+        assert!(rescaled.rescaled());
+        assert_eq!(rescaled.parts, vec![(1, &[1u8, 2, 3][..])]);
+        let elements = |bytes: &[u8]| Ok::<_, ()>(bytes.to_vec());
+        assert_eq!(rescaled.share(elements), Ok(vec![1, 2, 3]));
+        let thirds = [0, 1].map(|subtask| job.parts_for("a1", "keyed", subtask, 3).share(elements));
+        assert_eq!(thirds, [Ok(vec![1]), Ok(vec![2])]);
         assert_eq!(job.parts_of_all("a1", "timers"), vec![&b"later"[..]]);
     }
 }

@@ -93,12 +93,18 @@ impl RuntimeContext {
         }
     }
 
-    /// The part `name` this operator subtask wrote in the checkpoint the job resumes from.
-    pub(crate) fn restored(&self, name: &str) -> Option<Vec<u8>> {
-        self.task
-            .get()
-            .restored(&self.state.operator_id, name)
-            .map(<[u8]>::to_vec)
+    /// This subtask's share of the list-like part `name` (each part decoded to its elements by
+    /// `decode`) in the checkpoint the job resumes from (`None`: it does not resume): the
+    /// elements its own subtask wrote, or, restoring at another parallelism, an even share of
+    /// every old subtask's.
+    pub(crate) fn restored_share<T, E>(
+        &self,
+        name: &str,
+        decode: impl FnMut(&[u8]) -> Result<Vec<T>, E>,
+    ) -> Option<Result<Vec<T>, E>> {
+        let task = self.task.get();
+        let parts = task.restored_for(&self.state.operator_id, name, self.parallelism)?;
+        Some(parts.share(decode))
     }
 
     /// The part `name` of every subtask of this operator in the checkpoint the job resumes

@@ -23,6 +23,7 @@ use crate::checkpoint::driver::{
     open_checkpoints, CheckpointDriver, CheckpointStart, DriverPlan, JobCheckpointing,
     OperatorEntry, TaskCheckpointing,
 };
+use crate::checkpoint::restart::{RestartDecision, RestartStrategy, RestartTracker};
 use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_OPERATOR_STATE};
 use crate::checkpoint::CheckpointStats;
 use crate::config::CheckpointConfig;
@@ -47,8 +48,21 @@ pub struct JobResult {
     pub operators: Vec<OperatorCounts>,
     /// Network segment pool usage per slot.
     pub pools: Vec<PoolStats>,
-    /// What the run's checkpoints did (`None`: checkpointing was off).
+    /// What the run's checkpoints did (`None`: checkpointing was off). After restarts, this
+    /// and the other figures are those of the last run of the tasks (Flink's metrics, too,
+    /// start again with the restarted tasks).
     pub checkpoints: Option<CheckpointStats>,
+    /// The restarts after task failures, in order.
+    pub restarts: Vec<Restart>,
+}
+
+/// A restart of the job's tasks after a failure.
+#[derive(Clone, Debug)]
+pub struct Restart {
+    /// The failure, as the job would have ended with it.
+    pub cause: String,
+    /// How long the restart waited (the restart strategy's delay).
+    pub delay: Duration,
 }
 
 impl JobResult {
@@ -161,7 +175,7 @@ struct SubtaskPlan {
 
 /// What every shard shares about the job.
 struct JobShared {
-    exec: ExecutionGraph,
+    exec: Arc<ExecutionGraph>,
     settings: TaskSettings,
     enumerators: Vec<Option<SharedEnumerator>>,
     metrics: MetricsRegistry,
@@ -235,14 +249,16 @@ impl ChainBuilder<'_> {
             Some(&id) => id,
             None => {
                 let id = OperatorStateId::fresh();
-                let restored = self.shared.restored.as_ref().and_then(|restored| {
-                    restored.part(&operator_id, self.subtask, PART_OPERATOR_STATE)
+                let parallelism = job.node_parallelism[node];
+                let restored = self.shared.restored.as_ref().map(|restored| {
+                    restored.parts_for(&operator_id, PART_OPERATOR_STATE, self.subtask, parallelism)
                 });
-                if let Some(bytes) = restored {
-                    id.restore(bytes).map_err(|error| {
-                        TaskError::user(format!("cannot restore its operator state: {error}"))
-                            .in_operator(&graph_node.name)
-                    })?;
+                if let Some(restored) = restored.filter(|r| !r.parts.is_empty()) {
+                    id.restore(&restored, self.subtask, parallelism)
+                        .map_err(|error| {
+                            TaskError::user(format!("cannot restore its operator state: {error}"))
+                                .in_operator(&graph_node.name)
+                        })?;
                 }
                 self.operator_states.insert(node, id);
                 id
@@ -570,11 +586,92 @@ fn run_shard(
     }
 }
 
-/// Runs a job to completion on `exec.slots` shards.
+/// Runs a job to completion on `exec.slots` shards. When a task fails, the job's restart
+/// strategy (`restart-strategy.*`) decides whether all its tasks start again — from the latest
+/// completed checkpoint when the job is checkpointed, from the beginning otherwise — and
+/// after how long; each restart is logged with its cause and listed in
+/// [`JobResult::restarts`].
 pub fn run_job(
     exec: ExecutionGraph,
     config: &Configuration,
     options: RunOptions,
+) -> Result<JobResult, JobError> {
+    let exec = Arc::new(exec);
+    let checkpointed = config.checkpointing()?.is_some();
+    let strategy = config.restart_strategy(checkpointed);
+    let mut tracker = RestartTracker::new(strategy);
+    let started = Instant::now();
+    let mut restarts = Vec::new();
+    let mut resume = options.resume;
+    loop {
+        let error = match run_attempt(&exec, config, &options, resume) {
+            Ok(mut result) => {
+                result.restarts = restarts;
+                return Ok(result);
+            }
+            Err(error) => error,
+        };
+        if !error.is_restartable() || options.cancel.is_requested() {
+            return Err(error);
+        }
+        let now_ms = started.elapsed().as_millis().min(i64::MAX as u128) as i64;
+        let delay_ms = match tracker.on_failure(now_ms, uniform_random()) {
+            RestartDecision::RestartAfter(delay_ms) => delay_ms,
+            // Attempts run one after another: a failure is never inside an earlier one's wait.
+            RestartDecision::AlreadyRestarting => 0,
+            RestartDecision::GiveUp(_) if strategy == RestartStrategy::None => return Err(error),
+            RestartDecision::GiveUp(reason) => {
+                return Err(JobError::RestartsExhausted {
+                    restarts: tracker.restarts(),
+                    reason,
+                    last: Box::new(error),
+                })
+            }
+        };
+        let job = exec.job.job_name();
+        let cause = error.to_string();
+        tracing::warn!(
+            job,
+            restart = tracker.restarts(),
+            delay_ms,
+            %cause,
+            "restarting the job{}",
+            if checkpointed { " from its latest completed checkpoint" } else { " from the beginning" }
+        );
+        let delay = Duration::from_millis(delay_ms.max(0) as u64);
+        let wait_until = Instant::now() + delay;
+        while Instant::now() < wait_until && !options.cancel.is_requested() {
+            std::thread::sleep(Duration::from_millis(5).min(wait_until - Instant::now()));
+        }
+        // The failure set the job's stop flag; clear it unless a cancel request came too.
+        options.cancel.stop.store(false, Ordering::Relaxed);
+        if options.cancel.is_requested() {
+            options.cancel.stop.store(true, Ordering::Relaxed);
+            return Err(JobError::Cancelled {
+                job: job.to_string(),
+            });
+        }
+        restarts.push(Restart { cause, delay });
+        resume = checkpointed;
+    }
+}
+
+/// A number uniform in `[0, 1)` for the restart delay's jitter (from the process's random
+/// hash keys; no generator needed for this).
+fn uniform_random() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let bits = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    (bits >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// One run of all the job's tasks, until they end or one fails.
+fn run_attempt(
+    exec: &Arc<ExecutionGraph>,
+    config: &Configuration,
+    options: &RunOptions,
+    resume: bool,
 ) -> Result<JobResult, JobError> {
     let slots = exec
         .job
@@ -658,7 +755,7 @@ pub fn run_job(
 
     let job_name = exec.job.job_name().to_string();
     let checkpoint_config = config.checkpointing()?;
-    if options.resume && checkpoint_config.is_none() {
+    if resume && checkpoint_config.is_none() {
         return Err(JobError::InvalidJob(format!(
             "cannot resume job '{job_name}': checkpointing is off; set \
              execution.checkpointing.interval and execution.checkpointing.dir as the run that \
@@ -667,11 +764,11 @@ pub fn run_job(
     }
     let checkpoints = match &checkpoint_config {
         Some(checkpoint_config) => Some(start_checkpoints(
-            &exec,
+            exec,
             config,
             checkpoint_config,
             &job_name,
-            options.resume,
+            resume,
         )?),
         None => None,
     };
@@ -728,7 +825,7 @@ pub fn run_job(
     let driver = match (checkpoints, &checkpoint_config) {
         (Some(start), Some(checkpoint_config)) => {
             let plan = driver_plan(
-                &exec,
+                exec,
                 &enumerators,
                 checkpoint_config,
                 &job_name,
@@ -742,7 +839,7 @@ pub fn run_job(
         _ => None,
     };
     let shared = Arc::new(JobShared {
-        exec,
+        exec: Arc::clone(exec),
         settings,
         enumerators,
         metrics: metrics.clone(),
@@ -815,6 +912,7 @@ pub fn run_job(
         operators: metrics.snapshot(),
         pools: pools.iter().map(SegmentPool::stats).collect(),
         checkpoints,
+        restarts: Vec::new(),
     })
 }
 

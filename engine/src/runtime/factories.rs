@@ -392,9 +392,11 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
         let mut reader = self.source.create_reader(ctx);
         let mut watermarks =
             SplitWatermarkTracker::new(self.watermarks.clone(), settings.auto_watermark_interval);
-        if let Some(bytes) = ctx.restored(PART_SPLITS) {
-            let splits = decode_splits::<S::Split>(&bytes, "the reader's split snapshot")
-                .map_err(|e| TaskError::internal(e).in_operator(&metrics.name))?;
+        let restored = ctx.restored_share(PART_SPLITS, |bytes| {
+            decode_splits::<S::Split>(bytes, "the reader's split snapshot")
+        });
+        if let Some(splits) = restored {
+            let splits = splits.map_err(|e| TaskError::internal(e).in_operator(&metrics.name))?;
             for (_, split) in splits {
                 reader.add_split(split);
                 watermarks.on_split_added();

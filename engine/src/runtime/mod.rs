@@ -10,6 +10,6 @@ pub mod shard;
 pub mod task;
 mod watchdog;
 
-pub use deploy::{run_job, CancelHandle, JobResult, RunOptions};
+pub use deploy::{run_job, CancelHandle, JobResult, Restart, RunOptions};
 pub use periodic::PeriodicThread;
 pub use shard::{available_cores, resolve_cores, ShardLoad};

@@ -46,7 +46,7 @@ mod redistribute;
 mod snapshot;
 
 pub use self::handle::{BroadcastState, OperatorListState};
-pub use self::redistribute::redistribute;
+pub use self::redistribute::{redistribute, split_range};
 pub use self::snapshot::{
     DistributionMode, OperatorStateImage, OperatorStateSnapshot, SNAPSHOT_FORMAT_VERSION,
 };

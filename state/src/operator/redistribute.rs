@@ -87,12 +87,8 @@ pub fn redistribute(
 }
 
 /// The range of the concatenation of `len` split-list elements that `subtask` of `parallelism`
-/// gets (see the module docs).
-pub(crate) fn split_range(
-    len: usize,
-    subtask: usize,
-    parallelism: usize,
-) -> std::ops::Range<usize> {
+/// gets (see the module docs): contiguous shares, the first `len % parallelism` one longer.
+pub fn split_range(len: usize, subtask: usize, parallelism: usize) -> std::ops::Range<usize> {
     let base = len / parallelism;
     let extra = len % parallelism;
     let start = subtask * base + subtask.min(extra);
