@@ -151,7 +151,12 @@ fn stopped_and_resumed(slots: usize) {
     let config = config(dir.path(), slots, 1);
     run_until_checkpoints(&config, dir.path(), false, 2);
     run_until_checkpoints(&config, dir.path(), true, 3);
-    let (problems, read) = resume_to_end(&config);
+    resume_to_end_counting_once(&config);
+}
+
+/// [`resume_to_end`]: every record counted once, and the run resumed from a checkpoint.
+fn resume_to_end_counting_once(config: &Configuration) {
+    let (problems, read) = resume_to_end(config);
     assert!(problems.is_empty(), "{problems:?}");
     assert!(
         read < SPEC.records(),
@@ -294,6 +299,18 @@ fn windows_stopped_and_resumed(slots: usize) {
     };
     stop_after_checkpoints(&config, dir.path(), "window-check", false, 3, build);
     stop_after_checkpoints(&config, dir.path(), "window-check", true, 3, build);
+    windows_resumed_to_end(config, slots, &log, build);
+}
+
+/// Resumes the window check (built by `build`, its `readers` source subtasks writing into
+/// `log`) and runs it to its end: it resumed from a checkpoint, and `log` holds every window
+/// and pair once, with exactly its records.
+fn windows_resumed_to_end(
+    config: Configuration,
+    readers: usize,
+    log: &OffsetLog<WindowReport>,
+    build: impl Fn(&StreamEnvironment),
+) {
     let env = StreamEnvironment::new(config).expect("an environment");
     build(&env);
     let options = RunOptions {
@@ -303,12 +320,12 @@ fn windows_stopped_and_resumed(slots: usize) {
     let result = env
         .execute_with("window-check", options)
         .expect("the resumed job");
-    let total = u64::from(WINDOWS.keys_per_split) * slots as u64 * WINDOWS.per_key;
+    let total = u64::from(WINDOWS.keys_per_split) * readers as u64 * WINDOWS.per_key;
     assert!(
         result.records_out("Source: numbers") < total,
         "the last run resumed from a checkpoint"
     );
-    let problems = window_check::problems(WINDOWS, slots, &[log.records()]);
+    let problems = window_check::problems(WINDOWS, readers, &[log.records()]);
     assert!(problems.is_empty(), "{problems:?}");
 }
 
@@ -663,13 +680,7 @@ fn windows_and_joins_whose_subtasks_panic_restart_with_every_record_counted_once
 fn sequence_rescaled(from: usize, to: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     run_until_checkpoints(&config(dir.path(), from, 1), dir.path(), false, 2);
-    let (problems, read) = resume_to_end(&config(dir.path(), to, 1));
-    assert!(problems.is_empty(), "{from} → {to}: {problems:?}");
-    assert!(
-        read < SPEC.records(),
-        "the rescaled run read {read} of {} records: it did not resume",
-        SPEC.records()
-    );
+    resume_to_end_counting_once(&config(dir.path(), to, 1));
 }
 
 #[test]
@@ -701,20 +712,182 @@ fn windows_and_joins_rescale_with_every_record_counted_once() {
     };
     stop_after_checkpoints(&at(2), dir.path(), "window-check", false, 3, build);
     stop_after_checkpoints(&at(1), dir.path(), "window-check", true, 3, build);
-    let env = StreamEnvironment::new(at(2)).expect("an environment");
-    build(&env);
-    let options = RunOptions {
-        resume: true,
-        ..RunOptions::default()
-    };
-    let result = env
-        .execute_with("window-check", options)
-        .expect("the resumed job");
-    let total = u64::from(WINDOWS.keys_per_split) * 2 * WINDOWS.per_key;
+    windows_resumed_to_end(at(2), 2, &log, build);
+}
+
+/// What a sink subtask was told, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Notice {
+    /// A barrier reached it.
+    Flushed,
+    Complete(u64),
+    Aborted(u64),
+}
+
+/// A sink that writes nothing and keeps, per subtask, the barriers and checkpoint notices
+/// it saw.
+#[derive(Clone, Default)]
+struct NoticeLog {
+    subtasks: Arc<Mutex<Vec<Vec<Notice>>>>,
+}
+
+struct NoticeWriter {
+    subtasks: Arc<Mutex<Vec<Vec<Notice>>>>,
+    subtask: usize,
+}
+
+impl NoticeWriter {
+    fn note(&mut self, notice: Notice) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        self.subtasks.lock().unwrap()[self.subtask].push(notice);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+impl<T: Send + 'static> Sink<T> for NoticeLog {
+    fn create_writer(
+        &self,
+        ctx: &RuntimeContext,
+    ) -> Result<Box<dyn SinkWriter<T>>, ConnectorError> {
+        self.subtasks
+            .lock()
+            .unwrap()
+            .resize_with(ctx.parallelism, Vec::new);
+        Ok(Box::new(NoticeWriter {
+            subtasks: Arc::clone(&self.subtasks),
+            subtask: ctx.subtask,
+        }))
+    }
+}
+
+impl<T> SinkWriter<T> for NoticeWriter {
+    fn write<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<T>,
+        _timestamps: &'a [i64],
+    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
+        batch.clear();
+        Box::pin(async { Ok(()) })
+    }
+
+    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        self.note(Notice::Flushed)
+    }
+
+    fn notify_checkpoint_complete(
+        &mut self,
+        checkpoint: u64,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        self.note(Notice::Complete(checkpoint))
+    }
+
+    fn notify_checkpoint_aborted(
+        &mut self,
+        checkpoint: u64,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        self.note(Notice::Aborted(checkpoint))
+    }
+}
+
+/// Runs the sequence check at parallelism 2 into a [`NoticeLog`] (behind a `key_by` exchange,
+/// so the notices cross shards), every checkpoint kept: the notices per sink subtask, and the
+/// checkpoints that completed; no aborted checkpoint's directory is left behind.
+fn notices(extra: &[(&str, &str)]) -> (Vec<Vec<Notice>>, Vec<u64>) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut config = config(dir.path(), 2, 100_000);
+    for (key, value) in extra {
+        config.set(key, *value).expect("a valid setting");
+    }
+    let env = StreamEnvironment::new(config).expect("an environment");
+    let log = NoticeLog::default();
+    reports(&env, SPEC).sink_to(log.clone(), "notices");
+    env.execute("sequence-check").expect("the job");
+    let subtasks = log.subtasks.lock().unwrap().clone();
+    let unfinished: Vec<String> = std::fs::read_dir(dir.path().join("sequence-check"))
+        .expect("the job's checkpoint directory")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("chk-"))
+        .filter(|e| !e.path().join("_metadata").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     assert!(
-        result.records_out("Source: numbers") < total,
-        "the last run resumed from a checkpoint"
+        unfinished.is_empty(),
+        "aborted checkpoints were removed: {unfinished:?}"
     );
-    let problems = window_check::problems(WINDOWS, 2, &[log.records()]);
-    assert!(problems.is_empty(), "{problems:?}");
+    (subtasks, completed(dir.path()))
+}
+
+/// Every sink subtask hears of completed checkpoints after their barriers, in increasing
+/// order, and only of checkpoints that completed.
+#[test]
+fn sinks_are_told_of_completed_checkpoints_in_order() {
+    let (subtasks, completed) = notices(&[]);
+    assert!(completed.len() >= 3, "checkpoints completed: {completed:?}");
+    assert_eq!(subtasks.len(), 2);
+    for (subtask, notices) in subtasks.iter().enumerate() {
+        let told: Vec<u64> = notices
+            .iter()
+            .filter_map(|n| match n {
+                Notice::Complete(c) => Some(*c),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            told.len() >= 2,
+            "subtask {subtask} was told of {told:?} (completed: {completed:?})"
+        );
+        assert!(told.windows(2).all(|w| w[0] < w[1]), "in order: {told:?}");
+        for checkpoint in &told {
+            assert!(
+                completed.contains(checkpoint),
+                "{checkpoint} did not complete"
+            );
+        }
+        // A checkpoint completes only after every sink subtask passed its barrier.
+        let first_told = notices
+            .iter()
+            .position(|n| matches!(n, Notice::Complete(_)));
+        let first_flush = notices.iter().position(|n| *n == Notice::Flushed);
+        assert!(first_flush < first_told, "subtask {subtask}: {notices:?}");
+        assert!(
+            !notices.iter().any(|n| matches!(n, Notice::Aborted(_))),
+            "nothing aborted: {notices:?}"
+        );
+    }
+}
+
+/// With a timeout no checkpoint can meet, every sink subtask hears of aborted checkpoints,
+/// and of no completed one.
+#[test]
+fn sinks_are_told_of_aborted_checkpoints() {
+    let (subtasks, completed) = notices(&[
+        ("execution.checkpointing.timeout", "1 ms"),
+        (
+            "execution.checkpointing.tolerable-failed-checkpoints",
+            "1000000",
+        ),
+    ]);
+    for (subtask, notices) in subtasks.iter().enumerate() {
+        let aborted: Vec<u64> = notices
+            .iter()
+            .filter_map(|n| match n {
+                Notice::Aborted(c) => Some(*c),
+                _ => None,
+            })
+            .collect();
+        assert!(!aborted.is_empty(), "subtask {subtask}: {notices:?}");
+        assert!(
+            aborted.windows(2).all(|w| w[0] < w[1]),
+            "in order: {aborted:?}"
+        );
+        for checkpoint in &aborted {
+            assert!(
+                !completed.contains(checkpoint),
+                "{checkpoint} was aborted and completed"
+            );
+        }
+    }
 }

@@ -46,6 +46,10 @@ use crate::time::now_ms;
 pub(crate) enum SourceCommand {
     /// Snapshot and inject the barrier of this checkpoint.
     TriggerCheckpoint(u64),
+    /// This checkpoint completed: tell the chain, and send the notice downstream.
+    NotifyComplete(u64),
+    /// This checkpoint was aborted: likewise.
+    NotifyAborted(u64),
 }
 
 /// A source subtask's mailbox: the coordinator thread posts, the source reads between
@@ -102,12 +106,20 @@ pub(crate) enum TaskReport {
 #[derive(Debug)]
 pub(crate) struct JobCheckpointing {
     reports: Mutex<Sender<TaskReport>>,
-    /// The directories of checkpoints being written, by number.
-    pending: Mutex<HashMap<u64, PendingCheckpoint>>,
+    /// The directories of checkpoints being written, by number, and how many task state
+    /// files are being written into each.
+    pending: Mutex<Pending>,
     /// Per task (index in the execution graph's subtasks), its mailbox if it is a source.
     mailboxes: Vec<Option<Arc<SourceMailbox>>>,
     /// Barrier alignment (`execution.checkpointing.mode: EXACTLY_ONCE`).
     pub(crate) exactly_once: bool,
+}
+
+/// Checkpoints being written (see [`JobCheckpointing::pending`]).
+#[derive(Debug, Default)]
+struct Pending {
+    dirs: HashMap<u64, PendingCheckpoint>,
+    writers: HashMap<u64, usize>,
 }
 
 impl JobCheckpointing {
@@ -144,13 +156,16 @@ impl TaskCheckpointing {
     /// `pause` is how long the barrier took through the chain (the operators' snapshots).
     pub(crate) fn write_snapshot(&self, checkpoint: u64, pause: Duration) {
         let parts = self.state.take();
-        let pending = self
-            .job
-            .pending
-            .lock()
-            .expect("pending lock")
-            .get(&checkpoint)
-            .cloned();
+        // Counted as a writer under the same lock, so that an abort does not remove the
+        // directory under the file being created (glommio's open panics when it vanishes).
+        let pending = {
+            let mut pending = self.job.pending.lock().expect("pending lock");
+            let dir = pending.dirs.get(&checkpoint).cloned();
+            if dir.is_some() {
+                *pending.writers.entry(checkpoint).or_default() += 1;
+            }
+            dir
+        };
         let job = Arc::clone(&self.job);
         let task = self.task;
         let name = self.file_name.clone();
@@ -158,7 +173,17 @@ impl TaskCheckpointing {
         glommio::spawn_local(async move {
             let result = match pending {
                 None => Err("the checkpoint was aborted before the task's barrier".to_string()),
-                Some(pending) => write_file(&pending, &name, parts).await,
+                Some(pending) => {
+                    let written = write_file(&pending, &name, parts).await;
+                    let mut pending = job.pending.lock().expect("pending lock");
+                    if let Some(writers) = pending.writers.get_mut(&checkpoint) {
+                        *writers -= 1;
+                        if *writers == 0 {
+                            pending.writers.remove(&checkpoint);
+                        }
+                    }
+                    written
+                }
             };
             job.report(match result {
                 Ok((file, encoding)) => TaskReport::Acknowledge {
@@ -256,7 +281,7 @@ impl CheckpointDriver {
         let (sender, receiver) = mpsc::channel();
         let shared = Arc::new(JobCheckpointing {
             reports: Mutex::new(sender),
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::default(),
             mailboxes: plan
                 .sources
                 .iter()
@@ -283,13 +308,19 @@ impl CheckpointDriver {
                         enumerators: HashMap::new(),
                         finished: false,
                         triggered: HashMap::new(),
+                        aborted: Vec::new(),
                         stats: CheckpointStats::default(),
                     };
                     let failure = host.run(&receiver, &stop);
                     if failure.is_some() {
                         fail();
+                        // The tasks are going down; their last writes end before the stop.
+                        while !stop.load(Ordering::Relaxed) {
+                            let _ = receiver.recv_timeout(Duration::from_millis(10));
+                        }
                     }
                     host.discard_pending();
+                    host.discard_aborted();
                     (failure, host.stats)
                 })
                 .expect("spawn the checkpoint coordinator thread")
@@ -345,6 +376,8 @@ struct Host {
     finished: bool,
     /// When each pending checkpoint was triggered, and its tasks' pauses.
     triggered: HashMap<u64, (Instant, Vec<Duration>)>,
+    /// Aborted checkpoints whose directories tasks were still writing into.
+    aborted: Vec<u64>,
     stats: CheckpointStats,
 }
 
@@ -367,7 +400,10 @@ impl Host {
                 next.saturating_sub(now).clamp(1, 50)
             };
             let commands = match reports.recv_timeout(Duration::from_millis(wait as u64)) {
-                Ok(report) => self.on_report(report),
+                Ok(report) => {
+                    self.discard_aborted();
+                    self.on_report(report)
+                }
                 Err(RecvTimeoutError::Timeout) => Vec::new(),
                 Err(RecvTimeoutError::Disconnected) => return None,
             };
@@ -441,12 +477,17 @@ impl Host {
                     self.forget(checkpoint);
                 }
             }
+            // The notices go to the sources, which pass them through their chains and
+            // downstream in-band, so that every task hears of them after the data before them
+            // (and without a channel of its own to the coordinator).
             Command::NotifyComplete { checkpoint } => {
                 tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint complete");
+                self.post(SourceCommand::NotifyComplete(checkpoint));
             }
             Command::NotifyAborted { checkpoint, reason } => {
                 tracing::warn!(job = %self.plan.job, checkpoint, ?reason, "checkpoint aborted");
                 self.forget(checkpoint);
+                self.post(SourceCommand::NotifyAborted(checkpoint));
             }
             Command::FailJob { reason } => return Some(reason),
         }
@@ -461,16 +502,22 @@ impl Host {
             .pending
             .lock()
             .expect("pending lock")
+            .dirs
             .insert(checkpoint, pending);
         // Enumerators first (they hold splits back until each reader passed the barrier),
         // then the sources' mailboxes — even when an enumerator failed, so that every reader
         // passes the barrier and is let go (the checkpoint is declined).
         let enumerators = (self.plan.enumerators)(checkpoint);
-        for mailbox in self.shared.mailboxes.iter().flatten() {
-            mailbox.post(SourceCommand::TriggerCheckpoint(checkpoint));
-        }
+        self.post(SourceCommand::TriggerCheckpoint(checkpoint));
         self.enumerators.insert(checkpoint, enumerators?);
         Ok(())
+    }
+
+    /// Posts `command` to every source subtask's mailbox.
+    fn post(&self, command: SourceCommand) {
+        for mailbox in self.shared.mailboxes.iter().flatten() {
+            mailbox.post(command);
+        }
     }
 
     fn persist(
@@ -484,6 +531,7 @@ impl Host {
             .pending
             .lock()
             .expect("pending lock")
+            .dirs
             .remove(&checkpoint)
             .ok_or("its directory is gone")?;
         let enumerators = self.enumerators.remove(&checkpoint).unwrap_or_default();
@@ -513,13 +561,41 @@ impl Host {
         if self.triggered.remove(&checkpoint).is_some() {
             self.stats.aborted += 1;
         }
-        self.shared
-            .pending
-            .lock()
-            .expect("pending lock")
-            .remove(&checkpoint);
+        let writing = {
+            let mut pending = self.shared.pending.lock().expect("pending lock");
+            pending.dirs.remove(&checkpoint);
+            pending.writers.contains_key(&checkpoint)
+        };
+        if writing {
+            // Removed once its writers are done (each reports then).
+            self.aborted.push(checkpoint);
+        } else {
+            self.discard(checkpoint);
+        }
+    }
+
+    fn discard(&self, checkpoint: u64) {
         if let Err(error) = self.storage.discard(checkpoint) {
             tracing::warn!(job = %self.plan.job, checkpoint, %error, "cannot remove an aborted checkpoint");
+        }
+    }
+
+    /// Removes the directories of aborted checkpoints no task writes into any more.
+    fn discard_aborted(&mut self) {
+        if self.aborted.is_empty() {
+            return;
+        }
+        let done: Vec<u64> = {
+            let pending = self.shared.pending.lock().expect("pending lock");
+            self.aborted
+                .iter()
+                .copied()
+                .filter(|checkpoint| !pending.writers.contains_key(checkpoint))
+                .collect()
+        };
+        self.aborted.retain(|checkpoint| !done.contains(checkpoint));
+        for checkpoint in done {
+            self.discard(checkpoint);
         }
     }
 

@@ -24,6 +24,28 @@ pub trait SinkWriter<T> {
     fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         Box::pin(async { Ok(()) })
     }
+
+    /// Checkpoint `checkpoint` completed: what was flushed at its barrier (and at earlier
+    /// ones) is part of a durable checkpoint and may be committed (Flink's
+    /// `notifyCheckpointComplete`). Notices come in increasing order, after the records that
+    /// followed the barrier may already have been written; one may be skipped when a newer
+    /// checkpoint completes first, so a newer notice covers every older checkpoint. None
+    /// comes for a checkpoint taken after the sources ended.
+    fn notify_checkpoint_complete(
+        &mut self,
+        _checkpoint: u64,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Checkpoint `checkpoint` was aborted: what was flushed at its barrier is not part of a
+    /// checkpoint (it is covered by the next one that completes).
+    fn notify_checkpoint_aborted(
+        &mut self,
+        _checkpoint: u64,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 /// A sink of records of type `T`.

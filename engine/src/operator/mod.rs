@@ -154,6 +154,11 @@ pub(crate) enum ChainEvent {
     /// A checkpoint barrier: every operator writes its state as it is after the records before
     /// the barrier (`Operator::snapshot_state`), then passes the barrier on.
     Barrier(CheckpointBarrier),
+    /// This checkpoint completed (`Operator::notify_checkpoint_complete`): it came from the
+    /// sources, behind the data that was before them when they heard of it.
+    CheckpointComplete(u64),
+    /// This checkpoint was aborted (`Operator::notify_checkpoint_aborted`).
+    CheckpointAborted(u64),
 }
 
 /// The receiving end of a stream of `T` inside a task: a chained operator, a fan-out, a sink
@@ -217,6 +222,11 @@ pub(crate) trait Operator<I, O>: 'static {
     fn snapshot_state(&mut self, _snapshot: &mut OperatorSnapshot) -> Result<(), String> {
         Ok(())
     }
+    /// Checkpoint `checkpoint` completed (in increasing order; a newer one covers older ones
+    /// whose notice did not come).
+    fn notify_checkpoint_complete(&mut self, _checkpoint: u64) {}
+    /// Checkpoint `checkpoint` was aborted.
+    fn notify_checkpoint_aborted(&mut self, _checkpoint: u64) {}
     /// What this operator holds that checkpoints cannot write yet, if anything: a job with
     /// checkpointing on is refused at its start, naming it.
     fn unsupported_state(&self) -> Option<&'static str> {
@@ -385,6 +395,14 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                     ChainEvent::Barrier(_) => {
                         self.operator.prepare_snapshot_pre_barrier(out);
                         true
+                    }
+                    ChainEvent::CheckpointComplete(checkpoint) => {
+                        self.operator.notify_checkpoint_complete(checkpoint);
+                        false
+                    }
+                    ChainEvent::CheckpointAborted(checkpoint) => {
+                        self.operator.notify_checkpoint_aborted(checkpoint);
+                        false
                     }
                 }
             };

@@ -148,6 +148,16 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
         while let Some(command) = self.mailbox.as_ref().and_then(|m| m.take()) {
             match command {
                 SourceCommand::TriggerCheckpoint(checkpoint) => self.checkpoint(checkpoint).await?,
+                SourceCommand::NotifyComplete(checkpoint) => {
+                    self.chain
+                        .event(ChainEvent::CheckpointComplete(checkpoint))
+                        .await?
+                }
+                SourceCommand::NotifyAborted(checkpoint) => {
+                    self.chain
+                        .event(ChainEvent::CheckpointAborted(checkpoint))
+                        .await?
+                }
             }
         }
         Ok(())
@@ -375,6 +385,16 @@ impl<T: Record> NetworkTask<T> {
                         checkpointing.write_snapshot(checkpoint, started.elapsed());
                     }
                 }
+                GateEvent::CheckpointComplete(checkpoint) => {
+                    self.chain
+                        .event(ChainEvent::CheckpointComplete(checkpoint))
+                        .await?
+                }
+                GateEvent::CheckpointAborted(checkpoint) => {
+                    self.chain
+                        .event(ChainEvent::CheckpointAborted(checkpoint))
+                        .await?
+                }
             }
         }
         Ok(())
@@ -391,6 +411,12 @@ impl<T: Record> NetworkTask<T> {
             Event::WatermarkStatus { idle } => self.gate.on_watermark_status(channel, idle, events),
             Event::EndOfPartition => self.gate.on_end_of_partition(channel, events),
             Event::Barrier(checkpoint) => self.gate.on_barrier(channel, checkpoint, events),
+            Event::CheckpointComplete(checkpoint) => {
+                self.gate.on_checkpoint_notice(checkpoint, true, events)
+            }
+            Event::CheckpointAborted(checkpoint) => {
+                self.gate.on_checkpoint_notice(checkpoint, false, events)
+            }
         }
         self.on_gate_events(events).await
     }
@@ -557,6 +583,16 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
                     &self.metrics.name,
                     |_| Ok(()),
                 )
+            }),
+            ChainEvent::CheckpointComplete(checkpoint) => Box::pin(async move {
+                let _scope = scope::enter(&self.metrics.name);
+                let result = self.writer.notify_checkpoint_complete(checkpoint).await;
+                result.map_err(|e| e.in_operator(&self.metrics.name))
+            }),
+            ChainEvent::CheckpointAborted(checkpoint) => Box::pin(async move {
+                let _scope = scope::enter(&self.metrics.name);
+                let result = self.writer.notify_checkpoint_aborted(checkpoint).await;
+                result.map_err(|e| e.in_operator(&self.metrics.name))
             }),
             ChainEvent::Watermark(_)
             | ChainEvent::WatermarkStatus { .. }

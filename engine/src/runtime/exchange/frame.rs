@@ -22,6 +22,8 @@ const TAG_WATERMARK: u32 = 1;
 const TAG_END_OF_PARTITION: u32 = 2;
 const TAG_WATERMARK_STATUS: u32 = 3;
 const TAG_BARRIER: u32 = 4;
+const TAG_CHECKPOINT_COMPLETE: u32 = 5;
+const TAG_CHECKPOINT_ABORTED: u32 = 6;
 const HEADER: usize = 16;
 const FIRST_ENTRY: usize = 0;
 
@@ -42,6 +44,10 @@ pub enum Event {
     EndOfPartition,
     /// Checkpoint barrier: what came before belongs to this checkpoint's state.
     Barrier(u64),
+    /// This checkpoint completed (the sources pass the coordinator's notice downstream).
+    CheckpointComplete(u64),
+    /// This checkpoint was aborted.
+    CheckpointAborted(u64),
 }
 
 /// One entry read from a segment.
@@ -108,6 +114,8 @@ impl SegmentBuilder {
             Event::WatermarkStatus { idle } => (TAG_WATERMARK_STATUS, i64::from(idle)),
             Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
             Event::Barrier(checkpoint) => (TAG_BARRIER, checkpoint as i64),
+            Event::CheckpointComplete(checkpoint) => (TAG_CHECKPOINT_COMPLETE, checkpoint as i64),
+            Event::CheckpointAborted(checkpoint) => (TAG_CHECKPOINT_ABORTED, checkpoint as i64),
         };
         if self.pos + HEADER > self.segment.capacity() {
             return false;
@@ -160,6 +168,8 @@ impl<'a> Iterator for Entries<'a> {
             TAG_WATERMARK_STATUS => Entry::Event(Event::WatermarkStatus { idle: value != 0 }),
             TAG_END_OF_PARTITION => Entry::Event(Event::EndOfPartition),
             TAG_BARRIER => Entry::Event(Event::Barrier(value as u64)),
+            TAG_CHECKPOINT_COMPLETE => Entry::Event(Event::CheckpointComplete(value as u64)),
+            TAG_CHECKPOINT_ABORTED => Entry::Event(Event::CheckpointAborted(value as u64)),
             other => panic!("corrupt segment: unknown entry tag {other} at offset {pos}"),
         })
     }
@@ -204,7 +214,7 @@ mod tests {
                 }
             }
             let wm = Event::Watermark(Watermark(-17));
-            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(u64::MAX - 3), Event::EndOfPartition];
+            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(u64::MAX - 3), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::EndOfPartition];
             for event in events {
                 if !builder.try_event(event) {
                     segments.push(builder.finish());

@@ -96,6 +96,9 @@ pub(crate) struct InputGate<T> {
     idle_output: bool,
     alignment_mode: BarrierAlignment,
     alignment: Option<Alignment>,
+    /// The newest checkpoint whose completion (abort) the task was told of.
+    notified_complete: u64,
+    notified_aborted: u64,
 }
 
 impl<T: 'static> InputGate<T> {
@@ -134,6 +137,8 @@ impl<T: 'static> InputGate<T> {
             idle_output: false,
             alignment_mode,
             alignment: None,
+            notified_complete: 0,
+            notified_aborted: 0,
         }
         .with_channels(count)
     }
@@ -166,6 +171,33 @@ impl<T: 'static> InputGate<T> {
                     ))
                 }
             }
+        }
+    }
+
+    /// A channel told of checkpoint `checkpoint`'s completion (`complete`) or abort: pushes
+    /// [`GateEvent::CheckpointComplete`] (`CheckpointAborted`) the first time any channel
+    /// tells of it or of a newer one. Every upstream subtask sends each notice on every
+    /// channel, and a newer completion covers an older one (as Flink's notifications do).
+    pub(crate) fn on_checkpoint_notice(
+        &mut self,
+        checkpoint: u64,
+        complete: bool,
+        out: &mut Vec<GateEvent>,
+    ) {
+        let (newest, event) = if complete {
+            (
+                &mut self.notified_complete,
+                GateEvent::CheckpointComplete(checkpoint),
+            )
+        } else {
+            (
+                &mut self.notified_aborted,
+                GateEvent::CheckpointAborted(checkpoint),
+            )
+        };
+        if checkpoint > *newest {
+            *newest = checkpoint;
+            out.push(event);
         }
     }
 
@@ -323,6 +355,11 @@ pub(crate) enum GateEvent {
     },
     /// Every channel delivered this checkpoint's barrier.
     Barrier(u64),
+    /// The first channel told of this checkpoint's completion (a notice arrives once per
+    /// channel; the task hears of it once).
+    CheckpointComplete(u64),
+    /// The first channel told of this checkpoint's abort.
+    CheckpointAborted(u64),
 }
 
 #[cfg(test)]

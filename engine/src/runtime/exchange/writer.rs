@@ -417,6 +417,12 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
                 Box::pin(self.write_event(Event::WatermarkStatus { idle }))
             }
             ChainEvent::Barrier(barrier) => Box::pin(self.write_event(Event::Barrier(barrier.id))),
+            ChainEvent::CheckpointComplete(checkpoint) => {
+                Box::pin(self.write_event(Event::CheckpointComplete(checkpoint)))
+            }
+            ChainEvent::CheckpointAborted(checkpoint) => {
+                Box::pin(self.write_event(Event::CheckpointAborted(checkpoint)))
+            }
             // Timers live in operators; an exchange writer ends its chain.
             ChainEvent::ProcessingTime(_) => nothing_to_do(),
             ChainEvent::Flush => Box::pin(self.flush_all()),
