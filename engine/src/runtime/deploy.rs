@@ -636,7 +636,11 @@ pub fn run_job(
             delay_ms,
             %cause,
             "restarting the job{}",
-            if checkpointed { " from its latest completed checkpoint" } else { " from the beginning" }
+            if checkpointed {
+                " from its latest completed checkpoint (the beginning if none completed)"
+            } else {
+                " from the beginning (checkpointing is off)"
+            }
         );
         let delay = Duration::from_millis(delay_ms.max(0) as u64);
         let wait_until = Instant::now() + delay;

@@ -351,7 +351,8 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
             None => self.source.create_enumerator(parallelism),
             Some(bytes) => {
                 let pending = decode_splits(bytes, "the split enumerator's snapshot")?;
-                self.source.restore_enumerator(parallelism, pending)
+                self.source
+                    .restore_enumerator(parallelism, repin(pending, parallelism))
             }
         };
         Ok(Arc::new(Mutex::new(EnumeratorCell {
@@ -419,6 +420,16 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
     }
 }
 
+/// Pending splits kept for a subtask the job no longer has (it resumes at a lower
+/// parallelism) go to subtask `owner % parallelism`, as a rescaled reader's splits are shared
+/// out; a split kept for nobody in particular stays so.
+fn repin<S>(pending: Vec<(Option<usize>, S)>, parallelism: usize) -> Vec<(Option<usize>, S)> {
+    pending
+        .into_iter()
+        .map(|(owner, split)| (owner.map(|o| o % parallelism.max(1)), split))
+        .collect()
+}
+
 /// The encoded splits of a reader, for its snapshot.
 pub(crate) fn snapshot_reader_splits<S: SourceSplit>(splits: Vec<S>) -> Result<Vec<u8>, String> {
     let owned: Vec<(Option<usize>, S)> = splits.into_iter().map(|s| (None, s)).collect();
@@ -484,5 +495,24 @@ where
             _key: PhantomData,
         };
         erase_output::<T>(Box::new(ExchangeWriter::new(parts, partitioner)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_kept_for_a_subtask_that_is_gone_go_to_one_that_remains() {
+        let pending = vec![(Some(0), 'a'), (Some(1), 'b'), (None, 'c'), (Some(3), 'd')];
+        assert_eq!(
+            repin(pending.clone(), 4),
+            pending,
+            "unchanged when every owner remains"
+        );
+        assert_eq!(
+            repin(pending, 2),
+            vec![(Some(0), 'a'), (Some(1), 'b'), (None, 'c'), (Some(1), 'd')]
+        );
     }
 }
