@@ -327,6 +327,14 @@ fn run(cli: Cli) -> Result<()> {
                 result.duration.as_secs_f64(),
                 env.slots()
             );
+            if let Some(last) = result.restarts.last() {
+                eprintln!(
+                    "  restarted {} time(s) after task failures (counts below are the last \
+                     run's); last cause: {}",
+                    result.restarts.len(),
+                    last.cause
+                );
+            }
             for op in &result.operators {
                 eprintln!(
                     "  {:<28} in {:>12}  out {:>12}  backpressure waits {}",
