@@ -330,28 +330,23 @@ impl OperatorStateId {
     }
 
     /// Makes the store of this id subtask `subtask` of `parallelism`'s share of the restored
-    /// operator state (`OperatorStateSnapshot`s; every old subtask's when the parallelism
-    /// changed, redistributed by Flink's rules).
+    /// operator state (every old subtask's `OperatorStateSnapshot`, redistributed by Flink's
+    /// rules: split lists stay with their subtask at an unchanged parallelism and are shared
+    /// out at another; every subtask gets all of a union list; broadcast state is copied).
     pub(crate) fn restore(
         self,
         restored: &RestoredParts<'_>,
         subtask: usize,
         parallelism: usize,
     ) -> Result<(), StateError> {
-        let store = if restored.rescaled() {
-            // One snapshot per old subtask, in subtask order (empty where one wrote none).
-            let mut old =
-                vec![weir_state::OperatorStateSnapshot::default(); restored.old_parallelism];
-            for &(subtask, bytes) in &restored.parts {
-                if let Some(slot) = old.get_mut(subtask) {
-                    *slot = weir_state::OperatorStateSnapshot::from_bytes(bytes)?;
-                }
+        // One snapshot per old subtask, in subtask order (empty where one wrote none).
+        let mut old = vec![weir_state::OperatorStateSnapshot::default(); restored.old_parallelism];
+        for &(old_subtask, bytes) in &restored.parts {
+            if let Some(slot) = old.get_mut(old_subtask) {
+                *slot = weir_state::OperatorStateSnapshot::from_bytes(bytes)?;
             }
-            OperatorStateStore::restore(&old, subtask as u32, parallelism as u32)?
-        } else {
-            let (_, bytes) = restored.parts.first().expect("the caller checked");
-            OperatorStateStore::from_snapshot(weir_state::OperatorStateSnapshot::from_bytes(bytes)?)
-        };
+        }
+        let store = OperatorStateStore::restore(&old, subtask as u32, parallelism as u32)?;
         SHARD_OPERATOR_STATES.with(|stores| stores.borrow_mut().insert(self, Rc::new(store)));
         Ok(())
     }

@@ -889,3 +889,76 @@ fn sinks_are_told_of_aborted_checkpoints() {
         }
     }
 }
+
+/// A sink whose subtasks each keep their index in a union list state, and note what every
+/// writer got back when it was created.
+#[derive(Clone, Default)]
+struct UnionProbe {
+    restored: Arc<Mutex<Vec<Restored>>>,
+}
+
+/// A writer's subtask and the union list it got back.
+type Restored = (usize, Vec<u32>);
+
+struct UnionProbeWriter {
+    subtask: u32,
+    subtasks: weir_engine::state::OperatorListState<u32>,
+}
+
+impl<T: Send + 'static> Sink<T> for UnionProbe {
+    fn create_writer(
+        &self,
+        ctx: &RuntimeContext,
+    ) -> Result<Box<dyn SinkWriter<T>>, ConnectorError> {
+        let subtasks = ctx
+            .operator_state()
+            .union_list_state(&ListStateDescriptor::new("subtasks"))
+            .map_err(|e| ConnectorError::external(e.to_string()))?;
+        let mut got = subtasks.get();
+        got.sort_unstable();
+        self.restored.lock().unwrap().push((ctx.subtask, got));
+        Ok(Box::new(UnionProbeWriter {
+            subtask: ctx.subtask as u32,
+            subtasks,
+        }))
+    }
+}
+
+impl<T> SinkWriter<T> for UnionProbeWriter {
+    fn write<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<T>,
+        _timestamps: &'a [i64],
+    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
+        batch.clear();
+        Box::pin(async { Ok(()) })
+    }
+
+    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        self.subtasks.update([self.subtask]);
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A union list state comes back whole to every subtask, at an unchanged parallelism too
+/// (Flink's union redistribution), not only its own elements.
+#[test]
+fn union_list_state_comes_back_whole_to_every_subtask() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config(dir.path(), 2, 1);
+    let probe = UnionProbe::default();
+    let build = |env: &StreamEnvironment| {
+        reports(env, SPEC).sink_to(probe.clone(), "probe");
+    };
+    stop_after_checkpoints(&config, dir.path(), "sequence-check", false, 2, build);
+    let fresh = std::mem::take(&mut *probe.restored.lock().unwrap());
+    assert!(fresh.iter().all(|(_, got)| got.is_empty()), "{fresh:?}");
+    stop_after_checkpoints(&config, dir.path(), "sequence-check", true, 1, build);
+    let mut restored = probe.restored.lock().unwrap().clone();
+    restored.sort();
+    assert_eq!(restored, vec![(0, vec![0, 1]), (1, vec![0, 1])]);
+}

@@ -89,18 +89,23 @@ pub(crate) struct RestoredJob {
 }
 
 impl RestoredJob {
-    /// The part `name` of every old subtask of `operator` that wrote one.
-    pub(crate) fn parts_of_all(&self, operator: &str, name: &str) -> Vec<&[u8]> {
-        self.parts.get(operator).map_or_else(Vec::new, |subtasks| {
-            subtasks
-                .iter()
-                .filter_map(|(_, parts)| parts.get(name).map(Vec::as_slice))
-                .collect()
-        })
+    /// The part `name` of every old subtask of `operator` that wrote one, with the old
+    /// subtask, in old subtask order.
+    pub(crate) fn parts_of_all(&self, operator: &str, name: &str) -> Vec<(usize, &[u8])> {
+        let mut parts: Vec<(usize, &[u8])> =
+            self.parts.get(operator).map_or_else(Vec::new, |subtasks| {
+                subtasks
+                    .iter()
+                    .filter_map(|(old, parts)| Some((*old, parts.get(name)?.as_slice())))
+                    .collect()
+            });
+        parts.sort_by_key(|(old, _)| *old);
+        parts
     }
 
-    /// The part `name` of `operator` that subtask `subtask` of `parallelism` restores from:
-    /// its own subtask's at an unchanged parallelism, else every old subtask's.
+    /// The parts `name` of `operator` that subtask `subtask` of `parallelism` restores its
+    /// unkeyed state from (every old subtask's: union and broadcast state need them all even
+    /// at an unchanged parallelism).
     pub(crate) fn parts_for(
         &self,
         operator: &str,
@@ -113,20 +118,11 @@ impl RestoredJob {
             .get(operator)
             .copied()
             .unwrap_or(parallelism);
-        let mut parts: Vec<(usize, &[u8])> =
-            self.parts.get(operator).map_or_else(Vec::new, |subtasks| {
-                subtasks
-                    .iter()
-                    .filter(|(old, _)| old_parallelism != parallelism || *old == subtask)
-                    .filter_map(|(old, parts)| Some((*old, parts.get(name)?.as_slice())))
-                    .collect()
-            });
-        parts.sort_by_key(|(old, _)| *old);
         RestoredParts {
             old_parallelism,
             subtask,
             parallelism,
-            parts,
+            parts: self.parts_of_all(operator, name),
         }
     }
 
@@ -152,7 +148,7 @@ pub(crate) struct RestoredParts<'a> {
     pub(crate) old_parallelism: usize,
     subtask: usize,
     parallelism: usize,
-    /// (old subtask, part), in old subtask order: the subtask's own only, unless rescaled.
+    /// (old subtask, part) of every old subtask that wrote one, in old subtask order.
     pub(crate) parts: Vec<(usize, &'a [u8])>,
 }
 
@@ -169,11 +165,14 @@ impl RestoredParts<'_> {
         &self,
         mut decode: impl FnMut(&[u8]) -> Result<Vec<T>, E>,
     ) -> Result<Vec<T>, E> {
+        let rescaled = self.rescaled();
         let mut all = Vec::new();
-        for (_, part) in &self.parts {
-            all.extend(decode(part)?);
+        for (old, part) in &self.parts {
+            if rescaled || *old == self.subtask {
+                all.extend(decode(part)?);
+            }
         }
-        if !self.rescaled() {
+        if !rescaled {
             return Ok(all);
         }
         let range = weir_state::split_range(all.len(), self.subtask, self.parallelism);
@@ -217,9 +216,12 @@ impl TaskState {
     /// The part `name` of every old subtask of this operator (keyed state: each backend keeps
     /// the key groups it owns).
     pub(crate) fn restored_of_all(&self, operator: &str, name: &str) -> Vec<&[u8]> {
-        self.restored
-            .as_ref()
-            .map_or_else(Vec::new, |job| job.parts_of_all(operator, name))
+        self.restored.as_ref().map_or_else(Vec::new, |job| {
+            job.parts_of_all(operator, name)
+                .into_iter()
+                .map(|(_, part)| part)
+                .collect()
+        })
     }
 }
 
@@ -342,17 +344,22 @@ mod tests {
         let mut job = RestoredJob::default();
         job.add_file(1, back);
         job.parallelism.insert("a1".into(), 2);
-        let own = |subtask| job.parts_for("a1", "keyed", subtask, 2).parts;
-        assert_eq!(own(1), vec![(1, &[1u8, 2, 3][..])]);
-        assert_eq!(own(0), vec![]);
-        // At another parallelism every old subtask's part is read, and shared out.
+        let elements = |bytes: &[u8]| Ok::<_, ()>(bytes.to_vec());
+        // At an unchanged parallelism a subtask's share is what it wrote itself.
+        let own = |subtask| job.parts_for("a1", "keyed", subtask, 2).share(elements);
+        assert_eq!(own(1), Ok(vec![1, 2, 3]));
+        assert_eq!(own(0), Ok(vec![]));
+        assert_eq!(
+            job.parts_for("a1", "keyed", 0, 2).parts,
+            vec![(1, &[1u8, 2, 3][..])]
+        );
+        // At another parallelism every old subtask's part is shared out.
         let rescaled = job.parts_for("a1", "keyed", 0, 1);
         assert!(rescaled.rescaled());
         assert_eq!(rescaled.parts, vec![(1, &[1u8, 2, 3][..])]);
-        let elements = |bytes: &[u8]| Ok::<_, ()>(bytes.to_vec());
         assert_eq!(rescaled.share(elements), Ok(vec![1, 2, 3]));
         let thirds = [0, 1].map(|subtask| job.parts_for("a1", "keyed", subtask, 3).share(elements));
         assert_eq!(thirds, [Ok(vec![1]), Ok(vec![2])]);
-        assert_eq!(job.parts_of_all("a1", "timers"), vec![&b"later"[..]]);
+        assert_eq!(job.parts_of_all("a1", "timers"), vec![(1, &b"later"[..])]);
     }
 }
