@@ -37,8 +37,8 @@ use weir_engine::window::TimeWindow;
 use weir_engine::Record;
 use weir_memory::{MemoryConfig, Segment, SegmentPool};
 use weir_state::{
-    Clock, KeyGroup, KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, SlotRocksDb, StateCodec,
-    SystemClock, ValueStateDescriptor,
+    Clock, KeyGroup, KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, RocksDbInstance,
+    StateCodec, SystemClock, ValueStateDescriptor,
 };
 
 /// Bids per batch in the per-record groups.
@@ -419,7 +419,7 @@ fn backend(rocksdb: bool) -> (LocalKeyedBackend<u64>, Option<TempDir>) {
     // One slot's share of the default worker memory.
     let budget = MemoryConfig::default().slot_budget(1).rocksdb;
     let rocks = RocksDbConfig::from_budget(dir.path().join("db"), &budget);
-    let slot = SlotRocksDb::open(rocks, clock).expect("open RocksDB");
+    let slot = RocksDbInstance::open(rocks, clock).expect("open RocksDB");
     let backend =
         LocalKeyedBackend::rocksdb(config, slot, "bench-hot-paths").expect("RocksDB backend");
     (backend, Some(dir))

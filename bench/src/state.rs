@@ -23,7 +23,7 @@ use serde::Serialize;
 use tempfile::TempDir;
 use weir_memory::{MemoryConfig, RocksDbMemoryRatios};
 use weir_state::{
-    Clock, KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, SlotRocksDb, StateError,
+    Clock, KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, RocksDbInstance, StateError,
     SystemClock, ValueStateDescriptor,
 };
 
@@ -156,7 +156,8 @@ fn open_backend(kind: StateBackend, write_back_ratio: f64) -> Result<OpenBackend
                 .slot
                 .rocksdb;
             let rocks = RocksDbConfig::from_budget(dir.path().join("db"), &budget);
-            let slot = SlotRocksDb::open(rocks, clock).map_err(BenchError::state(kind.name()))?;
+            let slot =
+                RocksDbInstance::open(rocks, clock).map_err(BenchError::state(kind.name()))?;
             Ok(OpenBackend {
                 backend: LocalKeyedBackend::rocksdb(config, slot, OPERATOR).map_err(failed)?,
                 _dir: Some(dir),

@@ -1,7 +1,8 @@
 //! Exactly-once state under SIGKILL: `weir run sequence-check` is killed at random moments and
 //! resumed with `--resume` several times; at the end every key's state has counted each of its
 //! records exactly once — no gap (a record lost), no repeat (one counted twice) — at
-//! parallelism 1 and 2, which only holds when barriers align and snapshots are consistent.
+//! parallelism 1 and 2, on the heap and on RocksDB, which only holds when barriers align and
+//! snapshots are consistent.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -25,6 +26,11 @@ fn spec() -> SequenceSpec {
 }
 
 fn start(checkpoints: &Path, output: &Path, slots: usize, resume: bool) -> Child {
+    start_on("hashmap", checkpoints, output, slots, resume)
+}
+
+/// [`start`] with state on `backend`.
+fn start_on(backend: &str, checkpoints: &Path, output: &Path, slots: usize, resume: bool) -> Child {
     let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
     command.args([
         "run",
@@ -47,6 +53,8 @@ fn start(checkpoints: &Path, output: &Path, slots: usize, resume: bool) -> Child
         ),
         "-D",
         &format!("taskmanager.numberOfTaskSlots={slots}"),
+        "-D",
+        &format!("state.backend.type={backend}"),
     ]);
     if resume {
         command.arg("--resume");
@@ -83,7 +91,7 @@ impl Random {
     }
 }
 
-fn killed_and_resumed(slots: usize) {
+fn killed_and_resumed(backend: &str, slots: usize) {
     let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("a clock after 1970")
@@ -94,7 +102,7 @@ fn killed_and_resumed(slots: usize) {
     let mut resumed = 0;
     for attempt in 0..4 {
         let output = dir.path().join(format!("out-{attempt}"));
-        let mut child = start(&checkpoints, &output, slots, attempt > 0);
+        let mut child = start_on(backend, &checkpoints, &output, slots, attempt > 0);
         let delay = Duration::from_millis(400 + random.next() % 900);
         let started = Instant::now();
         while started.elapsed() < delay {
@@ -118,7 +126,7 @@ fn killed_and_resumed(slots: usize) {
         "only {resumed} of the 3 killed runs after the first resumed from a checkpoint (seed {seed})"
     );
     let output = dir.path().join("out-final");
-    let child = start(&checkpoints, &output, slots, true);
+    let child = start_on(backend, &checkpoints, &output, slots, true);
     let result = child.wait_with_output().expect("wait for weir");
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(
@@ -141,12 +149,22 @@ fn killed_and_resumed(slots: usize) {
 
 #[test]
 fn sigkill_and_resume_at_parallelism_1_loses_and_repeats_nothing() {
-    killed_and_resumed(1);
+    killed_and_resumed("hashmap", 1);
 }
 
 #[test]
 fn sigkill_and_resume_at_parallelism_2_loses_and_repeats_nothing() {
-    killed_and_resumed(2);
+    killed_and_resumed("hashmap", 2);
+}
+
+#[test]
+fn sigkill_and_resume_on_rocksdb_at_parallelism_1_loses_and_repeats_nothing() {
+    killed_and_resumed("rocksdb", 1);
+}
+
+#[test]
+fn sigkill_and_resume_on_rocksdb_at_parallelism_2_loses_and_repeats_nothing() {
+    killed_and_resumed("rocksdb", 2);
 }
 
 #[test]
@@ -176,15 +194,11 @@ fn a_second_process_on_the_same_checkpoint_directory_is_refused() {
     );
 }
 
-/// `weir checkpoint inspect` on a killed run's checkpoints: the operators, the keyed state with
-/// its type and key groups, the readers' split positions, every checksum verified; a flipped
-/// byte is found and named.
-#[test]
-fn inspect_shows_what_a_checkpoint_holds_and_finds_damage() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let checkpoints = dir.path().join("checkpoints");
+/// Runs the check at parallelism 2 on `backend` until its fourth checkpoint completed, then
+/// kills it.
+fn killed_after_checkpoints(backend: &str, checkpoints: &Path, output: &Path) {
     let job = checkpoints.join("sequence-check");
-    let mut child = start(&checkpoints, &dir.path().join("out"), 2, false);
+    let mut child = start_on(backend, checkpoints, output, 2, false);
     let started = Instant::now();
     // A few checkpoints in, the readers are under way.
     let completed = || {
@@ -207,16 +221,28 @@ fn inspect_shows_what_a_checkpoint_holds_and_finds_damage() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
 
-    let inspect = |json: bool| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
-        command.args(["checkpoint", "inspect", job.to_str().expect("a UTF-8 path")]);
-        if json {
-            command.arg("--json");
-        }
-        command.output().expect("run weir checkpoint inspect")
-    };
-    let text = inspect(false);
+/// `weir checkpoint inspect` of `job`'s checkpoints, as text or JSON.
+fn inspect(job: &Path, json: bool) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
+    command.args(["checkpoint", "inspect", job.to_str().expect("a UTF-8 path")]);
+    if json {
+        command.arg("--json");
+    }
+    command.output().expect("run weir checkpoint inspect")
+}
+
+/// `weir checkpoint inspect` on a killed run's checkpoints: the operators, the keyed state with
+/// its type and key groups, the readers' split positions, every checksum verified; a flipped
+/// byte is found and named.
+#[test]
+fn inspect_shows_what_a_checkpoint_holds_and_finds_damage() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let job = checkpoints.join("sequence-check");
+    killed_after_checkpoints("hashmap", &checkpoints, &dir.path().join("out"));
+    let text = inspect(&job, false);
     let stdout = String::from_utf8_lossy(&text.stdout);
     assert!(
         text.status.success(),
@@ -235,7 +261,7 @@ fn inspect_shows_what_a_checkpoint_holds_and_finds_damage() {
     ] {
         assert!(stdout.contains(expected), "'{expected}' in:\n{stdout}");
     }
-    let json = inspect(true);
+    let json = inspect(&job, true);
     let report: serde_json::Value =
         serde_json::from_slice(&json.stdout).expect("inspect --json prints JSON");
     let operators = report["operators"].as_array().expect("operators");
@@ -263,12 +289,90 @@ fn inspect_shows_what_a_checkpoint_holds_and_finds_damage() {
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x20;
     std::fs::write(&file, bytes).expect("write it back");
-    let damaged = inspect(false);
+    let damaged = inspect(&job, false);
     let stderr = String::from_utf8_lossy(&damaged.stderr);
     assert!(!damaged.status.success(), "damage went unseen");
     assert!(
         stderr.contains(file.file_name().and_then(|n| n.to_str()).expect("a name"))
             && stderr.contains("CRC-32"),
         "the error names the file and the checksum:\n{stderr}"
+    );
+}
+
+/// On RocksDB a checkpoint is the instances' files, most of them shared with earlier
+/// checkpoints: inspect shows them, checks the shared ones too, and names a damaged one; a
+/// resume from such a checkpoint is refused on the heap backend, naming both backends.
+#[test]
+fn inspect_checks_the_shared_files_of_rocksdb_checkpoints() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let job = checkpoints.join("sequence-check");
+    killed_after_checkpoints("rocksdb", &checkpoints, &dir.path().join("out"));
+    let json = inspect(&job, true);
+    let report: serde_json::Value =
+        serde_json::from_slice(&json.stdout).expect("inspect --json prints JSON");
+    assert_eq!(
+        report["problems"].as_array().map(Vec::len),
+        Some(0),
+        "{report}"
+    );
+    let check = report["operators"]
+        .as_array()
+        .expect("operators")
+        .iter()
+        .find(|o| o["name"] == "check sequence")
+        .expect("the keyed operator");
+    for subtask in check["subtasks"].as_array().expect("subtasks") {
+        let rocksdb = subtask["parts"]
+            .as_array()
+            .expect("parts")
+            .iter()
+            .find(|part| part["name"] == "rocksdb")
+            .unwrap_or_else(|| panic!("a rocksdb part in {subtask}"));
+        assert!(
+            rocksdb["content"]["rocks_db"]["sst_files"].as_u64() > Some(0),
+            "{rocksdb}"
+        );
+    }
+    let text = String::from_utf8_lossy(&inspect(&job, false).stdout).to_string();
+    assert!(
+        text.contains("RocksDB checkpoint of") && text.contains("every checksum holds"),
+        "{text}"
+    );
+
+    let resumed_on_heap = start(&checkpoints, &dir.path().join("out-heap"), 2, true)
+        .wait_with_output()
+        .expect("wait for weir");
+    let stderr = String::from_utf8_lossy(&resumed_on_heap.stderr);
+    assert!(
+        !resumed_on_heap.status.success(),
+        "resumed on the heap:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("state.backend.type") && stderr.contains("rocksdb"),
+        "the refusal names the backend to use:\n{stderr}"
+    );
+
+    // Damage a shared SST file the newest checkpoint lists.
+    let shared = std::fs::read_dir(job.join("shared"))
+        .expect("shared files")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "sst"))
+        .expect("a shared SST file");
+    let mut bytes = std::fs::read(&shared).expect("the SST file");
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x20;
+    std::fs::write(&shared, bytes).expect("write it back");
+    let damaged = inspect(&job, false);
+    let output = format!(
+        "{}{}",
+        String::from_utf8_lossy(&damaged.stdout),
+        String::from_utf8_lossy(&damaged.stderr)
+    );
+    assert!(
+        output.contains(shared.file_name().and_then(|n| n.to_str()).expect("a name"))
+            && output.contains("CRC-32"),
+        "the damaged shared file is named:\n{output}"
     );
 }

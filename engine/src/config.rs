@@ -129,6 +129,8 @@ pub struct CheckpointConfig {
     pub settings: crate::checkpoint::CheckpointSettings,
     /// `execution.checkpointing.num-retained`.
     pub retained: usize,
+    /// `execution.checkpointing.incremental` (RocksDB).
+    pub incremental: bool,
 }
 
 /// Every key Weir reads.
@@ -183,6 +185,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Checkpoint failures in a row (expired or declined) the job tolerates before it fails."),
     option!("execution.checkpointing.num-retained", OptionKind::Count(1), "1",
         "Completed checkpoints kept on disk; older ones are deleted."),
+    option!("execution.checkpointing.incremental", OptionKind::Bool, "true",
+        "RocksDB: a checkpoint writes only the SST files no earlier one of the instance wrote and lists the others again (shared files, deleted once no retained checkpoint lists them); false writes every file each time. Heap checkpoints are always full."),
     option!("restart-strategy.type", OptionKind::Choice(&["none", "off", "disable", "fixed-delay", "fixeddelay", "failure-rate", "failurerate", "exponential-delay", "exponentialdelay"]), "",
         "What happens when a task fails (Flink's strategies): the job's tasks restart from the latest completed checkpoint (from the start without checkpointing) after a delay, until the strategy gives up and the job fails. Default: exponential-delay when checkpointing is on, none otherwise."),
     option!("restart-strategy.fixed-delay.attempts", OptionKind::Count(0), "1",
@@ -613,6 +617,10 @@ impl Configuration {
             retained: self
                 .count("execution.checkpointing.num-retained")
                 .expect("has a default"),
+            incremental: self
+                .raw("execution.checkpointing.incremental")
+                .map(str::trim)
+                != Some("false"),
         }))
     }
 

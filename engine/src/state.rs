@@ -30,7 +30,8 @@
 //! the job with both types named.
 //!
 //! `state.backend.type` picks the storage: typed maps on the heap (`hashmap`, the default) or
-//! one RocksDB instance per slot (`rocksdb`), sized from the slot's managed memory. Each keyed
+//! RocksDB (`rocksdb`): one instance per keyed operator subtask, in its slot's memory, sized
+//! from the slot's managed memory. Each keyed
 //! operator subtask gets a [`weir_state::LocalKeyedBackend`] over its key groups. A shard's
 //! heap use is checked against its slot's heap share ([`check_shard_heap`]); the job fails
 //! naming the slot, the largest state and its operator when it is exceeded.
@@ -44,7 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use weir_memory::{HeapBudgetExceeded, HeapStateSize, RocksDbBudget};
-use weir_state::{KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, SlotRocksDb, SystemClock};
+use weir_state::{KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, RocksDbSlot, SystemClock};
 
 pub use weir_state::{BroadcastState, OperatorListState, OperatorStateStore};
 
@@ -55,7 +56,8 @@ pub use weir_state::{
     ValueStateDescriptor,
 };
 
-use crate::checkpoint::task_state::{DeferredPart, RestoredParts, PART_KEYED};
+use crate::checkpoint::native::{NativeState, PART_ROCKSDB};
+use crate::checkpoint::task_state::{OperatorSnapshot, RestoredParts, PART_KEYED};
 use crate::error::JobError;
 use crate::operator::RuntimeContext;
 use crate::record::Key;
@@ -64,8 +66,12 @@ use crate::record::Key;
 #[derive(Clone, Debug)]
 pub(crate) struct StateEnv {
     pub(crate) backend: BackendType,
-    /// The slot's RocksDB instance (`state.backend.type: rocksdb`).
-    pub(crate) rocksdb: Option<Arc<SlotRocksDb>>,
+    /// The slot's RocksDB, where each keyed operator subtask opens its instance
+    /// (`state.backend.type: rocksdb`).
+    pub(crate) rocksdb: Option<Arc<RocksDbSlot>>,
+    /// Whether RocksDB checkpoints list the files earlier ones wrote instead of writing them
+    /// again (`execution.checkpointing.incremental`).
+    pub(crate) incremental: bool,
     /// Names the operator's column families: its uid, else its node id.
     pub(crate) operator_id: Arc<str>,
 }
@@ -75,22 +81,25 @@ impl Default for StateEnv {
         StateEnv {
             backend: BackendType::Heap,
             rocksdb: None,
+            incremental: true,
             operator_id: "operator".into(),
         }
     }
 }
 
-/// The slots' RocksDB instances of one job, in a directory removed when the job ends.
+/// The slots' RocksDB of one job, in a directory removed when the job ends.
 pub(crate) struct JobRocksDb {
     dir: PathBuf,
-    pub(crate) slots: Vec<Arc<SlotRocksDb>>,
+    pub(crate) slots: Vec<Arc<RocksDbSlot>>,
 }
 
 impl JobRocksDb {
-    /// Opens one instance per slot under `local_dir`, each with the slot's RocksDB budget.
+    /// Prepares one RocksDB slot per entry of `instances` (how many keyed operator subtasks
+    /// the slot runs, which share its write-back cache) under `local_dir`, each with the
+    /// slot's RocksDB budget.
     pub(crate) fn open(
         local_dir: &Path,
-        slots: usize,
+        instances: &[usize],
         budget: RocksDbBudget,
     ) -> Result<JobRocksDb, JobError> {
         static JOBS: AtomicU64 = AtomicU64::new(0);
@@ -101,19 +110,20 @@ impl JobRocksDb {
         ));
         let mut job = JobRocksDb {
             dir,
-            slots: Vec::with_capacity(slots),
+            slots: Vec::with_capacity(instances.len()),
         };
-        for slot in 0..slots {
+        for (slot, &instances) in instances.iter().enumerate() {
             let config = RocksDbConfig::from_budget(job.dir.join(format!("slot-{slot}")), &budget);
-            let db = SlotRocksDb::open(config, Arc::new(SystemClock)).map_err(|error| {
-                JobError::InvalidJob(format!(
-                    "cannot open the RocksDB state backend of slot {slot}: {error}; check \
+            let db =
+                RocksDbSlot::new(config, Arc::new(SystemClock), instances).map_err(|error| {
+                    JobError::InvalidJob(format!(
+                        "cannot open the RocksDB state backend of slot {slot}: {error}; check \
                      state.backend.rocksdb.localdir ({}) and the slot's managed memory \
                      (taskmanager.memory.process.size, taskmanager.memory.managed.fraction)",
-                    local_dir.display()
-                ))
-            })?;
-            job.slots.push(db);
+                        local_dir.display()
+                    ))
+                })?;
+            job.slots.push(Arc::new(db));
         }
         Ok(job)
     }
@@ -149,25 +159,67 @@ pub(crate) struct KeyedStateStore<K> {
     operator: Arc<str>,
     subtask: usize,
     parallelism: usize,
+    /// The RocksDB instance's checkpoints, when state lives there.
+    native: Option<NativeState>,
+}
+
+/// A keyed operator subtask's backend (namespace `N`) on the job's state backend, over its
+/// key groups, with its RocksDB instance (restored from the checkpoint the job resumes from)
+/// when state lives there. A checkpoint written with the other backend is refused: a heap
+/// checkpoint is restored by the caller (`LocalKeyedBackend::restore`).
+pub(crate) fn open_keyed_backend<K: Key, N: weir_state::StateKey + weir_state::StateCodec>(
+    ctx: &RuntimeContext,
+) -> Result<(LocalKeyedBackend<K, N>, Option<NativeState>), StateError> {
+    let config = KeyedBackendConfig::for_subtask(
+        ctx.max_parallelism as u32,
+        ctx.parallelism as u32,
+        ctx.subtask as u32,
+    );
+    let other_backend = |found: &str, taken_with: &str| -> StateError {
+        StateErrorKind::InvalidConfig {
+            setting: "state.backend.type",
+            value: found.to_string(),
+            fix: format!(
+                "the checkpoint the job resumes from holds the keyed state of operator '{}' \
+                 written by the {taken_with} backend; resume with state.backend.type: \
+                 {taken_with}, the backend it was taken with",
+                ctx.operator_name
+            ),
+        }
+        .into()
+    };
+    match &ctx.state.rocksdb {
+        Some(slot) if ctx.state.backend == BackendType::RocksDb => {
+            if !ctx.restored_of_all(PART_KEYED).is_empty() {
+                return Err(other_backend("rocksdb", "hashmap"));
+            }
+            let native = NativeState::open(ctx, slot)?;
+            let backend = LocalKeyedBackend::rocksdb(
+                config,
+                Arc::clone(native.instance()),
+                &ctx.state.operator_id,
+            )?;
+            Ok((backend, Some(native)))
+        }
+        _ => {
+            if ctx.restored_native(PART_ROCKSDB).is_some() {
+                return Err(other_backend("hashmap", "rocksdb"));
+            }
+            Ok((
+                LocalKeyedBackend::heap(config, Arc::new(SystemClock))?,
+                None,
+            ))
+        }
+    }
 }
 
 impl<K: Key> KeyedStateStore<K> {
     /// The backend of subtask `ctx.subtask`: its key groups, on the job's state backend. Lives
     /// in an `Rc` so the shard's heap check can find it.
     pub(crate) fn open(ctx: &RuntimeContext) -> Result<Rc<Self>, StateError> {
-        let config = KeyedBackendConfig::for_subtask(
-            ctx.max_parallelism as u32,
-            ctx.parallelism as u32,
-            ctx.subtask as u32,
-        );
-        let backend = match &ctx.state.rocksdb {
-            Some(db) if ctx.state.backend == BackendType::RocksDb => {
-                LocalKeyedBackend::rocksdb(config, Arc::clone(db), &ctx.state.operator_id)?
-            }
-            _ => LocalKeyedBackend::heap(config, Arc::new(SystemClock))?,
-        };
+        let (backend, native) = open_keyed_backend(ctx)?;
         let restored = ctx.restored_of_all(PART_KEYED);
-        if !restored.is_empty() {
+        if native.is_none() && !restored.is_empty() {
             let parts: Vec<&[u8]> = restored.iter().map(Vec::as_slice).collect();
             backend.restore(&parts)?;
         }
@@ -178,6 +230,7 @@ impl<K: Key> KeyedStateStore<K> {
             operator: Arc::clone(&ctx.operator_name),
             subtask: ctx.subtask,
             parallelism: ctx.parallelism,
+            native,
         });
         if store.backend.backend_type() == BackendType::Heap {
             let weak: Weak<dyn HeapStates> = Rc::downgrade(&store) as Weak<dyn HeapStates>;
@@ -186,15 +239,24 @@ impl<K: Key> KeyedStateStore<K> {
         Ok(store)
     }
 
-    /// The keyed state as a checkpoint part: a copy-on-write snapshot taken now (a pointer
-    /// per key group and state), encoded by the checkpoint writer after the barrier.
-    pub(crate) fn snapshot_part(&self) -> Result<DeferredPart, String> {
-        let snapshot = self.backend.heap_snapshot().ok_or_else(|| {
-            "checkpoints of the RocksDB state backend are not built yet".to_string()
-        })?;
-        Ok(Box::new(move |out: &mut Vec<u8>| {
-            weir_state::encode_keyed_snapshot(&snapshot, out).map_err(|e| e.to_string())
-        }))
+    /// Adds the keyed state to `snapshot`: on the heap a copy-on-write snapshot taken now (a
+    /// pointer per key group and state), encoded by the checkpoint writer after the barrier;
+    /// on RocksDB the instance's native checkpoint, uploaded by the writer.
+    pub(crate) fn snapshot_into(&self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
+        if let Some(native) = &self.native {
+            return native.snapshot(snapshot).map_err(|e| e.to_string());
+        }
+        let heap = self
+            .backend
+            .heap_snapshot()
+            .ok_or("internal error: keyed state neither on the heap nor in RocksDB")?;
+        snapshot.add_deferred(
+            PART_KEYED,
+            Box::new(move |out: &mut Vec<u8>| {
+                weir_state::encode_keyed_snapshot(&heap, out).map_err(|e| e.to_string())
+            }),
+        );
+        Ok(())
     }
 
     /// A new call begins (a record or a timer, maybe for another key).

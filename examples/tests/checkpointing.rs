@@ -28,8 +28,18 @@ const SPEC: SequenceSpec = SequenceSpec {
 };
 
 fn config(checkpoints: &Path, slots: usize, retained: usize) -> Configuration {
+    config_on(HEAP, checkpoints, slots, retained)
+}
+
+/// The state backends, by `state.backend.type`.
+const HEAP: &str = "hashmap";
+const ROCKSDB: &str = "rocksdb";
+
+/// [`config`] with state on `backend`.
+fn config_on(backend: &str, checkpoints: &Path, slots: usize, retained: usize) -> Configuration {
     Configuration::default()
-        .with("execution.checkpointing.interval", "20ms")
+        .with("state.backend.type", backend)
+        .and_then(|c| c.with("execution.checkpointing.interval", "20ms"))
         .and_then(|c| {
             c.with(
                 "execution.checkpointing.dir",
@@ -146,9 +156,9 @@ fn resume_to_end(config: &Configuration) -> (Vec<String>, u64) {
     (problems(SPEC, &reports), read)
 }
 
-fn stopped_and_resumed(slots: usize) {
+fn stopped_and_resumed(backend: &str, slots: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = config(dir.path(), slots, 1);
+    let config = config_on(backend, dir.path(), slots, 1);
     run_until_checkpoints(&config, dir.path(), false, 2);
     run_until_checkpoints(&config, dir.path(), true, 3);
     resume_to_end_counting_once(&config);
@@ -167,12 +177,22 @@ fn resume_to_end_counting_once(config: &Configuration) {
 
 #[test]
 fn a_stopped_job_resumes_with_every_record_counted_once_at_parallelism_1() {
-    stopped_and_resumed(1);
+    stopped_and_resumed(HEAP, 1);
 }
 
 #[test]
 fn a_stopped_job_resumes_with_every_record_counted_once_at_parallelism_2() {
-    stopped_and_resumed(2);
+    stopped_and_resumed(HEAP, 2);
+}
+
+#[test]
+fn a_stopped_job_on_rocksdb_resumes_with_every_record_counted_once_at_parallelism_1() {
+    stopped_and_resumed(ROCKSDB, 1);
+}
+
+#[test]
+fn a_stopped_job_on_rocksdb_resumes_with_every_record_counted_once_at_parallelism_2() {
+    stopped_and_resumed(ROCKSDB, 2);
 }
 
 #[test]
@@ -199,6 +219,18 @@ const WINDOWS: WindowCheckSpec = WindowCheckSpec {
     per_key: 3_000,
     rate: Some(5_000.0),
 };
+
+/// [`WINDOWS`] at half the rate on RocksDB, whose checkpoints flush and upload files: three
+/// of them still fit into a stopped run on a loaded machine.
+fn windows_spec(backend: &str) -> WindowCheckSpec {
+    match backend {
+        ROCKSDB => WindowCheckSpec {
+            rate: WINDOWS.rate.map(|rate| rate / 2.0),
+            ..WINDOWS
+        },
+        _ => WINDOWS,
+    }
+}
 
 /// A sink writing one log per subtask, each record at the next position; a writer restored
 /// from a checkpoint goes on at the position that checkpoint recorded, over what the run
@@ -290,12 +322,13 @@ impl<T> SinkWriter<T> for OffsetLogWriter<T> {
 
 /// The window check stopped twice and resumed to its end: what its sink committed holds
 /// every window and pair once, with exactly its records.
-fn windows_stopped_and_resumed(slots: usize) {
+fn windows_stopped_and_resumed(backend: &str, slots: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = config(dir.path(), slots, 1);
+    let config = config_on(backend, dir.path(), slots, 1);
     let log = OffsetLog::<WindowReport>::default();
+    let spec = windows_spec(backend);
     let build = |env: &StreamEnvironment| {
-        window_check::reports(env, WINDOWS, slots).sink_to(log.clone(), "log");
+        window_check::reports(env, spec, slots).sink_to(log.clone(), "log");
     };
     stop_after_checkpoints(&config, dir.path(), "window-check", false, 3, build);
     stop_after_checkpoints(&config, dir.path(), "window-check", true, 3, build);
@@ -331,12 +364,22 @@ fn windows_resumed_to_end(
 
 #[test]
 fn windows_and_joins_resume_with_every_record_counted_once_at_parallelism_1() {
-    windows_stopped_and_resumed(1);
+    windows_stopped_and_resumed(HEAP, 1);
 }
 
 #[test]
 fn windows_and_joins_resume_with_every_record_counted_once_at_parallelism_2() {
-    windows_stopped_and_resumed(2);
+    windows_stopped_and_resumed(HEAP, 2);
+}
+
+#[test]
+fn windows_and_joins_on_rocksdb_resume_with_every_record_counted_once_at_parallelism_1() {
+    windows_stopped_and_resumed(ROCKSDB, 1);
+}
+
+#[test]
+fn windows_and_joins_on_rocksdb_resume_with_every_record_counted_once_at_parallelism_2() {
+    windows_stopped_and_resumed(ROCKSDB, 2);
 }
 
 /// A keyed `reduce` (the keyed-aggregation example) resumes with its running values.
@@ -440,6 +483,14 @@ fn a_damaged_checkpoint_is_passed_over_for_the_one_before() {
         error.contains("no checkpoint") && error.contains("never completed"),
         "{error}"
     );
+
+    // A directory whose only attempt a kill cut short before any checkpoint completed has
+    // nothing to lose: the resume starts from scratch.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::create_dir_all(dir.path().join("sequence-check/chk-1")).unwrap();
+    let (problems, read) = resume_to_end(&self::config(dir.path(), 1, 1));
+    assert!(problems.is_empty(), "{problems:?}");
+    assert_eq!(read, SPEC.records(), "it started from scratch");
 }
 
 /// A function keeping what it saw in a field of its own, which checkpoints cannot restore.
@@ -476,18 +527,6 @@ fn state_checkpoints_cannot_write_yet_is_refused_at_the_start() {
     let error = env.execute("cache").expect_err("refused").to_string();
     assert!(
         error.contains("'cached'") && error.contains("a cache of recent numbers"),
-        "{error}"
-    );
-
-    let rocksdb = config.with("state.backend.type", "rocksdb").unwrap();
-    let env = StreamEnvironment::new(rocksdb).unwrap();
-    reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
-    let error = env
-        .execute("sequence-check")
-        .expect_err("refused")
-        .to_string();
-    assert!(
-        error.contains("RocksDB") && error.contains("hashmap"),
         "{error}"
     );
 
@@ -586,13 +625,20 @@ fn seed() -> u64 {
     seed
 }
 
-/// The restarts of `result` were the injected failures, one each.
+/// The restarts of `result` were the injected failures: one each, except that failures in
+/// two subtasks of one run (the injectors before and after the windows count separately, so
+/// their points may come due together) end that run once.
 fn check_restarts(result: &weir_engine::JobResult, faults: &[&Faults], seed: u64) {
     let fired: u64 = faults.iter().map(|f| f.fired()).sum();
-    assert_eq!(
-        result.restarts.len() as u64,
-        fired,
-        "one restart per injected failure (seed {seed}): {:?}",
+    let restarts = result.restarts.len() as u64;
+    let apart = faults.len() == 1;
+    assert!(
+        if apart {
+            restarts == fired
+        } else {
+            (1..=fired).contains(&restarts)
+        },
+        "{restarts} restarts for {fired} injected failures (seed {seed}): {:?}",
         result.restarts
     );
     for restart in &result.restarts {
@@ -604,10 +650,11 @@ fn check_restarts(result: &weir_engine::JobResult, faults: &[&Faults], seed: u64
     }
 }
 
-fn sequence_survives_panics(slots: usize) {
+fn sequence_survives_panics(backend: &str, slots: usize) {
     let seed = seed();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let env = StreamEnvironment::new(restarting(config(dir.path(), slots, 1))).unwrap();
+    let config = restarting(config_on(backend, dir.path(), slots, 1));
+    let env = StreamEnvironment::new(config).unwrap();
     let records = SPEC.records();
     let faults = Faults::random(seed, 3, records / 10..records * 9 / 10);
     let log = OffsetLog::<KeyReport>::default();
@@ -628,20 +675,26 @@ fn sequence_survives_panics(slots: usize) {
 
 #[test]
 fn a_job_whose_subtasks_panic_restarts_with_every_record_counted_once_at_parallelism_1() {
-    sequence_survives_panics(1);
+    sequence_survives_panics(HEAP, 1);
 }
 
 #[test]
 fn a_job_whose_subtasks_panic_restarts_with_every_record_counted_once_at_parallelism_2() {
-    sequence_survives_panics(2);
+    sequence_survives_panics(HEAP, 2);
+}
+
+#[test]
+fn a_job_on_rocksdb_whose_subtasks_panic_restarts_with_every_record_counted_once() {
+    sequence_survives_panics(ROCKSDB, 2);
 }
 
 /// Windows and joins, with panics both before the windows (in the source's task) and after
 /// them (in the task that writes their reports).
-fn windows_survive_panics(slots: usize) {
+fn windows_survive_panics(backend: &str, slots: usize) {
     let seed = seed();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let env = StreamEnvironment::new(restarting(config(dir.path(), slots, 1))).unwrap();
+    let config = restarting(config_on(backend, dir.path(), slots, 1));
+    let env = StreamEnvironment::new(config).unwrap();
     let records = u64::from(WINDOWS.keys_per_split) * slots as u64 * WINDOWS.per_key;
     let reports = window_check::expected(WINDOWS, slots).len() as u64;
     let before = Faults::random(seed, 2, records / 10..records * 9 / 10);
@@ -665,54 +718,80 @@ fn windows_survive_panics(slots: usize) {
 #[test]
 fn windows_and_joins_whose_subtasks_panic_restart_with_every_record_counted_once_at_parallelism_1()
 {
-    windows_survive_panics(1);
+    windows_survive_panics(HEAP, 1);
 }
 
 #[test]
 fn windows_and_joins_whose_subtasks_panic_restart_with_every_record_counted_once_at_parallelism_2()
 {
-    windows_survive_panics(2);
+    windows_survive_panics(HEAP, 2);
+}
+
+#[test]
+fn windows_and_joins_on_rocksdb_whose_subtasks_panic_restart_with_every_record_counted_once() {
+    windows_survive_panics(ROCKSDB, 2);
 }
 
 /// Stopped at parallelism `from` and resumed at `to`: key groups (state and timers) move to
 /// the subtasks that own them now and the readers' splits are shared out again, and every
 /// record is still counted once.
-fn sequence_rescaled(from: usize, to: usize) {
+fn sequence_rescaled(backend: &str, from: usize, to: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    run_until_checkpoints(&config(dir.path(), from, 1), dir.path(), false, 2);
-    resume_to_end_counting_once(&config(dir.path(), to, 1));
+    let at = |slots| config_on(backend, dir.path(), slots, 1);
+    run_until_checkpoints(&at(from), dir.path(), false, 2);
+    resume_to_end_counting_once(&at(to));
 }
 
 #[test]
 fn a_job_stopped_at_parallelism_2_resumes_at_1_with_every_record_counted_once() {
-    sequence_rescaled(2, 1);
+    sequence_rescaled(HEAP, 2, 1);
 }
 
 #[test]
 fn a_job_stopped_at_parallelism_1_resumes_at_2_with_every_record_counted_once() {
-    sequence_rescaled(1, 2);
+    sequence_rescaled(HEAP, 1, 2);
+}
+
+#[test]
+fn a_job_on_rocksdb_stopped_at_parallelism_2_resumes_at_1_with_every_record_counted_once() {
+    sequence_rescaled(ROCKSDB, 2, 1);
+}
+
+#[test]
+fn a_job_on_rocksdb_stopped_at_parallelism_1_resumes_at_2_with_every_record_counted_once() {
+    sequence_rescaled(ROCKSDB, 1, 2);
 }
 
 /// The window check's windows and join at parallelism 2, then 1, then 2 again (its source and
 /// sink stay at 2, so the input and the sink's logs are the same): every window and pair
 /// once, with exactly its records.
-#[test]
-fn windows_and_joins_rescale_with_every_record_counted_once() {
+fn windows_rescaled(backend: &str) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let at = |windows: usize| {
-        config(dir.path(), 2, 1)
+        config_on(backend, dir.path(), 2, 1)
             .with("parallelism.default", windows.to_string())
             .expect("valid settings")
     };
+    let spec = windows_spec(backend);
     let log = OffsetLog::<WindowReport>::default();
     let build = |env: &StreamEnvironment| {
-        window_check::reports(env, WINDOWS, 2)
+        window_check::reports(env, spec, 2)
             .sink_to(log.clone(), "log")
             .parallelism(2);
     };
     stop_after_checkpoints(&at(2), dir.path(), "window-check", false, 3, build);
     stop_after_checkpoints(&at(1), dir.path(), "window-check", true, 3, build);
     windows_resumed_to_end(at(2), 2, &log, build);
+}
+
+#[test]
+fn windows_and_joins_rescale_with_every_record_counted_once() {
+    windows_rescaled(HEAP);
+}
+
+#[test]
+fn windows_and_joins_on_rocksdb_rescale_with_every_record_counted_once() {
+    windows_rescaled(ROCKSDB);
 }
 
 /// What a sink subtask was told, in order.
@@ -961,4 +1040,103 @@ fn union_list_state_comes_back_whole_to_every_subtask() {
     let mut restored = probe.restored.lock().unwrap().clone();
     restored.sort();
     assert_eq!(restored, vec![(0, vec![0, 1]), (1, vec![0, 1])]);
+}
+
+/// On RocksDB checkpoints are incremental: later ones list the SST files an earlier one
+/// uploaded instead of writing them again, and the job's shared directory keeps only what a
+/// retained checkpoint lists (or a newer attempt may).
+#[test]
+fn rocksdb_checkpoints_share_the_files_they_have_in_common() {
+    let shared = retained_shared_files(true);
+    assert!(
+        shared.iter().any(|name| name.ends_with(".sst")),
+        "{shared:?}"
+    );
+    let mut distinct = shared.clone();
+    distinct.dedup();
+    assert!(
+        distinct.len() < shared.len(),
+        "no SST file shared: {shared:?}"
+    );
+}
+
+/// With `execution.checkpointing.incremental: false` every checkpoint writes every file.
+#[test]
+fn full_rocksdb_checkpoints_share_no_file() {
+    let shared = retained_shared_files(false);
+    assert!(
+        shared.iter().any(|name| name.ends_with(".sst")),
+        "{shared:?}"
+    );
+    let mut distinct = shared.clone();
+    distinct.dedup();
+    assert_eq!(distinct.len(), shared.len(), "a file shared: {shared:?}");
+}
+
+/// The sequence check on RocksDB, stopped after 6 checkpoints with 3 retained: the shared
+/// files the retained checkpoints list (a name once per checkpoint listing it), sorted. Checks
+/// that the job's shared directory holds nothing else but files of a newer attempt.
+fn retained_shared_files(incremental: bool) -> Vec<String> {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config_on(ROCKSDB, dir.path(), 1, 3)
+        .with(
+            "execution.checkpointing.incremental",
+            incremental.to_string(),
+        )
+        .expect("valid settings");
+    run_until_checkpoints(&config, dir.path(), false, 6);
+    let job = dir.path().join("sequence-check");
+    let retained = completed(dir.path());
+    assert_eq!(retained.len(), 3, "{retained:?}");
+    let mut listed: Vec<String> = Vec::new();
+    for n in &retained {
+        let bytes = std::fs::read(job.join(format!("chk-{n}/_metadata"))).expect("metadata");
+        let metadata = weir_state::checkpoint::CheckpointMetadata::from_bytes(&bytes).unwrap();
+        listed.extend(
+            metadata
+                .referenced
+                .into_iter()
+                .filter_map(|file| Some(file.name.strip_prefix("shared/")?.to_string())),
+        );
+    }
+    listed.sort();
+    let newest = retained.last().copied().unwrap_or(0);
+    for entry in std::fs::read_dir(job.join("shared")).expect("shared") {
+        let name = entry.expect("an entry").file_name();
+        let name = name.to_str().expect("a UTF-8 name").to_string();
+        let newer = name
+            .split_once('-')
+            .and_then(|(number, _)| number.parse::<u64>().ok())
+            .is_some_and(|number| number > newest);
+        assert!(
+            listed.contains(&name) || newer,
+            "{name} is neither listed by checkpoints {retained:?} nor newer"
+        );
+    }
+    listed
+}
+
+/// A checkpoint's keyed state resumes only on the backend that wrote it: each refuses the
+/// other's at the start, naming the operator and the backend to use.
+#[test]
+fn a_checkpoint_resumes_only_on_the_backend_that_wrote_it() {
+    for (wrote, resumes) in [(HEAP, ROCKSDB), (ROCKSDB, HEAP)] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        run_until_checkpoints(&config_on(wrote, dir.path(), 1, 1), dir.path(), false, 2);
+        let env = StreamEnvironment::new(config_on(resumes, dir.path(), 1, 1)).unwrap();
+        reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+        let options = RunOptions {
+            resume: true,
+            ..RunOptions::default()
+        };
+        let error = env
+            .execute_with("sequence-check", options)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            error.contains("'check sequence'")
+                && error.contains(&format!("state.backend.type: {wrote}")),
+            "{error}"
+        );
+    }
 }

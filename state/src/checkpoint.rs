@@ -23,15 +23,33 @@
 //! and the reason (never completed, torn, truncated, damaged, another job's), for the caller to
 //! report.
 //!
+//! **Never completed, or lost?** The first commit also leaves a `.completed` marker in the
+//! job's directory ([`CheckpointStorage::has_completed`]): a directory with no usable
+//! checkpoint and no marker only holds attempts a crash cut short before any completed (a
+//! resume starts from scratch), while one with the marker lost what it had (a resume is
+//! refused).
+//!
 //! **One process per job directory.** [`CheckpointStorage::open`] takes an exclusive `flock` on
 //! `<dir>/<job>/.lock` (writing its pid into it) and holds it until the storage is dropped or
 //! the process ends, however it ends; a second open fails, naming the directory and the holder.
 //!
-//! **Metadata format, version 1** (little-endian; never change it, add a version): the magic
+//! **Shared files.** An incremental checkpoint also consists of files an earlier one wrote:
+//! they live in `<dir>/<job>/shared/`, named `<n>-…` after the checkpoint `n` that wrote them
+//! ([`StateFileWriter::create_shared`]), and a checkpoint's metadata lists every one it needs
+//! among its [`CheckpointMetadata::referenced`] files (as `shared/<name>`), with length and
+//! checksum, so a restore checks them like its own. [`CheckpointStorage::retain`] deletes a
+//! shared file once no retained checkpoint lists it — Flink's reference counts, recounted from
+//! the metadata on each sweep, so a crash can never leave a count wrong. A file of checkpoint
+//! `n` is swept only once a checkpoint numbered `n` or later has committed: until then it may
+//! belong to a checkpoint still being written.
+//!
+//! **Metadata format, version 2** (little-endian; never change it, add a version): the magic
 //! bytes `WEIRCKPT`, the version (`u32`), the checkpoint number (`u64`), the time it was taken
 //! (ms since the epoch, `i64`), the job (a string: `u32` length and UTF-8 bytes), the number of
-//! files (`u32`) and per file its name (a string), length (`u64`) and CRC-32 (`u32`), the payload
-//! (`u64` length and its bytes), and the CRC-32 of everything before it (`u32`).
+//! files (`u32`) and per file its name (a string), length (`u64`) and CRC-32 (`u32`), the
+//! referenced files the same way (count and files), the payload (`u64` length and its bytes),
+//! and the CRC-32 of everything before it (`u32`). Version 1 (no referenced files) is still
+//! read.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -48,8 +66,15 @@ use crate::error::{StateError, StateErrorKind};
 pub const METADATA_FILE: &str = "_metadata";
 const METADATA_TEMP: &str = "_metadata.inprogress";
 const LOCK_FILE: &str = ".lock";
+/// Written into a job's directory when its first checkpoint commits: a directory without a
+/// usable checkpoint but with this marker lost what it had (a refused restore), one without
+/// it never had one (a fresh start).
+const COMPLETED_MARKER: &str = ".completed";
 const MAGIC: &[u8; 8] = b"WEIRCKPT";
-const METADATA_VERSION: u32 = 1;
+const METADATA_VERSION: u32 = 2;
+/// Where shared files live, relative to the job's directory; their names in metadata start
+/// with it.
+pub const SHARED_DIR: &str = "shared";
 
 /// One file of a checkpoint, as its metadata records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,8 +96,11 @@ pub struct CheckpointMetadata {
     pub checkpoint: u64,
     /// When it was triggered, ms since the epoch.
     pub timestamp_ms: i64,
-    /// Every file it consists of.
+    /// Its task state files.
     pub files: Vec<StoredFile>,
+    /// The other files it consists of: files of its own directory, and shared files
+    /// (`shared/<name>`) it may have in common with other checkpoints.
+    pub referenced: Vec<StoredFile>,
     /// The coordinator's description of what each file holds, opaque here.
     pub payload: Vec<u8>,
 }
@@ -90,11 +118,13 @@ impl CheckpointMetadata {
         out.extend_from_slice(&self.checkpoint.to_le_bytes());
         out.extend_from_slice(&self.timestamp_ms.to_le_bytes());
         text(&mut out, &self.job);
-        out.extend_from_slice(&(self.files.len() as u32).to_le_bytes());
-        for file in &self.files {
-            text(&mut out, &file.name);
-            out.extend_from_slice(&file.len.to_le_bytes());
-            out.extend_from_slice(&file.crc32.to_le_bytes());
+        for files in [&self.files, &self.referenced] {
+            out.extend_from_slice(&(files.len() as u32).to_le_bytes());
+            for file in files {
+                text(&mut out, &file.name);
+                out.extend_from_slice(&file.len.to_le_bytes());
+                out.extend_from_slice(&file.crc32.to_le_bytes());
+            }
         }
         out.extend_from_slice(&(self.payload.len() as u64).to_le_bytes());
         out.extend_from_slice(&self.payload);
@@ -132,24 +162,21 @@ impl CheckpointMetadata {
             at: MAGIC.len(),
         };
         let version = reader.u32()?;
-        if version != METADATA_VERSION {
+        if !(1..=METADATA_VERSION).contains(&version) {
             return Err(format!(
-                "{METADATA_FILE} has format version {version}; this build reads version \
-                 {METADATA_VERSION}"
+                "{METADATA_FILE} has format version {version}; this build reads versions 1 \
+                 to {METADATA_VERSION}"
             ));
         }
         let checkpoint = reader.u64()?;
         let timestamp_ms = reader.u64()? as i64;
         let job = reader.text()?;
-        let count = reader.u32()?;
-        let mut files = Vec::with_capacity(count.min(1 << 16) as usize);
-        for _ in 0..count {
-            files.push(StoredFile {
-                name: reader.text()?,
-                len: reader.u64()?,
-                crc32: reader.u32()?,
-            });
-        }
+        let files = reader.files()?;
+        let referenced = if version >= 2 {
+            reader.files()?
+        } else {
+            Vec::new()
+        };
         let payload_len = reader.u64()?;
         let payload = reader.take(payload_len)?.to_vec();
         if reader.at != body.len() {
@@ -163,8 +190,14 @@ impl CheckpointMetadata {
             checkpoint,
             timestamp_ms,
             files,
+            referenced,
             payload,
         })
+    }
+
+    /// Every file of the checkpoint: its task state files, then the others.
+    pub fn all_files(&self) -> impl Iterator<Item = &StoredFile> {
+        self.files.iter().chain(&self.referenced)
     }
 }
 
@@ -200,6 +233,19 @@ impl<'a> Reader<'a> {
         ))
     }
 
+    fn files(&mut self) -> Result<Vec<StoredFile>, String> {
+        let count = self.u32()?;
+        let mut files = Vec::with_capacity(count.min(1 << 16) as usize);
+        for _ in 0..count {
+            files.push(StoredFile {
+                name: self.text()?,
+                len: self.u64()?,
+                crc32: self.u32()?,
+            });
+        }
+        Ok(files)
+    }
+
     fn text(&mut self) -> Result<String, String> {
         let len = self.u32()?;
         let at = self.at;
@@ -226,6 +272,26 @@ impl PendingCheckpoint {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+
+    /// The job's directory of shared files.
+    fn shared_dir(&self) -> PathBuf {
+        job_dir_of(&self.dir).join(SHARED_DIR)
+    }
+}
+
+/// The job directory a checkpoint directory is in.
+fn job_dir_of(checkpoint_dir: &Path) -> &Path {
+    checkpoint_dir.parent().unwrap_or(checkpoint_dir)
+}
+
+/// Where the file a checkpoint in `dir` lists as `name` is: in `dir`, or, for `shared/…`, in
+/// the job's shared directory.
+pub fn resolve(dir: &Path, name: &str) -> PathBuf {
+    if name.starts_with(SHARED_DIR) && name[SHARED_DIR.len()..].starts_with('/') {
+        job_dir_of(dir).join(name)
+    } else {
+        dir.join(name)
+    }
 }
 
 /// A checkpoint a restore can use, with every file checked.
@@ -240,7 +306,7 @@ pub struct CompletedCheckpoint {
 impl CompletedCheckpoint {
     /// The path of one of its files.
     pub fn path_of(&self, file: &StoredFile) -> PathBuf {
-        self.dir.join(&file.name)
+        resolve(&self.dir, &file.name)
     }
 }
 
@@ -355,6 +421,13 @@ impl CheckpointStorage {
                 ),
             ));
         }
+        if !self.has_completed() {
+            let marker = self.dir.join(COMPLETED_MARKER);
+            File::create(&marker)
+                .and_then(|file| file.sync_all())
+                .and_then(|()| File::open(&self.dir)?.sync_all())
+                .map_err(|source| io(&marker, "writing", source))?;
+        }
         let temp = pending.dir.join(METADATA_TEMP);
         let mut file = File::create(&temp).map_err(|source| io(&temp, "creating", source))?;
         file.write_all(&metadata.to_bytes())
@@ -369,6 +442,12 @@ impl CheckpointStorage {
             dir: pending.dir,
             metadata: metadata.clone(),
         })
+    }
+
+    /// Whether a checkpoint of the job ever completed in this directory (its newest usable
+    /// one may still be gone or damaged since).
+    pub fn has_completed(&self) -> bool {
+        self.dir.join(COMPLETED_MARKER).exists()
     }
 
     /// The job's checkpoints that are committed or were begun, by number, oldest first.
@@ -451,7 +530,7 @@ impl CheckpointStorage {
     /// Checks one checkpoint directory: its metadata and every file it lists.
     fn verify(&self, dir: &Path) -> Result<CompletedCheckpoint, StateError> {
         let metadata = self.committed_metadata(dir)?;
-        for file in &metadata.files {
+        for file in metadata.all_files() {
             verify_file(dir, file)?;
         }
         Ok(CompletedCheckpoint {
@@ -464,18 +543,64 @@ impl CheckpointStorage {
     /// all of them (it may be in progress), and deletes the rest: older committed ones and
     /// attempts that never completed (`execution.checkpointing.num-retained`). Committed means
     /// its metadata is this job's and intact; its files are checked when it is restored.
+    ///
+    /// Then it sweeps the shared files (see the module docs): one that no retained checkpoint
+    /// lists goes, unless it was written for a checkpoint newer than the newest committed one.
     pub fn retain(&self, keep: usize) -> Result<(), StateError> {
         let keep = keep.max(1);
         let mut committed = 0;
-        for (_, dir) in self.numbered()?.into_iter().rev() {
-            let remove = if self.committed_metadata(&dir).is_ok() {
-                committed += 1;
-                committed > keep
-            } else {
-                committed > 0
+        let mut newest = None;
+        let mut referenced = std::collections::HashSet::new();
+        for (number, dir) in self.numbered()?.into_iter().rev() {
+            let remove = match self.committed_metadata(&dir) {
+                Ok(metadata) => {
+                    committed += 1;
+                    newest = newest.or(Some(number));
+                    if committed <= keep {
+                        referenced.extend(metadata.referenced.into_iter().map(|file| file.name));
+                    }
+                    committed > keep
+                }
+                Err(_) => committed > 0,
             };
             if remove {
                 fs::remove_dir_all(&dir).map_err(|source| io(&dir, "removing", source))?;
+            }
+        }
+        match newest {
+            Some(newest) => self.sweep_shared(newest, &referenced),
+            None => Ok(()),
+        }
+    }
+
+    /// Deletes the shared files of checkpoints up to `newest` that are not `referenced`.
+    fn sweep_shared(
+        &self,
+        newest: u64,
+        referenced: &std::collections::HashSet<String>,
+    ) -> Result<(), StateError> {
+        let shared = self.dir.join(SHARED_DIR);
+        let entries = match fs::read_dir(&shared) {
+            Ok(entries) => entries,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => return Err(io(&shared, "reading", source)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|source| io(&shared, "reading", source))?;
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let written_for = name
+                .split_once('-')
+                .and_then(|(number, _)| number.parse::<u64>().ok());
+            let listed = referenced.contains(&format!("{SHARED_DIR}/{name}"));
+            if written_for.is_some_and(|n| n <= newest) && !listed {
+                let path = entry.path();
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(source) => return Err(io(&path, "removing", source)),
+                }
             }
         }
         Ok(())
@@ -486,7 +611,7 @@ impl CheckpointStorage {
 /// Checks that `file` of the checkpoint in `dir` has the length and CRC-32 its metadata says
 /// (a [`StateErrorKind::CorruptCheckpoint`] error naming the file and what is wrong).
 pub fn verify_file(dir: &Path, file: &StoredFile) -> Result<(), StateError> {
-    let path = dir.join(&file.name);
+    let path = resolve(dir, &file.name);
     let (len, crc) = checksum_file(&path)
         .map_err(|error| corrupt(&path, format!("reading it failed: {error}")))?;
     if len != file.len {
@@ -578,7 +703,31 @@ impl StateFileWriter {
                 format!("use a plain file name, without '/', not starting with {METADATA_FILE}"),
             ));
         }
-        let path = pending.dir.join(name);
+        StateFileWriter::create_at(name.to_string(), pending.dir.join(name)).await
+    }
+
+    /// Creates the shared file `<checkpoint>-<name>` of `pending`'s job (see the module docs);
+    /// the metadata lists it as `shared/<checkpoint>-<name>`.
+    pub async fn create_shared(
+        pending: &PendingCheckpoint,
+        name: &str,
+    ) -> Result<StateFileWriter, StateError> {
+        if !is_plain_name(name) {
+            return Err(StateError::invalid_config(
+                "shared checkpoint file name",
+                format!("'{name}'"),
+                "use a plain file name, without '/'",
+            ));
+        }
+        let dir = pending.shared_dir();
+        fs::create_dir_all(&dir).map_err(|source| io(&dir, "creating", source))?;
+        let name = format!("{}-{name}", pending.checkpoint);
+        let path = dir.join(&name);
+        StateFileWriter::create_at(format!("{SHARED_DIR}/{name}"), path).await
+    }
+
+    /// Creates the file at `path`, which the metadata will list as `name`.
+    async fn create_at(name: String, path: PathBuf) -> Result<StateFileWriter, StateError> {
         // Readable too: glommio probes each device's polled I/O with a read on the first file
         // it opens there, and logs an error when that read is refused.
         let file = glommio::io::OpenOptions::new()
@@ -590,7 +739,7 @@ impl StateFileWriter {
             .await
             .map_err(|error| io(&path, "creating", error.into()))?;
         Ok(StateFileWriter {
-            name: name.to_string(),
+            name,
             path,
             writer: DmaStreamWriterBuilder::new(file)
                 .with_buffer_size(256 << 10)

@@ -6,7 +6,7 @@
 //! - [`handle`]: what it gets back — [`ValueState`], [`ListState`], [`MapState`],
 //!   [`ReducingState`], [`AggregatingState`] — acting on the backend's current key.
 //! - [`backend`]: [`LocalKeyedBackend`], one per keyed operator subtask, over the heap
-//!   (copy-on-write snapshots) or the slot's [`SlotRocksDb`] (checkpoints, compaction-time TTL);
+//!   (copy-on-write snapshots) or a [`RocksDbInstance`] per keyed operator subtask (checkpoints, compaction-time TTL);
 //!   [`encode_keyed_snapshot`] writes a heap snapshot in the canonical keyed-state format that
 //!   [`LocalKeyedBackend::restore`] reads back, rescaled to the backend's key groups.
 //! - [`ttl`]: time to live and the injectable [`Clock`].
@@ -64,8 +64,8 @@ pub use backend::keyed_snapshot::{
     KeyedStateContents, KEYED_SNAPSHOT_FORMAT_VERSION,
 };
 pub use backend::rocksdb::{
-    split_key, RawEntries, RocksDbConfig, RocksDbMemoryUsage, SlotRocksDb, StateKeyParts,
-    WriteBackStats, MAX_PARALLELISM_LIMIT,
+    split_key, NativeCheckpoint, NativeFile, RawEntries, RocksDbConfig, RocksDbInstance,
+    RocksDbMemoryUsage, RocksDbSlot, StateKeyParts, WriteBackStats, MAX_PARALLELISM_LIMIT,
 };
 pub use backend::{BackendType, CleanupProgress, KeyedBackendConfig, LocalKeyedBackend, StateSize};
 pub use codec::StateCodec;

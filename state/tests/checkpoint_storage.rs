@@ -56,6 +56,7 @@ fn write(
         checkpoint: n,
         timestamp_ms: 1_700_000_000_000 + n as i64,
         files: stored,
+        referenced: Vec::new(),
         payload: format!("handles of {n}").into_bytes(),
     };
     commit.then(|| storage.commit(pending, &metadata).expect("commit"))
@@ -75,12 +76,15 @@ fn a_committed_checkpoint_is_found_and_its_files_read_back() {
     let storage = CheckpointStorage::open(root.path(), JOB).unwrap();
     assert!(storage.latest().unwrap().usable.is_none(), "nothing yet");
     let files = files();
-    let committed = write(&storage, 1, &files, true).unwrap();
+    write(&storage, 1, &files, false);
+    assert!(!storage.has_completed(), "an attempt never committed");
+    let committed = write(&storage, 2, &files, true).unwrap();
+    assert!(storage.has_completed());
     let latest = storage.latest().unwrap();
     assert!(latest.skipped.is_empty(), "{:?}", latest.skipped);
     let usable = latest.usable.expect("checkpoint 1");
     assert_eq!(usable.metadata, committed.metadata);
-    assert_eq!(usable.metadata.payload, b"handles of 1");
+    assert_eq!(usable.metadata.payload, b"handles of 2");
     for ((_, contents), file) in files.iter().zip(&usable.metadata.files) {
         assert_eq!(&fs::read(usable.path_of(file)).unwrap(), contents);
     }
@@ -124,6 +128,7 @@ fn unusable_checkpoints_are_skipped_with_the_file_and_the_reason() {
                 checkpoint: 2,
                 timestamp_ms: 0,
                 files: Vec::new(),
+                referenced: Vec::new(),
                 payload: Vec::new(),
             },
         )
@@ -240,24 +245,144 @@ fn bad_job_and_file_names_are_refused_naming_them() {
     });
 }
 
+/// Checkpoint `n` with one task state file and the shared files `shared` (each written unless
+/// an earlier checkpoint wrote it: `(name, written by)`), committed.
+fn write_with_shared(
+    storage: &CheckpointStorage,
+    n: u64,
+    shared: &[(&str, u64)],
+    written: &mut Vec<StoredFile>,
+) -> CompletedCheckpoint {
+    let pending = storage.begin(n).expect("begin");
+    let (file, referenced) = glommio::LocalExecutor::default().run(async {
+        let mut referenced = Vec::new();
+        for &(name, by) in shared {
+            let stored = if by == n {
+                let mut writer = StateFileWriter::create_shared(&pending, name)
+                    .await
+                    .expect("create shared");
+                writer.write(&bytes(5_000, by as u8)).await.expect("write");
+                let stored = writer.finish().await.expect("finish");
+                written.push(stored.clone());
+                stored
+            } else {
+                written
+                    .iter()
+                    .find(|file| file.name == format!("shared/{by}-{name}"))
+                    .cloned()
+                    .expect("written earlier")
+            };
+            referenced.push(stored);
+        }
+        let mut writer = StateFileWriter::create(&pending, "task-0")
+            .await
+            .expect("create");
+        writer.write(b"task").await.expect("write");
+        (writer.finish().await.expect("finish"), referenced)
+    });
+    let metadata = CheckpointMetadata {
+        job: JOB.to_string(),
+        checkpoint: n,
+        timestamp_ms: 0,
+        files: vec![file],
+        referenced,
+        payload: Vec::new(),
+    };
+    storage.commit(pending, &metadata).expect("commit")
+}
+
+/// The files in the job's shared directory.
+fn shared_files(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(root.join(JOB).join("shared"))
+        .map(|entries| {
+            entries
+                .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// Shared files are found and checked from every checkpoint that lists them, and swept once
+/// no retained checkpoint does — but never one a checkpoint newer than the newest committed
+/// one may still need.
+#[test]
+fn shared_files_live_as_long_as_a_retained_checkpoint_lists_them() {
+    let root = tempfile::tempdir().unwrap();
+    let storage = CheckpointStorage::open(root.path(), JOB).unwrap();
+    let mut written = Vec::new();
+    write_with_shared(&storage, 1, &[("a.sst", 1), ("b.sst", 1)], &mut written);
+    // Checkpoint 2 keeps a (written by 1), drops b, adds c.
+    let second = write_with_shared(&storage, 2, &[("a.sst", 1), ("c.sst", 2)], &mut written);
+    assert_eq!(
+        second.path_of(&second.metadata.referenced[0]),
+        root.path().join(JOB).join("shared/1-a.sst")
+    );
+    // An attempt at 3 in progress has written its own shared file already.
+    let pending = storage.begin(3).unwrap();
+    glommio::LocalExecutor::default().run(async {
+        let mut writer = StateFileWriter::create_shared(&pending, "d.sst")
+            .await
+            .unwrap();
+        writer.write(b"in progress").await.unwrap();
+        writer.finish().await.unwrap();
+    });
+    storage.retain(1).unwrap();
+    assert_eq!(
+        shared_files(root.path()),
+        ["1-a.sst", "2-c.sst", "3-d.sst"],
+        "b went with checkpoint 1; a is still listed by 2; d may belong to 3"
+    );
+    let latest = storage.latest().unwrap();
+    assert_eq!(latest.usable.expect("2").metadata.checkpoint, 2);
+
+    // A damaged shared file makes every checkpoint listing it unusable, naming the file.
+    let path = root.path().join(JOB).join("shared/1-a.sst");
+    let mut contents = fs::read(&path).unwrap();
+    contents[17] ^= 8;
+    fs::write(&path, contents).unwrap();
+    let latest = storage.latest().unwrap();
+    assert!(latest.usable.is_none());
+    let reasons: Vec<String> = latest.skipped.iter().map(ToString::to_string).collect();
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r.contains("shared/1-a.sst") && r.contains("damaged")),
+        "{reasons:?}"
+    );
+
+    // Once 4 commits without 1-a and 3-d, the sweep takes them.
+    write_with_shared(&storage, 4, &[("c.sst", 2)], &mut written);
+    storage.retain(1).unwrap();
+    assert_eq!(shared_files(root.path()), ["2-c.sst"]);
+}
+
 fn metadata() -> impl Strategy<Value = CheckpointMetadata> {
     (
         "[a-z-]{1,12}",
         any::<u64>(),
         any::<i64>(),
         proptest::collection::vec(("[a-z0-9-]{1,10}", any::<u64>(), any::<u32>()), 0..5),
+        proptest::collection::vec(("shared/[a-z0-9-]{1,10}", any::<u64>(), any::<u32>()), 0..5),
         proptest::collection::vec(any::<u8>(), 0..64),
     )
         .prop_map(
-            |(job, checkpoint, timestamp_ms, files, payload)| CheckpointMetadata {
-                job,
-                checkpoint,
-                timestamp_ms,
-                files: files
-                    .into_iter()
-                    .map(|(name, len, crc32)| StoredFile { name, len, crc32 })
-                    .collect(),
-                payload,
+            |(job, checkpoint, timestamp_ms, files, referenced, payload)| {
+                let stored = |files: Vec<(String, u64, u32)>| {
+                    files
+                        .into_iter()
+                        .map(|(name, len, crc32)| StoredFile { name, len, crc32 })
+                        .collect()
+                };
+                CheckpointMetadata {
+                    job,
+                    checkpoint,
+                    timestamp_ms,
+                    files: stored(files),
+                    referenced: stored(referenced),
+                    payload,
+                }
             },
         )
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::Fixture;
 use weir_state::{
     split_key, KeyGroup, KeyedBackendConfig, ListStateDescriptor, LocalKeyedBackend, ManualClock,
-    MapStateDescriptor, RocksDbConfig, SlotRocksDb, StateErrorKind, StateTtlConfig,
+    MapStateDescriptor, RocksDbConfig, RocksDbInstance, StateErrorKind, StateTtlConfig,
     ValueStateDescriptor,
 };
 
@@ -135,7 +135,7 @@ fn checkpoint_holds_the_data(f: &Fixture) {
         "{files:?}"
     );
 
-    let restored_slot = SlotRocksDb::open(
+    let restored_slot = RocksDbInstance::open(
         RocksDbConfig::new(&checkpoint, 8 << 20, 4 << 20),
         Arc::new(ManualClock::new(0)),
     )
@@ -363,7 +363,7 @@ fn a_changed_type_is_reported_as_corrupt() {
 fn bad_settings_are_refused_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(0));
-    let err = SlotRocksDb::open(
+    let err = RocksDbInstance::open(
         RocksDbConfig::new(dir.path(), 1 << 20, 1 << 19),
         clock.clone(),
     )
@@ -373,7 +373,7 @@ fn bad_settings_are_refused_with_the_fix() {
         err.contains("block cache") && err.contains("at least 4 MiB"),
         "{err}"
     );
-    let err = SlotRocksDb::open(
+    let err = RocksDbInstance::open(
         RocksDbConfig::new(dir.path(), 8 << 20, 16 << 20),
         clock.clone(),
     )
@@ -383,13 +383,13 @@ fn bad_settings_are_refused_with_the_fix() {
         err.contains("write buffer") && err.contains("charged to the cache"),
         "{err}"
     );
-    let err = SlotRocksDb::open(
+    let err = RocksDbInstance::open(
         RocksDbConfig::new(dir.path().join("small"), 8 << 20, 4 << 20).with_write_back(1000),
         clock.clone(),
     )
     .unwrap_err()
     .to_string();
-    let slot = SlotRocksDb::open(
+    let slot = RocksDbInstance::open(
         RocksDbConfig::from_managed_memory(dir.path(), 64 << 20),
         clock,
     )
@@ -415,7 +415,7 @@ fn bad_settings_are_refused_with_the_fix() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("pipeline.max-parallelism = 65536"), "{err}");
-    let usage = SlotRocksDb::open(
+    let usage = RocksDbInstance::open(
         RocksDbConfig::new(dir.path().join("other"), 8 << 20, 4 << 20),
         Arc::new(ManualClock::new(0)),
     )
@@ -429,6 +429,6 @@ fn bad_settings_are_refused_with_the_fix() {
 fn the_slot_database_can_be_shared_across_threads() {
     fn assert_send_sync<T: Send + Sync>() {}
     // The engine may create checkpoints or compact from a blocking thread.
-    assert_send_sync::<SlotRocksDb>();
+    assert_send_sync::<RocksDbInstance>();
     assert_send_sync::<RocksDbConfig>();
 }

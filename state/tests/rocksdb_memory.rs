@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use weir_state::{
-    KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, SlotRocksDb, SystemClock,
+    KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, RocksDbInstance, SystemClock,
     ValueStateDescriptor,
 };
 
@@ -68,7 +68,7 @@ fn rocksdb_state_far_beyond_its_cache_stays_within_budget() {
 
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("db");
-    let slot = SlotRocksDb::open(
+    let slot = RocksDbInstance::open(
         RocksDbConfig::new(&path, BUDGET as usize, (BUDGET / 2) as usize),
         Arc::new(SystemClock),
     )

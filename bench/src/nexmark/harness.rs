@@ -209,7 +209,8 @@ pub struct CheckpointFigures {
 }
 
 impl CheckpointFigures {
-    fn of(interval_ms: u64, stats: &CheckpointStats) -> Self {
+    /// `incremental`: whether checkpoints share files (RocksDB).
+    fn of(interval_ms: u64, stats: &CheckpointStats, incremental: bool) -> Self {
         let ms = |durations: &[Duration]| {
             let mut ms: Vec<f64> = durations.iter().map(|d| d.as_secs_f64() * 1e3).collect();
             ms.sort_by(f64::total_cmp);
@@ -228,7 +229,7 @@ impl CheckpointFigures {
             }),
             checkpoint_bytes: CheckpointBytes {
                 last_full: stats.last_bytes,
-                last_incremental: None,
+                last_incremental: incremental.then_some(stats.last_incremental_bytes),
             },
             sync_pause_ms: (!pauses.is_empty()).then(|| PausesMs {
                 p50: at(&pauses, 0.5),
@@ -709,7 +710,10 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         checkpoints: options
             .checkpoint_interval_ms
             .zip(result.checkpoints.as_ref())
-            .map(|(interval, stats)| CheckpointFigures::of(interval, stats)),
+            .map(|(interval, stats)| {
+                let incremental = options.state_backend == "rocksdb";
+                CheckpointFigures::of(interval, stats, incremental)
+            }),
     })
 }
 

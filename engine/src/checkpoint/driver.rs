@@ -36,7 +36,7 @@ use weir_state::checkpoint::{
 
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
-use super::task_state::{decode_file, encode_file, RestoredJob, TaskState};
+use super::task_state::{decode_file, encode_file, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
 use crate::time::now_ms;
@@ -88,7 +88,7 @@ pub(crate) enum TaskReport {
     Acknowledge {
         checkpoint: u64,
         task: usize,
-        file: StoredFile,
+        files: TaskFiles,
         /// How long its shard worked on the snapshot instead of records.
         pause: Duration,
     },
@@ -113,6 +113,8 @@ pub(crate) struct JobCheckpointing {
     mailboxes: Vec<Option<Arc<SourceMailbox>>>,
     /// Barrier alignment (`execution.checkpointing.mode: EXACTLY_ONCE`).
     pub(crate) exactly_once: bool,
+    /// RocksDB checkpoints list the files earlier ones wrote (`execution.checkpointing.incremental`).
+    pub(crate) incremental: bool,
 }
 
 /// Checkpoints being written (see [`JobCheckpointing::pending`]).
@@ -186,10 +188,10 @@ impl TaskCheckpointing {
                 }
             };
             job.report(match result {
-                Ok((file, encoding)) => TaskReport::Acknowledge {
+                Ok((files, encoding)) => TaskReport::Acknowledge {
                     checkpoint,
                     task,
-                    file,
+                    files,
                     pause: pause + encoding,
                 },
                 Err(reason) => TaskReport::Decline {
@@ -217,22 +219,40 @@ pub(crate) async fn finish_shard_writes() {
     }
 }
 
-/// Writes a task's state file: the file, and how long encoding it took (on the shard, which
-/// processes no records meanwhile; the writing does not hold it).
+/// The files a task wrote (or listed again) for a checkpoint: its state file, and the files
+/// its parts stand for (RocksDB's, `native.rs`).
+#[derive(Debug)]
+pub(crate) struct TaskFiles {
+    pub(crate) file: StoredFile,
+    pub(crate) referenced: Vec<StoredFile>,
+}
+
+/// Writes a task's state file, after uploading the RocksDB checkpoints among its parts: the
+/// files, and how long encoding took (on the shard, which processes no records meanwhile; the
+/// writing does not hold it).
 async fn write_file(
     pending: &PendingCheckpoint,
     name: &str,
-    parts: Vec<(Arc<str>, &'static str, super::task_state::Part)>,
-) -> Result<(StoredFile, Duration), String> {
+    parts: Vec<(Arc<str>, &'static str, Part)>,
+) -> Result<(TaskFiles, Duration), String> {
+    let mut referenced = Vec::new();
+    let mut resolved = Vec::with_capacity(parts.len());
+    for (operator, part_name, part) in parts {
+        let part = match part {
+            Part::Native(upload) => Part::Bytes(upload.upload(pending, &mut referenced).await?),
+            part => part,
+        };
+        resolved.push((operator, part_name, part));
+    }
     let started = Instant::now();
-    let bytes = encode_file(parts)?;
+    let bytes = encode_file(resolved)?;
     let encoding = started.elapsed();
     let mut writer = StateFileWriter::create(pending, name)
         .await
         .map_err(|e| e.to_string())?;
     writer.write(&bytes).await.map_err(|e| e.to_string())?;
     let file = writer.finish().await.map_err(|e| e.to_string())?;
-    Ok((file, encoding))
+    Ok((TaskFiles { file, referenced }, encoding))
 }
 
 /// Snapshots every source's split enumerator for a checkpoint: (operator id, bytes) each.
@@ -259,6 +279,7 @@ pub(crate) struct DriverPlan {
     pub(crate) operators: Vec<OperatorEntry>,
     pub(crate) enumerators: EnumeratorSnapshots,
     pub(crate) exactly_once: bool,
+    pub(crate) incremental: bool,
     /// The first checkpoint number to use.
     pub(crate) first: u64,
 }
@@ -288,6 +309,7 @@ impl CheckpointDriver {
                 .map(|&source| source.then(|| Arc::new(SourceMailbox::default())))
                 .collect(),
             exactly_once: plan.exactly_once,
+            incremental: plan.incremental,
         });
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -366,7 +388,7 @@ impl Drop for CheckpointDriver {
 
 /// The coordinator thread's state.
 struct Host {
-    coordinator: Coordinator<StoredFile>,
+    coordinator: Coordinator<TaskFiles>,
     storage: CheckpointStorage,
     plan: DriverPlan,
     shared: Arc<JobCheckpointing>,
@@ -420,19 +442,19 @@ impl Host {
         None
     }
 
-    fn on_report(&mut self, report: TaskReport) -> Vec<Command<StoredFile>> {
+    fn on_report(&mut self, report: TaskReport) -> Vec<Command<TaskFiles>> {
         let now = now_ms();
         match report {
             TaskReport::Acknowledge {
                 checkpoint,
                 task,
-                file,
+                files,
                 pause,
             } => {
                 if let Some((_, pauses)) = self.triggered.get_mut(&checkpoint) {
                     pauses.push(pause);
                 }
-                self.coordinator.acknowledge(checkpoint, task, file, now)
+                self.coordinator.acknowledge(checkpoint, task, files, now)
             }
             TaskReport::Decline {
                 checkpoint,
@@ -454,7 +476,7 @@ impl Host {
     }
 
     /// Carries out one command; the job's failure reason for `FailJob`.
-    fn execute(&mut self, command: Command<StoredFile>) -> Option<String> {
+    fn execute(&mut self, command: Command<TaskFiles>) -> Option<String> {
         match command {
             Command::Trigger { checkpoint, .. } => {
                 if let Err(reason) = self.trigger(checkpoint) {
@@ -524,8 +546,14 @@ impl Host {
         &mut self,
         checkpoint: u64,
         timestamp_ms: i64,
-        files: Vec<StoredFile>,
+        handles: Vec<TaskFiles>,
     ) -> Result<(), String> {
+        let mut files = Vec::with_capacity(handles.len());
+        let mut referenced = Vec::new();
+        for handle in handles {
+            files.push(handle.file);
+            referenced.extend(handle.referenced);
+        }
         let pending = self
             .shared
             .pending
@@ -536,14 +564,28 @@ impl Host {
             .ok_or("its directory is gone")?;
         let enumerators = self.enumerators.remove(&checkpoint).unwrap_or_default();
         let payload = encode_payload(&self.plan, &enumerators);
-        let bytes = files.iter().map(|file| file.len).sum();
         let metadata = CheckpointMetadata {
             job: self.plan.job.clone(),
             checkpoint,
             timestamp_ms,
             files,
+            referenced,
             payload,
         };
+        let full = metadata.all_files().map(|file| file.len).sum();
+        let earlier = metadata
+            .referenced
+            .iter()
+            .filter(|file| {
+                file.name
+                    .strip_prefix(weir_state::checkpoint::SHARED_DIR)
+                    .and_then(|name| name.strip_prefix('/'))
+                    .and_then(|name| name.split_once('-'))
+                    .is_some_and(|(number, _)| number != checkpoint.to_string())
+            })
+            .map(|file| file.len)
+            .sum::<u64>();
+        let bytes = (full, full - earlier);
         self.storage
             .commit(pending, &metadata)
             .map_err(|e| e.to_string())?;
@@ -720,9 +762,11 @@ pub(crate) fn open_checkpoints(
         tracing::warn!("passing over a checkpoint that cannot be restored: {skipped}");
     }
     let Some(completed) = latest.usable else {
-        if latest.skipped.is_empty() {
+        // Attempts cut short before any checkpoint of the job completed hold no state to
+        // lose (a kill during the first checkpoint): the job has no checkpoint yet.
+        if latest.skipped.is_empty() || !storage.has_completed() {
             tracing::info!(
-                "job '{job}' has no checkpoint in {} yet: it starts from scratch",
+                "job '{job}' has no completed checkpoint in {} yet: it starts from scratch",
                 storage.dir().display()
             );
             return Ok(CheckpointStart {
@@ -752,6 +796,7 @@ pub(crate) fn open_checkpoints(
     }
     let mut restored = RestoredJob {
         checkpoint: completed.metadata.checkpoint,
+        dir: completed.dir.clone(),
         ..RestoredJob::default()
     };
     let subtasks = payload.operators.iter().map(|o| o.parallelism).max();
@@ -838,6 +883,7 @@ mod tests {
             }],
             enumerators: Box::new(|_| Ok(Vec::new())),
             exactly_once: true,
+            incremental: true,
             first: 1,
         };
         let bytes = encode_payload(&plan, &[("abc".into(), vec![9, 8])]);

@@ -28,7 +28,8 @@ pub struct CheckpointReport {
     pub checkpoint: u64,
     /// When it was triggered (ms since the epoch).
     pub timestamp_ms: i64,
-    /// The bytes of its state files.
+    /// The bytes of the files it consists of (its state files, and RocksDB's, some of them
+    /// shared with other checkpoints).
     pub bytes: u64,
     /// Its operators, in the job's order.
     pub operators: Vec<OperatorReport>,
@@ -65,7 +66,7 @@ pub struct SubtaskReport {
 /// One part of a subtask's state.
 #[derive(Clone, Debug, Serialize)]
 pub struct PartReport {
-    /// `keyed`, `own-keyed`, `timers`, `operator-state` or `splits`.
+    /// `keyed`, `own-keyed`, `timers`, `operator-state`, `splits` or `rocksdb`.
     pub name: String,
     /// Its encoded size.
     pub bytes: u64,
@@ -90,6 +91,17 @@ pub enum PartContent {
     OperatorState(Vec<OperatorStateReport>),
     /// A source reader's splits.
     Splits(Vec<SplitReport>),
+    /// A keyed operator subtask's RocksDB checkpoint.
+    RocksDb {
+        /// Its files.
+        files: u64,
+        /// Their bytes.
+        bytes: u64,
+        /// Of those, the SST files, which later checkpoints share while they are live.
+        sst_files: u64,
+        /// Their bytes.
+        sst_bytes: u64,
+    },
     /// A part this build does not know.
     Unknown,
 }
@@ -161,7 +173,7 @@ pub fn inspect(path: &Path) -> Result<CheckpointReport, String> {
         job: metadata.job.clone(),
         checkpoint: metadata.checkpoint,
         timestamp_ms: metadata.timestamp_ms,
-        bytes: metadata.files.iter().map(|file| file.len).sum(),
+        bytes: metadata.all_files().map(|file| file.len).sum(),
         operators: payload
             .operators
             .iter()
@@ -229,6 +241,11 @@ pub fn inspect(path: &Path) -> Result<CheckpointReport, String> {
                     parts: vec![part],
                 }),
             }
+        }
+    }
+    for file in &metadata.referenced {
+        if let Err(error) = verify_file(&dir, file) {
+            report.problems.push(error.to_string());
         }
     }
     for (operator, bytes) in &payload.enumerators {
@@ -356,6 +373,19 @@ fn describe_part(name: &str, bytes: &[u8]) -> Result<PartContent, String> {
                 })
                 .collect(),
         ),
+        super::native::PART_ROCKSDB => {
+            let files = super::native::describe(bytes)?;
+            let sst: Vec<&(String, u64)> = files
+                .iter()
+                .filter(|(name, _)| name.ends_with(".sst"))
+                .collect();
+            PartContent::RocksDb {
+                files: files.len() as u64,
+                bytes: files.iter().map(|(_, len)| len).sum(),
+                sst_files: sst.len() as u64,
+                sst_bytes: sst.iter().map(|(_, len)| len).sum(),
+            }
+        }
         _ => PartContent::Unknown,
     })
 }
@@ -431,6 +461,16 @@ impl std::fmt::Display for CheckpointReport {
                                 writeln!(f, "    {}: {}", split.id, split.position)?;
                             }
                         }
+                        PartContent::RocksDb {
+                            files,
+                            bytes,
+                            sst_files,
+                            sst_bytes,
+                        } => writeln!(
+                            f,
+                            " RocksDB checkpoint of {files} files, {bytes} bytes \
+                             ({sst_files} SST files, {sst_bytes} bytes, shared while live)"
+                        )?,
                         PartContent::Unknown => writeln!(f, " a part this build does not read")?,
                     }
                 }

@@ -19,6 +19,7 @@ pub mod coordinator;
 pub(crate) mod driver;
 pub mod inspect;
 pub(crate) mod keyed;
+pub(crate) mod native;
 pub mod restart;
 pub(crate) mod task_state;
 
@@ -41,8 +42,11 @@ pub struct CheckpointStats {
     pub aborted: u64,
     /// Per completed checkpoint, from its trigger to its commit.
     pub durations: Vec<Duration>,
-    /// The bytes of the last completed checkpoint's state files (each is a full snapshot).
+    /// The bytes of the files the last completed checkpoint consists of (its full size).
     pub last_bytes: u64,
+    /// The bytes the last completed checkpoint wrote: its full size less the shared files an
+    /// earlier checkpoint wrote (RocksDB's incremental checkpoints).
+    pub last_incremental_bytes: u64,
     /// Per task and completed checkpoint, how long the task's shard worked on its snapshot
     /// instead of records: the barrier's way through the task's chain (the operators'
     /// synchronous snapshots) and the encoding of its state file. Alignment is not counted.
@@ -50,10 +54,16 @@ pub struct CheckpointStats {
 }
 
 impl CheckpointStats {
-    pub(crate) fn completed(&mut self, took: Duration, bytes: u64, pauses: Vec<Duration>) {
+    pub(crate) fn completed(
+        &mut self,
+        took: Duration,
+        (full, incremental): (u64, u64),
+        pauses: Vec<Duration>,
+    ) {
         self.completed += 1;
         self.durations.push(took);
-        self.last_bytes = bytes;
+        self.last_bytes = full;
+        self.last_incremental_bytes = incremental;
         self.sync_pauses.extend(pauses);
     }
 }

@@ -52,6 +52,8 @@ pub(crate) enum Part {
     Bytes(Vec<u8>),
     /// Encoded by the writer from a snapshot taken at the barrier.
     Deferred(DeferredPart),
+    /// A RocksDB checkpoint taken at the barrier, uploaded by the writer (`native.rs`).
+    Native(super::native::NativeUpload),
 }
 
 /// What one operator wrote at a barrier.
@@ -68,6 +70,10 @@ impl OperatorSnapshot {
     pub(crate) fn add_deferred(&mut self, name: &'static str, encode: DeferredPart) {
         self.parts.push((name, Part::Deferred(encode)));
     }
+
+    pub(crate) fn add_native(&mut self, name: &'static str, upload: super::native::NativeUpload) {
+        self.parts.push((name, Part::Native(upload)));
+    }
 }
 
 /// The parts of one checkpoint's state file: (operator id, part name, bytes).
@@ -81,6 +87,8 @@ pub(crate) type SubtaskParts = (usize, HashMap<String, Vec<u8>>);
 pub(crate) struct RestoredJob {
     /// The checkpoint restored.
     pub(crate) checkpoint: u64,
+    /// Its directory (files it lists are found from there: `weir_state::checkpoint::resolve`).
+    pub(crate) dir: std::path::PathBuf,
     pub(crate) parts: HashMap<String, Vec<SubtaskParts>>,
     /// Each operator's parallelism in the checkpoint, by operator id.
     pub(crate) parallelism: HashMap<String, usize>,
@@ -213,6 +221,25 @@ impl TaskState {
         Some(restored.parts_for(operator, name, self.subtask, parallelism))
     }
 
+    /// The part `name` of every old subtask of `operator`, with the old subtask, the old
+    /// parallelism and the checkpoint's directory (`None`: no old subtask wrote one).
+    pub(crate) fn restored_native(&self, operator: &str, name: &str) -> Option<RestoredNative> {
+        let job = self.restored.as_ref()?;
+        let parts: Vec<(usize, Vec<u8>)> = job
+            .parts_of_all(operator, name)
+            .into_iter()
+            .map(|(old, part)| (old, part.to_vec()))
+            .collect();
+        if parts.is_empty() {
+            return None;
+        }
+        Some(RestoredNative {
+            old_parallelism: job.parallelism.get(operator).copied().unwrap_or(1),
+            dir: job.dir.clone(),
+            parts,
+        })
+    }
+
     /// The part `name` of every old subtask of this operator (keyed state: each backend keeps
     /// the key groups it owns).
     pub(crate) fn restored_of_all(&self, operator: &str, name: &str) -> Vec<&[u8]> {
@@ -223,6 +250,15 @@ impl TaskState {
                 .collect()
         })
     }
+}
+
+/// An operator's parts that stand for files of the checkpoint (RocksDB's).
+pub(crate) struct RestoredNative {
+    pub(crate) old_parallelism: usize,
+    /// The checkpoint's directory.
+    pub(crate) dir: std::path::PathBuf,
+    /// Per old subtask that wrote one, its part.
+    pub(crate) parts: Vec<(usize, Vec<u8>)>,
 }
 
 /// Encodes the parts taken from a task into the bytes of its state file, running deferred
@@ -242,6 +278,12 @@ pub(crate) fn encode_file(parts: Vec<(Arc<str>, &'static str, Part)>) -> Result<
                 scratch.clear();
                 encode(&mut scratch)?;
                 out.bytes(&scratch);
+            }
+            Part::Native(_) => {
+                return Err(format!(
+                    "internal error: the RocksDB checkpoint of operator {operator} was not \
+                     uploaded before its task's state file was written"
+                ))
             }
         }
     }

@@ -118,6 +118,17 @@ impl RuntimeContext {
             .collect()
     }
 
+    /// The parts `name` of this operator that stand for files of the checkpoint the job
+    /// resumes from (RocksDB's), of every old subtask (`None`: none).
+    pub(crate) fn restored_native(
+        &self,
+        name: &str,
+    ) -> Option<crate::checkpoint::task_state::RestoredNative> {
+        self.task
+            .get()
+            .restored_native(&self.state.operator_id, name)
+    }
+
     /// This subtask's operator state (Flink's `OperatorStateStore`): list state (split evenly
     /// across subtasks when the parallelism changes), union list state and broadcast state, for
     /// sources, sinks and functions without a key. One store per operator subtask; handles

@@ -11,7 +11,7 @@ use crate::api::function::KeyedTimers;
 use crate::api::{KeyedProcessContext, KeyedProcessFunction, ProcessContext, ProcessFunction};
 use crate::checkpoint::bytes::{ByteReader, ByteWriter};
 use crate::checkpoint::keyed::KeyedScope;
-use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED, PART_OWN_KEYED, PART_TIMERS};
+use crate::checkpoint::task_state::{OperatorSnapshot, PART_OWN_KEYED, PART_TIMERS};
 use crate::record::{Key, Watermark, NO_TIMESTAMP};
 use crate::state::KeyedStateStore;
 use crate::time::TimeDomain;
@@ -189,7 +189,7 @@ where
 
     fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
         let state = self.state.as_deref().expect("opened");
-        snapshot.add_deferred(PART_KEYED, state.snapshot_part()?);
+        state.snapshot_into(snapshot)?;
         snapshot.add(PART_TIMERS, encode_timers(&self.timers)?);
         if let Some(own) = self.function.own_keyed_state() {
             let scope = KeyedScope::of(self.runtime.as_ref().expect("opened"));

@@ -4,7 +4,7 @@
 use std::rc::Rc;
 
 use super::{Emitter, Operator, RuntimeContext};
-use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED};
+use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::record::Key;
 use crate::state::{KeyedStateStore, StateValue, ValueStateDescriptor};
 
@@ -64,7 +64,7 @@ where
 
     fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
         let state = self.state.as_deref().expect("opened");
-        snapshot.add_deferred(PART_KEYED, state.snapshot_part()?);
+        state.snapshot_into(snapshot)?;
         Ok(())
     }
 }

@@ -23,14 +23,15 @@ use crate::checkpoint::driver::{
     open_checkpoints, CheckpointDriver, CheckpointStart, DriverPlan, JobCheckpointing,
     OperatorEntry, TaskCheckpointing,
 };
+use crate::checkpoint::native::PART_ROCKSDB;
 use crate::checkpoint::restart::{RestartDecision, RestartStrategy, RestartTracker};
-use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_OPERATOR_STATE};
+use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_KEYED, PART_OPERATOR_STATE};
 use crate::checkpoint::CheckpointStats;
 use crate::config::CheckpointConfig;
 use crate::config::Configuration;
 use crate::error::{panic_message, JobError, TaskError, TaskResult};
 use crate::graph::{
-    within_slot, AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
+    within_slot, AnyOutput, EdgeRequest, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
     SharedEnumerator, TypeOps, WriterParts,
 };
 use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
@@ -276,6 +277,11 @@ impl ChainBuilder<'_> {
                     .rocksdb
                     .as_ref()
                     .map(|dbs| Arc::clone(&dbs.slots[self.slot])),
+                incremental: self
+                    .shared
+                    .checkpointing
+                    .as_ref()
+                    .is_none_or(|checkpointing| checkpointing.incremental),
                 operator_id: operator_id.into(),
             },
             operator_state,
@@ -769,7 +775,7 @@ fn run_attempt(
     let checkpoints = match &checkpoint_config {
         Some(checkpoint_config) => Some(start_checkpoints(
             exec,
-            config,
+            config.state_backend(),
             checkpoint_config,
             &job_name,
             resume,
@@ -817,7 +823,7 @@ fn run_attempt(
     let rocksdb = match state_backend {
         BackendType::RocksDb => Some(JobRocksDb::open(
             &config.rocksdb_local_dir(),
-            slots,
+            &keyed_subtasks_per_slot(exec, slots),
             budget.rocksdb,
         )?),
         BackendType::Heap => None,
@@ -934,23 +940,36 @@ fn operator_entries(exec: &ExecutionGraph) -> Vec<OperatorEntry> {
         .collect()
 }
 
+/// How many keyed operator subtasks (each with a RocksDB instance on that backend) each slot
+/// runs.
+fn keyed_subtasks_per_slot(exec: &ExecutionGraph, slots: usize) -> Vec<usize> {
+    let graph = &exec.job.graph;
+    let mut counts = vec![0; slots];
+    for placed in &exec.subtasks {
+        let keyed = exec.job.vertices[placed.vertex]
+            .nodes
+            .iter()
+            .filter(|&&node| {
+                graph.nodes[node]
+                    .inputs
+                    .iter()
+                    .any(|edge| edge.request == EdgeRequest::Hash)
+            })
+            .count();
+        counts[placed.slot] += keyed;
+    }
+    counts
+}
+
 /// Checks that the job can be checkpointed and opens its checkpoint directory (restoring the
 /// latest checkpoint with `resume`).
 fn start_checkpoints(
     exec: &ExecutionGraph,
-    config: &Configuration,
+    backend: BackendType,
     checkpoint_config: &CheckpointConfig,
     job_name: &str,
     resume: bool,
 ) -> Result<CheckpointStart, JobError> {
-    if config.state_backend() == BackendType::RocksDb {
-        return Err(JobError::InvalidJob(
-            "checkpoints of the RocksDB state backend are not built yet (they need one RocksDB \
-             instance per operator); with execution.checkpointing.interval set, use \
-             state.backend.type: hashmap"
-                .into(),
-        ));
-    }
     for node in &exec.job.graph.nodes {
         let unsupported = match &node.kind {
             NodeKind::Operator(factory) => factory.unsupported_state(),
@@ -965,12 +984,49 @@ fn start_checkpoints(
             )));
         }
     }
-    open_checkpoints(
+    let start = open_checkpoints(
         &checkpoint_config.dir,
         job_name,
         resume,
         &operator_entries(exec),
-    )
+    )?;
+    if let Some(restored) = &start.restored {
+        refuse_other_backend(exec, restored, backend)?;
+    }
+    Ok(start)
+}
+
+/// Refuses to restore keyed state written by the other state backend: a heap checkpoint holds
+/// canonical keyed snapshots (`keyed` parts), a RocksDB one the instances' files (`rocksdb`
+/// parts), and neither backend reads the other's.
+fn refuse_other_backend(
+    exec: &ExecutionGraph,
+    restored: &RestoredJob,
+    backend: BackendType,
+) -> Result<(), JobError> {
+    let (now, taken_with, part) = match backend {
+        BackendType::RocksDb => ("rocksdb", "hashmap", PART_KEYED),
+        BackendType::Heap => ("hashmap", "rocksdb", PART_ROCKSDB),
+    };
+    for (operator, subtasks) in &restored.parts {
+        if !subtasks.iter().any(|(_, parts)| parts.contains_key(part)) {
+            continue;
+        }
+        let name = exec
+            .job
+            .graph
+            .nodes
+            .iter()
+            .find(|node| exec.job.operator_ids[node.id].to_string() == *operator)
+            .map_or(operator.as_str(), |node| node.name.as_str());
+        return Err(JobError::InvalidJob(format!(
+            "checkpoint {} holds the keyed state of operator '{name}' written by the \
+             {taken_with} state backend, which state.backend.type: {now} cannot read; resume \
+             with state.backend.type: {taken_with}, the backend it was taken with",
+            restored.checkpoint
+        )));
+    }
+    Ok(())
 }
 
 /// What the coordinator thread needs of the job.
@@ -1027,6 +1083,7 @@ fn driver_plan(
                 .collect()
         }),
         exactly_once: checkpoint_config.exactly_once,
+        incremental: checkpoint_config.incremental,
         first,
     }
 }

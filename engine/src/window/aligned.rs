@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
 
-use super::checkpoint::{contents_in_rocksdb, foreign_window, KeyedScope, FIRE_TIMERS};
+use super::checkpoint::{foreign_window, KeyedScope, FIRE_TIMERS};
 use super::function::WindowLogic;
 use super::panes::PaneList;
 use super::recycle;
@@ -470,13 +470,13 @@ where
     /// Writes every key's panes and its fire timer (`checkpoint.rs` has the layout).
     fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let scope = self.scope.expect("opened");
-        let codec = self
-            .firing
-            .logic
-            .acc_codec()
-            .ok_or_else(contents_in_rocksdb)?;
+        let codec = self.firing.logic.acc_codec();
         let pane = self.schedule.geometry.pane;
-        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, &codec);
+        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(
+            &scope,
+            &codec,
+            self.firing.logic.bookkeeping_part(),
+        );
         let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
         for (key, state) in &self.keys {
             writer.key(key)?;
@@ -488,7 +488,8 @@ where
                 writer.put(&fire_timers, &state.fire_at)?;
             }
         }
-        writer.finish(snapshot)
+        writer.finish(snapshot)?;
+        self.firing.logic.snapshot_contents(snapshot)
     }
 
     /// Takes back the panes and fire timers of this subtask's key groups from the checkpoint
@@ -497,11 +498,7 @@ where
         &mut self,
         restored: &KeyedSnapshotEntries<K, TimeWindow>,
     ) -> Result<(), StateError> {
-        let codec = self
-            .firing
-            .logic
-            .acc_codec()
-            .ok_or_else(contents_in_rocksdb)?;
+        let codec = self.firing.logic.acc_codec();
         let geometry = self.schedule.geometry;
         let (keys, logic) = (&mut self.keys, &self.firing.logic);
         codec.restore(restored, |key, window, bytes| {
@@ -570,7 +567,12 @@ where
     }
 
     fn open(&mut self, ctx: &RuntimeContext) {
-        let scope = super::checkpoint::open(ctx, "windows", |restored| self.restore(restored));
+        let scope = super::checkpoint::open(
+            ctx,
+            "windows",
+            self.firing.logic.bookkeeping_part(),
+            |restored| self.restore(restored),
+        );
         self.scope = Some(scope);
     }
 

@@ -364,8 +364,19 @@ where
         self.logic.fire(key, window, panes, timestamp, out)
     }
 
-    fn acc_codec(&self) -> Option<super::checkpoint::AccCodec<L::Acc>> {
+    fn acc_codec(&self) -> super::checkpoint::AccCodec<L::Acc> {
         self.logic.acc_codec()
+    }
+
+    fn bookkeeping_part(&self) -> &'static str {
+        self.logic.bookkeeping_part()
+    }
+
+    fn snapshot_contents(
+        &self,
+        snapshot: &mut crate::checkpoint::task_state::OperatorSnapshot,
+    ) -> Result<(), StateError> {
+        self.logic.snapshot_contents(snapshot)
     }
 }
 

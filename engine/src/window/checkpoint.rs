@@ -13,6 +13,11 @@
 //! - `window-cleanup-timers` (list of `i64`): sessions kept for their allowed lateness;
 //! - `window-count` (`u64`): records in the key's count window.
 //!
+//! With the RocksDB backend the contents live in the operator's RocksDB instance
+//! (`stored.rs`), checkpointed natively (`checkpoint::native`); the accumulator this part
+//! writes is then the pane number the contents are stored under, and the part is the
+//! operator's `own-keyed` one (its `keyed` part would be a heap backend's state).
+//!
 //! Pane clean-up timers are not written: a restore sets them again from the panes. The
 //! operator's watermark is not written either: as in Flink, a restored operator starts from
 //! no watermark, and its timers fire when watermarks arrive again.
@@ -30,6 +35,7 @@ use weir_state::{
 
 use crate::checkpoint::keyed::foreign_state;
 pub(crate) use crate::checkpoint::keyed::KeyedScope;
+use crate::checkpoint::native::PART_ROCKSDB;
 use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED};
 use crate::operator::RuntimeContext;
 use crate::record::Key;
@@ -46,14 +52,14 @@ pub(crate) const COUNTS: &str = "window-count";
 /// How a window function's accumulator is checkpointed: as the entries of a value or list
 /// state of `value_type` under its key and window.
 pub(crate) struct AccCodec<A> {
-    kind: StateKind,
-    value_type: &'static str,
+    pub(super) kind: StateKind,
+    pub(super) value_type: &'static str,
     /// How many entries `acc` is written as.
-    entries: fn(&A) -> usize,
+    pub(super) entries: fn(&A) -> usize,
     /// Appends the encoding of the `i`-th entry of `acc`.
-    encode_entry: fn(&A, usize, &mut Vec<u8>) -> Result<(), rancor::Error>,
+    pub(super) encode_entry: fn(&A, usize, &mut Vec<u8>) -> Result<(), rancor::Error>,
     /// Folds one decoded entry into `acc` (a value state's entry replaces it).
-    decode_entry: fn(&mut A, &[u8]) -> Result<(), rancor::Error>,
+    pub(super) decode_entry: fn(&mut A, &[u8]) -> Result<(), rancor::Error>,
 }
 
 impl<A> AccCodec<A> {
@@ -135,6 +141,8 @@ pub(crate) struct WindowSnapshot<'c, K, N, A> {
     writer: KeyedSnapshotWriter<K, N>,
     codec: &'c AccCodec<A>,
     contents: weir_state::WriterState,
+    /// The operator's part it is written as.
+    part: &'static str,
 }
 
 impl<'c, K: Key, N: StateCodec, A> WindowSnapshot<'c, K, N, A> {
@@ -176,16 +184,17 @@ impl<'c, K: Key, N: StateCodec, A> WindowSnapshot<'c, K, N, A> {
     pub(crate) fn finish(self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let mut bytes = Vec::new();
         self.writer.finish(&mut bytes)?;
-        snapshot.add(PART_KEYED, bytes);
+        snapshot.add(self.part, bytes);
         Ok(())
     }
 }
 
 /// A snapshot of one window operator subtask whose window contents are written with
-/// `codec`.
+/// `codec`, as its part `part` ([`super::function::WindowLogic::bookkeeping_part`]).
 pub(crate) fn snapshot<'c, K: Key, N: StateCodec, A>(
     scope: &KeyedScope,
     codec: &'c AccCodec<A>,
+    part: &'static str,
 ) -> WindowSnapshot<'c, K, N, A> {
     let mut writer = scope.writer();
     let contents = writer.add_state(CONTENTS, codec.kind, codec.value_type);
@@ -193,20 +202,31 @@ pub(crate) fn snapshot<'c, K: Key, N: StateCodec, A>(
         writer,
         codec,
         contents,
+        part,
     }
 }
 
-/// Opens a window operator subtask: the key groups it owns, whose entries in the checkpoint
-/// the job resumes from (if it does) go to `restore`. A restore that fails fails the job,
-/// naming the `what` it could not restore and why.
+/// Opens a window operator subtask: the key groups it owns, whose entries in its part `part`
+/// of the checkpoint the job resumes from (if it does) go to `restore`. A restore that fails
+/// fails the job, naming the `what` it could not restore and why; so does a heap window
+/// operator's restore from a checkpoint of RocksDB state.
 pub(crate) fn open<K: Key, N: StateCodec>(
     ctx: &RuntimeContext,
     what: &str,
+    part: &'static str,
     restore: impl FnOnce(&KeyedSnapshotEntries<K, N>) -> Result<(), StateError>,
 ) -> KeyedScope {
+    if part == PART_KEYED && ctx.restored_native(PART_ROCKSDB).is_some() {
+        panic!(
+            "cannot restore the {what}: the checkpoint the job resumes from holds operator \
+             '{}''s window contents written by the rocksdb backend; resume with \
+             state.backend.type: rocksdb, the backend it was taken with",
+            ctx.operator_name
+        );
+    }
     let scope = KeyedScope::of(ctx);
     let restored = scope
-        .restored(ctx, PART_KEYED)
+        .restored(ctx, part)
         .and_then(|restored| restored.map_or(Ok(()), |restored| restore(&restored)));
     match restored {
         Ok(()) => scope,
@@ -243,13 +263,4 @@ pub(crate) fn foreign_window(what: String) -> StateError {
         "restore with the window assigner (size, slide, offset, gap) the checkpoint was taken \
          with",
     )
-}
-
-/// Why a window function has no [`AccCodec`]: its contents live in RocksDB.
-pub(crate) fn contents_in_rocksdb() -> StateError {
-    StateErrorKind::NotBuilt {
-        what: "checkpointing window contents kept in RocksDB",
-        fix: "use state.backend.type: heap for a checkpointed job with windows",
-    }
-    .into()
 }

@@ -101,9 +101,22 @@ pub(crate) trait WindowLogic<K, W, T, O>: 'static {
         timestamp: i64,
         out: &mut Batch<O>,
     );
-    /// How a checkpoint writes an accumulator (`None`: the accumulators stand for contents in
-    /// the state backend).
-    fn acc_codec(&self) -> Option<AccCodec<Self::Acc>>;
+    /// How a checkpoint writes an accumulator (with contents in the state backend: what
+    /// stands for them).
+    fn acc_codec(&self) -> AccCodec<Self::Acc>;
+    /// The operator's checkpoint part its windows, timers and accumulators are written as:
+    /// its `keyed` part, or `own-keyed` when the contents live in the state backend (whose
+    /// checkpoint is the operator's state there).
+    fn bookkeeping_part(&self) -> &'static str {
+        crate::checkpoint::task_state::PART_KEYED
+    }
+    /// Adds the contents kept in the state backend, if they are, to a checkpoint.
+    fn snapshot_contents(
+        &self,
+        _snapshot: &mut crate::checkpoint::task_state::OperatorSnapshot,
+    ) -> Result<(), StateError> {
+        Ok(())
+    }
 }
 
 /// `reduce(f)`, optionally followed by `post(key, window, reduced)`.
@@ -165,8 +178,8 @@ where
         }
     }
 
-    fn acc_codec(&self) -> Option<AccCodec<Option<T>>> {
-        Some(AccCodec::optional())
+    fn acc_codec(&self) -> AccCodec<Option<T>> {
+        AccCodec::optional()
     }
 }
 
@@ -223,8 +236,8 @@ where
         out.push((self.post)(key, window, result), timestamp);
     }
 
-    fn acc_codec(&self) -> Option<AccCodec<ACC>> {
-        Some(AccCodec::value())
+    fn acc_codec(&self) -> AccCodec<ACC> {
+        AccCodec::value()
     }
 }
 
@@ -263,8 +276,8 @@ where
         );
     }
 
-    fn acc_codec(&self) -> Option<AccCodec<Vec<T>>> {
-        Some(AccCodec::list())
+    fn acc_codec(&self) -> AccCodec<Vec<T>> {
+        AccCodec::list()
     }
 }
 

@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
 
-use super::checkpoint::{contents_in_rocksdb, KeyedScope, COUNTS};
+use super::checkpoint::{KeyedScope, COUNTS};
 use super::function::WindowLogic;
 use super::{GlobalWindow, KeyMap, Window};
 use crate::checkpoint::task_state::OperatorSnapshot;
@@ -41,15 +41,20 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
         K: Key,
     {
         let scope = self.scope.expect("opened");
-        let codec = self.logic.acc_codec().ok_or_else(contents_in_rocksdb)?;
-        let mut writer = super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, &codec);
+        let codec = self.logic.acc_codec();
+        let mut writer = super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(
+            &scope,
+            &codec,
+            self.logic.bookkeeping_part(),
+        );
         let counts = writer.add_state::<u64>(COUNTS, StateKind::Value);
         for (key, (seen, acc)) in &self.keys {
             writer.key(key)?;
             writer.contents(None, acc)?;
             writer.put(&counts, seen)?;
         }
-        writer.finish(snapshot)
+        writer.finish(snapshot)?;
+        self.logic.snapshot_contents(snapshot)
     }
 
     /// Takes back the windows and counts of this subtask's key groups from the checkpoint the
@@ -61,7 +66,7 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
     where
         K: Key,
     {
-        let codec = self.logic.acc_codec().ok_or_else(contents_in_rocksdb)?;
+        let codec = self.logic.acc_codec();
         let (keys, logic) = (&mut self.keys, &self.logic);
         codec.restore(restored, |key, _, bytes| {
             let (_, acc) = keys
@@ -93,8 +98,12 @@ where
     L: WindowLogic<K, GlobalWindow, T, O>,
 {
     fn open(&mut self, ctx: &RuntimeContext) {
-        let scope =
-            super::checkpoint::open(ctx, "count windows", |restored| self.restore(restored));
+        let scope = super::checkpoint::open(
+            ctx,
+            "count windows",
+            self.logic.bookkeeping_part(),
+            |restored| self.restore(restored),
+        );
         self.scope = Some(scope);
     }
 

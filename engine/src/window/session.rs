@@ -11,7 +11,7 @@ use std::sync::Arc;
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
 
 use super::assigner::SessionGap;
-use super::checkpoint::{contents_in_rocksdb, KeyedScope, CLEANUP_TIMERS, FIRE_TIMERS};
+use super::checkpoint::{KeyedScope, CLEANUP_TIMERS, FIRE_TIMERS};
 use super::function::WindowLogic;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
 use crate::checkpoint::task_state::OperatorSnapshot;
@@ -174,8 +174,12 @@ where
     /// Writes every key's sessions and their timers (`checkpoint.rs` has the layout).
     fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let scope = self.scope.expect("opened");
-        let codec = self.logic.acc_codec().ok_or_else(contents_in_rocksdb)?;
-        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, &codec);
+        let codec = self.logic.acc_codec();
+        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(
+            &scope,
+            &codec,
+            self.logic.bookkeeping_part(),
+        );
         let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
         let cleanup_timers = writer.add_state::<i64>(CLEANUP_TIMERS, StateKind::List);
         for (key, sessions) in &self.keys {
@@ -196,7 +200,8 @@ where
             });
         }
         result?;
-        writer.finish(snapshot)
+        writer.finish(snapshot)?;
+        self.logic.snapshot_contents(snapshot)
     }
 
     /// Takes back the sessions and timers of this subtask's key groups from the checkpoint
@@ -205,7 +210,7 @@ where
         &mut self,
         restored: &KeyedSnapshotEntries<K, TimeWindow>,
     ) -> Result<(), StateError> {
-        let codec = self.logic.acc_codec().ok_or_else(contents_in_rocksdb)?;
+        let codec = self.logic.acc_codec();
         let (keys, logic) = (&mut self.keys, &self.logic);
         codec.restore(restored, |key, window, bytes| {
             let window = window.ok_or_else(|| {
@@ -313,7 +318,10 @@ where
     }
 
     fn open(&mut self, ctx: &RuntimeContext) {
-        let scope = super::checkpoint::open(ctx, "sessions", |restored| self.restore(restored));
+        let scope =
+            super::checkpoint::open(ctx, "sessions", self.logic.bookkeeping_part(), |restored| {
+                self.restore(restored)
+            });
         self.scope = Some(scope);
     }
 

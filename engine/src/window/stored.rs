@@ -10,15 +10,22 @@
 //! the heap is the operator's bookkeeping: which panes or sessions a key has and their timers,
 //! a few dozen bytes per key and pane (Flink's `state.backend.rocksdb.timer-service.factory:
 //! HEAP`).
+//!
+//! A checkpoint writes the contents as the RocksDB instance's native checkpoint
+//! (`checkpoint::native`), and the bookkeeping as the operator's `own-keyed` part, with each
+//! token's pane number as its accumulator; a restore brings both back, and numbers new panes
+//! after the highest restored one.
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::Arc;
 
-use weir_state::{BackendType, KeyedBackendConfig, LocalKeyedBackend, StateError};
+use weir_state::{LocalKeyedBackend, StateCodec, StateError, StateKind};
 
+use super::checkpoint::AccCodec;
 use super::function::{Contents, StoredLogic, WindowLogic};
 use super::recycle;
+use crate::checkpoint::native::NativeState;
+use crate::checkpoint::task_state::{OperatorSnapshot, PART_OWN_KEYED};
 use crate::operator::{Batch, RuntimeContext};
 use crate::record::Key;
 
@@ -32,6 +39,8 @@ pub(crate) struct PaneStore<K, C> {
     /// Set when the operator is dropped: its backend's files go with the job, so the panes
     /// still held need no deleting one by one.
     closing: Cell<bool>,
+    /// The RocksDB instance's checkpoints.
+    native: NativeState,
 }
 
 impl<K: Key, C: Contents> PaneStore<K, C> {
@@ -96,17 +105,13 @@ where
     /// `logic` over subtask `ctx.subtask`'s key groups in the slot's RocksDB, in the column
     /// family of the operator's contents.
     pub(crate) fn open(ctx: &RuntimeContext, logic: L) -> Self {
-        let db = match (&ctx.state.rocksdb, ctx.state.backend) {
-            (Some(db), BackendType::RocksDb) => db,
-            _ => panic!("internal error: window contents in RocksDB without a RocksDB backend"),
+        let (backend, native) = match crate::state::open_keyed_backend(ctx) {
+            Ok((backend, Some(native))) => (backend, native),
+            Ok((_, None)) => {
+                panic!("internal error: window contents in RocksDB without a RocksDB backend")
+            }
+            Err(error) => fail(error),
         };
-        let config = KeyedBackendConfig::for_subtask(
-            ctx.max_parallelism as u32,
-            ctx.parallelism as u32,
-            ctx.subtask as u32,
-        );
-        let backend = LocalKeyedBackend::rocksdb(config, Arc::clone(db), &ctx.state.operator_id)
-            .unwrap_or_else(|error| fail(error));
         let contents = L::register(&backend).unwrap_or_else(|error| fail(error));
         Stored {
             logic,
@@ -115,6 +120,7 @@ where
                 contents,
                 next: Cell::new(0),
                 closing: Cell::new(false),
+                native,
             }),
             loaded: Vec::new(),
             refs: Vec::new(),
@@ -200,7 +206,26 @@ where
         self.loaded = loaded;
     }
 
-    fn acc_codec(&self) -> Option<super::checkpoint::AccCodec<Self::Acc>> {
-        None
+    fn acc_codec(&self) -> AccCodec<Self::Acc> {
+        AccCodec {
+            kind: StateKind::Value,
+            value_type: "pane number (u64) of window contents in RocksDB",
+            entries: |_| 1,
+            encode_entry: |acc, _, out| acc.pane.encode_into(out),
+            decode_entry: |acc, bytes| {
+                acc.pane = u64::decode(bytes)?;
+                let next = &acc.store.next;
+                next.set(next.get().max(acc.pane.saturating_add(1)));
+                Ok(())
+            },
+        }
+    }
+
+    fn bookkeeping_part(&self) -> &'static str {
+        PART_OWN_KEYED
+    }
+
+    fn snapshot_contents(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+        self.store.native.snapshot(snapshot)
     }
 }

@@ -508,8 +508,19 @@ where
         value.records
     }
 
-    fn acc_codec(&self) -> Option<super::checkpoint::AccCodec<L::Acc>> {
+    fn acc_codec(&self) -> super::checkpoint::AccCodec<L::Acc> {
         self.inner.acc_codec()
+    }
+
+    fn bookkeeping_part(&self) -> &'static str {
+        self.inner.bookkeeping_part()
+    }
+
+    fn snapshot_contents(
+        &self,
+        snapshot: &mut crate::checkpoint::task_state::OperatorSnapshot,
+    ) -> Result<(), StateError> {
+        self.inner.snapshot_contents(snapshot)
     }
 }
 

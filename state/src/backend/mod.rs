@@ -1,7 +1,7 @@
 //! The keyed state backend of one keyed operator instance on one shard.
 //!
 //! [`LocalKeyedBackend`] holds the current key (and namespace), the registered states and their
-//! storage — typed maps on the heap, or column families of the slot's [`SlotRocksDb`]. The
+//! storage — typed maps on the heap, or column families of the slot's [`RocksDbInstance`]. The
 //! engine sets the current key before it hands a record (or a timer) to the operator; the
 //! operator's state handles then act on that key. The backend is shard-bound (`!Send`): one
 //! instance per operator subtask, used from its shard's thread only.
@@ -39,7 +39,7 @@ use self::heap::HeapStorage;
 use self::registry::Registry;
 use self::rocksdb::key::MAX_PARALLELISM_LIMIT;
 use self::rocksdb::states::{RocksList, RocksMap, RocksValue};
-use self::rocksdb::{RocksStorage, SlotRocksDb};
+use self::rocksdb::{RocksDbInstance, RocksStorage};
 
 /// Which storage a backend uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -165,7 +165,7 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
     /// storing its states in `slot`. TTL uses the slot's clock.
     pub fn rocksdb(
         config: KeyedBackendConfig,
-        slot: Arc<SlotRocksDb>,
+        slot: Arc<RocksDbInstance>,
         operator_id: &str,
     ) -> Result<Self, StateError>
     where
@@ -492,7 +492,7 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
     /// A consistent snapshot of all heap state, taken in O(states × key groups); writes go on
     /// and do not change it. It includes restored states not registered yet, still encoded;
     /// [`crate::encode_keyed_snapshot`] writes it in the checkpoint format. `None` on RocksDB,
-    /// whose snapshot is [`SlotRocksDb::create_checkpoint`].
+    /// whose snapshot is [`RocksDbInstance::create_checkpoint`].
     pub fn heap_snapshot(&self) -> Option<HeapSnapshot<K, N>> {
         match &self.storage {
             Storage::Heap(heap) => Some(heap.snapshot()),
@@ -501,7 +501,7 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
     }
 
     /// The slot database of a RocksDB backend.
-    pub fn rocksdb_slot(&self) -> Option<&Arc<SlotRocksDb>> {
+    pub fn rocksdb_slot(&self) -> Option<&Arc<RocksDbInstance>> {
         match &self.storage {
             Storage::Heap(_) => None,
             Storage::RocksDb(rocks) => Some(rocks.slot()),
@@ -509,7 +509,7 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
     }
 
     /// The column family of a registered state on a RocksDB backend (for
-    /// [`SlotRocksDb::raw_entries`]).
+    /// [`RocksDbInstance::raw_entries`]).
     pub fn column_family(&self, state: &str) -> Option<String> {
         match &self.storage {
             Storage::Heap(_) => None,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tempfile::TempDir;
 use weir_state::{
-    KeyedBackendConfig, LocalKeyedBackend, ManualClock, RocksDbConfig, SlotRocksDb, StateCodec,
+    KeyedBackendConfig, LocalKeyedBackend, ManualClock, RocksDbConfig, RocksDbInstance, StateCodec,
     StateKey,
 };
 
@@ -23,7 +23,7 @@ pub enum Kind {
 pub struct Fixture {
     pub kind: Kind,
     pub clock: ManualClock,
-    pub slot: Option<Arc<SlotRocksDb>>,
+    pub slot: Option<Arc<RocksDbInstance>>,
     pub dir: Option<TempDir>,
 }
 
@@ -58,7 +58,7 @@ impl Fixture {
         let dir = tempfile::tempdir().expect("temporary directory");
         let config = RocksDbConfig::new(dir.path().join("db"), 16 << 20, 8 << 20)
             .with_write_back(write_back_bytes);
-        let slot = SlotRocksDb::open(config, Arc::new(clock.clone())).expect("open RocksDB");
+        let slot = RocksDbInstance::open(config, Arc::new(clock.clone())).expect("open RocksDB");
         Fixture {
             kind: Kind::RocksDb,
             clock,

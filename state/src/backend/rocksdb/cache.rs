@@ -28,7 +28,7 @@
 //! **Consistency with RocksDB.** Only cached column families go through the cache, and every
 //! access to them does; whatever reads RocksDB directly (a checkpoint, a key-group scan, a
 //! compaction, a size estimate) first has the cache write back what is dirty
-//! ([`super::SlotRocksDb`] does that), and a range deletion first drops the column family's
+//! ([`super::RocksDbInstance`] does that), and a range deletion first drops the column family's
 //! entries. A write-back that fails fails the job (its records are gone from the cache); the job
 //! restarts from its last checkpoint, as after any RocksDB write error.
 //!

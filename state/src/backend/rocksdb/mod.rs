@@ -1,6 +1,6 @@
 //! The RocksDB state backend (`state.backend.type: rocksdb`).
 //!
-//! A slot's [`SlotRocksDb`] is shared by the keyed backends of the slot's operators; each
+//! A slot's [`RocksDbInstance`] is shared by the keyed backends of the slot's operators; each
 //! operator's states live in column families named after the operator, so operators never see
 //! each other's data. See [`key`] for the key layout, `value.rs` for the value layout, and
 //! [`slot`] for memory and checkpoints.
@@ -24,20 +24,26 @@ use crate::ttl::{is_expired, StateTtlConfig, TtlPolicy};
 
 pub use cache::WriteBackStats;
 pub use key::{split_key, StateKeyParts, MAX_PARALLELISM_LIMIT};
-pub use slot::{RawEntries, RocksDbConfig, RocksDbMemoryUsage, SlotRocksDb};
+pub use slot::{
+    NativeCheckpoint, NativeFile, RawEntries, RocksDbConfig, RocksDbInstance, RocksDbMemoryUsage,
+    RocksDbSlot,
+};
 
 use states::RocksColumn;
 use value::{list_elements, parse_frame, ColumnLayout};
 
 /// The RocksDB side of one operator's keyed backend.
 pub(crate) struct RocksStorage {
-    slot: Arc<SlotRocksDb>,
+    slot: Arc<RocksDbInstance>,
     operator: String,
     columns: RefCell<Vec<Rc<RocksColumn>>>,
 }
 
 impl RocksStorage {
-    pub(crate) fn new(slot: Arc<SlotRocksDb>, operator: &str) -> Result<RocksStorage, StateError> {
+    pub(crate) fn new(
+        slot: Arc<RocksDbInstance>,
+        operator: &str,
+    ) -> Result<RocksStorage, StateError> {
         if operator.is_empty() || operator.contains(':') {
             return Err(StateError::invalid_config(
                 "operator id",
@@ -52,7 +58,7 @@ impl RocksStorage {
         })
     }
 
-    pub(crate) fn slot(&self) -> &Arc<SlotRocksDb> {
+    pub(crate) fn slot(&self) -> &Arc<RocksDbInstance> {
         &self.slot
     }
 

@@ -1,9 +1,12 @@
-//! One RocksDB instance per slot, shared by every keyed backend of that slot.
+//! One RocksDB instance per keyed operator subtask, in its slot's directory and memory.
 //!
-//! [`SlotRocksDb`] owns the database, its block cache and its write buffer manager. Each keyed
-//! state gets its own column family, named `<layout>:<operator>:<state>` (layout `value` or
-//! `list`, which decides the compaction filter and merge operator when the database is opened
-//! again from a checkpoint).
+//! A [`RocksDbSlot`] owns a slot's block cache and write buffer manager; each keyed operator
+//! subtask of the slot opens a [`RocksDbInstance`] of its own in them (Flink's layout), so that
+//! a checkpoint can cut each operator's state at its own barrier
+//! ([`RocksDbInstance::create_checkpoint`]) while the slot's memory bound holds for all of
+//! them together. Each keyed state gets its own column family, named
+//! `<layout>:<operator>:<state>` (layout `value` or `list`, which decides the compaction filter
+//! and merge operator when the database is opened again from a checkpoint).
 //!
 //! **Memory.** The slot's managed share is handed in as two numbers: the block cache capacity
 //! and the write buffer (memtable) budget. The write buffer manager charges memtable memory to
@@ -17,12 +20,13 @@
 //! `tests/rocksdb_memory.rs`.
 //!
 //! **Write-back cache.** With `write_back_bytes` above zero, value, reducing and aggregating
-//! states go through the slot's write-back cache (`cache.rs`): hot entries live in memory and
+//! states go through the instance's write-back cache (`cache.rs`; the slot's capacity is shared
+//! out between its instances): hot entries live in memory and
 //! reach RocksDB when evicted, or when something reads RocksDB directly — a checkpoint, a
 //! key-group scan, a compaction, a size estimate — which first writes the dirty ones back.
 //!
 //! **Durability.** Writes skip the write-ahead log: a checkpoint is the unit of durability (as
-//! in Flink), and [`SlotRocksDb::create_checkpoint`] flushes memtables before it hard-links the
+//! in Flink), and [`RocksDbInstance::create_checkpoint`] flushes memtables before it hard-links the
 //! SST files.
 //!
 //! **Memtables for read-modify-write.** Keyed state is read, changed and written back, again and
@@ -39,14 +43,14 @@
 //!   iteration already allows ("writes made while iterating may or may not be seen", as in
 //!   Flink). One interaction needs care: an in-place update keeps the entry's old sequence
 //!   number, so after a range deletion the memtable could hold a new value older than the
-//!   tombstone, which would hide it. [`SlotRocksDb::delete_key_groups`] therefore flushes the
+//!   tombstone, which would hide it. [`RocksDbInstance::delete_key_groups`] therefore flushes the
 //!   column family after its range tombstone, so later writes start a fresh memtable.
 //! - A hash memtable (`HashLinkList`) keyed by a prefix extractor that cuts a stored key after
 //!   its namespace (key group, key, namespace; see `key.rs`): a point read or write hashes to the
 //!   bucket of its `(key, namespace)` instead of searching the whole memtable, and a map's
 //!   entries share one bucket, so its prefix scans stay cheap. A bucket is a sorted list that
 //!   RocksDB turns into a skip list past 256 entries (a big map). Iterators that cross prefixes
-//!   (the key-group scans of [`SlotRocksDb::raw_entries`]) ask for total order seek, which sorts
+//!   (the key-group scans of [`RocksDbInstance::raw_entries`]) ask for total order seek, which sorts
 //!   the memtable for that iterator; those are for rescaling and inspection, not per record.
 
 use std::path::{Path, PathBuf};
@@ -208,9 +212,119 @@ pub struct RocksDbMemoryUsage {
     pub write_back_entries: usize,
 }
 
-/// A slot's RocksDB instance (see the module docs). Shared by the slot's keyed backends
-/// through an `Arc`.
-pub struct SlotRocksDb {
+/// The memory RocksDB instances share: one slot's block cache and write buffer manager.
+#[derive(Clone)]
+struct SlotMemory {
+    cache: Cache,
+    write_buffer_manager: WriteBufferManager,
+}
+
+impl SlotMemory {
+    fn new(config: &RocksDbConfig) -> SlotMemory {
+        let cache = Cache::new_lru_cache(config.block_cache_bytes);
+        let write_buffer_manager = WriteBufferManager::new_write_buffer_manager_with_cache(
+            config.write_buffer_bytes,
+            true,
+            cache.clone(),
+        );
+        SlotMemory {
+            cache,
+            write_buffer_manager,
+        }
+    }
+}
+
+/// One slot's RocksDB: a directory and a memory budget, shared by one instance per keyed
+/// operator subtask of the slot (Flink's layout). Each instance can be checkpointed at its own
+/// operator's barrier; together they stay within the slot's block cache and memtable budget,
+/// and the write-back cache is shared out between them.
+pub struct RocksDbSlot {
+    /// The slot's directory and budget; `write_back_bytes` is each instance's share.
+    config: RocksDbConfig,
+    memory: SlotMemory,
+    clock: Arc<dyn Clock>,
+}
+
+impl RocksDbSlot {
+    /// The slot of `config` (its directory and whole budget), whose write-back cache is shared
+    /// out between `instances` instances (a share below the cache's minimum turns it off).
+    pub fn new(
+        config: RocksDbConfig,
+        clock: Arc<dyn Clock>,
+        instances: usize,
+    ) -> Result<RocksDbSlot, StateError> {
+        config.validate()?;
+        let memory = SlotMemory::new(&config);
+        let share = config.write_back_bytes / instances.max(1);
+        let config = config.with_write_back(if share < MIN_WRITE_BACK_BYTES {
+            0
+        } else {
+            share
+        });
+        Ok(RocksDbSlot {
+            config,
+            memory,
+            clock,
+        })
+    }
+
+    /// The slot's directory.
+    pub fn path(&self) -> &Path {
+        &self.config.path
+    }
+
+    /// Where instance `name` keeps its database.
+    pub fn instance_path(&self, name: &str) -> PathBuf {
+        self.config.path.join(name)
+    }
+
+    /// Opens (or creates) instance `name` in the slot's directory and memory.
+    pub fn open_instance(&self, name: &str) -> Result<Arc<RocksDbInstance>, StateError> {
+        let config = RocksDbConfig {
+            path: self.instance_path(name),
+            ..self.config.clone()
+        };
+        RocksDbInstance::open_with(config, self.memory.clone(), Arc::clone(&self.clock))
+    }
+}
+
+impl std::fmt::Debug for RocksDbSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksDbSlot")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A native checkpoint of one instance ([`RocksDbInstance::create_checkpoint`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NativeCheckpoint {
+    /// Its directory, next to the instance's.
+    pub dir: PathBuf,
+    /// Its files, by name.
+    pub files: Vec<NativeFile>,
+}
+
+/// One file of a [`NativeCheckpoint`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NativeFile {
+    /// The file's name, RocksDB's (`000012.sst`, `MANIFEST-000005`, `CURRENT`, …).
+    pub name: String,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+impl NativeFile {
+    /// Whether the file is an SST file: immutable, so one uploaded once serves every later
+    /// checkpoint that still has it.
+    pub fn is_sst(&self) -> bool {
+        self.name.ends_with(".sst")
+    }
+}
+
+/// One keyed operator subtask's RocksDB instance (see the module docs). Shared by its keyed
+/// backend (or window contents) and its checkpoint writer through an `Arc`.
+pub struct RocksDbInstance {
     db: Db,
     config: RocksDbConfig,
     cache: Cache,
@@ -222,14 +336,25 @@ pub struct SlotRocksDb {
     write_back: Option<Mutex<WriteBackCache>>,
 }
 
-impl SlotRocksDb {
-    /// Opens (or creates) the database at `config.path`, with every column family it already
+impl RocksDbInstance {
+    /// Opens (or creates) the database at `config.path` with a block cache and write buffer
+    /// manager of its own (an instance alone in its slot), with every column family it already
     /// has. `clock` is the processing-time clock of TTL, read by the compaction filter.
     pub fn open(
         config: RocksDbConfig,
         clock: Arc<dyn Clock>,
-    ) -> Result<Arc<SlotRocksDb>, StateError> {
+    ) -> Result<Arc<RocksDbInstance>, StateError> {
         config.validate()?;
+        let memory = SlotMemory::new(&config);
+        RocksDbInstance::open_with(config, memory, clock)
+    }
+
+    /// Opens (or creates) the database at `config.path` in `memory` (see [`RocksDbSlot`]).
+    fn open_with(
+        config: RocksDbConfig,
+        memory: SlotMemory,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<RocksDbInstance>, StateError> {
         std::fs::create_dir_all(&config.path).map_err(|source| -> StateError {
             StateErrorKind::Io {
                 path: config.path.clone(),
@@ -238,12 +363,10 @@ impl SlotRocksDb {
             }
             .into()
         })?;
-        let cache = Cache::new_lru_cache(config.block_cache_bytes);
-        let write_buffer_manager = WriteBufferManager::new_write_buffer_manager_with_cache(
-            config.write_buffer_bytes,
-            true,
-            cache.clone(),
-        );
+        let SlotMemory {
+            cache,
+            write_buffer_manager,
+        } = memory;
         let mut db_options = column_options(&config, &cache, &clock, None);
         db_options.create_if_missing(true);
         db_options.create_missing_column_families(true);
@@ -272,11 +395,12 @@ impl SlotRocksDb {
             path = %config.path.display(),
             block_cache_bytes = config.block_cache_bytes,
             write_buffer_bytes = config.write_buffer_bytes,
-            "opened slot RocksDB"
+            write_back_bytes = config.write_back_bytes,
+            "opened RocksDB instance"
         );
         let write_back = (config.write_back_bytes > 0)
             .then(|| Mutex::new(WriteBackCache::new(config.write_back_bytes)));
-        Ok(Arc::new(SlotRocksDb {
+        Ok(Arc::new(RocksDbInstance {
             db,
             config,
             cache,
@@ -305,11 +429,13 @@ impl SlotRocksDb {
         })
     }
 
-    /// Writes a native RocksDB checkpoint into `dir` (which must not exist): memtables are
-    /// flushed, then live SST files are hard-linked (copied across file systems) with the
-    /// manifest. The directory opens as a database of its own ([`SlotRocksDb::open`]); an
-    /// incremental snapshot uploads the SST files a previous one did not have.
-    pub fn create_checkpoint(&self, dir: &Path) -> Result<(), StateError> {
+    /// Writes a native RocksDB checkpoint into `dir` (which must not exist, on the instance's
+    /// file system for hard links): the write-back cache is written back and memtables are
+    /// flushed, then the live SST files are hard-linked with a copy of the manifest, options
+    /// and `CURRENT`. The directory opens as a database of its own ([`RocksDbInstance::open`]).
+    /// Its files, with their lengths, come back: SST files never change, so an incremental
+    /// checkpoint uploads only those an earlier one did not have.
+    pub fn create_checkpoint(&self, dir: &Path) -> Result<NativeCheckpoint, StateError> {
         self.flush_write_back()?;
         let checkpoint = Checkpoint::new(&self.db).map_err(|source| {
             StateError::rocksdb(self.path(), "*", "preparing a checkpoint", source)
@@ -317,8 +443,76 @@ impl SlotRocksDb {
         checkpoint.create_checkpoint(dir).map_err(|source| {
             StateError::rocksdb(self.path(), "*", "writing a checkpoint", source)
         })?;
-        tracing::debug!(db = %self.path().display(), checkpoint = %dir.display(), "created RocksDB checkpoint");
-        Ok(())
+        let listing = |source| -> StateError {
+            StateErrorKind::Io {
+                path: dir.to_path_buf(),
+                action: "listing",
+                source,
+            }
+            .into()
+        };
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(listing)? {
+            let entry = entry.map_err(listing)?;
+            let len = entry.metadata().map_err(listing)?.len();
+            let name = entry.file_name().into_string().map_err(|name| {
+                StateError::invalid_config(
+                    "RocksDB checkpoint file name",
+                    format!("{name:?}"),
+                    "RocksDB names its files in ASCII; remove foreign files from the checkpoint",
+                )
+            })?;
+            files.push(NativeFile { name, len });
+        }
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        tracing::debug!(db = %self.path().display(), checkpoint = %dir.display(), files = files.len(), "created RocksDB checkpoint");
+        Ok(NativeCheckpoint {
+            dir: dir.to_path_buf(),
+            files,
+        })
+    }
+
+    /// Copies every entry of `other`'s state column families in `key_groups` into this
+    /// instance (creating the column families it lacks): how a rescaled restore takes its key
+    /// groups from an old subtask's checkpoint, opened as an instance of its own. Returns the
+    /// number of entries copied.
+    pub fn copy_key_groups_from(
+        &self,
+        other: &RocksDbInstance,
+        key_groups: KeyGroupRange,
+    ) -> Result<u64, StateError> {
+        const BATCH_ENTRIES: usize = 4096;
+        self.flush_write_back()?;
+        let mut copied = 0;
+        for name in other.column_families()? {
+            let Some(layout) = name
+                .split_once(':')
+                .and_then(|(tag, _)| ColumnLayout::from_tag(tag))
+            else {
+                continue;
+            };
+            self.ensure_column_family(&name, layout)?;
+            let cf = self.column_family(&name)?;
+            let mut batch = WriteBatch::default();
+            for entry in other.raw_entries(&name, key_groups)? {
+                let (key, value) = entry?;
+                batch.put_cf(&cf, key, value);
+                copied += 1;
+                if batch.len() >= BATCH_ENTRIES {
+                    self.db
+                        .write_opt(std::mem::take(&mut batch), &self.write_options)
+                        .map_err(|source| {
+                            StateError::rocksdb(self.path(), &name, "restoring key groups", source)
+                        })?;
+                }
+            }
+            self.db
+                .write_opt(batch, &self.write_options)
+                .map_err(|source| {
+                    StateError::rocksdb(self.path(), &name, "restoring key groups", source)
+                })?;
+        }
+        Ok(copied)
     }
 
     /// Compacts every column family down to the last level, running the TTL compaction filter
@@ -518,7 +712,7 @@ impl SlotRocksDb {
     }
 }
 
-impl Backing for SlotRocksDb {
+impl Backing for RocksDbInstance {
     fn load(
         &self,
         column_family: &str,
@@ -564,7 +758,7 @@ impl Backing for SlotRocksDb {
     }
 }
 
-impl Drop for SlotRocksDb {
+impl Drop for RocksDbInstance {
     /// Writes the write-back cache back, so that the database on disk is whole when it closes.
     fn drop(&mut self) {
         if let Err(error) = self.flush_write_back() {
@@ -573,9 +767,9 @@ impl Drop for SlotRocksDb {
     }
 }
 
-impl std::fmt::Debug for SlotRocksDb {
+impl std::fmt::Debug for RocksDbInstance {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SlotRocksDb")
+        f.debug_struct("RocksDbInstance")
             .field("config", &self.config)
             .finish_non_exhaustive()
     }
@@ -628,10 +822,10 @@ fn column_options(
     options
 }
 
-/// Raw entries of one column family in a key-group range ([`SlotRocksDb::raw_entries`]).
+/// Raw entries of one column family in a key-group range ([`RocksDbInstance::raw_entries`]).
 pub struct RawEntries<'a> {
     iterator: DBRawIteratorWithThreadMode<'a, Db>,
-    slot: &'a SlotRocksDb,
+    slot: &'a RocksDbInstance,
     column_family: String,
     done: bool,
 }
@@ -675,7 +869,7 @@ mod tests {
     #[test]
     fn writes_after_deleting_key_groups_are_visible() {
         let dir = tempfile::tempdir().unwrap();
-        let slot = SlotRocksDb::open(
+        let slot = RocksDbInstance::open(
             RocksDbConfig::new(dir.path(), 8 << 20, 4 << 20),
             Arc::new(ManualClock::new(0)),
         )

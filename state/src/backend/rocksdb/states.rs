@@ -19,7 +19,7 @@ use rocksdb::{BoundColumnFamily, DBPinnableSlice, ReadOptions, WriteBatch};
 use crate::backend::context::{Current, KeyContext};
 use crate::backend::rocksdb::cache::ColumnId;
 use crate::backend::rocksdb::key::prefix_end;
-use crate::backend::rocksdb::slot::SlotRocksDb;
+use crate::backend::rocksdb::slot::RocksDbInstance;
 use crate::backend::rocksdb::value::{
     begin_element, finish_element, list_elements, parse_frame, set_expiry, write_header,
     ColumnLayout, Frame,
@@ -49,7 +49,7 @@ pub(crate) struct RocksColumn {
     handle: Arc<BoundColumnFamily<'static>>,
     /// The column's id in the slot's write-back cache, if its values go through it.
     cached: Option<ColumnId>,
-    pub(crate) slot: Arc<SlotRocksDb>,
+    pub(crate) slot: Arc<RocksDbInstance>,
     /// Encoding buffer for values.
     scratch: RefCell<Vec<u8>>,
     /// Encoding buffer for map keys.
@@ -64,7 +64,7 @@ impl RocksColumn {
         layout: ColumnLayout,
         column_family: String,
         ttl: Option<TtlPolicy>,
-        slot: Arc<SlotRocksDb>,
+        slot: Arc<RocksDbInstance>,
     ) -> Result<RocksColumn, StateError> {
         let handle = slot.column_family(&column_family)?;
         let cached = match kind {

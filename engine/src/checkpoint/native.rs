@@ -1,0 +1,354 @@
+//! Checkpoints of the RocksDB state backend: RocksDB's own checkpoints, uploaded
+//! incrementally.
+//!
+//! Each keyed operator subtask has a RocksDB instance of its own in its slot
+//! (`weir_state::RocksDbSlot`), so its state can be cut at its own barrier. At the barrier the
+//! instance writes its write-back cache back, flushes its memtables and hard-links its live
+//! files into a directory beside it (`RocksDbInstance::create_checkpoint`): that is the whole
+//! pause. The task's checkpoint writer then uploads the files through io_uring, after the
+//! barrier has moved on: an SST file (immutable) into the job's `shared/` directory, unless an
+//! earlier checkpoint of the instance uploaded it already — then the checkpoint lists that
+//! file again — and the small mutable files (manifest, options, `CURRENT`) into the
+//! checkpoint's own directory. The operator's `rocksdb` part lists every file: RocksDB's name,
+//! where it is stored, its length and CRC-32; the checkpoint's metadata lists them too, so a
+//! restore checks them and the storage's sweep keeps the shared ones that a retained
+//! checkpoint still needs. That is `execution.checkpointing.incremental: true`, the default;
+//! with `false` every checkpoint uploads every file (and shares none).
+//!
+//! **Restore.** A subtask whose key groups are exactly one old subtask's copies that
+//! subtask's files into its instance's directory and opens it (and knows its SST files are
+//! uploaded already, so its first checkpoint is incremental too). A rescaled subtask opens
+//! each old subtask's checkpoint whose key groups overlap its own as an instance of its own
+//! and copies the entries of its key groups over (Flink's restore by key-group ranges).
+//!
+//! One upload runs at a time per instance, in checkpoint order, so the record of uploaded
+//! files always matches what committed checkpoints list.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use glommio::io::BufferedFile;
+use weir_state::checkpoint::{PendingCheckpoint, StateFileWriter, StoredFile};
+use weir_state::{KeyGroupRange, NativeCheckpoint, RocksDbInstance, RocksDbSlot, StateError};
+
+use super::bytes::{ByteReader, ByteWriter};
+use super::task_state::OperatorSnapshot;
+use crate::operator::RuntimeContext;
+
+/// An operator's RocksDB files in a checkpoint (see the module docs).
+pub(crate) const PART_ROCKSDB: &str = "rocksdb";
+
+const MAGIC: &[u8; 8] = b"WEIRRDB\0";
+const VERSION: u32 = 1;
+/// Bytes read and written at a time when a file is uploaded.
+const COPY_CHUNK: usize = 256 << 10;
+
+/// One keyed operator subtask's RocksDB instance, with what its checkpoints uploaded.
+pub(crate) struct NativeState {
+    instance: Arc<RocksDbInstance>,
+    slot: Arc<RocksDbSlot>,
+    /// The instance's name in its slot: `<operator id>-<subtask>`.
+    name: String,
+    uploads: Rc<Uploads>,
+    /// Snapshots taken, for naming their directories.
+    snapshots: Cell<u64>,
+    /// Whether a checkpoint lists the SST files an earlier one uploaded (else it uploads
+    /// every file).
+    incremental: bool,
+}
+
+/// The SST files of an instance that shared storage holds, by RocksDB's name, and whether an
+/// upload is running.
+#[derive(Default)]
+struct Uploads {
+    uploaded: RefCell<HashMap<String, StoredFile>>,
+    busy: Cell<bool>,
+}
+
+impl NativeState {
+    /// Opens subtask `ctx.subtask`'s instance in `slot`, restored from the checkpoint the job
+    /// resumes from, if it holds RocksDB state of the operator.
+    pub(crate) fn open(
+        ctx: &RuntimeContext,
+        slot: &Arc<RocksDbSlot>,
+    ) -> Result<NativeState, StateError> {
+        let name = format!("{}-{}", ctx.state.operator_id, ctx.subtask);
+        let path = slot.instance_path(&name);
+        remove_dir(&path)?;
+        let ours = KeyGroupRange::for_subtask(
+            ctx.max_parallelism as u32,
+            ctx.parallelism as u32,
+            ctx.subtask as u32,
+        );
+        let uploads = Rc::new(Uploads::default());
+        let instance = match ctx.restored_native(PART_ROCKSDB) {
+            None => slot.open_instance(&name)?,
+            Some(restored) => {
+                let overlapping: Vec<(KeyGroupRange, Manifest)> = restored
+                    .parts
+                    .iter()
+                    .map(|(old, bytes)| {
+                        let range = KeyGroupRange::for_subtask(
+                            ctx.max_parallelism as u32,
+                            restored.old_parallelism as u32,
+                            *old as u32,
+                        );
+                        Ok((range, Manifest::decode(bytes).map_err(corrupt)?))
+                    })
+                    .collect::<Result<Vec<_>, StateError>>()?
+                    .into_iter()
+                    .filter(|(range, _)| overlaps(*range, ours))
+                    .collect();
+                match overlapping.as_slice() {
+                    [(range, manifest)] if *range == ours => {
+                        manifest.copy_into(&restored.dir, &path)?;
+                        uploads
+                            .uploaded
+                            .borrow_mut()
+                            .extend(manifest.shared_files());
+                        slot.open_instance(&name)?
+                    }
+                    _ => {
+                        let instance = slot.open_instance(&name)?;
+                        for (old, (_, manifest)) in overlapping.iter().enumerate() {
+                            let staged = format!("{name}.restore-{old}");
+                            let staged_path = slot.instance_path(&staged);
+                            remove_dir(&staged_path)?;
+                            manifest.copy_into(&restored.dir, &staged_path)?;
+                            let copied = {
+                                let old = slot.open_instance(&staged)?;
+                                instance.copy_key_groups_from(&old, ours)?
+                            };
+                            remove_dir(&staged_path)?;
+                            tracing::debug!(instance = %name, copied, "restored RocksDB key groups from an old subtask");
+                        }
+                        instance
+                    }
+                }
+            }
+        };
+        Ok(NativeState {
+            instance,
+            slot: Arc::clone(slot),
+            name,
+            uploads,
+            snapshots: Cell::new(0),
+            incremental: ctx.state.incremental,
+        })
+    }
+
+    /// The instance.
+    pub(crate) fn instance(&self) -> &Arc<RocksDbInstance> {
+        &self.instance
+    }
+
+    /// Takes the instance's checkpoint at the barrier and adds its upload to `snapshot`.
+    pub(crate) fn snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+        let number = self.snapshots.get();
+        self.snapshots.set(number + 1);
+        let dir = self
+            .slot
+            .instance_path(&format!("{}.checkpoint-{number}", self.name));
+        remove_dir(&dir)?;
+        let native = self.instance.create_checkpoint(&dir)?;
+        snapshot.add_native(
+            PART_ROCKSDB,
+            NativeUpload {
+                native,
+                name: self.name.clone(),
+                uploads: Rc::clone(&self.uploads),
+                incremental: self.incremental,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// A native checkpoint taken at a barrier, to be uploaded by the task's checkpoint writer.
+pub(crate) struct NativeUpload {
+    native: NativeCheckpoint,
+    name: String,
+    uploads: Rc<Uploads>,
+    incremental: bool,
+}
+
+impl NativeUpload {
+    /// Uploads the checkpoint's files into `pending` (see the module docs), adds every file it
+    /// consists of to `referenced`, and returns the part listing them. The checkpoint's
+    /// directory is removed, uploaded or not.
+    pub(crate) async fn upload(
+        self,
+        pending: &PendingCheckpoint,
+        referenced: &mut Vec<StoredFile>,
+    ) -> Result<Vec<u8>, String> {
+        while self.uploads.busy.get() {
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+        self.uploads.busy.set(true);
+        let result = self.upload_files(pending).await;
+        self.uploads.busy.set(false);
+        if let Err(error) = std::fs::remove_dir_all(&self.native.dir) {
+            tracing::warn!(dir = %self.native.dir.display(), %error, "cannot remove a RocksDB checkpoint's local files");
+        }
+        let manifest = result?;
+        referenced.extend(manifest.files.iter().map(|(_, stored)| stored.clone()));
+        Ok(manifest.encode())
+    }
+
+    async fn upload_files(&self, pending: &PendingCheckpoint) -> Result<Manifest, String> {
+        let mut files = Vec::with_capacity(self.native.files.len());
+        let mut uploaded = HashMap::new();
+        for file in &self.native.files {
+            let known = (self.incremental && file.is_sst())
+                .then(|| self.uploads.uploaded.borrow().get(&file.name).cloned())
+                .flatten();
+            let stored = match known {
+                Some(stored) => stored,
+                None => {
+                    let stored_name = format!("{}-{}", self.name, file.name);
+                    let writer = if file.is_sst() {
+                        StateFileWriter::create_shared(pending, &stored_name).await
+                    } else {
+                        StateFileWriter::create(pending, &format!("rocksdb-{stored_name}")).await
+                    }
+                    .map_err(|e| e.to_string())?;
+                    copy_file(&self.native.dir.join(&file.name), writer).await?
+                }
+            };
+            if file.is_sst() {
+                uploaded.insert(file.name.clone(), stored.clone());
+            }
+            files.push((file.name.clone(), stored));
+        }
+        // Only the files still live: one compacted away is never listed again.
+        *self.uploads.uploaded.borrow_mut() = uploaded;
+        Ok(Manifest { files })
+    }
+}
+
+/// Copies the file at `from` into `writer`, through io_uring (buffered reads: the files sit
+/// beside the instance, on whatever file system it has, which may not take direct I/O).
+async fn copy_file(from: &Path, mut writer: StateFileWriter) -> Result<StoredFile, String> {
+    let failed = |error: glommio::GlommioError<()>| format!("reading {}: {error}", from.display());
+    let file = BufferedFile::open(from).await.map_err(failed)?;
+    let mut at = 0;
+    loop {
+        let chunk = file.read_at(at, COPY_CHUNK).await.map_err(failed)?;
+        if chunk.is_empty() {
+            break;
+        }
+        writer.write(&chunk).await.map_err(|e| e.to_string())?;
+        at += chunk.len() as u64;
+    }
+    file.close().await.map_err(failed)?;
+    writer.finish().await.map_err(|e| e.to_string())
+}
+
+/// What an operator subtask's `rocksdb` part says: each file by RocksDB's name, with the
+/// file a checkpoint stores it as.
+struct Manifest {
+    files: Vec<(String, StoredFile)>,
+}
+
+impl Manifest {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = ByteWriter::default();
+        out.out.extend_from_slice(MAGIC);
+        out.u32(VERSION);
+        out.u64(self.files.len() as u64);
+        for (name, stored) in &self.files {
+            out.text(name);
+            out.text(&stored.name);
+            out.u64(stored.len);
+            out.u32(stored.crc32);
+        }
+        out.out
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Manifest, String> {
+        let mut reader = ByteReader::new(bytes, "a RocksDB checkpoint part");
+        reader.header(MAGIC, VERSION)?;
+        let count = reader.count(28)?;
+        let mut files = Vec::with_capacity(count);
+        for _ in 0..count {
+            let name = reader.text()?;
+            let stored = StoredFile {
+                name: reader.text()?,
+                len: reader.u64()?,
+                crc32: reader.u32()?,
+            };
+            if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+                return Err(format!(
+                    "a RocksDB checkpoint part names the file '{name}', which is not a file name"
+                ));
+            }
+            files.push((name, stored));
+        }
+        if !reader.is_empty() {
+            return Err("a RocksDB checkpoint part has bytes after its files".into());
+        }
+        Ok(Manifest { files })
+    }
+
+    /// The SST files and where they are stored.
+    fn shared_files(&self) -> impl Iterator<Item = (String, StoredFile)> + '_ {
+        self.files
+            .iter()
+            .filter(|(name, _)| name.ends_with(".sst"))
+            .map(|(name, stored)| (name.clone(), stored.clone()))
+    }
+
+    /// Copies the files of a checkpoint in `checkpoint_dir` into a new database directory
+    /// `to` (checked already, when the checkpoint was chosen).
+    fn copy_into(&self, checkpoint_dir: &Path, to: &Path) -> Result<(), StateError> {
+        std::fs::create_dir_all(to).map_err(|source| io(to, "creating", source))?;
+        for (name, stored) in &self.files {
+            let from: PathBuf = weir_state::checkpoint::resolve(checkpoint_dir, &stored.name);
+            std::fs::copy(&from, to.join(name)).map_err(|source| io(&from, "copying", source))?;
+        }
+        Ok(())
+    }
+}
+
+/// The files a `rocksdb` part lists, by RocksDB's name, with their lengths (for inspection).
+pub(crate) fn describe(bytes: &[u8]) -> Result<Vec<(String, u64)>, String> {
+    Ok(Manifest::decode(bytes)?
+        .files
+        .into_iter()
+        .map(|(name, stored)| (name, stored.len))
+        .collect())
+}
+
+fn overlaps(a: KeyGroupRange, b: KeyGroupRange) -> bool {
+    !a.is_empty() && !b.is_empty() && a.start <= b.end && b.start <= a.end
+}
+
+/// Removes `dir` if it is there.
+fn remove_dir(dir: &Path) -> Result<(), StateError> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(io(dir, "removing", source)),
+    }
+}
+
+fn io(path: &Path, action: &'static str, source: std::io::Error) -> StateError {
+    weir_state::StateErrorKind::Io {
+        path: path.to_path_buf(),
+        action,
+        source,
+    }
+    .into()
+}
+
+fn corrupt(problem: String) -> StateError {
+    weir_state::StateErrorKind::CorruptSnapshot {
+        what: "RocksDB checkpoint part",
+        problem,
+    }
+    .into()
+}
