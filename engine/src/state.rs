@@ -94,12 +94,10 @@ pub(crate) struct JobRocksDb {
 }
 
 impl JobRocksDb {
-    /// Prepares one RocksDB slot per entry of `instances` (how many keyed operator subtasks
-    /// the slot runs, which share its write-back cache) under `local_dir`, each with the
-    /// slot's RocksDB budget.
+    /// Prepares `slots` RocksDB slots under `local_dir`, each with the slot's RocksDB budget.
     pub(crate) fn open(
         local_dir: &Path,
-        instances: &[usize],
+        slots: usize,
         budget: RocksDbBudget,
     ) -> Result<JobRocksDb, JobError> {
         static JOBS: AtomicU64 = AtomicU64::new(0);
@@ -110,19 +108,18 @@ impl JobRocksDb {
         ));
         let mut job = JobRocksDb {
             dir,
-            slots: Vec::with_capacity(instances.len()),
+            slots: Vec::with_capacity(slots),
         };
-        for (slot, &instances) in instances.iter().enumerate() {
+        for slot in 0..slots {
             let config = RocksDbConfig::from_budget(job.dir.join(format!("slot-{slot}")), &budget);
-            let db =
-                RocksDbSlot::new(config, Arc::new(SystemClock), instances).map_err(|error| {
-                    JobError::InvalidJob(format!(
-                        "cannot open the RocksDB state backend of slot {slot}: {error}; check \
+            let db = RocksDbSlot::new(config, Arc::new(SystemClock)).map_err(|error| {
+                JobError::InvalidJob(format!(
+                    "cannot open the RocksDB state backend of slot {slot}: {error}; check \
                      state.backend.rocksdb.localdir ({}) and the slot's managed memory \
                      (taskmanager.memory.process.size, taskmanager.memory.managed.fraction)",
-                        local_dir.display()
-                    ))
-                })?;
+                    local_dir.display()
+                ))
+            })?;
             job.slots.push(Arc::new(db));
         }
         Ok(job)

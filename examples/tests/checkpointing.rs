@@ -150,6 +150,19 @@ fn resume_reports(config: &Configuration) -> (Vec<KeyReport>, u64) {
     (collected.records(), result.records_out("Source: sequence"))
 }
 
+/// Resumes the check, which must be refused: why.
+fn resume_refused(config: &Configuration) -> String {
+    let env = StreamEnvironment::new(config.clone()).expect("an environment");
+    reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+    let options = RunOptions {
+        resume: true,
+        ..RunOptions::default()
+    };
+    env.execute_with("sequence-check", options)
+        .expect_err("the resume is refused")
+        .to_string()
+}
+
 /// [`resume_reports`], checked: the problems with the reports, and the records read.
 fn resume_to_end(config: &Configuration) -> (Vec<String>, u64) {
     let (reports, read) = resume_reports(config);
@@ -469,16 +482,7 @@ fn a_damaged_checkpoint_is_passed_over_for_the_one_before() {
             .join(format!("chk-{number}"));
         std::fs::remove_file(chk.join("_metadata")).unwrap();
     }
-    let env = StreamEnvironment::new(config.clone()).unwrap();
-    reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
-    let options = RunOptions {
-        resume: true,
-        ..RunOptions::default()
-    };
-    let error = env
-        .execute_with("sequence-check", options)
-        .expect_err("no checkpoint can be restored")
-        .to_string();
+    let error = resume_refused(&config);
     assert!(
         error.contains("no checkpoint") && error.contains("never completed"),
         "{error}"
@@ -1123,16 +1127,7 @@ fn a_checkpoint_resumes_only_on_the_backend_that_wrote_it() {
     for (wrote, resumes) in [(HEAP, ROCKSDB), (ROCKSDB, HEAP)] {
         let dir = tempfile::tempdir().expect("a temporary directory");
         run_until_checkpoints(&config_on(wrote, dir.path(), 1, 1), dir.path(), false, 2);
-        let env = StreamEnvironment::new(config_on(resumes, dir.path(), 1, 1)).unwrap();
-        reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
-        let options = RunOptions {
-            resume: true,
-            ..RunOptions::default()
-        };
-        let error = env
-            .execute_with("sequence-check", options)
-            .expect_err("refused")
-            .to_string();
+        let error = resume_refused(&config_on(resumes, dir.path(), 1, 1));
         assert!(
             error.contains("'check sequence'")
                 && error.contains(&format!("state.backend.type: {wrote}")),

@@ -179,7 +179,7 @@ pub(crate) struct NativeUpload {
 impl NativeUpload {
     /// Uploads the checkpoint's files into `pending` (see the module docs), adds every file it
     /// consists of to `referenced`, and returns the part listing them. The checkpoint's
-    /// directory is removed, uploaded or not.
+    /// directory goes with `self`, uploaded or not.
     pub(crate) async fn upload(
         self,
         pending: &PendingCheckpoint,
@@ -188,13 +188,10 @@ impl NativeUpload {
         while self.uploads.busy.get() {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
-        self.uploads.busy.set(true);
-        let result = self.upload_files(pending).await;
-        self.uploads.busy.set(false);
-        if let Err(error) = std::fs::remove_dir_all(&self.native.dir) {
-            tracing::warn!(dir = %self.native.dir.display(), %error, "cannot remove a RocksDB checkpoint's local files");
-        }
-        let manifest = result?;
+        let manifest = {
+            let _busy = Busy::take(&self.uploads);
+            self.upload_files(pending).await?
+        };
         referenced.extend(manifest.files.iter().map(|(_, stored)| stored.clone()));
         Ok(manifest.encode())
     }
@@ -227,6 +224,33 @@ impl NativeUpload {
         // Only the files still live: one compacted away is never listed again.
         *self.uploads.uploaded.borrow_mut() = uploaded;
         Ok(Manifest { files })
+    }
+}
+
+impl Drop for NativeUpload {
+    /// Removes the checkpoint's local directory (hard links and copies): after its upload, or
+    /// when the checkpoint was aborted before it.
+    fn drop(&mut self) {
+        if let Err(error) = remove_dir(&self.native.dir) {
+            tracing::warn!(%error, "cannot remove a RocksDB checkpoint's local files");
+        }
+    }
+}
+
+/// An instance's upload in progress: the next one waits until this is dropped, however the
+/// upload ends.
+struct Busy<'a>(&'a Uploads);
+
+impl<'a> Busy<'a> {
+    fn take(uploads: &'a Uploads) -> Busy<'a> {
+        uploads.busy.set(true);
+        Busy(uploads)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy.set(false);
     }
 }
 

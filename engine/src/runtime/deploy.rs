@@ -31,7 +31,7 @@ use crate::config::CheckpointConfig;
 use crate::config::Configuration;
 use crate::error::{panic_message, JobError, TaskError, TaskResult};
 use crate::graph::{
-    within_slot, AnyOutput, EdgeRequest, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
+    within_slot, AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
     SharedEnumerator, TypeOps, WriterParts,
 };
 use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
@@ -823,7 +823,7 @@ fn run_attempt(
     let rocksdb = match state_backend {
         BackendType::RocksDb => Some(JobRocksDb::open(
             &config.rocksdb_local_dir(),
-            &keyed_subtasks_per_slot(exec, slots),
+            slots,
             budget.rocksdb,
         )?),
         BackendType::Heap => None,
@@ -938,27 +938,6 @@ fn operator_entries(exec: &ExecutionGraph) -> Vec<OperatorEntry> {
             parallelism: job.node_parallelism[node.id],
         })
         .collect()
-}
-
-/// How many keyed operator subtasks (each with a RocksDB instance on that backend) each slot
-/// runs.
-fn keyed_subtasks_per_slot(exec: &ExecutionGraph, slots: usize) -> Vec<usize> {
-    let graph = &exec.job.graph;
-    let mut counts = vec![0; slots];
-    for placed in &exec.subtasks {
-        let keyed = exec.job.vertices[placed.vertex]
-            .nodes
-            .iter()
-            .filter(|&&node| {
-                graph.nodes[node]
-                    .inputs
-                    .iter()
-                    .any(|edge| edge.request == EdgeRequest::Hash)
-            })
-            .count();
-        counts[placed.slot] += keyed;
-    }
-    counts
 }
 
 /// Checks that the job can be checkpointed and opens its checkpoint directory (restoring the

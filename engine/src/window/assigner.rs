@@ -280,8 +280,8 @@ where
         }
     }
 
-    /// Heap windows write their panes, sessions and timers (`window::checkpoint`); a job on
-    /// RocksDB is refused checkpoints as a whole.
+    /// Windows write their panes, sessions and timers (`window::checkpoint`), and on RocksDB
+    /// their contents as their instance's checkpoint (`window::stored`).
     fn unsupported_state(&self) -> Option<&'static str> {
         None
     }

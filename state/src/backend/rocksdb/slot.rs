@@ -54,7 +54,7 @@
 //!   the memtable for that iterator; those are for rescaling and inspection, not per record.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
@@ -212,11 +212,13 @@ pub struct RocksDbMemoryUsage {
     pub write_back_entries: usize,
 }
 
-/// The memory RocksDB instances share: one slot's block cache and write buffer manager.
+/// The memory RocksDB instances share: one slot's block cache, write buffer manager and
+/// write-back cache.
 #[derive(Clone)]
 struct SlotMemory {
     cache: Cache,
     write_buffer_manager: WriteBufferManager,
+    write_back: Option<Arc<SharedWriteBack>>,
 }
 
 impl SlotMemory {
@@ -227,40 +229,65 @@ impl SlotMemory {
             true,
             cache.clone(),
         );
+        let write_back = (config.write_back_bytes > 0).then(|| {
+            Arc::new(SharedWriteBack {
+                cache: Mutex::new(WriteBackCache::new(config.write_back_bytes)),
+                instances: Mutex::new(Vec::new()),
+            })
+        });
         SlotMemory {
             cache,
             write_buffer_manager,
+            write_back,
         }
+    }
+}
+
+/// A slot's write-back cache, shared by its instances, so that the busiest state gets the
+/// room it needs (an even split left q5's window contents half the room they need). A column
+/// family is cached under `<instance id>/<name>`: eviction and flushes write each entry back
+/// to its own instance.
+struct SharedWriteBack {
+    cache: Mutex<WriteBackCache>,
+    /// The slot's instances by id (an instance's index here).
+    instances: Mutex<Vec<Weak<RocksDbInstance>>>,
+}
+
+impl SharedWriteBack {
+    /// The cache, locked. Only the slot's shard uses it, so the lock is never contended; a
+    /// panic while it was held leaves it consistent (every change to it completes before a
+    /// call out of it), so a poisoned lock is taken as it is.
+    fn lock(&self) -> MutexGuard<'_, WriteBackCache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A new instance's id.
+    fn register(&self) -> u32 {
+        let mut instances = self
+            .instances
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        instances.push(Weak::new());
+        (instances.len() - 1) as u32
     }
 }
 
 /// One slot's RocksDB: a directory and a memory budget, shared by one instance per keyed
 /// operator subtask of the slot (Flink's layout). Each instance can be checkpointed at its own
-/// operator's barrier; together they stay within the slot's block cache and memtable budget,
-/// and the write-back cache is shared out between them.
+/// operator's barrier; together they stay within the slot's block cache, memtable budget and
+/// write-back cache.
 pub struct RocksDbSlot {
-    /// The slot's directory and budget; `write_back_bytes` is each instance's share.
+    /// The slot's directory and budget.
     config: RocksDbConfig,
     memory: SlotMemory,
     clock: Arc<dyn Clock>,
 }
 
 impl RocksDbSlot {
-    /// The slot of `config` (its directory and whole budget), whose write-back cache is shared
-    /// out between `instances` instances (a share below the cache's minimum turns it off).
-    pub fn new(
-        config: RocksDbConfig,
-        clock: Arc<dyn Clock>,
-        instances: usize,
-    ) -> Result<RocksDbSlot, StateError> {
+    /// The slot of `config`: its directory and whole budget, the write-back cache included.
+    pub fn new(config: RocksDbConfig, clock: Arc<dyn Clock>) -> Result<RocksDbSlot, StateError> {
         config.validate()?;
         let memory = SlotMemory::new(&config);
-        let share = config.write_back_bytes / instances.max(1);
-        let config = config.with_write_back(if share < MIN_WRITE_BACK_BYTES {
-            0
-        } else {
-            share
-        });
         Ok(RocksDbSlot {
             config,
             memory,
@@ -332,8 +359,10 @@ pub struct RocksDbInstance {
     clock: Arc<dyn Clock>,
     write_options: WriteOptions,
     read_options: ReadOptions,
-    /// The write-back cache of value states, if the config has one.
-    write_back: Option<Mutex<WriteBackCache>>,
+    /// The slot's write-back cache of value states, if the config has one.
+    write_back: Option<Arc<SharedWriteBack>>,
+    /// The instance's id in its slot's write-back cache.
+    id: u32,
 }
 
 impl RocksDbInstance {
@@ -366,6 +395,7 @@ impl RocksDbInstance {
         let SlotMemory {
             cache,
             write_buffer_manager,
+            write_back,
         } = memory;
         let mut db_options = column_options(&config, &cache, &clock, None);
         db_options.create_if_missing(true);
@@ -398,9 +428,8 @@ impl RocksDbInstance {
             write_back_bytes = config.write_back_bytes,
             "opened RocksDB instance"
         );
-        let write_back = (config.write_back_bytes > 0)
-            .then(|| Mutex::new(WriteBackCache::new(config.write_back_bytes)));
-        Ok(Arc::new(RocksDbInstance {
+        let id = write_back.as_ref().map_or(0, |shared| shared.register());
+        let instance = Arc::new(RocksDbInstance {
             db,
             config,
             cache,
@@ -409,7 +438,15 @@ impl RocksDbInstance {
             write_options,
             read_options: ReadOptions::default(),
             write_back,
-        }))
+            id,
+        });
+        if let Some(shared) = &instance.write_back {
+            shared
+                .instances
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)[id as usize] = Arc::downgrade(&instance);
+        }
+        Ok(instance)
     }
 
     /// The database directory.
@@ -596,8 +633,8 @@ impl RocksDbInstance {
         key_groups: KeyGroupRange,
     ) -> Result<(), StateError> {
         if let Some(mut cache) = self.write_back() {
-            cache.flush(self)?;
-            cache.forget_column(column_family);
+            cache.flush(&SlotBacking { this: self })?;
+            cache.forget_column(&self.cached_name(column_family));
         }
         let cf = self.column_family(column_family)?;
         let (start, end) = key_group_bounds(key_groups);
@@ -643,9 +680,11 @@ impl RocksDbInstance {
 
     /// Writes every dirty entry of the write-back cache to RocksDB (one write batch); they stay
     /// cached. Everything that reads RocksDB directly calls it first.
+    ///
+    /// The cache is the slot's: the other instances' dirty entries go back to them too.
     pub fn flush_write_back(&self) -> Result<(), StateError> {
         match self.write_back() {
-            Some(mut cache) => cache.flush(self),
+            Some(mut cache) => cache.flush(&SlotBacking { this: self }),
             None => Ok(()),
         }
     }
@@ -655,18 +694,20 @@ impl RocksDbInstance {
         self.write_back().map(|cache| cache.stats())
     }
 
-    /// The write-back cache, locked. Only this slot's shard uses it, so the lock is never
-    /// contended; a panic while it was held leaves it consistent (every change to it completes
-    /// before a call out of it), so a poisoned lock is taken as it is.
+    /// The slot's write-back cache, locked ([`SharedWriteBack::lock`]).
     fn write_back(&self) -> Option<MutexGuard<'_, WriteBackCache>> {
-        self.write_back
-            .as_ref()
-            .map(|cache| cache.lock().unwrap_or_else(PoisonError::into_inner))
+        self.write_back.as_ref().map(|shared| shared.lock())
+    }
+
+    /// The name column family `name` of this instance is cached under.
+    fn cached_name(&self, name: &str) -> String {
+        format!("{}/{name}", self.id)
     }
 
     /// The write-back cache's id of column family `name`; `None` without a cache.
     pub(crate) fn cached_column(&self, name: &str) -> Option<ColumnId> {
-        self.write_back().map(|mut cache| cache.column(name))
+        let cached = self.cached_name(name);
+        self.write_back().map(|mut cache| cache.column(&cached))
     }
 
     /// Hands the value of `key` in cached column `column` to `read` (see `cache.rs`).
@@ -679,7 +720,7 @@ impl RocksDbInstance {
         let mut cache = self
             .write_back()
             .expect("a cached column belongs to a slot with a write-back cache");
-        cache.read(self, column, key, read)
+        cache.read(&SlotBacking { this: self }, column, key, read)
     }
 
     /// Puts (`Some`) or deletes (`None`) the value of `key` in cached column `column`.
@@ -692,7 +733,7 @@ impl RocksDbInstance {
         let mut cache = self
             .write_back()
             .expect("a cached column belongs to a slot with a write-back cache");
-        cache.write(self, column, key, value)
+        cache.write(&SlotBacking { this: self }, column, key, value)
     }
 
     pub(crate) fn db(&self) -> &Db {
@@ -712,7 +753,94 @@ impl RocksDbInstance {
     }
 }
 
-impl Backing for RocksDbInstance {
+/// Where the slot's write-back cache reads and writes: each column family in the instance it
+/// is cached for (`<instance id>/<name>`). `this` is the instance calling, which resolves
+/// without its registration (an instance being dropped can no longer be upgraded to).
+struct SlotBacking<'a> {
+    this: &'a RocksDbInstance,
+}
+
+impl SlotBacking<'_> {
+    /// The instance and column family that `cached` names.
+    fn resolve<'n>(&self, cached: &'n str) -> Result<(Instance<'_>, &'n str), StateError> {
+        let (id, name) = cached
+            .split_once('/')
+            .and_then(|(id, name)| Some((id.parse::<u32>().ok()?, name)))
+            .ok_or_else(|| StateError::unknown_state(cached))?;
+        if id == self.this.id {
+            return Ok((Instance::This(self.this), name));
+        }
+        let shared = self
+            .this
+            .write_back
+            .as_ref()
+            .ok_or_else(|| StateError::unknown_state(cached))?;
+        let other = shared
+            .instances
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id as usize)
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| StateError::unknown_state(cached))?;
+        Ok((Instance::Other(other), name))
+    }
+}
+
+/// An instance [`SlotBacking`] resolved.
+enum Instance<'a> {
+    This(&'a RocksDbInstance),
+    Other(Arc<RocksDbInstance>),
+}
+
+impl std::ops::Deref for Instance<'_> {
+    type Target = RocksDbInstance;
+
+    fn deref(&self) -> &RocksDbInstance {
+        match self {
+            Instance::This(this) => this,
+            Instance::Other(other) => other,
+        }
+    }
+}
+
+impl Backing for SlotBacking<'_> {
+    fn load(&self, cached: &str, key: &[u8], into: &mut Vec<u8>) -> Result<bool, StateError> {
+        let (instance, name) = self.resolve(cached)?;
+        instance.load(name, key, into)
+    }
+
+    /// One write batch per instance, in the order the instances first appear.
+    fn write_back(&self, entries: &[WriteBack<'_>]) -> Result<(), StateError> {
+        let mut done: Vec<u32> = Vec::new();
+        for entry in entries {
+            let id = entry.column_family.split_once('/').map(|(id, _)| id);
+            let Some(id) = id.and_then(|id| id.parse::<u32>().ok()) else {
+                return Err(StateError::unknown_state(entry.column_family));
+            };
+            if done.contains(&id) {
+                continue;
+            }
+            done.push(id);
+            let (instance, _) = self.resolve(entry.column_family)?;
+            let prefix = format!("{id}/");
+            let own: Vec<WriteBack<'_>> = entries
+                .iter()
+                .filter_map(|entry| {
+                    Some(WriteBack {
+                        column_family: entry.column_family.strip_prefix(&prefix)?,
+                        key: entry.key,
+                        value: entry.value,
+                    })
+                })
+                .collect();
+            instance.write_entries(&own)?;
+        }
+        Ok(())
+    }
+}
+
+impl RocksDbInstance {
+    /// The stored value of `key` in column family `column_family`, appended to `into`.
     fn load(
         &self,
         column_family: &str,
@@ -730,7 +858,8 @@ impl Backing for RocksDbInstance {
         }))
     }
 
-    fn write_back(&self, entries: &[WriteBack<'_>]) -> Result<(), StateError> {
+    /// Writes `entries` of this instance's column families in one write batch.
+    fn write_entries(&self, entries: &[WriteBack<'_>]) -> Result<(), StateError> {
         let mut batch = WriteBatch::default();
         let mut handles: Vec<(&str, Arc<BoundColumnFamily<'_>>)> = Vec::new();
         for entry in entries {
@@ -863,6 +992,66 @@ mod tests {
     use super::*;
     use crate::ttl::ManualClock;
     use crate::{KeyedBackendConfig, LocalKeyedBackend, ValueStateDescriptor};
+
+    /// Two instances of one slot share its write-back cache: what one's writes evict goes back
+    /// to the instance each entry belongs to, and an instance's checkpoint holds all of its
+    /// own values (written back first) and none of the other's.
+    #[test]
+    fn instances_of_a_slot_share_its_write_back_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = RocksDbConfig::new(dir.path(), 8 << 20, 4 << 20).with_write_back(64 << 10);
+        let slot = RocksDbSlot::new(config, Arc::new(ManualClock::new(0))).unwrap();
+        let descriptor = ValueStateDescriptor::<u64>::new("v");
+        let (a, b) = (
+            slot.open_instance("a").unwrap(),
+            slot.open_instance("b").unwrap(),
+        );
+        let backends: Vec<LocalKeyedBackend<u64>> = [&a, &b]
+            .into_iter()
+            .map(|instance| {
+                let config = KeyedBackendConfig::single(8);
+                LocalKeyedBackend::rocksdb(config, Arc::clone(instance), "op").unwrap()
+            })
+            .collect();
+        // More entries than the cache holds, interleaved between the two instances.
+        for key in 0..5_000u64 {
+            for (i, backend) in backends.iter().enumerate() {
+                backend.set_current_key(&key).unwrap();
+                let value = backend.value_state(&descriptor).unwrap();
+                value.update(key * 10 + i as u64).unwrap();
+            }
+        }
+        assert!(
+            a.write_back_stats().unwrap().evicted > 0,
+            "the cache evicted"
+        );
+        for (i, backend) in backends.iter().enumerate() {
+            let value = backend.value_state(&descriptor).unwrap();
+            for key in 0..5_000u64 {
+                backend.set_current_key(&key).unwrap();
+                assert_eq!(
+                    value.value().unwrap(),
+                    Some(key * 10 + i as u64),
+                    "{i}: {key}"
+                );
+            }
+        }
+        let checkpoint = a
+            .create_checkpoint(&dir.path().join("a.checkpoint"))
+            .unwrap();
+        let restored = RocksDbInstance::open(
+            RocksDbConfig::new(&checkpoint.dir, 8 << 20, 4 << 20),
+            Arc::new(ManualClock::new(0)),
+        )
+        .unwrap();
+        let backend: LocalKeyedBackend<u64> =
+            LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(8), restored, "op").unwrap();
+        let value = backend.value_state(&descriptor).unwrap();
+        for key in 0..5_000u64 {
+            backend.set_current_key(&key).unwrap();
+            assert_eq!(value.value().unwrap(), Some(key * 10), "a's {key}");
+        }
+    }
 
     /// A value written in place after its key group was deleted is visible (the range
     /// tombstone does not hide it), and so is one written to a key never seen before.
