@@ -16,7 +16,8 @@
 //! with `false` every checkpoint uploads every file (and shares none).
 //!
 //! **Restore.** A subtask whose key groups are exactly one old subtask's copies that
-//! subtask's files into its instance's directory and opens it (and knows its SST files are
+//! subtask's files into its instance's directory (hard-linking the SST files where it can)
+//! and opens it (and knows its SST files are
 //! uploaded already, so its first checkpoint is incremental too). A rescaled subtask opens
 //! each old subtask's checkpoint whose key groups overlap its own as an instance of its own
 //! and copies the entries of its key groups over (Flink's restore by key-group ranges).
@@ -327,12 +328,19 @@ impl Manifest {
     }
 
     /// Copies the files of a checkpoint in `checkpoint_dir` into a new database directory
-    /// `to` (checked already, when the checkpoint was chosen).
+    /// `to` (checked already, when the checkpoint was chosen). SST files, which RocksDB never
+    /// changes, are hard-linked where the file system allows it (deleting the link after a
+    /// compaction leaves the checkpoint's file as it is); the others are copied, since RocksDB
+    /// writes to them.
     fn copy_into(&self, checkpoint_dir: &Path, to: &Path) -> Result<(), StateError> {
         std::fs::create_dir_all(to).map_err(|source| io(to, "creating", source))?;
         for (name, stored) in &self.files {
             let from: PathBuf = weir_state::checkpoint::resolve(checkpoint_dir, &stored.name);
-            std::fs::copy(&from, to.join(name)).map_err(|source| io(&from, "copying", source))?;
+            let target = to.join(name);
+            let linked = name.ends_with(".sst") && std::fs::hard_link(&from, &target).is_ok();
+            if !linked {
+                std::fs::copy(&from, &target).map_err(|source| io(&from, "copying", source))?;
+            }
         }
         Ok(())
     }

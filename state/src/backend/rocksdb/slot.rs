@@ -20,9 +20,8 @@
 //! `tests/rocksdb_memory.rs`.
 //!
 //! **Write-back cache.** With `write_back_bytes` above zero, value, reducing and aggregating
-//! states go through the instance's write-back cache (`cache.rs`; the slot's capacity is shared
-//! out between its instances): hot entries live in memory and
-//! reach RocksDB when evicted, or when something reads RocksDB directly — a checkpoint, a
+//! states go through the slot's write-back cache (`cache.rs`), shared by its instances: hot
+//! entries live in memory and reach their instance's RocksDB when evicted, or when something reads RocksDB directly — a checkpoint, a
 //! key-group scan, a compaction, a size estimate — which first writes the dirty ones back.
 //!
 //! **Durability.** Writes skip the write-ahead log: a checkpoint is the unit of durability (as
