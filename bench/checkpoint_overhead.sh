@@ -40,7 +40,7 @@ python3 - "$RUNS" "$EVENTS" "$BACKEND" <<'PY'
 import glob, json, sys
 runs, events, backend = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 print(f"Backend `{backend}`, {events:,} events, parallelism 1, checkpoint interval 1 s.\n")
-print("| query | off: events/s, best (range) | on: events/s, best (range) | drop, best vs best | checkpoints | duration ms p50 / max | last checkpoint bytes | sync pause ms p50 / p99 / max | checksums |")
+print("| query | off: events/s, best (range) | on: events/s, best (range) | drop, best vs best | checkpoints | duration ms p50 / max | last checkpoint bytes: full / written | sync pause ms p50 / p99 / max | checksums |")
 print("|---|---|---|---|---|---|---|---|---|")
 for query in ["q5", "q7", "q8"]:
     side = {s: [json.load(open(f)) for f in sorted(glob.glob(f"{runs}/{query}-{s}-*.json"))] for s in ["off", "on"]}
@@ -55,7 +55,8 @@ for query in ["q5", "q7", "q8"]:
     print(f"| {query} | {max(rate['off']):.2f} M ({min(rate['off']):.2f}–{max(rate['off']):.2f}) "
           f"| {max(rate['on']):.2f} M ({min(rate['on']):.2f}–{max(rate['on']):.2f}) | {drop * 100:.1f} % "
           f"| {best_on.get('checkpoints_completed', 0)} | {fmt(duration.get('p50'))} / {fmt(duration.get('max'))} "
-          f"| {best_on['checkpoint_bytes']['last_full']:,} "
+          f"| {best_on['checkpoint_bytes']['last_full']:,} / "
+          f"{best_on['checkpoint_bytes']['last_incremental'] or best_on['checkpoint_bytes']['last_full']:,} "
           f"| {fmt(pause.get('p50'))} / {fmt(pause.get('p99'))} / {fmt(pause.get('max'))} "
           f"| {'match' if len(sums) == 1 else 'DIFFER'} |")
 PY

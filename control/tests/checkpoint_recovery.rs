@@ -252,7 +252,7 @@ fn inspect_shows_what_a_checkpoint_holds_and_finds_damage() {
     );
     for expected in [
         "of job 'sequence-check'",
-        "operator 'check sequence'",
+        "operator 'check sequence' (uid 'check-sequence', id ",
         "'sequence' ValueState<",
         "SequenceState>",
         "key groups 0..=63 of 128",

@@ -115,6 +115,15 @@ impl<'a> ByteReader<'a> {
 
     /// Checks the magic and version at the start.
     pub(crate) fn header(&mut self, magic: &[u8; 8], version: u32) -> Result<(), String> {
+        self.header_versions(magic, version..=version).map(|_| ())
+    }
+
+    /// [`ByteReader::header`] of a format this build reads in several versions: the one found.
+    pub(crate) fn header_versions(
+        &mut self,
+        magic: &[u8; 8],
+        versions: std::ops::RangeInclusive<u32>,
+    ) -> Result<u32, String> {
         let found = self.take(8)?;
         if found != magic {
             return Err(format!(
@@ -124,13 +133,18 @@ impl<'a> ByteReader<'a> {
             ));
         }
         let found = self.u32()?;
-        if found != version {
+        if !versions.contains(&found) {
+            let reads = if versions.start() == versions.end() {
+                format!("version {}", versions.start())
+            } else {
+                format!("versions {} to {}", versions.start(), versions.end())
+            };
             return Err(format!(
-                "{} has format version {found}; this build reads version {version}",
+                "{} has format version {found}; this build reads {reads}",
                 self.what
             ));
         }
-        Ok(())
+        Ok(found)
     }
 }
 

@@ -264,6 +264,8 @@ pub(crate) type EnumeratorSnapshots =
 pub(crate) struct OperatorEntry {
     pub(crate) id: String,
     pub(crate) name: String,
+    /// The uid the id was derived from, if the operator has one.
+    pub(crate) uid: Option<String>,
     pub(crate) parallelism: usize,
 }
 
@@ -651,10 +653,12 @@ impl Host {
 }
 
 const PAYLOAD_MAGIC: &[u8; 8] = b"WEIRJOB\0";
-const PAYLOAD_VERSION: u32 = 1;
+/// Version 2 adds each operator's uid (empty: none); version 1 is still read.
+const PAYLOAD_VERSION: u32 = 2;
 
-/// The coordinator's part of `_metadata`: the operators with their parallelism, which subtask
-/// each state file (in the metadata's file order) belongs to, and the enumerators' snapshots.
+/// The coordinator's part of `_metadata`: the operators with their uid and parallelism, which
+/// subtask each state file (in the metadata's file order) belongs to, and the enumerators'
+/// snapshots.
 fn encode_payload(plan: &DriverPlan, enumerators: &[(String, Vec<u8>)]) -> Vec<u8> {
     let mut out = ByteWriter::default();
     out.out.extend_from_slice(PAYLOAD_MAGIC);
@@ -663,6 +667,7 @@ fn encode_payload(plan: &DriverPlan, enumerators: &[(String, Vec<u8>)]) -> Vec<u
     for operator in &plan.operators {
         out.text(&operator.id);
         out.text(&operator.name);
+        out.text(operator.uid.as_deref().unwrap_or_default());
         out.u64(operator.parallelism as u64);
     }
     out.u64(plan.task_subtasks.len() as u64);
@@ -688,13 +693,20 @@ pub(crate) struct Payload {
 
 pub(crate) fn decode_payload(bytes: &[u8], what: &str) -> Result<Payload, String> {
     let mut reader = ByteReader::new(bytes, what);
-    reader.header(PAYLOAD_MAGIC, PAYLOAD_VERSION)?;
+    let version = reader.header_versions(PAYLOAD_MAGIC, 1..=PAYLOAD_VERSION)?;
     let count = reader.count(24)?;
     let mut operators = Vec::with_capacity(count);
     for _ in 0..count {
+        let id = reader.text()?;
+        let name = reader.text()?;
+        let uid = match version {
+            1 => None,
+            _ => Some(reader.text()?).filter(|uid| !uid.is_empty()),
+        };
         operators.push(OperatorEntry {
-            id: reader.text()?,
-            name: reader.text()?,
+            id,
+            name,
+            uid,
             parallelism: reader.u64()? as usize,
         });
     }
@@ -879,6 +891,7 @@ mod tests {
             operators: vec![OperatorEntry {
                 id: "abc".into(),
                 name: "source".into(),
+                uid: Some("the-source".into()),
                 parallelism: 2,
             }],
             enumerators: Box::new(|_| Ok(Vec::new())),
@@ -894,5 +907,24 @@ mod tests {
         assert!(decode_payload(&bytes[..bytes.len() - 1], "_metadata")
             .unwrap_err()
             .contains("_metadata is truncated"));
+
+        // Version 1, before uids: still read, without them.
+        let mut v1 = ByteWriter::default();
+        v1.out.extend_from_slice(PAYLOAD_MAGIC);
+        v1.u32(1);
+        v1.u64(1);
+        v1.text("abc");
+        v1.text("source");
+        v1.u64(2);
+        v1.u64(0);
+        v1.u64(0);
+        let payload = decode_payload(&v1.out, "_metadata").unwrap();
+        assert_eq!(payload.operators[0].uid, None);
+        assert_eq!(payload.operators[0].parallelism, 2);
+        let mut v3 = v1.out.clone();
+        v3[8] = 3;
+        assert!(decode_payload(&v3, "_metadata")
+            .unwrap_err()
+            .contains("format version 3; this build reads versions 1 to 2"));
     }
 }

@@ -44,6 +44,8 @@ pub struct OperatorReport {
     pub name: String,
     /// Its id (the hash of its uid, or of its place in the topology).
     pub id: String,
+    /// Its uid, if it has one (checkpoints before payload version 2 do not say).
+    pub uid: Option<String>,
     /// Its parallelism when the checkpoint was taken.
     pub parallelism: usize,
     /// The state of each of its subtasks that wrote any.
@@ -180,6 +182,7 @@ pub fn inspect(path: &Path) -> Result<CheckpointReport, String> {
             .map(|operator| OperatorReport {
                 name: operator.name.clone(),
                 id: operator.id.clone(),
+                uid: operator.uid.clone(),
                 parallelism: operator.parallelism,
                 subtasks: Vec::new(),
                 enumerator: None,
@@ -403,9 +406,13 @@ impl std::fmt::Display for CheckpointReport {
             self.timestamp_ms
         )?;
         for operator in &self.operators {
+            let uid = operator
+                .uid
+                .as_ref()
+                .map_or_else(String::new, |uid| format!("uid '{uid}', "));
             writeln!(
                 f,
-                "operator '{}' (id {}, parallelism {})",
+                "operator '{}' ({uid}id {}, parallelism {})",
                 operator.name, operator.id, operator.parallelism
             )?;
             for subtask in &operator.subtasks {

@@ -935,6 +935,7 @@ fn operator_entries(exec: &ExecutionGraph) -> Vec<OperatorEntry> {
         .map(|node| OperatorEntry {
             id: job.operator_ids[node.id].to_string(),
             name: node.name.clone(),
+            uid: node.uid.clone(),
             parallelism: job.node_parallelism[node.id],
         })
         .collect()
