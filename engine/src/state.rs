@@ -56,7 +56,7 @@ pub use weir_state::{
     ValueStateDescriptor,
 };
 
-use crate::checkpoint::native::{NativeState, PART_ROCKSDB};
+use crate::checkpoint::native::NativeState;
 use crate::checkpoint::task_state::{OperatorSnapshot, RestoredParts, PART_KEYED};
 use crate::error::JobError;
 use crate::operator::RuntimeContext;
@@ -162,8 +162,9 @@ pub(crate) struct KeyedStateStore<K> {
 
 /// A keyed operator subtask's backend (namespace `N`) on the job's state backend, over its
 /// key groups, with its RocksDB instance (restored from the checkpoint the job resumes from)
-/// when state lives there. A checkpoint written with the other backend is refused: a heap
-/// checkpoint is restored by the caller (`LocalKeyedBackend::restore`).
+/// when state lives there; a heap checkpoint is restored by the caller
+/// (`LocalKeyedBackend::restore`). A checkpoint of the other backend never gets here: the job
+/// is refused at its start (`runtime::deploy`).
 pub(crate) fn open_keyed_backend<K: Key, N: weir_state::StateKey + weir_state::StateCodec>(
     ctx: &RuntimeContext,
 ) -> Result<(LocalKeyedBackend<K, N>, Option<NativeState>), StateError> {
@@ -172,24 +173,8 @@ pub(crate) fn open_keyed_backend<K: Key, N: weir_state::StateKey + weir_state::S
         ctx.parallelism as u32,
         ctx.subtask as u32,
     );
-    let other_backend = |found: &str, taken_with: &str| -> StateError {
-        StateErrorKind::InvalidConfig {
-            setting: "state.backend.type",
-            value: found.to_string(),
-            fix: format!(
-                "the checkpoint the job resumes from holds the keyed state of operator '{}' \
-                 written by the {taken_with} backend; resume with state.backend.type: \
-                 {taken_with}, the backend it was taken with",
-                ctx.operator_name
-            ),
-        }
-        .into()
-    };
     match &ctx.state.rocksdb {
         Some(slot) if ctx.state.backend == BackendType::RocksDb => {
-            if !ctx.restored_of_all(PART_KEYED).is_empty() {
-                return Err(other_backend("rocksdb", "hashmap"));
-            }
             let native = NativeState::open(ctx, slot)?;
             let backend = LocalKeyedBackend::rocksdb(
                 config,
@@ -198,15 +183,10 @@ pub(crate) fn open_keyed_backend<K: Key, N: weir_state::StateKey + weir_state::S
             )?;
             Ok((backend, Some(native)))
         }
-        _ => {
-            if ctx.restored_native(PART_ROCKSDB).is_some() {
-                return Err(other_backend("hashmap", "rocksdb"));
-            }
-            Ok((
-                LocalKeyedBackend::heap(config, Arc::new(SystemClock))?,
-                None,
-            ))
-        }
+        _ => Ok((
+            LocalKeyedBackend::heap(config, Arc::new(SystemClock))?,
+            None,
+        )),
     }
 }
 

@@ -35,8 +35,7 @@ use weir_state::{
 
 use crate::checkpoint::keyed::foreign_state;
 pub(crate) use crate::checkpoint::keyed::KeyedScope;
-use crate::checkpoint::native::PART_ROCKSDB;
-use crate::checkpoint::task_state::{OperatorSnapshot, PART_KEYED};
+use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::operator::RuntimeContext;
 use crate::record::Key;
 
@@ -208,22 +207,14 @@ pub(crate) fn snapshot<'c, K: Key, N: StateCodec, A>(
 
 /// Opens a window operator subtask: the key groups it owns, whose entries in its part `part`
 /// of the checkpoint the job resumes from (if it does) go to `restore`. A restore that fails
-/// fails the job, naming the `what` it could not restore and why; so does a heap window
-/// operator's restore from a checkpoint of RocksDB state.
+/// fails the job, naming the `what` it could not restore and why (a checkpoint of the other
+/// backend is refused at the job's start, `runtime::deploy`).
 pub(crate) fn open<K: Key, N: StateCodec>(
     ctx: &RuntimeContext,
     what: &str,
     part: &'static str,
     restore: impl FnOnce(&KeyedSnapshotEntries<K, N>) -> Result<(), StateError>,
 ) -> KeyedScope {
-    if part == PART_KEYED && ctx.restored_native(PART_ROCKSDB).is_some() {
-        panic!(
-            "cannot restore the {what}: the checkpoint the job resumes from holds operator \
-             '{}''s window contents written by the rocksdb backend; resume with \
-             state.backend.type: rocksdb, the backend it was taken with",
-            ctx.operator_name
-        );
-    }
     let scope = KeyedScope::of(ctx);
     let restored = scope
         .restored(ctx, part)
@@ -245,7 +236,9 @@ pub(crate) fn read_back<K: Key, N: StateCodec>(
         .parts
         .iter()
         .find_map(|(name, part)| match part {
-            crate::checkpoint::task_state::Part::Bytes(bytes) if *name == PART_KEYED => {
+            crate::checkpoint::task_state::Part::Bytes(bytes)
+                if *name == crate::checkpoint::task_state::PART_KEYED =>
+            {
                 Some(bytes.as_slice())
             }
             _ => None,
