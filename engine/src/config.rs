@@ -212,7 +212,7 @@ pub const OPTIONS: &[ConfigOption] = &[
     option!("restart-strategy.exponential-delay.attempts-before-reset-backoff", OptionKind::Count(1), "",
         "exponential-delay: restarts without a reset before the job fails. Default: unlimited."),
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
-        "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or one RocksDB instance per slot ('rocksdb')."),
+        "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or RocksDB, one instance per keyed operator subtask in its slot's memory ('rocksdb')."),
     option!("state.backend.rocksdb.localdir", OptionKind::Path, "",
         "Directory for the slots' RocksDB working files (a job's files are removed when it ends). Default: the system temp directory."),
     option!("state.backend.rocksdb.memory.write-buffer-ratio", OptionKind::Fraction, "0.5",

@@ -1,7 +1,7 @@
 //! Window contents in the state backend: the window operators' RocksDB path.
 //!
 //! With `state.backend.type: rocksdb` a window operator keeps what its windows hold — each
-//! pane's (or session's) accumulator, or its records for `process` — in the slot's RocksDB, as
+//! pane's (or session's) accumulator, or its records for `process` — in its RocksDB instance, as
 //! keyed state of the window's key with the pane as namespace. The operator itself is the same
 //! one the heap path runs (`aligned.rs`, `session.rs`, `global.rs`): it is built over
 //! [`Stored`], whose accumulator is a small token ([`StoredAcc`]: key and pane number) standing
@@ -102,7 +102,7 @@ where
     K: Key,
     L: StoredLogic<K, W, T, O>,
 {
-    /// `logic` over subtask `ctx.subtask`'s key groups in the slot's RocksDB, in the column
+    /// `logic` over subtask `ctx.subtask`'s key groups in its RocksDB instance, in the column
     /// family of the operator's contents.
     pub(crate) fn open(ctx: &RuntimeContext, logic: L) -> Self {
         let (backend, native) = match crate::state::open_keyed_backend(ctx) {

@@ -46,7 +46,7 @@ use self::rocksdb::{RocksDbInstance, RocksStorage};
 pub enum BackendType {
     /// Typed maps on the heap.
     Heap,
-    /// The slot's RocksDB instance (`state.backend.type: rocksdb`).
+    /// A RocksDB instance of the operator subtask (`state.backend.type: rocksdb`).
     RocksDb,
 }
 
