@@ -87,6 +87,21 @@ pub struct StoredFile {
     pub crc32: u32,
 }
 
+impl StoredFile {
+    /// The checkpoint that wrote this file if it is a shared one (`shared/<n>-…`).
+    pub fn shared_by(&self) -> Option<u64> {
+        self.name
+            .strip_prefix(SHARED_DIR)?
+            .strip_prefix('/')
+            .and_then(written_for)
+    }
+}
+
+/// The checkpoint a shared file named `name` (in the shared directory) was written for.
+fn written_for(name: &str) -> Option<u64> {
+    name.split_once('-')?.0.parse().ok()
+}
+
 /// What a completed checkpoint is: written last, as `_metadata`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CheckpointMetadata {
@@ -590,11 +605,8 @@ impl CheckpointStorage {
             let Ok(name) = entry.file_name().into_string() else {
                 continue;
             };
-            let written_for = name
-                .split_once('-')
-                .and_then(|(number, _)| number.parse::<u64>().ok());
             let listed = referenced.contains(&format!("{SHARED_DIR}/{name}"));
-            if written_for.is_some_and(|n| n <= newest) && !listed {
+            if written_for(&name).is_some_and(|n| n <= newest) && !listed {
                 let path = entry.path();
                 match fs::remove_file(&path) {
                     Ok(()) => {}

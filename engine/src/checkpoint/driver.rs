@@ -578,13 +578,7 @@ impl Host {
         let earlier = metadata
             .referenced
             .iter()
-            .filter(|file| {
-                file.name
-                    .strip_prefix(weir_state::checkpoint::SHARED_DIR)
-                    .and_then(|name| name.strip_prefix('/'))
-                    .and_then(|name| name.split_once('-'))
-                    .is_some_and(|(number, _)| number != checkpoint.to_string())
-            })
+            .filter(|file| file.shared_by().is_some_and(|by| by != checkpoint))
             .map(|file| file.len)
             .sum::<u64>();
         let bytes = (full, full - earlier);

@@ -380,7 +380,7 @@ fn describe_part(name: &str, bytes: &[u8]) -> Result<PartContent, String> {
             let files = super::native::describe(bytes)?;
             let sst: Vec<&(String, u64)> = files
                 .iter()
-                .filter(|(name, _)| name.ends_with(".sst"))
+                .filter(|(name, _)| weir_state::NativeFile::is_sst_name(name))
                 .collect();
             PartContent::RocksDb {
                 files: files.len() as u64,

@@ -34,7 +34,9 @@ use std::time::Duration;
 
 use glommio::io::BufferedFile;
 use weir_state::checkpoint::{PendingCheckpoint, StateFileWriter, StoredFile};
-use weir_state::{KeyGroupRange, NativeCheckpoint, RocksDbInstance, RocksDbSlot, StateError};
+use weir_state::{
+    KeyGroupRange, NativeCheckpoint, NativeFile, RocksDbInstance, RocksDbSlot, StateError,
+};
 
 use super::bytes::{ByteReader, ByteWriter};
 use super::task_state::OperatorSnapshot;
@@ -323,7 +325,7 @@ impl Manifest {
     fn shared_files(&self) -> impl Iterator<Item = (String, StoredFile)> + '_ {
         self.files
             .iter()
-            .filter(|(name, _)| name.ends_with(".sst"))
+            .filter(|(name, _)| NativeFile::is_sst_name(name))
             .map(|(name, stored)| (name.clone(), stored.clone()))
     }
 
@@ -337,7 +339,8 @@ impl Manifest {
         for (name, stored) in &self.files {
             let from: PathBuf = weir_state::checkpoint::resolve(checkpoint_dir, &stored.name);
             let target = to.join(name);
-            let linked = name.ends_with(".sst") && std::fs::hard_link(&from, &target).is_ok();
+            let linked =
+                NativeFile::is_sst_name(name) && std::fs::hard_link(&from, &target).is_ok();
             if !linked {
                 std::fs::copy(&from, &target).map_err(|source| io(&from, "copying", source))?;
             }

@@ -344,7 +344,12 @@ impl NativeFile {
     /// Whether the file is an SST file: immutable, so one uploaded once serves every later
     /// checkpoint that still has it.
     pub fn is_sst(&self) -> bool {
-        self.name.ends_with(".sst")
+        NativeFile::is_sst_name(&self.name)
+    }
+
+    /// Whether RocksDB's file `name` is an SST file.
+    pub fn is_sst_name(name: &str) -> bool {
+        name.ends_with(".sst")
     }
 }
 
@@ -510,8 +515,9 @@ impl RocksDbInstance {
 
     /// Copies every entry of `other`'s state column families in `key_groups` into this
     /// instance (creating the column families it lacks): how a rescaled restore takes its key
-    /// groups from an old subtask's checkpoint, opened as an instance of its own. Returns the
-    /// number of entries copied.
+    /// groups from an old subtask's checkpoint, opened as an instance of its own, into a fresh
+    /// one (the entries go to RocksDB directly, past the write-back cache, which must hold none
+    /// of those keys). Returns the number of entries copied.
     pub fn copy_key_groups_from(
         &self,
         other: &RocksDbInstance,
