@@ -56,7 +56,7 @@ for query in ["q5", "q7", "q8"]:
           f"| {max(rate['on']):.2f} M ({min(rate['on']):.2f}–{max(rate['on']):.2f}) | {drop * 100:.1f} % "
           f"| {best_on.get('checkpoints_completed', 0)} | {fmt(duration.get('p50'))} / {fmt(duration.get('max'))} "
           f"| {best_on['checkpoint_bytes']['last_full']:,} / "
-          f"{best_on['checkpoint_bytes']['last_incremental'] or best_on['checkpoint_bytes']['last_full']:,} "
+          f"{best_on['checkpoint_bytes']['last_incremental']:,} "
           f"| {fmt(pause.get('p50'))} / {fmt(pause.get('p99'))} / {fmt(pause.get('max'))} "
           f"| {'match' if len(sums) == 1 else 'DIFFER'} |")
 PY

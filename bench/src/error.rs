@@ -49,6 +49,9 @@ pub enum BenchError {
     /// A memory setting of the benchmark is invalid.
     #[error("{0}")]
     Memory(#[from] weir_memory::MemoryConfigError),
+    /// A checkpoint benchmark option is invalid, or its run did not do what it measures.
+    #[error("checkpoint benchmark: {0}")]
+    Checkpoint(String),
     /// A Nexmark option or generator setting is invalid.
     #[error("nexmark: {0}")]
     Nexmark(String),

@@ -10,12 +10,14 @@
 //!   hand-written loop keeping the same counts in hash maps.
 //! - [`state`]: `ValueState` get + update per key on one shard, heap or RocksDB backend, against
 //!   a plain `HashMap` loop.
+//! - [`checkpoint`]: a keyed job holding a given amount of state, checkpointed under updates
+//!   and failed once: sync pauses, checkpoint durations and sizes, restore and recovery times.
 //! - [`nexmark`]: the Nexmark event model, its standard generator, hand-written baselines of
 //!   the queries, the queries as Weir jobs, and the harness behind `weir bench nexmark`
 //!   (throughput per core, generation-to-result latency, checksums against the baseline).
 //! - [`record`]: the 64-byte record both use, and the map and filter functions they share.
 //!
-//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state|nexmark
+//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state|checkpoint|nexmark
 //! --json` commands print one as a JSON object. The criterion micro-benchmarks live in
 //! `benches/pipeline.rs` (pipelines, key groups, record codec) and `benches/hot_paths.rs` (a
 //! Nexmark bid's codecs, segment write/read, the shard-to-shard ring, window assignment, state
@@ -23,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod chain;
+pub mod checkpoint;
 mod error;
 pub mod exchange;
 mod measure;

@@ -52,6 +52,14 @@ impl StateBackend {
             StateBackend::RocksDb => "rocksdb",
         }
     }
+
+    /// Its `state.backend.type`.
+    pub(crate) fn config_name(self) -> &'static str {
+        match self {
+            StateBackend::Heap => "hashmap",
+            StateBackend::RocksDb => "rocksdb",
+        }
+    }
 }
 
 impl std::str::FromStr for StateBackend {

@@ -201,6 +201,33 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// A keyed job holding --state-bytes of state, checkpointed every --interval-ms under
+    /// updates of 1 % of its keys per interval, failed once: sync pauses, checkpoint durations
+    /// and sizes (full, and what the last one wrote), restore and recovery times.
+    Checkpoint {
+        /// heap or rocksdb.
+        #[arg(long, default_value = "heap", value_parser = ["heap", "rocksdb"])]
+        backend: String,
+        /// State to hold, e.g. 1g, 256m or 1000000 (bytes of values).
+        #[arg(long, default_value = "1g", value_parser = parse_bytes)]
+        state_bytes: u64,
+        /// Bytes per key's value.
+        #[arg(long, default_value_t = 1024)]
+        value_bytes: usize,
+        /// The checkpoint interval in milliseconds.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        interval_ms: u64,
+        /// Rounds of updates (one per interval) before the failure, and after it.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// Where the checkpoints and RocksDB's files go (a directory made in it, removed
+        /// after the run): put it on the disk to be measured.
+        #[arg(long, default_value_os_t = std::env::temp_dir())]
+        dir: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// A Nexmark query on the engine (or its hand-written baseline): throughput, latency,
     /// result count and checksum.
     Nexmark {
@@ -385,6 +412,12 @@ fn memory_budget(config: &Configuration) -> Result<weir_memory::WorkerBudget> {
     Ok(config.worker_budget(slots)?)
 }
 
+/// A size in bytes: `1g`, `256m`, `64kb`, `4096`.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    weir_engine::config::parse_size(text)
+        .ok_or_else(|| format!("'{text}' is not a size; use bytes or a size such as 256m or 1g"))
+}
+
 fn print_report<R: serde::Serialize + std::fmt::Debug>(report: &R, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(report)?);
@@ -421,6 +454,25 @@ fn run_bench(bench: Bench) -> Result<()> {
             let backend = backend.parse().map_err(anyhow::Error::msg)?;
             let report = weir_bench::state::run(backend, write_back_ratio, keys, ops)?;
             print_report(&report, json)
+        }
+        Bench::Checkpoint {
+            backend,
+            state_bytes,
+            value_bytes,
+            interval_ms,
+            rounds,
+            dir,
+            json,
+        } => {
+            let options = weir_bench::checkpoint::CheckpointBenchOptions {
+                backend: backend.parse().map_err(anyhow::Error::msg)?,
+                state_bytes,
+                value_bytes,
+                interval: std::time::Duration::from_millis(interval_ms),
+                rounds,
+                dir,
+            };
+            print_report(&weir_bench::checkpoint::run(&options)?, json)
         }
         Bench::Nexmark {
             query,

@@ -69,9 +69,11 @@ pub(crate) struct StateEnv {
     /// The slot's RocksDB, where each keyed operator subtask opens its instance
     /// (`state.backend.type: rocksdb`).
     pub(crate) rocksdb: Option<Arc<RocksDbSlot>>,
-    /// Whether RocksDB checkpoints list the files earlier ones wrote instead of writing them
-    /// again (`execution.checkpointing.incremental`).
+    /// Whether checkpoints list what earlier ones wrote instead of writing it again: RocksDB's
+    /// files, windows' unchanged keys (`execution.checkpointing.incremental`).
     pub(crate) incremental: bool,
+    /// Whether the job takes checkpoints.
+    pub(crate) checkpointed: bool,
     /// Names the operator's column families: its uid, else its node id.
     pub(crate) operator_id: Arc<str>,
 }
@@ -82,6 +84,7 @@ impl Default for StateEnv {
             backend: BackendType::Heap,
             rocksdb: None,
             incremental: true,
+            checkpointed: false,
             operator_id: "operator".into(),
         }
     }

@@ -245,6 +245,30 @@ fn windows_spec(backend: &str) -> WindowCheckSpec {
     }
 }
 
+/// Many keys, of which a checkpoint every few ms sees a few change: tumbling and sliding
+/// windows write deltas of the keys changed (`checkpoint::chain`), and a full snapshot after
+/// the sliding windows of every key fired (once a run, at sequence number 10).
+const DELTAS: WindowCheckSpec = WindowCheckSpec {
+    keys_per_split: 1_000,
+    per_key: 20,
+    // 10 s a run: two stopped runs of three checkpoints each fit even where a loaded machine
+    // takes a second per RocksDB checkpoint.
+    rate: Some(2_000.0),
+};
+
+/// [`config_on`] checkpointing every 5 ms: a few of [`DELTAS`]' keys change between two
+/// checkpoints.
+fn deltas_config(
+    backend: &str,
+    checkpoints: &Path,
+    slots: usize,
+    retained: usize,
+) -> Configuration {
+    config_on(backend, checkpoints, slots, retained)
+        .with("execution.checkpointing.interval", "5ms")
+        .expect("valid settings")
+}
+
 /// A sink writing one log per subtask, each record at the next position; a writer restored
 /// from a checkpoint goes on at the position that checkpoint recorded, over what the run
 /// before wrote after it (a log cut back to its committed offset on restore, as exactly-once
@@ -338,14 +362,23 @@ impl<T> SinkWriter<T> for OffsetLogWriter<T> {
 fn windows_stopped_and_resumed(backend: &str, slots: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let config = config_on(backend, dir.path(), slots, 1);
+    windows_stopped_and_resumed_with(config, dir.path(), windows_spec(backend), slots);
+}
+
+/// [`windows_stopped_and_resumed`] of `spec` with `config`, checkpointing into `checkpoints`.
+fn windows_stopped_and_resumed_with(
+    config: Configuration,
+    checkpoints: &Path,
+    spec: WindowCheckSpec,
+    slots: usize,
+) {
     let log = OffsetLog::<WindowReport>::default();
-    let spec = windows_spec(backend);
     let build = |env: &StreamEnvironment| {
         window_check::reports(env, spec, slots).sink_to(log.clone(), "log");
     };
-    stop_after_checkpoints(&config, dir.path(), "window-check", false, 3, build);
-    stop_after_checkpoints(&config, dir.path(), "window-check", true, 3, build);
-    windows_resumed_to_end(config, slots, &log, build);
+    stop_after_checkpoints(&config, checkpoints, "window-check", false, 3, build);
+    stop_after_checkpoints(&config, checkpoints, "window-check", true, 3, build);
+    windows_resumed_to_end(config, spec, slots, &log, build);
 }
 
 /// Resumes the window check (built by `build`, its `readers` source subtasks writing into
@@ -353,6 +386,7 @@ fn windows_stopped_and_resumed(backend: &str, slots: usize) {
 /// and pair once, with exactly its records.
 fn windows_resumed_to_end(
     config: Configuration,
+    spec: WindowCheckSpec,
     readers: usize,
     log: &OffsetLog<WindowReport>,
     build: impl Fn(&StreamEnvironment),
@@ -366,12 +400,12 @@ fn windows_resumed_to_end(
     let result = env
         .execute_with("window-check", options)
         .expect("the resumed job");
-    let total = u64::from(WINDOWS.keys_per_split) * readers as u64 * WINDOWS.per_key;
+    let total = u64::from(spec.keys_per_split) * readers as u64 * spec.per_key;
     assert!(
         result.records_out("Source: numbers") < total,
         "the last run resumed from a checkpoint"
     );
-    let problems = window_check::problems(WINDOWS, readers, &[log.records()]);
+    let problems = window_check::problems(spec, readers, &[log.records()]);
     assert!(problems.is_empty(), "{problems:?}");
 }
 
@@ -393,6 +427,16 @@ fn windows_and_joins_on_rocksdb_resume_with_every_record_counted_once_at_paralle
 #[test]
 fn windows_and_joins_on_rocksdb_resume_with_every_record_counted_once_at_parallelism_2() {
     windows_stopped_and_resumed(ROCKSDB, 2);
+}
+
+/// Resumed from checkpoints whose window parts are chains of deltas.
+#[test]
+fn windows_checkpointed_as_deltas_resume_with_every_record_counted_once() {
+    for backend in [HEAP, ROCKSDB] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let config = deltas_config(backend, dir.path(), 2, 1);
+        windows_stopped_and_resumed_with(config, dir.path(), DELTAS, 2);
+    }
 }
 
 /// A keyed `reduce` (the keyed-aggregation example) resumes with its running values.
@@ -695,16 +739,21 @@ fn a_job_on_rocksdb_whose_subtasks_panic_restarts_with_every_record_counted_once
 /// Windows and joins, with panics both before the windows (in the source's task) and after
 /// them (in the task that writes their reports).
 fn windows_survive_panics(backend: &str, slots: usize) {
-    let seed = seed();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = restarting(config_on(backend, dir.path(), slots, 1));
-    let env = StreamEnvironment::new(config).unwrap();
-    let records = u64::from(WINDOWS.keys_per_split) * slots as u64 * WINDOWS.per_key;
-    let reports = window_check::expected(WINDOWS, slots).len() as u64;
+    let config = config_on(backend, dir.path(), slots, 1);
+    windows_survive_panics_with(config, WINDOWS, slots);
+}
+
+/// [`windows_survive_panics`] of `spec` with `config`.
+fn windows_survive_panics_with(config: Configuration, spec: WindowCheckSpec, slots: usize) {
+    let seed = seed();
+    let env = StreamEnvironment::new(restarting(config)).unwrap();
+    let records = u64::from(spec.keys_per_split) * slots as u64 * spec.per_key;
+    let reports = window_check::expected(spec, slots).len() as u64;
     let before = Faults::random(seed, 2, records / 10..records * 9 / 10);
     let after = Faults::random(seed.rotate_left(17), 1, reports / 10..reports / 2);
     let log = OffsetLog::<WindowReport>::default();
-    let windows = window_check::reports_with(&env, WINDOWS, slots, |r| before.inject(r));
+    let windows = window_check::reports_with(&env, spec, slots, |r| before.inject(r));
     after.inject(windows).sink_to(log.clone(), "log");
     let result = env
         .execute("window-check")
@@ -715,7 +764,7 @@ fn windows_survive_panics(backend: &str, slots: usize) {
         "every point was reached (seed {seed})"
     );
     check_restarts(&result, &[&before, &after], seed);
-    let problems = window_check::problems(WINDOWS, slots, &[log.records()]);
+    let problems = window_check::problems(spec, slots, &[log.records()]);
     assert!(problems.is_empty(), "seed {seed}: {problems:?}");
 }
 
@@ -734,6 +783,13 @@ fn windows_and_joins_whose_subtasks_panic_restart_with_every_record_counted_once
 #[test]
 fn windows_and_joins_on_rocksdb_whose_subtasks_panic_restart_with_every_record_counted_once() {
     windows_survive_panics(ROCKSDB, 2);
+}
+
+/// Restarted from checkpoints whose window parts are chains of deltas.
+#[test]
+fn windows_checkpointed_as_deltas_restart_with_every_record_counted_once() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    windows_survive_panics_with(deltas_config(HEAP, dir.path(), 2, 1), DELTAS, 2);
 }
 
 /// Stopped at parallelism `from` and resumed at `to`: key groups (state and timers) move to
@@ -785,7 +841,7 @@ fn windows_rescaled(backend: &str) {
     };
     stop_after_checkpoints(&at(2), dir.path(), "window-check", false, 3, build);
     stop_after_checkpoints(&at(1), dir.path(), "window-check", true, 3, build);
-    windows_resumed_to_end(at(2), 2, &log, build);
+    windows_resumed_to_end(at(2), spec, 2, &log, build);
 }
 
 #[test]
@@ -1089,9 +1145,19 @@ fn retained_shared_files(incremental: bool) -> Vec<String> {
         )
         .expect("valid settings");
     run_until_checkpoints(&config, dir.path(), false, 6);
-    let job = dir.path().join("sequence-check");
-    let retained = completed(dir.path());
-    assert_eq!(retained.len(), 3, "{retained:?}");
+    shared_files_listed(dir.path(), "sequence-check", 3)
+}
+
+/// The shared files the `retained` checkpoints of `job` list (a name once per checkpoint
+/// listing it), sorted; checks that its shared directory holds nothing else but files of a
+/// newer attempt.
+fn shared_files_listed(checkpoints: &Path, job: &str, retained: usize) -> Vec<String> {
+    let retained = {
+        let completed = completed_of(checkpoints, job);
+        assert_eq!(completed.len(), retained, "{completed:?}");
+        completed
+    };
+    let job = checkpoints.join(job);
     let mut listed: Vec<String> = Vec::new();
     for n in &retained {
         let bytes = std::fs::read(job.join(format!("chk-{n}/_metadata"))).expect("metadata");
@@ -1105,7 +1171,12 @@ fn retained_shared_files(incremental: bool) -> Vec<String> {
     }
     listed.sort();
     let newest = retained.last().copied().unwrap_or(0);
-    for entry in std::fs::read_dir(job.join("shared")).expect("shared") {
+    let shared = match std::fs::read_dir(job.join("shared")) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return listed,
+        Err(error) => panic!("cannot read {}: {error}", job.join("shared").display()),
+    };
+    for entry in shared {
         let name = entry.expect("an entry").file_name();
         let name = name.to_str().expect("a UTF-8 name").to_string();
         let newer = name
@@ -1118,6 +1189,68 @@ fn retained_shared_files(incremental: bool) -> Vec<String> {
         );
     }
     listed
+}
+
+/// Tumbling and sliding windows checkpoint incrementally on both backends: after a full
+/// snapshot, a checkpoint writes the keys that changed as a delta, and lists the chain; the
+/// retained checkpoints share its links, and the shared directory holds no link they do not
+/// list. With `execution.checkpointing.incremental: false` every window part is written
+/// whole, into the checkpoint's own state file.
+#[test]
+fn window_checkpoints_write_only_the_keys_that_changed() {
+    // Slow enough that few keys change between two checkpoints even on a loaded machine,
+    // where a RocksDB checkpoint takes a second (and 500 records would change half the keys).
+    let spec = WindowCheckSpec {
+        rate: Some(100.0),
+        ..DELTAS
+    };
+    for backend in [HEAP, ROCKSDB] {
+        for incremental in [true, false] {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            let config = deltas_config(backend, dir.path(), 1, 6)
+                .with(
+                    "execution.checkpointing.incremental",
+                    incremental.to_string(),
+                )
+                .expect("valid settings");
+            let build = |env: &StreamEnvironment| {
+                window_check::reports(env, spec, 1).sink_to(DiscardSink::new(), "discard");
+            };
+            stop_after_checkpoints(&config, dir.path(), "window-check", false, 8, build);
+            // Each retained checkpoint's window parts: the links of their chains.
+            let mut chains: Vec<u64> = Vec::new();
+            for n in completed_of(dir.path(), "window-check") {
+                let path = dir.path().join(format!("window-check/chk-{n}"));
+                let report = weir_engine::checkpoint::inspect::inspect(&path).expect("inspected");
+                assert!(report.problems.is_empty(), "{:?}", report.problems);
+                chains.extend(
+                    report
+                        .operators
+                        .iter()
+                        .flat_map(|operator| &operator.subtasks)
+                        .flat_map(|subtask| &subtask.parts)
+                        .filter_map(|part| part.chain_links),
+                );
+            }
+            let links = shared_files_listed(dir.path(), "window-check", 6);
+            let chain_links: Vec<&String> = links.iter().filter(|n| !n.ends_with(".sst")).collect();
+            if incremental {
+                assert!(
+                    chains.iter().any(|&links| links > 1),
+                    "{backend}: no window part with a delta: {chains:?}"
+                );
+                let mut distinct = chain_links.clone();
+                distinct.dedup();
+                assert!(
+                    distinct.len() < chain_links.len(),
+                    "{backend}: no link shared by two checkpoints: {chain_links:?}"
+                );
+            } else {
+                assert!(chains.is_empty(), "{backend}: {chains:?}");
+                assert!(chain_links.is_empty(), "{backend}: {chain_links:?}");
+            }
+        }
+    }
 }
 
 /// A checkpoint's keyed state resumes only on the backend that wrote it: each refuses the

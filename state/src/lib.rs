@@ -56,6 +56,7 @@ pub mod ttl;
 
 pub use backend::heap::restore::RestoreSummary;
 pub use backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
+pub use backend::keyed_chain::{merge_keyed_chain, REMOVED_KEYS};
 pub use backend::keyed_entries::{
     KeyedSnapshotEntries, KeyedSnapshotWriter, StateValueCodec, WriterState,
 };

@@ -186,8 +186,9 @@ pub struct PausesMs {
 pub struct CheckpointBytes {
     /// Of the last full checkpoint.
     pub last_full: u64,
-    /// Of the last incremental one (`None`: every checkpoint is full, as on the heap).
-    pub last_incremental: Option<u64>,
+    /// What the last one wrote: its full size less the shared files earlier checkpoints
+    /// wrote and it lists again (RocksDB's SST files, links of window chains).
+    pub last_incremental: u64,
 }
 
 /// What the checkpoints of an engine run did.
@@ -209,8 +210,7 @@ pub struct CheckpointFigures {
 }
 
 impl CheckpointFigures {
-    /// `incremental`: whether checkpoints share files (RocksDB).
-    fn of(interval_ms: u64, stats: &CheckpointStats, incremental: bool) -> Self {
+    pub(crate) fn of(interval_ms: u64, stats: &CheckpointStats) -> Self {
         let ms = |durations: &[Duration]| {
             let mut ms: Vec<f64> = durations.iter().map(|d| d.as_secs_f64() * 1e3).collect();
             ms.sort_by(f64::total_cmp);
@@ -229,7 +229,7 @@ impl CheckpointFigures {
             }),
             checkpoint_bytes: CheckpointBytes {
                 last_full: stats.last_bytes,
-                last_incremental: incremental.then_some(stats.last_incremental_bytes),
+                last_incremental: stats.last_incremental_bytes,
             },
             sync_pause_ms: (!pauses.is_empty()).then(|| PausesMs {
                 p50: at(&pauses, 0.5),
@@ -710,10 +710,7 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         checkpoints: options
             .checkpoint_interval_ms
             .zip(result.checkpoints.as_ref())
-            .map(|(interval, stats)| {
-                let incremental = options.state_backend == "rocksdb";
-                CheckpointFigures::of(interval, stats, incremental)
-            }),
+            .map(|(interval, stats)| CheckpointFigures::of(interval, stats)),
     })
 }
 

@@ -240,6 +240,7 @@ async fn write_file(
     for (operator, part_name, part) in parts {
         let part = match part {
             Part::Native(upload) => Part::Bytes(upload.upload(pending, &mut referenced).await?),
+            Part::Chained(link) => Part::Bytes(link.store(pending, &mut referenced).await?),
             part => part,
         };
         resolved.push((operator, part_name, part));
@@ -816,7 +817,8 @@ pub(crate) fn open_checkpoints(
         let path: PathBuf = completed.path_of(file);
         let bytes = std::fs::read(&path)
             .map_err(|e| refuse(format!("cannot read {}: {e}", path.display())))?;
-        let parts = decode_file(&bytes, &path.display().to_string()).map_err(refuse)?;
+        let mut parts = decode_file(&bytes, &path.display().to_string()).map_err(refuse)?;
+        super::chain::expand_parts(&completed.dir, &mut parts).map_err(refuse)?;
         restored.add_file(subtask, parts);
     }
     for (id, bytes) in payload.enumerators {

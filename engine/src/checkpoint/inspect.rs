@@ -10,6 +10,7 @@ use serde::Serialize;
 use weir_state::checkpoint::{verify_file, CheckpointMetadata, METADATA_FILE};
 use weir_state::{decode_keyed_snapshot, OperatorStateSnapshot};
 
+use super::chain::{expand_parts, is_chain};
 use super::driver::decode_payload;
 use super::task_state::{decode_file, PART_KEYED, PART_OPERATOR_STATE, PART_OWN_KEYED};
 use super::task_state::{PART_SPLITS, PART_TIMERS};
@@ -70,8 +71,12 @@ pub struct SubtaskReport {
 pub struct PartReport {
     /// `keyed`, `own-keyed`, `timers`, `operator-state`, `splits` or `rocksdb`.
     pub name: String,
-    /// Its encoded size.
+    /// Its encoded size (of a chain, its links').
     pub bytes: u64,
+    /// A part checkpointed incrementally: the links of its chain, a full snapshot and the
+    /// deltas since (its content is what they add up to).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chain_links: Option<u64>,
     /// What it holds.
     pub content: PartContent,
 }
@@ -204,7 +209,7 @@ pub fn inspect(path: &Path) -> Result<CheckpointReport, String> {
         }
         let path = dir.join(&file.name);
         let what = path.display().to_string();
-        let parts = match std::fs::read(&path)
+        let mut parts = match std::fs::read(&path)
             .map_err(|e| format!("cannot read {what}: {e}"))
             .and_then(|bytes| decode_file(&bytes, &what))
         {
@@ -214,7 +219,16 @@ pub fn inspect(path: &Path) -> Result<CheckpointReport, String> {
                 continue;
             }
         };
-        for (operator, name, bytes) in parts {
+        let chained: Vec<bool> = parts.iter().map(|(_, _, bytes)| is_chain(bytes)).collect();
+        let mut chains = match expand_parts(&dir, &mut parts) {
+            Ok(chains) => chains.into_iter(),
+            Err(problem) => {
+                report.problems.push(format!("{what}: {problem}"));
+                continue;
+            }
+        };
+        for ((operator, name, bytes), chained) in parts.into_iter().zip(chained) {
+            let chain = chained.then(|| chains.next().expect("one per chain part"));
             let part = describe_part(&name, &bytes).map_err(|problem| {
                 format!("{what}: operator {operator}'s part '{name}': {problem}")
             });
@@ -233,7 +247,8 @@ pub fn inspect(path: &Path) -> Result<CheckpointReport, String> {
             };
             let part = PartReport {
                 name,
-                bytes: bytes.len() as u64,
+                bytes: chain.map_or(bytes.len() as u64, |(_, bytes)| bytes),
+                chain_links: chain.map(|(links, _)| links as u64),
                 content,
             };
             match entry.subtasks.iter_mut().find(|s| s.subtask == subtask) {
@@ -417,9 +432,12 @@ impl std::fmt::Display for CheckpointReport {
             )?;
             for subtask in &operator.subtasks {
                 for part in &subtask.parts {
+                    let chain = part
+                        .chain_links
+                        .map_or_else(String::new, |links| format!(" in a chain of {links} links"));
                     write!(
                         f,
-                        "  subtask {} {} ({} bytes, {}):",
+                        "  subtask {} {} ({} bytes{chain}, {}):",
                         subtask.subtask, part.name, part.bytes, subtask.file
                     )?;
                     match &part.content {

@@ -8,13 +8,14 @@
 //! - `task_state`: what one task's operators write at a barrier and restore from.
 //! - [`inspect`]: what a checkpoint holds, read without the job's types, checksums verified.
 //! - `keyed`: keyed state operators keep in structures of their own, in the keyed-snapshot
-//!   format.
+//!   format; `chain`: such state checkpointed incrementally, a full snapshot and deltas.
 //! - [`restart`]: after a failure, whether and when the job restarts from its last checkpoint
 //!   (Flink's restart strategies).
 //!
 //! The files of a checkpoint are written by `weir_state::checkpoint`.
 
 pub(crate) mod bytes;
+pub(crate) mod chain;
 pub mod coordinator;
 pub(crate) mod driver;
 pub mod inspect;

@@ -54,6 +54,8 @@ pub(crate) enum Part {
     Deferred(DeferredPart),
     /// A RocksDB checkpoint taken at the barrier, uploaded by the writer (`native.rs`).
     Native(super::native::NativeUpload),
+    /// A link of a keyed part's chain taken at the barrier, stored by the writer (`chain.rs`).
+    Chained(super::chain::ChainLink),
 }
 
 /// What one operator wrote at a barrier.
@@ -279,10 +281,10 @@ pub(crate) fn encode_file(parts: Vec<(Arc<str>, &'static str, Part)>) -> Result<
                 encode(&mut scratch)?;
                 out.bytes(&scratch);
             }
-            Part::Native(_) => {
+            Part::Native(_) | Part::Chained(_) => {
                 return Err(format!(
-                    "internal error: the RocksDB checkpoint of operator {operator} was not \
-                     uploaded before its task's state file was written"
+                    "internal error: the files of operator {operator}'s part '{name}' were not \
+                     written before its task's state file was"
                 ))
             }
         }

@@ -282,6 +282,7 @@ impl ChainBuilder<'_> {
                     .checkpointing
                     .as_ref()
                     .is_none_or(|checkpointing| checkpointing.incremental),
+                checkpointed: self.shared.checkpointing.is_some(),
                 operator_id: operator_id.into(),
             },
             operator_state,

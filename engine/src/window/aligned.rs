@@ -24,11 +24,12 @@ use std::sync::Arc;
 
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
 
-use super::checkpoint::{foreign_window, KeyedScope, FIRE_TIMERS};
+use super::checkpoint::{foreign_window, KeyedScope, WindowSnapshot, FIRE_TIMERS};
 use super::function::WindowLogic;
 use super::panes::PaneList;
 use super::recycle;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
+use crate::checkpoint::chain::{KeyedChain, Link};
 use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{Batch, Emitter, Operator, OutputTag, RuntimeContext};
@@ -135,6 +136,8 @@ impl Geometry {
 struct KeyState<A> {
     panes: PaneList<A>,
     fire_at: i64,
+    /// The checkpoint epoch in which the key last changed ([`Changes`]).
+    changed_in: u32,
 }
 
 impl<A> Default for KeyState<A> {
@@ -142,6 +145,44 @@ impl<A> Default for KeyState<A> {
         KeyState {
             panes: PaneList::default(),
             fire_at: NO_TIMER,
+            changed_in: 0,
+        }
+    }
+}
+
+/// The keys that changed (or went) since the last checkpoint, for incremental checkpoints
+/// (`checkpoint::chain`): the next checkpoint writes only them, unless it writes every key.
+struct Changes<K> {
+    /// The current epoch (one per checkpoint), from 1; 0 while untracked (no incremental
+    /// checkpoints): a key changed in epoch 0 is never recorded.
+    epoch: u32,
+    /// The keys changed in this epoch, in the order they first changed. A key removed and
+    /// added again is here twice; a delta writes it once ([`WRITTEN`]).
+    keys: Vec<K>,
+    chain: Option<KeyedChain>,
+}
+
+/// A key's `changed_in` once a delta wrote it: no epoch's number.
+const WRITTEN: u32 = u32::MAX;
+
+impl<K: Key> Changes<K> {
+    /// Records that `key`, last changed in epoch `changed_in`, changes now.
+    #[inline]
+    fn record(&mut self, key: &K, changed_in: &mut u32) {
+        if *changed_in != self.epoch {
+            *changed_in = self.epoch;
+            self.keys.push(key.clone());
+        }
+    }
+
+    /// A checkpoint took the changes: a new epoch begins (when the numbers run out, every
+    /// key's is reset, so that none seems changed already).
+    fn next_epoch<A>(&mut self, keys: &mut KeyMap<K, KeyState<A>>) {
+        self.keys.clear();
+        self.epoch += 1;
+        if self.epoch == WRITTEN {
+            keys.values_mut().for_each(|state| state.changed_in = 0);
+            self.epoch = 1;
         }
     }
 }
@@ -303,6 +344,7 @@ pub(crate) struct AlignedWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     late: LateData<T>,
     operator: Arc<str>,
     keys: KeyMap<K, KeyState<L::Acc>>,
+    changes: Changes<K>,
     recent: RecentPane,
     /// Set when opened.
     scope: Option<KeyedScope>,
@@ -342,6 +384,11 @@ impl<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> AlignedWindowOperator<K, 
             late: LateData::new(late_tag),
             operator: "".into(),
             keys: KeyMap::default(),
+            changes: Changes {
+                epoch: 0,
+                keys: Default::default(),
+                chain: None,
+            },
             recent: RecentPane {
                 start: 0,
                 end: 0,
@@ -389,6 +436,7 @@ where
         if state.fire_at != time {
             return;
         }
+        self.changes.record(&key, &mut state.changed_in);
         match self
             .firing
             .fire_due(&self.schedule, &key, state, time, &mut out.main)
@@ -404,11 +452,12 @@ where
     /// Fires every key whose timer is due at `time`, in one pass over the map: when most keys
     /// fire, memory order beats a random probe per key.
     fn fire_all_due(&mut self, time: i64, out: &mut Emitter<O>) {
-        let (firing, schedule) = (&mut self.firing, &mut self.schedule);
+        let (firing, schedule, changes) = (&mut self.firing, &mut self.schedule, &mut self.changes);
         self.keys.retain(|key, state| {
             if state.fire_at != time {
                 return true;
             }
+            changes.record(key, &mut state.changed_in);
             match firing.fire_due(schedule, key, state, time, &mut out.main) {
                 Some(next) => {
                     schedule.fire_timers.register(key.clone(), next);
@@ -425,6 +474,7 @@ where
         let Some(state) = self.keys.get_mut(&key) else {
             return;
         };
+        self.changes.record(&key, &mut state.changed_in);
         let geometry = self.schedule.geometry;
         let lateness = self.schedule.allowed_lateness;
         state.panes.drop_while(|(start, _)| {
@@ -467,19 +517,42 @@ where
     T: 'static,
     L: WindowLogic<K, TimeWindow, T, O>,
 {
-    /// Writes every key's panes and its fire timer (`checkpoint.rs` has the layout).
-    fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+    /// Writes every key's panes and its fire timer (`checkpoint.rs` has the layout) — or,
+    /// checkpointing incrementally, those of the keys changed since the last checkpoint, and
+    /// which went (`checkpoint::chain`).
+    fn write_snapshot(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+        let link = match &self.changes.chain {
+            Some(chain) => chain.next(self.changes.keys.len(), self.keys.len()),
+            None => Link::Full,
+        };
+        match (link, &self.changes.chain) {
+            (Link::Unchanged, Some(chain)) => chain.add(snapshot, None),
+            _ => {
+                let bytes = self.write_link(link == Link::Full).inspect_err(|_| {
+                    // Keys a failed delta marked written are in no link: start again.
+                    self.changes.chain.iter().for_each(KeyedChain::restart);
+                })?;
+                match &self.changes.chain {
+                    Some(chain) => chain.add(snapshot, Some((link == Link::Full, bytes))),
+                    None => snapshot.add(self.firing.logic.bookkeeping_part(), bytes),
+                }
+            }
+        }
+        if self.changes.chain.is_some() {
+            self.changes.next_epoch(&mut self.keys);
+        }
+        self.firing.logic.snapshot_contents(snapshot)
+    }
+
+    /// Encodes every key (`full`), or the keys changed since the last link and the keys gone.
+    fn write_link(&mut self, full: bool) -> Result<Vec<u8>, StateError> {
         let scope = self.scope.expect("opened");
         let codec = self.firing.logic.acc_codec();
         let pane = self.schedule.geometry.pane;
-        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(
-            &scope,
-            &codec,
-            self.firing.logic.bookkeeping_part(),
-        );
+        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, &codec);
         let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
-        for (key, state) in &self.keys {
-            writer.key(key)?;
+        let put = |writer: &mut WindowSnapshot<'_, K, TimeWindow, L::Acc>,
+                   state: &KeyState<L::Acc>| {
             for (start, acc) in state.panes.iter() {
                 let window = TimeWindow::new(*start, start.saturating_add(pane));
                 writer.contents(Some(&window), acc)?;
@@ -487,9 +560,30 @@ where
             if state.fire_at != NO_TIMER {
                 writer.put(&fire_timers, &state.fire_at)?;
             }
+            Ok::<_, StateError>(())
+        };
+        if full {
+            for (key, state) in &self.keys {
+                writer.key(key)?;
+                put(&mut writer, state)?;
+            }
+        } else {
+            for key in &self.changes.keys {
+                match self.keys.get_mut(key) {
+                    Some(state) if state.changed_in == WRITTEN => {}
+                    Some(state) => {
+                        writer.key(key)?;
+                        put(&mut writer, state)?;
+                        state.changed_in = WRITTEN;
+                    }
+                    None => {
+                        writer.key(key)?;
+                        writer.removed()?;
+                    }
+                }
+            }
         }
-        writer.finish(snapshot)?;
-        self.firing.logic.snapshot_contents(snapshot)
+        writer.finish()
     }
 
     /// Takes back the panes and fire timers of this subtask's key groups from the checkpoint
@@ -567,13 +661,14 @@ where
     }
 
     fn open(&mut self, ctx: &RuntimeContext) {
-        let scope = super::checkpoint::open(
-            ctx,
-            "windows",
-            self.firing.logic.bookkeeping_part(),
-            |restored| self.restore(restored),
-        );
+        let part = self.firing.logic.bookkeeping_part();
+        let scope =
+            super::checkpoint::open(ctx, "windows", part, |restored| self.restore(restored));
         self.scope = Some(scope);
+        if let Some(chain) = KeyedChain::open(ctx, part) {
+            self.changes.chain = Some(chain);
+            self.changes.epoch = 1;
+        }
     }
 
     fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
@@ -602,6 +697,7 @@ where
             Some(state) => state,
             None => self.keys.entry(key.clone()).or_default(),
         };
+        self.changes.record(&key, &mut state.changed_in);
         let (acc, created) = state
             .panes
             .get_mut_or_insert_with(pane.start, || firing.logic.create(&key));
@@ -859,6 +955,75 @@ mod tests {
                 second.on_watermark(watermark, &mut out);
             }
             feed(&mut second, &input[cut..], &mut out);
+
+            let mut expected = all.main.records.clone();
+            expected.sort_unstable();
+            let mut fired = out.main.records.clone();
+            fired.sort_unstable();
+            proptest::prop_assert_eq!(fired, expected);
+            proptest::prop_assert!(second.keys.is_empty(), "state left after the last watermark");
+        }
+    }
+
+    proptest::proptest! {
+        /// An operator checkpointed incrementally — a full snapshot, then deltas of the keys
+        /// that changed or went — at several points of its input, restored from what its chain
+        /// merges into, fires with the original's output before the last checkpoint exactly
+        /// what the original fires.
+        #[test]
+        fn an_operator_restored_from_deltas_fires_what_the_original_fires(
+            size in 1i64..30,
+            slide_part in 1i64..30,
+            lateness in proptest::prop_oneof![proptest::strategy::Just(0i64), 0i64..40],
+            steps in proptest::collection::vec((0u8..4, 0u8..8, -40i64..10), 1..120),
+            mut cuts in proptest::collection::vec(0usize..120, 1..6),
+        ) {
+            let slide = slide_part.min(size);
+            let g = Geometry::new(size, slide, 0);
+            let input = input_of(steps);
+            let mut whole = counting(g, lateness);
+            let mut all = Emitter::new(0, crate::operator::SideOutputs::default());
+            feed(&mut whole, &input, &mut all);
+
+            let mut first = counting(g, lateness);
+            first.changes = Changes {
+                epoch: 1,
+                keys: Default::default(),
+                chain: Some(KeyedChain::deltas_only(crate::checkpoint::task_state::PART_KEYED)),
+            };
+            let mut out = Emitter::new(0, crate::operator::SideOutputs::default());
+            cuts.iter_mut().for_each(|cut| *cut = (*cut).min(input.len()));
+            cuts.sort_unstable();
+            let mut chain: Vec<Vec<u8>> = Vec::new();
+            let mut at = 0;
+            for &cut in &cuts {
+                feed(&mut first, &input[at..cut], &mut out);
+                at = cut;
+                let mut snapshot = OperatorSnapshot::default();
+                first.write_snapshot(&mut snapshot).expect("a snapshot");
+                for (_, part) in snapshot.parts {
+                    let crate::checkpoint::task_state::Part::Chained(link) = part else {
+                        panic!("a window part that is not a link");
+                    };
+                    match link.take() {
+                        Some((true, bytes)) => chain = vec![bytes],
+                        Some((false, bytes)) => chain.push(bytes),
+                        None => {}
+                    }
+                }
+            }
+            let watermark = first.schedule.watermark;
+            drop(first);
+            let links: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
+            let merged = weir_state::merge_keyed_chain(&links).expect("the chain merges");
+            let mut second = counting(g, lateness);
+            second
+                .restore(&KeyedScope::single(16).read(&[&merged]).expect("it reads back"))
+                .expect("restored");
+            if watermark > Watermark::MIN {
+                second.on_watermark(watermark, &mut out);
+            }
+            feed(&mut second, &input[at..], &mut out);
 
             let mut expected = all.main.records.clone();
             expected.sort_unstable();

@@ -23,7 +23,10 @@
 //! no watermark, and its timers fire when watermarks arrive again.
 //!
 //! The snapshot is encoded when the barrier passes, before the next record: the maps change
-//! right after it, and they are not copy-on-write.
+//! right after it, and they are not copy-on-write. Tumbling and sliding windows keep that
+//! pause short by checkpointing incrementally (`checkpoint::chain`): they record which keys
+//! change, and a checkpoint writes only those (and which keys went) as a delta over the last
+//! full snapshot. Session and count windows write every key each time.
 
 use std::any::type_name;
 
@@ -35,6 +38,7 @@ use weir_state::{
 
 use crate::checkpoint::keyed::foreign_state;
 pub(crate) use crate::checkpoint::keyed::KeyedScope;
+#[cfg(test)]
 use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::operator::RuntimeContext;
 use crate::record::Key;
@@ -140,8 +144,6 @@ pub(crate) struct WindowSnapshot<'c, K, N, A> {
     writer: KeyedSnapshotWriter<K, N>,
     codec: &'c AccCodec<A>,
     contents: weir_state::WriterState,
-    /// The operator's part it is written as.
-    part: &'static str,
 }
 
 impl<'c, K: Key, N: StateCodec, A> WindowSnapshot<'c, K, N, A> {
@@ -179,21 +181,25 @@ impl<'c, K: Key, N: StateCodec, A> WindowSnapshot<'c, K, N, A> {
         self.writer.put(*state, None, codec, value)
     }
 
-    /// Adds the encoded snapshot to the operator's.
-    pub(crate) fn finish(self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+    /// Marks the current key as removed (a delta of a chain: `checkpoint::chain`).
+    pub(crate) fn removed(&mut self) -> Result<(), StateError> {
+        self.writer.remove_key()
+    }
+
+    /// The encoded snapshot.
+    pub(crate) fn finish(self) -> Result<Vec<u8>, StateError> {
         let mut bytes = Vec::new();
         self.writer.finish(&mut bytes)?;
-        snapshot.add(self.part, bytes);
-        Ok(())
+        Ok(bytes)
     }
 }
 
 /// A snapshot of one window operator subtask whose window contents are written with
-/// `codec`, as its part `part` ([`super::function::WindowLogic::bookkeeping_part`]).
+/// `codec` (the operator adds it to its snapshot as its part
+/// [`super::function::WindowLogic::bookkeeping_part`]).
 pub(crate) fn snapshot<'c, K: Key, N: StateCodec, A>(
     scope: &KeyedScope,
     codec: &'c AccCodec<A>,
-    part: &'static str,
 ) -> WindowSnapshot<'c, K, N, A> {
     let mut writer = scope.writer();
     let contents = writer.add_state(CONTENTS, codec.kind, codec.value_type);
@@ -201,7 +207,6 @@ pub(crate) fn snapshot<'c, K: Key, N: StateCodec, A>(
         writer,
         codec,
         contents,
-        part,
     }
 }
 

@@ -42,18 +42,14 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
     {
         let scope = self.scope.expect("opened");
         let codec = self.logic.acc_codec();
-        let mut writer = super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(
-            &scope,
-            &codec,
-            self.logic.bookkeeping_part(),
-        );
+        let mut writer = super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, &codec);
         let counts = writer.add_state::<u64>(COUNTS, StateKind::Value);
         for (key, (seen, acc)) in &self.keys {
             writer.key(key)?;
             writer.contents(None, acc)?;
             writer.put(&counts, seen)?;
         }
-        writer.finish(snapshot)?;
+        snapshot.add(self.logic.bookkeeping_part(), writer.finish()?);
         self.logic.snapshot_contents(snapshot)
     }
 

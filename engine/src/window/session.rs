@@ -175,11 +175,7 @@ where
     fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let scope = self.scope.expect("opened");
         let codec = self.logic.acc_codec();
-        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(
-            &scope,
-            &codec,
-            self.logic.bookkeeping_part(),
-        );
+        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, &codec);
         let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
         let cleanup_timers = writer.add_state::<i64>(CLEANUP_TIMERS, StateKind::List);
         for (key, sessions) in &self.keys {
@@ -200,7 +196,7 @@ where
             });
         }
         result?;
-        writer.finish(snapshot)?;
+        snapshot.add(self.logic.bookkeeping_part(), writer.finish()?);
         self.logic.snapshot_contents(snapshot)
     }
 

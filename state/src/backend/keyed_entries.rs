@@ -254,6 +254,24 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotWriter<K, N> {
         Ok(())
     }
 
+    /// Marks the current key as removed: a delta of a chain
+    /// ([`crate::merge_keyed_chain`]) says so for a key an earlier link holds and the operator
+    /// no longer has. Its entry goes into the state [`crate::REMOVED_KEYS`], added on first use.
+    ///
+    /// # Panics
+    /// If no key was set.
+    pub fn remove_key(&mut self) -> Result<(), StateError> {
+        let removed = match self
+            .states
+            .iter()
+            .position(|state| state.header.name == crate::REMOVED_KEYS)
+        {
+            Some(at) => WriterState(at),
+            None => self.add_state(crate::REMOVED_KEYS, StateKind::Value, type_name::<()>()),
+        };
+        self.put_with(removed, None, |_| Ok(()))
+    }
+
     /// Appends the snapshot to `out`. On an error `out` is left as it was.
     pub fn finish(self, out: &mut Vec<u8>) -> Result<(), StateError> {
         with_checksum(out, |out| {

@@ -318,14 +318,35 @@ pub(crate) fn write_header<K, N>(
     taken_at_ms: i64,
     states: usize,
 ) -> Result<(), StateError> {
+    write_header_raw(
+        out,
+        max_parallelism,
+        key_groups,
+        taken_at_ms,
+        type_name::<K>(),
+        type_name::<N>(),
+        states,
+    )
+}
+
+/// [`write_header`] with the key and namespace types' names given.
+pub(crate) fn write_header_raw(
+    out: &mut Vec<u8>,
+    max_parallelism: u32,
+    key_groups: KeyGroupRange,
+    taken_at_ms: i64,
+    key_type: &str,
+    namespace_type: &str,
+    states: usize,
+) -> Result<(), StateError> {
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&KEYED_SNAPSHOT_FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&max_parallelism.to_le_bytes());
     out.extend_from_slice(&key_groups.start.to_le_bytes());
     out.extend_from_slice(&key_groups.end.to_le_bytes());
     out.extend_from_slice(&taken_at_ms.to_le_bytes());
-    put_bytes(out, "*", type_name::<K>().as_bytes())?;
-    put_bytes(out, "*", type_name::<N>().as_bytes())?;
+    put_bytes(out, "*", key_type.as_bytes())?;
+    put_bytes(out, "*", namespace_type.as_bytes())?;
     let count = u32::try_from(states).map_err(|_| too_long("*", states))?;
     out.extend_from_slice(&count.to_le_bytes());
     Ok(())

@@ -8,6 +8,7 @@
 
 pub(crate) mod context;
 pub(crate) mod heap;
+pub(crate) mod keyed_chain;
 pub(crate) mod keyed_entries;
 pub(crate) mod keyed_snapshot;
 mod registry;
