@@ -619,16 +619,29 @@ impl CheckpointStorage {
     }
 }
 
-/// The length and CRC-32 of a file, read in 64 KiB pieces.
 /// Checks that `file` of the checkpoint in `dir` has the length and CRC-32 its metadata says
 /// (a [`StateErrorKind::CorruptCheckpoint`] error naming the file and what is wrong).
 pub fn verify_file(dir: &Path, file: &StoredFile) -> Result<(), StateError> {
     let path = resolve(dir, &file.name);
     let (len, crc) = checksum_file(&path)
         .map_err(|error| corrupt(&path, format!("reading it failed: {error}")))?;
+    check_stored(&path, file, len, crc)
+}
+
+/// The contents of `file` of the checkpoint in `dir`, read once and checked against the length
+/// and CRC-32 its metadata says (the errors of [`verify_file`]).
+pub fn read_verified(dir: &Path, file: &StoredFile) -> Result<Vec<u8>, StateError> {
+    let path = resolve(dir, &file.name);
+    let contents =
+        fs::read(&path).map_err(|error| corrupt(&path, format!("reading it failed: {error}")))?;
+    check_stored(&path, file, contents.len() as u64, crc32(&contents))?;
+    Ok(contents)
+}
+
+fn check_stored(path: &Path, file: &StoredFile, len: u64, crc: u32) -> Result<(), StateError> {
     if len != file.len {
         return Err(corrupt(
-            &path,
+            path,
             format!(
                 "it has {len} bytes, the metadata says {}: it is truncated or was changed",
                 file.len
@@ -637,7 +650,7 @@ pub fn verify_file(dir: &Path, file: &StoredFile) -> Result<(), StateError> {
     }
     if crc != file.crc32 {
         return Err(corrupt(
-            &path,
+            path,
             format!(
                 "its CRC-32 is {crc:#010x}, the metadata says {:#010x}: it is damaged",
                 file.crc32
@@ -647,6 +660,7 @@ pub fn verify_file(dir: &Path, file: &StoredFile) -> Result<(), StateError> {
     Ok(())
 }
 
+/// The length and CRC-32 of a file, read in 64 KiB pieces.
 fn checksum_file(path: &Path) -> std::io::Result<(u64, u32)> {
     let mut file = File::open(path)?;
     let mut buffer = vec![0u8; 64 << 10];

@@ -341,9 +341,7 @@ pub(crate) fn expand_parts(dir: &Path, parts: &mut FileParts) -> Result<Vec<(usi
         let contents = links
             .iter()
             .map(|(_, file)| {
-                weir_state::checkpoint::verify_file(dir, file).map_err(|e| e.to_string())?;
-                let path = weir_state::checkpoint::resolve(dir, &file.name);
-                std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+                weir_state::checkpoint::read_verified(dir, file).map_err(|e| e.to_string())
             })
             .collect::<Result<Vec<_>, String>>()?;
         let refs: Vec<&[u8]> = contents.iter().map(Vec::as_slice).collect();

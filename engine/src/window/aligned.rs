@@ -896,6 +896,47 @@ mod tests {
         out
     }
 
+    /// Everything an operator fires on the whole of `input`, sorted.
+    fn fired_whole(
+        g: Geometry,
+        lateness: i64,
+        input: &[Result<(u8, i64), i64>],
+    ) -> Vec<(u8, i64, u64)> {
+        let mut op = counting(g, lateness);
+        let mut out = Emitter::new(0, crate::operator::SideOutputs::default());
+        feed(&mut op, input, &mut out);
+        let mut fired = out.main.records.clone();
+        fired.sort_unstable();
+        fired
+    }
+
+    /// What a new operator restored from `restored` fires on `rest` of the input after it sees
+    /// the `watermark` the checkpointed one had again (as after a restore), added to `out`
+    /// (the checkpointed one's output before the checkpoint); sorted. Fails if the operator
+    /// holds state after the last watermark.
+    fn fired_after_restore(
+        g: Geometry,
+        lateness: i64,
+        restored: &KeyedSnapshotEntries<u8, TimeWindow>,
+        watermark: Watermark,
+        rest: &[Result<(u8, i64), i64>],
+        mut out: Emitter<(u8, i64, u64)>,
+    ) -> Result<Vec<(u8, i64, u64)>, proptest::test_runner::TestCaseError> {
+        let mut second = counting(g, lateness);
+        second.restore(restored).expect("restored");
+        if watermark > Watermark::MIN {
+            second.on_watermark(watermark, &mut out);
+        }
+        feed(&mut second, rest, &mut out);
+        proptest::prop_assert!(
+            second.keys.is_empty(),
+            "state left after the last watermark"
+        );
+        let mut fired = out.main.records;
+        fired.sort_unstable();
+        Ok(fired)
+    }
+
     proptest::proptest! {
         /// Tumbling and sliding windows, out of order, with and without lateness: the pane
         /// operator emits what Flink's per-window operator would.
@@ -936,32 +977,16 @@ mod tests {
             let g = Geometry::new(size, slide, 0);
             let input = input_of(steps);
             let cut = cut.min(input.len());
-            let mut whole = counting(g, lateness);
-            let mut all = Emitter::new(0, crate::operator::SideOutputs::default());
-            feed(&mut whole, &input, &mut all);
-
             let mut first = counting(g, lateness);
             let mut out = Emitter::new(0, crate::operator::SideOutputs::default());
             feed(&mut first, &input[..cut], &mut out);
             let mut snapshot = OperatorSnapshot::default();
             first.write_snapshot(&mut snapshot).expect("a snapshot");
-            let watermark = first.schedule.watermark;
-            drop(first);
-            let mut second = counting(g, lateness);
-            second
-                .restore(&super::super::checkpoint::read_back(&snapshot, 16))
-                .expect("restored");
-            if watermark > Watermark::MIN {
-                second.on_watermark(watermark, &mut out);
-            }
-            feed(&mut second, &input[cut..], &mut out);
-
-            let mut expected = all.main.records.clone();
-            expected.sort_unstable();
-            let mut fired = out.main.records.clone();
-            fired.sort_unstable();
-            proptest::prop_assert_eq!(fired, expected);
-            proptest::prop_assert!(second.keys.is_empty(), "state left after the last watermark");
+            let restored = super::super::checkpoint::read_back(&snapshot, 16);
+            let fired = fired_after_restore(
+                g, lateness, &restored, first.schedule.watermark, &input[cut..], out,
+            )?;
+            proptest::prop_assert_eq!(fired, fired_whole(g, lateness, &input));
         }
     }
 
@@ -981,10 +1006,6 @@ mod tests {
             let slide = slide_part.min(size);
             let g = Geometry::new(size, slide, 0);
             let input = input_of(steps);
-            let mut whole = counting(g, lateness);
-            let mut all = Emitter::new(0, crate::operator::SideOutputs::default());
-            feed(&mut whole, &input, &mut all);
-
             let mut first = counting(g, lateness);
             first.changes = Changes {
                 epoch: 1,
@@ -1012,25 +1033,13 @@ mod tests {
                     }
                 }
             }
-            let watermark = first.schedule.watermark;
-            drop(first);
             let links: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
             let merged = weir_state::merge_keyed_chain(&links).expect("the chain merges");
-            let mut second = counting(g, lateness);
-            second
-                .restore(&KeyedScope::single(16).read(&[&merged]).expect("it reads back"))
-                .expect("restored");
-            if watermark > Watermark::MIN {
-                second.on_watermark(watermark, &mut out);
-            }
-            feed(&mut second, &input[at..], &mut out);
-
-            let mut expected = all.main.records.clone();
-            expected.sort_unstable();
-            let mut fired = out.main.records.clone();
-            fired.sort_unstable();
-            proptest::prop_assert_eq!(fired, expected);
-            proptest::prop_assert!(second.keys.is_empty(), "state left after the last watermark");
+            let restored = KeyedScope::single(16).read(&[&merged]).expect("it reads back");
+            let fired = fired_after_restore(
+                g, lateness, &restored, first.schedule.watermark, &input[at..], out,
+            )?;
+            proptest::prop_assert_eq!(fired, fired_whole(g, lateness, &input));
         }
     }
 
