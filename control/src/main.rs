@@ -99,6 +99,14 @@ enum Command {
         /// (execution.checkpointing.dir), or from scratch if it has none yet.
         #[arg(long)]
         resume: bool,
+        /// Start from this savepoint (a `savepoint-…` directory, or a retained `chk-<n>`):
+        /// every state as the savepoint found it, at any parallelism.
+        #[arg(long, value_name = "PATH", conflicts_with = "resume")]
+        from_savepoint: Option<PathBuf>,
+        /// With --from-savepoint or --resume: leave out (with a warning) the state of operators
+        /// the job no longer has, instead of refusing to start.
+        #[arg(long)]
+        allow_non_restored_state: bool,
         /// Print the StreamGraph, JobGraph and ExecutionGraph instead of running.
         #[arg(long)]
         explain: bool,
@@ -285,12 +293,15 @@ fn run(cli: Cli) -> Result<()> {
             keys,
             rate,
             resume,
+            from_savepoint,
+            allow_non_restored_state,
             explain,
             explain_memory,
             quiet,
             config,
         } => {
             let config = config.load()?;
+            let checkpointed = config.checkpointing()?.is_some();
             if explain_memory {
                 print!("{}", memory_budget(&config)?);
                 return Ok(());
@@ -344,16 +355,28 @@ fn run(cli: Cli) -> Result<()> {
             let options = RunOptions {
                 progress: (!quiet).then_some(Duration::from_secs(1)),
                 resume,
+                from_savepoint,
+                allow_non_restored_state,
                 ..RunOptions::default()
             };
+            // Before the job's threads start, so that they inherit the blocked signals.
+            signals::stop_on_signals(name, checkpointed, &options)?;
             let result = env
                 .execute_with(name, options)
                 .with_context(|| format!("job '{name}' failed"))?;
-            eprintln!(
-                "job '{name}' finished in {:.3} s on {} shard(s)",
-                result.duration.as_secs_f64(),
-                env.slots()
-            );
+            match &result.savepoint {
+                Some(savepoint) => eprintln!(
+                    "job '{name}' stopped with savepoint {} after {:.3} s; resume it with:\n  {}",
+                    savepoint.display(),
+                    result.duration.as_secs_f64(),
+                    signals::resume_command(savepoint)
+                ),
+                None => eprintln!(
+                    "job '{name}' finished in {:.3} s on {} shard(s)",
+                    result.duration.as_secs_f64(),
+                    env.slots()
+                ),
+            }
             if let Some(last) = result.restarts.last() {
                 eprintln!(
                     "  restarted {} time(s) after task failures (counts below are the last \
@@ -516,6 +539,8 @@ fn run_bench(bench: Bench) -> Result<()> {
         }
     }
 }
+
+mod signals;
 
 fn main() -> ExitCode {
     // Before any shard starts (see weir_memory::disable_transparent_huge_pages); the engine

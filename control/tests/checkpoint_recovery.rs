@@ -31,6 +31,25 @@ fn start(checkpoints: &Path, output: &Path, slots: usize, resume: bool) -> Child
 
 /// [`start`] with state on `backend`.
 fn start_on(backend: &str, checkpoints: &Path, output: &Path, slots: usize, resume: bool) -> Child {
+    let mut command = command_on(backend, checkpoints, output, slots);
+    if resume {
+        command.arg("--resume");
+    }
+    spawn(command)
+}
+
+/// Starts `command`, its standard error piped.
+fn spawn(mut command: Command) -> Child {
+    command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start weir")
+}
+
+/// The command line of the check on `backend`, checkpointing into `checkpoints`, writing to
+/// `output`, on `slots` shards.
+fn command_on(backend: &str, checkpoints: &Path, output: &Path, slots: usize) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
     command.args([
         "run",
@@ -56,14 +75,7 @@ fn start_on(backend: &str, checkpoints: &Path, output: &Path, slots: usize, resu
         "-D",
         &format!("state.backend.type={backend}"),
     ]);
-    if resume {
-        command.arg("--resume");
-    }
     command
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start weir")
 }
 
 /// The key reports in an output directory's part files.
@@ -376,4 +388,132 @@ fn inspect_checks_the_shared_files_of_rocksdb_checkpoints() {
             && output.contains("CRC-32"),
         "the damaged shared file is named:\n{output}"
     );
+}
+
+/// Waits until job `job`'s directory holds a completed checkpoint (or `child` ended).
+fn wait_for_a_checkpoint(job: &Path, child: &mut Child) {
+    let started = Instant::now();
+    let completed = || {
+        std::fs::read_dir(job).ok().is_some_and(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .any(|e| e.path().join("_metadata").exists())
+        })
+    };
+    while !completed() && child.try_wait().expect("poll weir").is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no checkpoint completed"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// SIGTERM on `weir run` with checkpointing stops the job with a savepoint and prints the
+/// command that resumes it; run so, every key has counted each of its records once.
+#[test]
+fn sigterm_stops_with_a_savepoint_and_the_printed_command_resumes_it() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let mut child = start(&checkpoints, &dir.path().join("out-1"), 2, false);
+    wait_for_a_checkpoint(&checkpoints.join("sequence-check"), &mut child);
+    // SAFETY: kill() sends a signal to the process this test started, by its pid.
+    let sent = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(sent, 0, "SIGTERM sent");
+    let result = child.wait_with_output().expect("wait for weir");
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "the stopped run failed:\n{stderr}");
+    let savepoint = stderr
+        .lines()
+        .find_map(|line| {
+            line.split_once("stopped with savepoint ")?
+                .1
+                .split_once(" after ")
+        })
+        .map(|(path, _)| std::path::PathBuf::from(path))
+        .unwrap_or_else(|| panic!("no savepoint named in:\n{stderr}"));
+    assert!(
+        stderr.contains(&format!("--from-savepoint {}", savepoint.display())),
+        "the resume command is printed:\n{stderr}"
+    );
+    let inspected = inspect(&savepoint, false);
+    let stdout = String::from_utf8_lossy(&inspected.stdout);
+    assert!(
+        inspected.status.success() && stdout.contains("every checksum holds"),
+        "weir checkpoint inspect of the savepoint:\n{stdout}"
+    );
+
+    let output = dir.path().join("out-final");
+    let mut command = command_on("hashmap", &checkpoints, &output, 1);
+    command.arg("--from-savepoint").arg(&savepoint);
+    let result = spawn(command).wait_with_output().expect("wait for weir");
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "the resumed run failed:\n{stderr}");
+    assert!(stderr.contains("starts from savepoint"), "{stderr}");
+    let problems = problems(spec(), &read_reports(&output));
+    assert!(
+        problems.is_empty(),
+        "{:?}",
+        &problems[..problems.len().min(10)]
+    );
+}
+
+/// A savepoint written by an earlier build, committed as a golden fixture: `weir run
+/// sequence-check` with 16 keys and 32 000 records at parallelism 1, stopped by SIGTERM after
+/// its source read 3 001 records. This build must restore it — at parallelism 1 and 2, read
+/// exactly the records after it, and count every record once — so a format change is never
+/// silent.
+#[test]
+fn a_committed_savepoint_restores_in_this_build() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("fixtures")
+        .join("savepoint-sequence-check-v1");
+    let spec = SequenceSpec {
+        splits: 16,
+        keys_per_split: 1,
+        per_key: 2_000,
+        rate: None,
+    };
+    let inspected = inspect(&fixture, false);
+    assert!(
+        inspected.status.success(),
+        "{}",
+        String::from_utf8_lossy(&inspected.stderr)
+    );
+    for slots in [1, 2] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let output = dir.path().join("out");
+        let result = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args([
+                "run",
+                "sequence-check",
+                "--quiet",
+                "--events",
+                "32000",
+                "--keys",
+                "16",
+            ])
+            .arg("--output")
+            .arg(&output)
+            .arg("-D")
+            .arg(format!("taskmanager.numberOfTaskSlots={slots}"))
+            .arg("--from-savepoint")
+            .arg(&fixture)
+            .output()
+            .expect("run weir");
+        let stderr = String::from_utf8_lossy(&result.stderr);
+        assert!(result.status.success(), "slots {slots}:\n{stderr}");
+        let read = stderr
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("Source: sequence"))
+            .and_then(|counts| counts.split_whitespace().nth(3))
+            .unwrap_or_else(|| panic!("no source counts in:\n{stderr}"));
+        assert_eq!(
+            read, "28999",
+            "slots {slots}: the records after the savepoint"
+        );
+        let problems = problems(spec, &read_reports(&output));
+        assert!(problems.is_empty(), "slots {slots}: {problems:?}");
+    }
 }

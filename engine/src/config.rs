@@ -131,6 +131,9 @@ pub struct CheckpointConfig {
     pub retained: usize,
     /// `execution.checkpointing.incremental` (RocksDB files, window deltas).
     pub incremental: bool,
+    /// `execution.checkpointing.savepoint-dir`: where savepoints go (`None`: into
+    /// `<dir>/<job name>/savepoints/`).
+    pub savepoint_dir: Option<PathBuf>,
 }
 
 /// Every key Weir reads.
@@ -173,6 +176,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Time between checkpoints (Flink's name); 0 turns checkpointing off."),
     option!("execution.checkpointing.dir", OptionKind::Path, "",
         "Directory of the checkpoints (`<dir>/<job name>/chk-<n>/`); a local directory or a shared mount. Needed when checkpointing is on."),
+    option!("execution.checkpointing.savepoint-dir", OptionKind::Path, "",
+        "Directory savepoints go to (`<dir>/savepoint-<job>-<n>-<time>/`, self-contained, never deleted by Weir); default `<execution.checkpointing.dir>/<job name>/savepoints`."),
     option!("execution.checkpointing.mode", OptionKind::Choice(&["EXACTLY_ONCE", "AT_LEAST_ONCE"]), "EXACTLY_ONCE",
         "EXACTLY_ONCE aligns barriers (a task holds an input channel after its barrier until every channel delivered it); AT_LEAST_ONCE does not align, so records after a barrier may be counted again after a restore."),
     option!("execution.checkpointing.timeout", OptionKind::Duration, "10 min",
@@ -621,6 +626,11 @@ impl Configuration {
                 .raw("execution.checkpointing.incremental")
                 .map(str::trim)
                 != Some("false"),
+            savepoint_dir: self
+                .raw("execution.checkpointing.savepoint-dir")
+                .map(str::trim)
+                .filter(|dir| !dir.is_empty())
+                .map(PathBuf::from),
         }))
     }
 

@@ -43,6 +43,13 @@
 //! `n` is swept only once a checkpoint numbered `n` or later has committed: until then it may
 //! belong to a checkpoint still being written.
 //!
+//! **Savepoints** ([`CheckpointStorage::begin_savepoint`], Flink's): written by the same
+//! writers and committed the same way, into `<target>/savepoint-<job>-<n>-<time>/`, but
+//! self-contained — a file a checkpoint would share goes into the savepoint's own directory
+//! ([`StateFileWriter::create_shared`]) — and outside the job's checkpoints: no retention
+//! sweeps them, and they can be moved. [`open_savepoint`] checks one (of whichever job) before
+//! a job starts from it.
+//!
 //! **Metadata format, version 2** (little-endian; never change it, add a version): the magic
 //! bytes `WEIRCKPT`, the version (`u32`), the checkpoint number (`u64`), the time it was taken
 //! (ms since the epoch, `i64`), the job (a string: `u32` length and UTF-8 bytes), the number of
@@ -269,12 +276,14 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// A checkpoint being written: its directory, to which [`StateFileWriter`]s write. Clones
-/// name the same checkpoint (each shard's writers hold one).
+/// A checkpoint (or savepoint) being written: its directory, to which [`StateFileWriter`]s
+/// write. Clones name the same checkpoint (each shard's writers hold one).
 #[derive(Clone, Debug)]
 pub struct PendingCheckpoint {
     checkpoint: u64,
     dir: PathBuf,
+    /// A savepoint: every file it consists of is in its own directory (no shared files).
+    savepoint: bool,
 }
 
 impl PendingCheckpoint {
@@ -286,6 +295,11 @@ impl PendingCheckpoint {
     /// Its directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Whether it is a savepoint (self-contained: see the module docs).
+    pub fn is_savepoint(&self) -> bool {
+        self.savepoint
     }
 
     /// The job's directory of shared files.
@@ -416,7 +430,41 @@ impl CheckpointStorage {
             fs::remove_dir_all(&dir).map_err(|source| io(&dir, "removing", source))?;
         }
         fs::create_dir(&dir).map_err(|source| io(&dir, "creating", source))?;
-        Ok(PendingCheckpoint { checkpoint, dir })
+        Ok(PendingCheckpoint {
+            checkpoint,
+            dir,
+            savepoint: false,
+        })
+    }
+
+    /// Starts writing savepoint `checkpoint` of the job into a new directory under `target`
+    /// (`savepoint-<job>-<checkpoint>-<time>`, made with `target` if needed).
+    pub fn begin_savepoint(
+        &self,
+        target: &Path,
+        checkpoint: u64,
+        timestamp_ms: i64,
+    ) -> Result<PendingCheckpoint, StateError> {
+        fs::create_dir_all(target).map_err(|source| io(target, "creating", source))?;
+        let dir = target.join(format!(
+            "savepoint-{}-{checkpoint}-{:x}",
+            self.job, timestamp_ms
+        ));
+        fs::create_dir(&dir).map_err(|source| io(&dir, "creating", source))?;
+        Ok(PendingCheckpoint {
+            checkpoint,
+            dir,
+            savepoint: true,
+        })
+    }
+
+    /// Deletes what an attempt at a savepoint wrote (it never completed).
+    pub fn discard_savepoint(&self, pending: &PendingCheckpoint) -> Result<(), StateError> {
+        if pending.savepoint && !pending.dir.join(METADATA_FILE).exists() {
+            fs::remove_dir_all(&pending.dir)
+                .map_err(|source| io(&pending.dir, "removing", source))?;
+        }
+        Ok(())
     }
 
     /// Completes `pending` with `metadata` (see the module docs): from here on a restore may
@@ -426,7 +474,10 @@ impl CheckpointStorage {
         pending: PendingCheckpoint,
         metadata: &CheckpointMetadata,
     ) -> Result<CompletedCheckpoint, StateError> {
-        if metadata.job != self.job || metadata.checkpoint != pending.checkpoint {
+        if metadata.job != self.job
+            || metadata.checkpoint != pending.checkpoint
+            || pending.savepoint
+        {
             return Err(StateError::invalid_config(
                 "checkpoint metadata",
                 format!("job '{}', checkpoint {}", metadata.job, metadata.checkpoint),
@@ -443,20 +494,34 @@ impl CheckpointStorage {
                 .and_then(|()| File::open(&self.dir)?.sync_all())
                 .map_err(|source| io(&marker, "writing", source))?;
         }
-        let temp = pending.dir.join(METADATA_TEMP);
-        let mut file = File::create(&temp).map_err(|source| io(&temp, "creating", source))?;
-        file.write_all(&metadata.to_bytes())
-            .and_then(|()| file.sync_all())
-            .map_err(|source| io(&temp, "writing", source))?;
-        let path = pending.dir.join(METADATA_FILE);
-        fs::rename(&temp, &path).map_err(|source| io(&path, "renaming into", source))?;
-        File::open(&pending.dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|source| io(&pending.dir, "syncing", source))?;
-        Ok(CompletedCheckpoint {
-            dir: pending.dir,
-            metadata: metadata.clone(),
-        })
+        write_metadata(pending, metadata)
+    }
+
+    /// Completes savepoint `pending` with `metadata` (its files all in its own directory):
+    /// written like a checkpoint's, but outside the job's checkpoints (no retention, no
+    /// marker).
+    pub fn commit_savepoint(
+        &self,
+        pending: PendingCheckpoint,
+        metadata: &CheckpointMetadata,
+    ) -> Result<CompletedCheckpoint, StateError> {
+        let own = metadata.all_files().all(|file| file.shared_by().is_none());
+        if !pending.savepoint
+            || metadata.job != self.job
+            || metadata.checkpoint != pending.checkpoint
+            || !own
+        {
+            return Err(StateError::invalid_config(
+                "savepoint metadata",
+                format!("job '{}', checkpoint {}", metadata.job, metadata.checkpoint),
+                format!(
+                    "commit a savepoint begun with begin_savepoint, of job '{}', listing only \
+                     files of its own directory",
+                    self.job
+                ),
+            ));
+        }
+        write_metadata(pending, metadata)
     }
 
     /// Whether a checkpoint of the job ever completed in this directory (its newest usable
@@ -521,18 +586,7 @@ impl CheckpointStorage {
 
     /// The metadata of a committed checkpoint of this job in `dir`.
     fn committed_metadata(&self, dir: &Path) -> Result<CheckpointMetadata, StateError> {
-        let path = dir.join(METADATA_FILE);
-        let bytes = match fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                return Err(corrupt(
-                    dir,
-                    format!("it has no {METADATA_FILE}: it never completed"),
-                ))
-            }
-            Err(error) => return Err(corrupt(&path, format!("reading it failed: {error}"))),
-        };
-        let metadata = CheckpointMetadata::from_bytes(&bytes).map_err(|p| corrupt(&path, p))?;
+        let metadata = read_metadata(dir)?;
         if metadata.job != self.job {
             return Err(corrupt(
                 dir,
@@ -544,14 +598,7 @@ impl CheckpointStorage {
 
     /// Checks one checkpoint directory: its metadata and every file it lists.
     fn verify(&self, dir: &Path) -> Result<CompletedCheckpoint, StateError> {
-        let metadata = self.committed_metadata(dir)?;
-        for file in metadata.all_files() {
-            verify_file(dir, file)?;
-        }
-        Ok(CompletedCheckpoint {
-            dir: dir.to_path_buf(),
-            metadata,
-        })
+        verify_dir(dir, self.committed_metadata(dir)?)
     }
 
     /// Keeps the `keep` newest committed checkpoints (at least one) and any attempt newer than
@@ -617,6 +664,76 @@ impl CheckpointStorage {
         }
         Ok(())
     }
+}
+
+/// Writes `metadata` into `pending`'s directory as its `_metadata`: a temporary file, synced,
+/// renamed, and the directory synced (see the module docs).
+fn write_metadata(
+    pending: PendingCheckpoint,
+    metadata: &CheckpointMetadata,
+) -> Result<CompletedCheckpoint, StateError> {
+    let temp = pending.dir.join(METADATA_TEMP);
+    let mut file = File::create(&temp).map_err(|source| io(&temp, "creating", source))?;
+    file.write_all(&metadata.to_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(|source| io(&temp, "writing", source))?;
+    let path = pending.dir.join(METADATA_FILE);
+    fs::rename(&temp, &path).map_err(|source| io(&path, "renaming into", source))?;
+    File::open(&pending.dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|source| io(&pending.dir, "syncing", source))?;
+    Ok(CompletedCheckpoint {
+        dir: pending.dir,
+        metadata: metadata.clone(),
+    })
+}
+
+/// The metadata of the committed checkpoint or savepoint in `dir`, of whichever job.
+fn read_metadata(dir: &Path) -> Result<CheckpointMetadata, StateError> {
+    let path = dir.join(METADATA_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Err(corrupt(
+                dir,
+                format!("it has no {METADATA_FILE}: it never completed"),
+            ))
+        }
+        Err(error) => return Err(corrupt(&path, format!("reading it failed: {error}"))),
+    };
+    CheckpointMetadata::from_bytes(&bytes).map_err(|problem| corrupt(&path, problem))
+}
+
+/// Checks the metadata of the checkpoint in `dir` and every file it lists.
+fn verify_dir(dir: &Path, metadata: CheckpointMetadata) -> Result<CompletedCheckpoint, StateError> {
+    for file in metadata.all_files() {
+        verify_file(dir, file)?;
+    }
+    Ok(CompletedCheckpoint {
+        dir: dir.to_path_buf(),
+        metadata,
+    })
+}
+
+/// Opens the savepoint (or retained checkpoint) at `path` — its directory or its `_metadata`
+/// file — of whichever job, checking its metadata and every file it lists: what a job started
+/// with `--from-savepoint` restores. A savepoint is self-contained; a checkpoint's shared
+/// files are found in its job's directory beside it.
+pub fn open_savepoint(path: &Path) -> Result<CompletedCheckpoint, StateError> {
+    let dir = if path.file_name().is_some_and(|name| name == METADATA_FILE) {
+        path.parent().unwrap_or(path)
+    } else {
+        path
+    };
+    if !dir.is_dir() {
+        return Err(corrupt(
+            dir,
+            "it is not a directory: pass a savepoint's directory (savepoint-…) or a \
+             checkpoint's (chk-<n>)"
+                .to_string(),
+        ));
+    }
+    verify_dir(dir, read_metadata(dir)?)
 }
 
 /// Checks that `file` of the checkpoint in `dir` has the length and CRC-32 its metadata says
@@ -733,7 +850,8 @@ impl StateFileWriter {
     }
 
     /// Creates the shared file `<checkpoint>-<name>` of `pending`'s job (see the module docs);
-    /// the metadata lists it as `shared/<checkpoint>-<name>`.
+    /// the metadata lists it as `shared/<checkpoint>-<name>`. A savepoint's goes into its own
+    /// directory, listed as `<checkpoint>-<name>`.
     pub async fn create_shared(
         pending: &PendingCheckpoint,
         name: &str,
@@ -745,9 +863,14 @@ impl StateFileWriter {
                 "use a plain file name, without '/'",
             ));
         }
+        let name = format!("{}-{name}", pending.checkpoint);
+        if pending.savepoint {
+            // A savepoint shares nothing: the file goes into its own directory.
+            let path = pending.dir.join(&name);
+            return StateFileWriter::create_at(name, path).await;
+        }
         let dir = pending.shared_dir();
         fs::create_dir_all(&dir).map_err(|source| io(&dir, "creating", source))?;
-        let name = format!("{}-{name}", pending.checkpoint);
         let path = dir.join(&name);
         StateFileWriter::create_at(format!("{SHARED_DIR}/{name}"), path).await
     }

@@ -7,8 +7,8 @@ use std::path::Path;
 
 use proptest::prelude::*;
 use weir_state::checkpoint::{
-    CheckpointMetadata, CheckpointStorage, CompletedCheckpoint, StateFileWriter, StoredFile,
-    METADATA_FILE,
+    open_savepoint, CheckpointMetadata, CheckpointStorage, CompletedCheckpoint, StateFileWriter,
+    StoredFile, METADATA_FILE,
 };
 use weir_state::checksum::crc32;
 
@@ -289,6 +289,87 @@ fn write_with_shared(
         payload: Vec::new(),
     };
     storage.commit(pending, &metadata).expect("commit")
+}
+
+/// A savepoint: its "shared" files go into its own directory, it commits outside the job's
+/// checkpoints (no retention, not found by `latest`), it opens from anywhere once moved, and
+/// damage or a missing metadata file is named.
+#[test]
+fn a_savepoint_is_self_contained_and_opens_wherever_it_is() {
+    let root = tempfile::tempdir().unwrap();
+    let storage = CheckpointStorage::open(&root.path().join("checkpoints"), JOB).unwrap();
+    let target = root.path().join("savepoints");
+    let pending = storage
+        .begin_savepoint(&target, 7, 1_700_000_000_123)
+        .unwrap();
+    assert!(pending.is_savepoint());
+    assert!(pending.dir().starts_with(&target));
+    let (task, link) = glommio::LocalExecutor::default().run(async {
+        let mut writer = StateFileWriter::create(&pending, "task-0").await.unwrap();
+        writer.write(b"task").await.unwrap();
+        let task = writer.finish().await.unwrap();
+        let mut writer = StateFileWriter::create_shared(&pending, "op-0-keyed-1")
+            .await
+            .unwrap();
+        writer.write(&bytes(5_000, 9)).await.unwrap();
+        (task, writer.finish().await.unwrap())
+    });
+    assert_eq!(link.name, "7-op-0-keyed-1", "listed as a file of its own");
+    assert!(pending.dir().join(&link.name).is_file());
+    assert!(!root
+        .path()
+        .join("checkpoints")
+        .join(JOB)
+        .join("shared")
+        .exists());
+    let metadata = CheckpointMetadata {
+        job: JOB.to_string(),
+        checkpoint: 7,
+        timestamp_ms: 1_700_000_000_123,
+        files: vec![task],
+        referenced: vec![link],
+        payload: b"handles".to_vec(),
+    };
+    // A savepoint does not commit as a checkpoint.
+    assert!(storage.commit(pending.clone(), &metadata).is_err());
+    let committed = storage.commit_savepoint(pending, &metadata).unwrap();
+    assert!(
+        storage.latest().unwrap().usable.is_none(),
+        "not a checkpoint"
+    );
+    storage.retain(1).unwrap();
+    assert!(
+        committed.dir.join(METADATA_FILE).is_file(),
+        "retention leaves it"
+    );
+
+    let moved = root.path().join("elsewhere");
+    fs::rename(&committed.dir, &moved).unwrap();
+    drop(storage);
+    fs::remove_dir_all(root.path().join("checkpoints")).unwrap();
+    let opened = open_savepoint(&moved.join(METADATA_FILE)).unwrap();
+    assert_eq!(opened.metadata, metadata);
+    assert_eq!(opened.dir, moved);
+
+    let link = moved.join("7-op-0-keyed-1");
+    let mut contents = fs::read(&link).unwrap();
+    contents[10] ^= 1;
+    fs::write(&link, contents).unwrap();
+    let error = open_savepoint(&moved).unwrap_err().to_string();
+    assert!(
+        error.contains("7-op-0-keyed-1") && error.contains("damaged"),
+        "{error}"
+    );
+    fs::remove_file(moved.join(METADATA_FILE)).unwrap();
+    let error = open_savepoint(&moved).unwrap_err().to_string();
+    assert!(error.contains("never completed"), "{error}");
+    let error = open_savepoint(&root.path().join("nothing"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("nothing") && error.contains("not a directory"),
+        "{error}"
+    );
 }
 
 /// The files in the job's shared directory.

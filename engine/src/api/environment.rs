@@ -6,6 +6,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::stream::{DataStream, Upstream};
+use crate::checkpoint::{PendingSavepoint, SavepointHandle, StopMode};
 use crate::config::Configuration;
 use crate::connector::{CollectionSource, DataGeneratorSource, Source};
 use crate::error::JobError;
@@ -192,13 +193,18 @@ impl StreamEnvironment {
         let exec = self.plan(job_name)?;
         let config = self.config();
         let cancel = options.cancel.clone();
+        let savepoints = options.savepoints.clone();
         let thread = std::thread::Builder::new()
             .name(format!("weir-job-{job_name}"))
             .spawn(move || run_job(exec, &config, options))
             .map_err(|e| {
                 JobError::InvalidJob(format!("cannot start a thread for job '{job_name}': {e}"))
             })?;
-        Ok(JobClient { thread, cancel })
+        Ok(JobClient {
+            thread,
+            cancel,
+            savepoints,
+        })
     }
 }
 
@@ -207,6 +213,7 @@ impl StreamEnvironment {
 pub struct JobClient {
     thread: std::thread::JoinHandle<Result<JobResult, JobError>>,
     cancel: CancelHandle,
+    savepoints: SavepointHandle,
 }
 
 impl JobClient {
@@ -214,6 +221,18 @@ impl JobClient {
     /// job's result, if it finished first).
     pub fn cancel(&self) {
         self.cancel.cancel();
+    }
+
+    /// Takes a savepoint while the job runs on (`crate::checkpoint::savepoint`); the job must
+    /// be checkpointed (`execution.checkpointing.interval` and `.dir`).
+    pub fn trigger_savepoint(&self) -> PendingSavepoint {
+        self.savepoints.trigger()
+    }
+
+    /// Takes a savepoint and stops the job once it completed ([`JobClient::wait`] then returns
+    /// the result, with [`JobResult::savepoint`]); if the savepoint fails, the job runs on.
+    pub fn stop_with_savepoint(&self, mode: StopMode) -> PendingSavepoint {
+        self.savepoints.stop_with_savepoint(mode)
     }
 
     /// Whether the job has ended.

@@ -23,6 +23,12 @@
 //! - `execution.checkpointing.tolerable-failed-checkpoints`: the job fails when more than this
 //!   many checkpoints in a row were aborted by a timeout or a decline (a subsumed one is not a
 //!   failure); a completed checkpoint resets the count.
+//!
+//! Savepoints ([`Coordinator::trigger_savepoint`]) are numbered with the checkpoints and
+//! complete and abort the same way, but are triggered on request, at once, whatever the
+//! interval, pause and concurrency say; while one is pending no checkpoint is triggered; a
+//! completed savepoint subsumes no checkpoint and is subsumed by none; and a failed one is
+//! no checkpoint failure (Flink's rules).
 
 use std::collections::BTreeMap;
 
@@ -125,6 +131,7 @@ pub enum Command<H> {
 #[derive(Debug)]
 struct Pending<H> {
     timestamp_ms: i64,
+    savepoint: bool,
     handles: Vec<Option<H>>,
     acknowledged: usize,
 }
@@ -181,23 +188,40 @@ impl<H> Coordinator<H> {
             self.abort(checkpoint, AbortReason::Expired, now_ms, &mut commands);
         }
         if !self.failed && self.trigger_due(now_ms) {
-            let checkpoint = self.next;
-            self.next += 1;
             self.last_trigger_ms = Some(now_ms);
-            self.pending.insert(
-                checkpoint,
-                Pending {
-                    timestamp_ms: now_ms,
-                    handles: (0..self.tasks).map(|_| None).collect(),
-                    acknowledged: 0,
-                },
-            );
-            commands.push(Command::Trigger {
-                checkpoint,
-                timestamp_ms: now_ms,
-            });
+            commands.push(self.begin(now_ms, false));
         }
         commands
+    }
+
+    /// Triggers a savepoint now (see the module docs): the [`Command::Trigger`] of its number,
+    /// or why none can be taken.
+    pub fn trigger_savepoint(&mut self, now_ms: i64) -> Result<Command<H>, String> {
+        if self.failed {
+            return Err("the job is failing (too many checkpoints failed)".into());
+        }
+        if let Some((savepoint, _)) = self.pending.iter().find(|(_, p)| p.savepoint) {
+            return Err(format!("savepoint {savepoint} is still in progress"));
+        }
+        Ok(self.begin(now_ms, true))
+    }
+
+    fn begin(&mut self, now_ms: i64, savepoint: bool) -> Command<H> {
+        let checkpoint = self.next;
+        self.next += 1;
+        self.pending.insert(
+            checkpoint,
+            Pending {
+                timestamp_ms: now_ms,
+                savepoint,
+                handles: (0..self.tasks).map(|_| None).collect(),
+                acknowledged: 0,
+            },
+        );
+        Command::Trigger {
+            checkpoint,
+            timestamp_ms: now_ms,
+        }
     }
 
     /// When the next trigger is due, ms: the caller's timer for [`Coordinator::tick`] (the
@@ -226,7 +250,8 @@ impl<H> Coordinator<H> {
         } else {
             self.settings.max_concurrent.max(1)
         };
-        self.pending.len() < most && now_ms >= self.next_trigger()
+        let savepoint = self.pending.values().any(|p| p.savepoint);
+        !savepoint && self.pending.len() < most && now_ms >= self.next_trigger()
     }
 
     /// Task `task` acknowledged `checkpoint` with its state handle.
@@ -253,18 +278,25 @@ impl<H> Coordinator<H> {
             return commands;
         }
         let pending = self.pending.remove(&checkpoint).expect("pending");
-        // Older pending checkpoints are superseded by this one.
-        let older: Vec<u64> = self.pending.range(..checkpoint).map(|(&c, _)| c).collect();
-        for old in older {
-            self.abort(
-                old,
-                AbortReason::Subsumed { by: checkpoint },
-                now_ms,
-                &mut commands,
-            );
+        if !pending.savepoint {
+            // Older pending checkpoints are superseded by this one (savepoints are not).
+            let older: Vec<u64> = self
+                .pending
+                .range(..checkpoint)
+                .filter(|(_, p)| !p.savepoint)
+                .map(|(&c, _)| c)
+                .collect();
+            for old in older {
+                self.abort(
+                    old,
+                    AbortReason::Subsumed { by: checkpoint },
+                    now_ms,
+                    &mut commands,
+                );
+            }
+            self.failures_in_a_row = 0;
+            self.last_end_ms = Some(now_ms);
         }
-        self.failures_in_a_row = 0;
-        self.last_end_ms = Some(now_ms);
         commands.push(Command::Persist {
             checkpoint,
             timestamp_ms: pending.timestamp_ms,
@@ -304,10 +336,10 @@ impl<H> Coordinator<H> {
         now_ms: i64,
         commands: &mut Vec<Command<H>>,
     ) {
-        if self.pending.remove(&checkpoint).is_none() {
+        let Some(pending) = self.pending.remove(&checkpoint) else {
             return;
-        }
-        let failure = reason.is_failure();
+        };
+        let failure = reason.is_failure() && !pending.savepoint;
         if failure {
             self.last_end_ms = Some(now_ms);
         }
@@ -476,6 +508,67 @@ mod tests {
                 .any(|c| matches!(c, Command::FailJob { .. })),
             "{commands:?}"
         );
+    }
+
+    #[test]
+    fn a_savepoint_triggers_at_once_and_neither_subsumes_nor_is_subsumed() {
+        let settings = CheckpointSettings {
+            max_concurrent: 2,
+            timeout_ms: 1_000,
+            ..CheckpointSettings::every(100)
+        };
+        let mut c: Coordinator<u64> = Coordinator::new(settings, 1, 1);
+        assert_eq!(triggers(&c.tick(0)), [1]);
+        // Whatever the interval says.
+        assert_eq!(
+            c.trigger_savepoint(5),
+            Ok(Command::Trigger {
+                checkpoint: 2,
+                timestamp_ms: 5
+            })
+        );
+        assert_eq!(
+            c.trigger_savepoint(6),
+            Err("savepoint 2 is still in progress".to_string())
+        );
+        assert!(
+            c.tick(200).is_empty(),
+            "no checkpoint while a savepoint is pending"
+        );
+        // The savepoint completes without subsuming checkpoint 1.
+        let commands = c.acknowledge(2, 0, 22, 210);
+        assert!(matches!(
+            commands[0],
+            Command::Persist { checkpoint: 2, .. }
+        ));
+        assert_eq!(commands.len(), 2, "{commands:?}");
+        assert_eq!(c.pending().collect::<Vec<_>>(), [1]);
+        assert_eq!(triggers(&c.tick(210)), [3]);
+        // A later savepoint is not subsumed by a completed checkpoint, and its failure is no
+        // checkpoint failure (the job tolerates none).
+        assert!(matches!(
+            c.trigger_savepoint(220),
+            Ok(Command::Trigger { checkpoint: 4, .. })
+        ));
+        let commands = c.acknowledge(3, 0, 33, 230);
+        assert!(
+            !commands
+                .iter()
+                .any(|c| matches!(c, Command::NotifyAborted { checkpoint: 4, .. })),
+            "{commands:?}"
+        );
+        let commands = c.decline(4, 0, "busy", 240);
+        assert_eq!(
+            commands,
+            [Command::NotifyAborted {
+                checkpoint: 4,
+                reason: AbortReason::Declined {
+                    task: 0,
+                    reason: "busy".into()
+                }
+            }]
+        );
+        assert!(c.trigger_savepoint(250).is_ok(), "the job is not failing");
     }
 
     proptest! {

@@ -36,6 +36,7 @@ use weir_state::checkpoint::{
 
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
+use super::savepoint::{SavepointHandle, SavepointRequest, StopMode};
 use super::task_state::{decode_file, encode_file, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
@@ -46,6 +47,12 @@ use crate::time::now_ms;
 pub(crate) enum SourceCommand {
     /// Snapshot and inject the barrier of this checkpoint.
     TriggerCheckpoint(u64),
+    /// Snapshot and inject the barrier of this savepoint; with `stop`, read no more input
+    /// until it completed (then end) or was aborted (then read on): see `savepoint.rs`.
+    TriggerSavepoint {
+        savepoint: u64,
+        stop: Option<StopMode>,
+    },
     /// This checkpoint completed: tell the chain, and send the notice downstream.
     NotifyComplete(u64),
     /// This checkpoint was aborted: likewise.
@@ -285,12 +292,25 @@ pub(crate) struct DriverPlan {
     pub(crate) incremental: bool,
     /// The first checkpoint number to use.
     pub(crate) first: u64,
+    /// Where savepoints asked for come from, and where they go.
+    pub(crate) savepoints: SavepointHandle,
+    pub(crate) savepoint_dir: PathBuf,
+}
+
+/// How the coordinator thread ended.
+#[derive(Debug, Default)]
+pub(crate) struct DriverEnd {
+    /// Why it failed the job, if it did.
+    pub(crate) failure: Option<String>,
+    pub(crate) stats: CheckpointStats,
+    /// The savepoint the job was stopped with, if it was.
+    pub(crate) stopped_with: Option<PathBuf>,
 }
 
 /// The coordinator thread of one job run.
 pub(crate) struct CheckpointDriver {
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<(Option<String>, CheckpointStats)>>,
+    thread: Option<JoinHandle<DriverEnd>>,
     pub(crate) shared: Arc<JobCheckpointing>,
 }
 
@@ -335,6 +355,9 @@ impl CheckpointDriver {
                         triggered: HashMap::new(),
                         aborted: Vec::new(),
                         stats: CheckpointStats::default(),
+                        savepoint: None,
+                        savepoint_dirs: HashMap::new(),
+                        stopped_with: None,
                     };
                     let failure = host.run(&receiver, &stop);
                     if failure.is_some() {
@@ -346,7 +369,11 @@ impl CheckpointDriver {
                     }
                     host.discard_pending();
                     host.discard_aborted();
-                    (failure, host.stats)
+                    DriverEnd {
+                        failure,
+                        stats: host.stats,
+                        stopped_with: host.stopped_with,
+                    }
                 })
                 .expect("spawn the checkpoint coordinator thread")
         };
@@ -357,26 +384,26 @@ impl CheckpointDriver {
         }
     }
 
-    /// Stops the coordinator thread: the reason it failed the job, if it did, and what its
-    /// checkpoints did.
-    pub(crate) fn stop(mut self) -> (Option<String>, CheckpointStats) {
+    /// Stops the coordinator thread: the reason it failed the job, if it did, what its
+    /// checkpoints did, and the savepoint the job stopped with.
+    pub(crate) fn stop(mut self) -> DriverEnd {
         self.join()
     }
 
-    fn join(&mut self) -> (Option<String>, CheckpointStats) {
+    fn join(&mut self) -> DriverEnd {
         self.stop.store(true, Ordering::Relaxed);
         let Some(thread) = self.thread.take() else {
-            return (None, CheckpointStats::default());
+            return DriverEnd::default();
         };
         match thread.join() {
             Ok(ended) => ended,
-            Err(panic) => (
-                Some(format!(
+            Err(panic) => DriverEnd {
+                failure: Some(format!(
                     "the checkpoint coordinator failed: {}",
                     panic_message(&*panic)
                 )),
-                CheckpointStats::default(),
-            ),
+                ..DriverEnd::default()
+            },
         }
     }
 }
@@ -404,6 +431,12 @@ struct Host {
     /// Aborted checkpoints whose directories tasks were still writing into.
     aborted: Vec<u64>,
     stats: CheckpointStats,
+    /// The savepoint being taken, and who asked for it.
+    savepoint: Option<(u64, SavepointRequest)>,
+    /// The directories of savepoints being written (they are not the storage's `chk-<n>`).
+    savepoint_dirs: HashMap<u64, PendingCheckpoint>,
+    /// The savepoint that stops the job, once it completed.
+    stopped_with: Option<PathBuf>,
 }
 
 impl Host {
@@ -436,6 +469,7 @@ impl Host {
             if !self.finished {
                 commands.extend(self.coordinator.tick(now_ms()));
             }
+            commands.extend(self.take_savepoint_requests());
             for command in commands {
                 if let Some(failure) = self.execute(command) {
                     return Some(failure);
@@ -443,6 +477,64 @@ impl Host {
             }
         }
         None
+    }
+
+    /// Triggers a savepoint for the next request, if one waits and none is being taken (the
+    /// rest wait their turn); refuses requests that cannot be served.
+    fn take_savepoint_requests(&mut self) -> Vec<Command<TaskFiles>> {
+        if self.savepoint.is_some() {
+            return Vec::new();
+        }
+        let Some(request) = self.plan.savepoints.take() else {
+            return Vec::new();
+        };
+        if self.finished {
+            request.fail(
+                "a task of the job has finished (its input ended), and a savepoint needs \
+                 every task's state",
+            );
+            return Vec::new();
+        }
+        match self.coordinator.trigger_savepoint(now_ms()) {
+            Ok(trigger @ Command::Trigger { checkpoint, .. }) => {
+                self.savepoint = Some((checkpoint, request));
+                vec![trigger]
+            }
+            Ok(_) => unreachable!("trigger_savepoint answers with a trigger"),
+            Err(reason) => {
+                request.fail(reason);
+                Vec::new()
+            }
+        }
+    }
+
+    /// The savepoint being taken, if `checkpoint` is it.
+    fn savepoint_of(&self, checkpoint: u64) -> Option<&SavepointRequest> {
+        self.savepoint
+            .as_ref()
+            .filter(|(number, _)| *number == checkpoint)
+            .map(|(_, request)| request)
+    }
+
+    /// Answers the request for savepoint `checkpoint`, if it is the one being taken.
+    fn answer_savepoint(&mut self, checkpoint: u64, result: Result<PathBuf, String>) {
+        if self.savepoint_of(checkpoint).is_none() {
+            return;
+        }
+        let (_, request) = self.savepoint.take().expect("checked");
+        match result {
+            Ok(dir) => {
+                tracing::info!(job = %self.plan.job, savepoint = checkpoint, "savepoint stored in {}", dir.display());
+                if request.stop.is_some() {
+                    self.stopped_with = Some(dir.clone());
+                }
+                request.answer(Ok(dir));
+            }
+            Err(reason) => {
+                tracing::warn!(job = %self.plan.job, savepoint = checkpoint, "savepoint failed: {reason}");
+                request.fail(reason);
+            }
+        }
     }
 
     fn on_report(&mut self, report: TaskReport) -> Vec<Command<TaskFiles>> {
@@ -484,6 +576,10 @@ impl Host {
             Command::Trigger { checkpoint, .. } => {
                 if let Err(reason) = self.trigger(checkpoint) {
                     tracing::warn!(job = %self.plan.job, checkpoint, "checkpoint not triggered: {reason}");
+                    self.answer_savepoint(
+                        checkpoint,
+                        Err(format!("it could not be started: {reason}")),
+                    );
                     let commands = self.coordinator.decline(checkpoint, 0, &reason, now_ms());
                     for command in commands {
                         if let Some(failure) = self.execute(command) {
@@ -496,12 +592,17 @@ impl Host {
                 checkpoint,
                 timestamp_ms,
                 handles,
-            } => {
-                if let Err(reason) = self.persist(checkpoint, timestamp_ms, handles) {
+            } => match self.persist(checkpoint, timestamp_ms, handles) {
+                Ok(dir) => self.answer_savepoint(checkpoint, Ok(dir)),
+                Err(reason) => {
                     tracing::warn!(job = %self.plan.job, checkpoint, "checkpoint not committed: {reason}");
+                    self.answer_savepoint(
+                        checkpoint,
+                        Err(format!("it could not be committed: {reason}")),
+                    );
                     self.forget(checkpoint);
                 }
-            }
+            },
             // The notices go to the sources, which pass them through their chains and
             // downstream in-band, so that every task hears of them after the data before them
             // (and without a channel of its own to the coordinator).
@@ -511,6 +612,7 @@ impl Host {
             }
             Command::NotifyAborted { checkpoint, reason } => {
                 tracing::warn!(job = %self.plan.job, checkpoint, ?reason, "checkpoint aborted");
+                self.answer_savepoint(checkpoint, Err(describe_abort(&reason)));
                 self.forget(checkpoint);
                 self.post(SourceCommand::NotifyAborted(checkpoint));
             }
@@ -522,7 +624,17 @@ impl Host {
     fn trigger(&mut self, checkpoint: u64) -> Result<(), String> {
         self.triggered
             .insert(checkpoint, (Instant::now(), Vec::new()));
-        let pending = self.storage.begin(checkpoint).map_err(|e| e.to_string())?;
+        let stop = self.savepoint_of(checkpoint).map(|request| request.stop);
+        let pending = match stop {
+            None => self.storage.begin(checkpoint),
+            Some(_) => self
+                .storage
+                .begin_savepoint(&self.plan.savepoint_dir, checkpoint, now_ms()),
+        }
+        .map_err(|e| e.to_string())?;
+        if pending.is_savepoint() {
+            self.savepoint_dirs.insert(checkpoint, pending.clone());
+        }
         self.shared
             .pending
             .lock()
@@ -533,7 +645,13 @@ impl Host {
         // then the sources' mailboxes — even when an enumerator failed, so that every reader
         // passes the barrier and is let go (the checkpoint is declined).
         let enumerators = (self.plan.enumerators)(checkpoint);
-        self.post(SourceCommand::TriggerCheckpoint(checkpoint));
+        self.post(match stop {
+            None => SourceCommand::TriggerCheckpoint(checkpoint),
+            Some(stop) => SourceCommand::TriggerSavepoint {
+                savepoint: checkpoint,
+                stop,
+            },
+        });
         self.enumerators.insert(checkpoint, enumerators?);
         Ok(())
     }
@@ -545,12 +663,13 @@ impl Host {
         }
     }
 
+    /// Commits a checkpoint (or savepoint) every task acknowledged: its directory.
     fn persist(
         &mut self,
         checkpoint: u64,
         timestamp_ms: i64,
         handles: Vec<TaskFiles>,
-    ) -> Result<(), String> {
+    ) -> Result<PathBuf, String> {
         let mut files = Vec::with_capacity(handles.len());
         let mut referenced = Vec::new();
         for handle in handles {
@@ -583,16 +702,27 @@ impl Host {
             .map(|file| file.len)
             .sum::<u64>();
         let bytes = (full, full - earlier);
-        self.storage
+        let triggered = self.triggered.remove(&checkpoint);
+        if pending.is_savepoint() {
+            self.savepoint_dirs.remove(&checkpoint);
+            let completed = self
+                .storage
+                .commit_savepoint(pending, &metadata)
+                .map_err(|e| e.to_string())?;
+            return Ok(completed.dir);
+        }
+        let completed = self
+            .storage
             .commit(pending, &metadata)
             .map_err(|e| e.to_string())?;
         tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint committed");
-        if let Some((triggered, pauses)) = self.triggered.remove(&checkpoint) {
+        if let Some((triggered, pauses)) = triggered {
             self.stats.completed(triggered.elapsed(), bytes, pauses);
         }
         self.storage
             .retain(self.plan.retained)
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        Ok(completed.dir)
     }
 
     fn forget(&mut self, checkpoint: u64) {
@@ -613,8 +743,12 @@ impl Host {
         }
     }
 
-    fn discard(&self, checkpoint: u64) {
-        if let Err(error) = self.storage.discard(checkpoint) {
+    fn discard(&mut self, checkpoint: u64) {
+        let discarded = match self.savepoint_dirs.remove(&checkpoint) {
+            Some(savepoint) => self.storage.discard_savepoint(&savepoint),
+            None => self.storage.discard(checkpoint),
+        };
+        if let Err(error) = discarded {
             tracing::warn!(job = %self.plan.job, checkpoint, %error, "cannot remove an aborted checkpoint");
         }
     }
@@ -642,8 +776,25 @@ impl Host {
     fn discard_pending(&mut self) {
         let pending: Vec<u64> = self.coordinator.pending().collect();
         for checkpoint in pending {
+            self.answer_savepoint(
+                checkpoint,
+                Err("the job ended before every task had written its state".into()),
+            );
             self.forget(checkpoint);
         }
+    }
+}
+
+/// Why a savepoint was aborted, for whoever asked for it.
+fn describe_abort(reason: &super::AbortReason) -> String {
+    match reason {
+        super::AbortReason::Expired => {
+            "it did not complete within execution.checkpointing.timeout".into()
+        }
+        super::AbortReason::Declined { task, reason } => {
+            format!("task {task} could not write its state: {reason}")
+        }
+        super::AbortReason::Subsumed { by } => format!("checkpoint {by} subsumed it"),
     }
 }
 
@@ -733,15 +884,25 @@ pub(crate) struct CheckpointStart {
     pub(crate) first: u64,
 }
 
-/// Opens job `job`'s checkpoint directory under `root` (taking its lock) and, with `resume`,
-/// reads its latest completed checkpoint back, checked against the job's `operators`:
-/// state of an operator the job no longer has is refused; an operator at another parallelism
-/// is rescaled (its subtasks share out the old ones' state).
+/// What a job restores from, and what it does with state the job no longer has a place for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RestoreRules<'a> {
+    /// The job's operators now.
+    pub(crate) operators: &'a [OperatorEntry],
+    /// `--allow-non-restored-state`: state of an operator the job no longer has is left out
+    /// (with a warning) instead of refusing the restore.
+    pub(crate) allow_non_restored_state: bool,
+}
+
+/// Opens job `job`'s checkpoint directory under `root` (taking its lock) and, with
+/// `resume: Some(at_least)`, reads back its latest completed checkpoint numbered `at_least` or
+/// later (checked against `rules`: see [`read_restored`]); `restored` is `None` when there is
+/// no such checkpoint yet.
 pub(crate) fn open_checkpoints(
     root: &std::path::Path,
     job: &str,
-    resume: bool,
-    operators: &[OperatorEntry],
+    resume: Option<u64>,
+    rules: RestoreRules<'_>,
 ) -> Result<CheckpointStart, JobError> {
     let refuse = |message: String| JobError::InvalidJob(message);
     let storage = CheckpointStorage::open(root, job).map_err(|e| refuse(e.to_string()))?;
@@ -749,31 +910,23 @@ pub(crate) fn open_checkpoints(
         .highest_number()
         .map_err(|e| refuse(e.to_string()))?;
     let first = highest.map_or(1, |n| n + 1);
-    if !resume {
-        if let Some(highest) = highest {
-            tracing::warn!(
-                "job '{job}' starts from scratch although {} holds checkpoints up to chk-{highest}; \
-                 pass --resume to continue from the latest one (older checkpoints are deleted as \
-                 new ones complete)",
-                storage.dir().display()
-            );
-        }
+    let Some(at_least) = resume else {
         return Ok(CheckpointStart {
             storage,
             restored: None,
             first,
         });
-    }
+    };
     let latest = storage.latest().map_err(|e| refuse(e.to_string()))?;
     for skipped in &latest.skipped {
         tracing::warn!("passing over a checkpoint that cannot be restored: {skipped}");
     }
     let Some(completed) = latest.usable else {
         // Attempts cut short before any checkpoint of the job completed hold no state to
-        // lose (a kill during the first checkpoint): the job has no checkpoint yet.
-        if latest.skipped.is_empty() || !storage.has_completed() {
+        // lose (a kill during the first one): the job has no checkpoint yet.
+        if latest.skipped.is_empty() || !storage.has_completed() || at_least > 0 {
             tracing::info!(
-                "job '{job}' has no completed checkpoint in {} yet: it starts from scratch",
+                "job '{job}' has no completed checkpoint in {} yet",
                 storage.dir().display()
             );
             return Ok(CheckpointStart {
@@ -790,6 +943,67 @@ pub(crate) fn open_checkpoints(
             reasons.join("; ")
         )));
     };
+    if completed.metadata.checkpoint < at_least {
+        // An older run's: this run's restarts take its own checkpoints (or what it began from).
+        return Ok(CheckpointStart {
+            storage,
+            restored: None,
+            first,
+        });
+    }
+    let mut restored = read_restored(&completed, &format!("job '{job}'"), rules)?;
+    restored.own = true;
+    tracing::info!(
+        "job '{job}' resumes from checkpoint {} ({})",
+        restored.checkpoint,
+        completed.dir.display()
+    );
+    Ok(CheckpointStart {
+        storage,
+        restored: Some(Arc::new(restored)),
+        first,
+    })
+}
+
+/// Reads the savepoint (or retained checkpoint) at `path` back for job `job`, checked against
+/// `rules` (see [`read_restored`]). A savepoint of another job is restored by operator ids
+/// (uids), as Flink does.
+pub(crate) fn open_savepoint(
+    path: &std::path::Path,
+    job: &str,
+    rules: RestoreRules<'_>,
+) -> Result<Arc<RestoredJob>, JobError> {
+    let completed = weir_state::checkpoint::open_savepoint(path).map_err(|error| {
+        JobError::InvalidJob(format!(
+            "cannot start job '{job}' from savepoint {}: {error}",
+            path.display()
+        ))
+    })?;
+    if completed.metadata.job != job {
+        tracing::info!(
+            "job '{job}' starts from a savepoint of job '{}'; its state goes to the operators \
+             with the same ids (uids)",
+            completed.metadata.job
+        );
+    }
+    let restored = read_restored(&completed, &format!("job '{job}'"), rules)?;
+    tracing::info!(
+        "job '{job}' starts from savepoint {} (checkpoint {})",
+        completed.dir.display(),
+        restored.checkpoint
+    );
+    Ok(Arc::new(restored))
+}
+
+/// Reads a completed checkpoint's state files back: refuses state of an operator the job no
+/// longer has (or, with `allow_non_restored_state`, leaves it out with a warning); an operator
+/// at another parallelism is rescaled (its subtasks share out the old ones' state).
+fn read_restored(
+    completed: &weir_state::checkpoint::CompletedCheckpoint,
+    job: &str,
+    rules: RestoreRules<'_>,
+) -> Result<RestoredJob, JobError> {
+    let refuse = |message: String| JobError::InvalidJob(message);
     let metadata_path = completed.dir.join(weir_state::checkpoint::METADATA_FILE);
     let what = metadata_path.display().to_string();
     let payload = decode_payload(&completed.metadata.payload, &what).map_err(refuse)?;
@@ -830,13 +1044,30 @@ pub(crate) fn open_checkpoints(
         if !has_state {
             continue;
         }
-        match operators.iter().find(|now| now.id == old.id) {
+        match rules.operators.iter().find(|now| now.id == old.id) {
+            None if rules.allow_non_restored_state => {
+                tracing::warn!(
+                    "{job} leaves out the state of operator '{}' (id {}) in {}, which the job \
+                     no longer has (--allow-non-restored-state)",
+                    old.name,
+                    old.id,
+                    completed.dir.display()
+                );
+                restored.parts.remove(&old.id);
+                restored.enumerators.remove(&old.id);
+                continue;
+            }
             None => {
                 return Err(refuse(format!(
-                    "checkpoint {} of job '{job}' holds state of operator '{}' (id {}), which \
-                     the job no longer has; give the operator that should take it over the \
-                     same uid, or start from scratch",
-                    restored.checkpoint, old.name, old.id
+                    "{} holds state of operator '{}' (id {}{}), which {job} no longer has; give \
+                     the operator that should take it over the same uid, pass \
+                     --allow-non-restored-state to start without it, or start from scratch",
+                    completed.dir.display(),
+                    old.name,
+                    old.id,
+                    old.uid
+                        .as_ref()
+                        .map_or_else(String::new, |uid| format!(", uid '{uid}'"))
                 )))
             }
             Some(now) if now.parallelism != old.parallelism => tracing::info!(
@@ -849,16 +1080,7 @@ pub(crate) fn open_checkpoints(
         }
         restored.parallelism.insert(old.id.clone(), old.parallelism);
     }
-    tracing::info!(
-        "job '{job}' resumes from checkpoint {} ({})",
-        restored.checkpoint,
-        completed.dir.display()
-    );
-    Ok(CheckpointStart {
-        storage,
-        restored: Some(Arc::new(restored)),
-        first,
-    })
+    Ok(restored)
 }
 
 #[cfg(test)]
@@ -894,6 +1116,8 @@ mod tests {
             exactly_once: true,
             incremental: true,
             first: 1,
+            savepoints: SavepointHandle::default(),
+            savepoint_dir: PathBuf::new(),
         };
         let bytes = encode_payload(&plan, &[("abc".into(), vec![9, 8])]);
         let payload = decode_payload(&bytes, "_metadata").unwrap();

@@ -316,7 +316,8 @@ fn checkpoint_dir(path: &Path) -> Result<PathBuf, String> {
         .max_by_key(|(number, _)| *number);
     newest.map(|(_, dir)| dir).ok_or_else(|| {
         format!(
-            "{} is neither a checkpoint (a chk-<n> directory with {METADATA_FILE}) nor a job's \
+            "{} is neither a checkpoint or savepoint (a chk-<n> or savepoint-… directory with \
+             {METADATA_FILE}) nor a job's \
              checkpoint directory holding a completed one; give one of those",
             path.display()
         )

@@ -9,6 +9,7 @@
 //! - [`inspect`]: what a checkpoint holds, read without the job's types, checksums verified.
 //! - `keyed`: keyed state operators keep in structures of their own, in the keyed-snapshot
 //!   format; `chain`: such state checkpointed incrementally, a full snapshot and deltas.
+//! - [`savepoint`]: savepoints asked for while a job runs, and stopping a job with one.
 //! - [`restart`]: after a failure, whether and when the job restarts from its last checkpoint
 //!   (Flink's restart strategies).
 //!
@@ -22,6 +23,7 @@ pub mod inspect;
 pub(crate) mod keyed;
 pub(crate) mod native;
 pub mod restart;
+pub mod savepoint;
 pub(crate) mod task_state;
 
 use std::time::Duration;
@@ -29,9 +31,33 @@ use std::time::Duration;
 /// A checkpoint barrier: the records before it belong to checkpoint `id`'s state, those after
 /// it to the next one's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct CheckpointBarrier {
-    /// The checkpoint.
-    pub(crate) id: u64,
+pub struct CheckpointBarrier {
+    /// The checkpoint (savepoints are numbered with the checkpoints).
+    pub id: u64,
+    /// What the barrier cuts.
+    pub kind: SnapshotKind,
+}
+
+impl CheckpointBarrier {
+    /// The barrier of checkpoint `id`.
+    pub fn checkpoint(id: u64) -> CheckpointBarrier {
+        CheckpointBarrier {
+            id,
+            kind: SnapshotKind::Checkpoint,
+        }
+    }
+}
+
+/// What a barrier cuts (Flink's `SnapshotType`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SnapshotKind {
+    /// A checkpoint: the job's own, for recovery; it may share files with earlier ones and
+    /// write incremental parts.
+    #[default]
+    Checkpoint,
+    /// A savepoint: the user's; self-contained (every file in its own directory) and every
+    /// part whole, so that it outlives the job's checkpoints and can be moved.
+    Savepoint,
 }
 
 /// What a job run's checkpoints did (`JobResult::checkpoints`).
@@ -71,3 +97,4 @@ impl CheckpointStats {
 
 pub use coordinator::{AbortReason, CheckpointSettings, Command, Coordinator};
 pub use restart::{ExponentialDelay, RestartDecision, RestartStrategy, RestartTracker};
+pub use savepoint::{PendingSavepoint, SavepointError, SavepointHandle, StopMode};

@@ -17,13 +17,17 @@
 //!
 //! **Restore.** A subtask whose key groups are exactly one old subtask's copies that
 //! subtask's files into its instance's directory (hard-linking the SST files where it can)
-//! and opens it (and knows its SST files are
+//! and opens it (and, restored from one of the job's own checkpoints, knows its SST files are
 //! uploaded already, so its first checkpoint is incremental too). A rescaled subtask opens
 //! each old subtask's checkpoint whose key groups overlap its own as an instance of its own
 //! and copies the entries of its key groups over (Flink's restore by key-group ranges).
 //!
 //! One upload runs at a time per instance, in checkpoint order, so the record of uploaded
 //! files always matches what committed checkpoints list.
+//!
+//! **Savepoints** upload every file into the savepoint's own directory (it shares nothing)
+//! and leave the record of uploaded files as it was. They are RocksDB's files, so a savepoint
+//! of a RocksDB job restores on RocksDB only (refused on the heap, naming the operator).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -109,10 +113,12 @@ impl NativeState {
                 match overlapping.as_slice() {
                     [(range, manifest)] if *range == ours => {
                         manifest.copy_into(&restored.dir, &path)?;
-                        uploads
-                            .uploaded
-                            .borrow_mut()
-                            .extend(manifest.shared_files());
+                        if restored.own {
+                            uploads
+                                .uploaded
+                                .borrow_mut()
+                                .extend(manifest.shared_files());
+                        }
                         slot.open_instance(&name)?
                     }
                     _ => {
@@ -202,8 +208,10 @@ impl NativeUpload {
     async fn upload_files(&self, pending: &PendingCheckpoint) -> Result<Manifest, String> {
         let mut files = Vec::with_capacity(self.native.files.len());
         let mut uploaded = HashMap::new();
+        // A savepoint lists no file of a checkpoint, and is no base for the next one.
+        let savepoint = pending.is_savepoint();
         for file in &self.native.files {
-            let known = (self.incremental && file.is_sst())
+            let known = (self.incremental && !savepoint && file.is_sst())
                 .then(|| self.uploads.uploaded.borrow().get(&file.name).cloned())
                 .flatten();
             let stored = match known {
@@ -224,8 +232,10 @@ impl NativeUpload {
             }
             files.push((file.name.clone(), stored));
         }
-        // Only the files still live: one compacted away is never listed again.
-        *self.uploads.uploaded.borrow_mut() = uploaded;
+        if !savepoint {
+            // Only the files still live: one compacted away is never listed again.
+            *self.uploads.uploaded.borrow_mut() = uploaded;
+        }
         Ok(Manifest { files })
     }
 }

@@ -62,9 +62,24 @@ pub(crate) enum Part {
 #[derive(Default)]
 pub(crate) struct OperatorSnapshot {
     pub(crate) parts: Vec<(&'static str, Part)>,
+    /// What the barrier cuts: a savepoint's parts are whole (no chain links).
+    pub(crate) kind: super::SnapshotKind,
 }
 
 impl OperatorSnapshot {
+    /// An empty snapshot for a barrier of `kind`.
+    pub(crate) fn new(kind: super::SnapshotKind) -> OperatorSnapshot {
+        OperatorSnapshot {
+            parts: Vec::new(),
+            kind,
+        }
+    }
+
+    /// Whether the barrier is a savepoint's.
+    pub(crate) fn is_savepoint(&self) -> bool {
+        self.kind == super::SnapshotKind::Savepoint
+    }
+
     pub(crate) fn add(&mut self, name: &'static str, bytes: Vec<u8>) {
         self.parts.push((name, Part::Bytes(bytes)));
     }
@@ -91,6 +106,9 @@ pub(crate) struct RestoredJob {
     pub(crate) checkpoint: u64,
     /// Its directory (files it lists are found from there: `weir_state::checkpoint::resolve`).
     pub(crate) dir: std::path::PathBuf,
+    /// It is one of the job's own checkpoints (not a savepoint): its shared files are the
+    /// ones the job's next checkpoints may list again.
+    pub(crate) own: bool,
     pub(crate) parts: HashMap<String, Vec<SubtaskParts>>,
     /// Each operator's parallelism in the checkpoint, by operator id.
     pub(crate) parallelism: HashMap<String, usize>,
@@ -238,6 +256,7 @@ impl TaskState {
         Some(RestoredNative {
             old_parallelism: job.parallelism.get(operator).copied().unwrap_or(1),
             dir: job.dir.clone(),
+            own: job.own,
             parts,
         })
     }
@@ -259,6 +278,8 @@ pub(crate) struct RestoredNative {
     pub(crate) old_parallelism: usize,
     /// The checkpoint's directory.
     pub(crate) dir: std::path::PathBuf,
+    /// See [`RestoredJob::own`].
+    pub(crate) own: bool,
     /// Per old subtask that wrote one, its part.
     pub(crate) parts: Vec<(usize, Vec<u8>)>,
 }

@@ -292,6 +292,7 @@ impl<O, Op> OperatorLink<O, Op> {
 /// writes itself (`Operator::snapshot_state` via `write`), then its operator state if it has
 /// any. Shared by operator links, sources and sinks.
 pub(crate) fn snapshot_operator(
+    barrier: CheckpointBarrier,
     task: &TaskState,
     operator_id: &Arc<str>,
     operator_state: OperatorStateId,
@@ -299,7 +300,7 @@ pub(crate) fn snapshot_operator(
     write: impl FnOnce(&mut OperatorSnapshot) -> Result<(), String>,
 ) -> TaskResult {
     let _scope = scope::enter(name);
-    let mut snapshot = OperatorSnapshot::default();
+    let mut snapshot = OperatorSnapshot::new(barrier.kind);
     let fail = |error: String| {
         TaskError::user(format!("cannot snapshot its state: {error}")).in_operator(name)
     };
@@ -420,9 +421,10 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
             if emitted {
                 self.emit().await?;
             }
-            if let ChainEvent::Barrier(_) = event {
+            if let ChainEvent::Barrier(barrier) = event {
                 let operator = &mut self.operator;
                 snapshot_operator(
+                    barrier,
                     &self.task,
                     &self.operator_id,
                     self.operator_state,

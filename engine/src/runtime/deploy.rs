@@ -6,6 +6,7 @@ use std::any::Any;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,13 +21,13 @@ use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::task::{Subtask, TaskSettings};
 use crate::checkpoint::driver::{
-    open_checkpoints, CheckpointDriver, CheckpointStart, DriverPlan, JobCheckpointing,
-    OperatorEntry, TaskCheckpointing,
+    open_checkpoints, open_savepoint, CheckpointDriver, CheckpointStart, DriverEnd, DriverPlan,
+    JobCheckpointing, OperatorEntry, RestoreRules, TaskCheckpointing,
 };
 use crate::checkpoint::native::PART_ROCKSDB;
 use crate::checkpoint::restart::{RestartDecision, RestartStrategy, RestartTracker};
 use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_KEYED, PART_OPERATOR_STATE};
-use crate::checkpoint::CheckpointStats;
+use crate::checkpoint::{CheckpointStats, SavepointHandle};
 use crate::config::CheckpointConfig;
 use crate::config::Configuration;
 use crate::error::{panic_message, JobError, TaskError, TaskResult};
@@ -55,6 +56,9 @@ pub struct JobResult {
     pub checkpoints: Option<CheckpointStats>,
     /// The restarts after task failures, in order.
     pub restarts: Vec<Restart>,
+    /// The savepoint the job was stopped with ([`SavepointHandle::stop_with_savepoint`]), if
+    /// it was.
+    pub savepoint: Option<PathBuf>,
 }
 
 /// A restart of the job's tasks after a failure.
@@ -102,6 +106,15 @@ pub struct RunOptions {
     /// With checkpointing configured: start from the latest completed checkpoint in the job's
     /// checkpoint directory (`weir run … --resume`), or from scratch if it has none yet.
     pub resume: bool,
+    /// Start from this savepoint (or retained checkpoint) directory (`weir run …
+    /// --from-savepoint PATH`); a restart after a failure takes the run's own latest
+    /// checkpoint, or this again if none completed yet.
+    pub from_savepoint: Option<PathBuf>,
+    /// Leave out (with a warning) state of operators the job no longer has, instead of
+    /// refusing to restore it (`--allow-non-restored-state`).
+    pub allow_non_restored_state: bool,
+    /// Asks the running job for savepoints, and to stop with one.
+    pub savepoints: SavepointHandle,
 }
 
 /// Cancels a running job: its sources stop, every subtask winds down, and the run ends with
@@ -603,15 +616,54 @@ pub fn run_job(
     config: &Configuration,
     options: RunOptions,
 ) -> Result<JobResult, JobError> {
+    let job = exec.job.job_name().to_string();
+    options.savepoints.open();
+    let result = run_attempts(exec, config, &options);
+    // Savepoints asked for from now on (or never taken) fail, naming why.
+    options.savepoints.close(&match &result {
+        Ok(_) => format!("job '{job}' has ended"),
+        Err(error) => format!("job '{job}' has ended: {error}"),
+    });
+    result
+}
+
+/// Runs the job's attempts: the first, then one per restart (see [`run_job`]).
+fn run_attempts(
+    exec: ExecutionGraph,
+    config: &Configuration,
+    options: &RunOptions,
+) -> Result<JobResult, JobError> {
     let exec = Arc::new(exec);
     let checkpointed = config.checkpointing()?.is_some();
+    let job = exec.job.job_name().to_string();
+    if options.resume && options.from_savepoint.is_some() {
+        return Err(JobError::InvalidJob(format!(
+            "job '{job}' is asked both to resume from its latest checkpoint and to start from \
+             savepoint {}; pass --resume or --from-savepoint, not both",
+            options
+                .from_savepoint
+                .as_deref()
+                .unwrap_or_else(|| "".as_ref())
+                .display()
+        )));
+    }
+    if !checkpointed {
+        options.savepoints.close(&format!(
+            "job '{job}' takes no checkpoints, and a savepoint is one; set \
+             execution.checkpointing.interval and execution.checkpointing.dir"
+        ));
+    }
     let strategy = config.restart_strategy(checkpointed);
     let mut tracker = RestartTracker::new(strategy);
     let started = Instant::now();
     let mut restarts = Vec::new();
-    let mut resume = options.resume;
+    // Which checkpoint an attempt resumes from: the latest numbered at least this (`None`:
+    // none). The first attempt takes any with --resume; a restart only the run's own
+    // (numbered from its first attempt's first checkpoint on), else what the run began from.
+    let mut resume = options.resume.then_some(0);
+    let mut run_first = None;
     loop {
-        let error = match run_attempt(&exec, config, &options, resume) {
+        let error = match run_attempt(&exec, config, options, resume, &mut run_first) {
             Ok(mut result) => {
                 result.restarts = restarts;
                 return Ok(result);
@@ -635,7 +687,6 @@ pub fn run_job(
                 })
             }
         };
-        let job = exec.job.job_name();
         let cause = error.to_string();
         tracing::warn!(
             job,
@@ -643,10 +694,15 @@ pub fn run_job(
             delay_ms,
             %cause,
             "restarting the job{}",
-            if checkpointed {
-                " from its latest completed checkpoint (the beginning if none completed)"
-            } else {
-                " from the beginning (checkpointing is off)"
+            match (checkpointed, &options.from_savepoint) {
+                (true, None) => {
+                    " from its latest completed checkpoint (the beginning if none completed)"
+                }
+                (true, Some(_)) => {
+                    " from its latest completed checkpoint (its savepoint if none completed)"
+                }
+                (false, None) => " from the beginning (checkpointing is off)",
+                (false, Some(_)) => " from its savepoint (checkpointing is off)",
             }
         );
         let delay = Duration::from_millis(delay_ms.max(0) as u64);
@@ -658,12 +714,16 @@ pub fn run_job(
         options.cancel.stop.store(false, Ordering::Relaxed);
         if options.cancel.is_requested() {
             options.cancel.stop.store(true, Ordering::Relaxed);
-            return Err(JobError::Cancelled {
-                job: job.to_string(),
-            });
+            return Err(JobError::Cancelled { job });
         }
         restarts.push(Restart { cause, delay });
-        resume = checkpointed;
+        if checkpointed {
+            resume = Some(if options.resume {
+                0
+            } else {
+                run_first.unwrap_or(0)
+            });
+        }
     }
 }
 
@@ -677,12 +737,14 @@ fn uniform_random() -> f64 {
     (bits >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// One run of all the job's tasks, until they end or one fails.
+/// One run of all the job's tasks, until they end or one fails. `resume`: see
+/// `run_attempts`; `run_first` is set to the first attempt's first checkpoint number.
 fn run_attempt(
     exec: &Arc<ExecutionGraph>,
     config: &Configuration,
     options: &RunOptions,
-    resume: bool,
+    resume: Option<u64>,
+    run_first: &mut Option<u64>,
 ) -> Result<JobResult, JobError> {
     let slots = exec
         .job
@@ -766,24 +828,47 @@ fn run_attempt(
 
     let job_name = exec.job.job_name().to_string();
     let checkpoint_config = config.checkpointing()?;
-    if resume && checkpoint_config.is_none() {
+    if resume.is_some() && checkpoint_config.is_none() {
         return Err(JobError::InvalidJob(format!(
             "cannot resume job '{job_name}': checkpointing is off; set \
              execution.checkpointing.interval and execution.checkpointing.dir as the run that \
              wrote the checkpoints did"
         )));
     }
+    let operators = operator_entries(exec);
+    let rules = RestoreRules {
+        operators: &operators,
+        allow_non_restored_state: options.allow_non_restored_state,
+    };
     let checkpoints = match &checkpoint_config {
         Some(checkpoint_config) => Some(start_checkpoints(
             exec,
-            config.state_backend(),
             checkpoint_config,
             &job_name,
             resume,
+            rules,
         )?),
         None => None,
     };
-    let restored = checkpoints.as_ref().and_then(|c| c.restored.clone());
+    if let Some(start) = &checkpoints {
+        run_first.get_or_insert(start.first);
+        if resume.is_none() && options.from_savepoint.is_none() && start.first > 1 {
+            tracing::warn!(
+                "job '{job_name}' starts from scratch although {} holds checkpoints up to \
+                 chk-{}; pass --resume to continue from the latest one (older checkpoints are \
+                 deleted as new ones complete)",
+                start.storage.dir().display(),
+                start.first - 1
+            );
+        }
+    }
+    let mut restored = checkpoints.as_ref().and_then(|c| c.restored.clone());
+    if let (None, Some(path)) = (&restored, &options.from_savepoint) {
+        restored = Some(open_savepoint(path, &job_name, rules)?);
+    }
+    if let Some(restored) = &restored {
+        refuse_other_backend(exec, restored, config.state_backend())?;
+    }
     let graph = &exec.job.graph;
     let mut enumerators = Vec::with_capacity(graph.nodes.len());
     for n in &graph.nodes {
@@ -835,12 +920,20 @@ fn run_attempt(
     let heap_share = (state_backend == BackendType::Heap).then_some(budget.heap);
     let driver = match (checkpoints, &checkpoint_config) {
         (Some(start), Some(checkpoint_config)) => {
+            let savepoints = (
+                options.savepoints.clone(),
+                checkpoint_config
+                    .savepoint_dir
+                    .clone()
+                    .unwrap_or_else(|| start.storage.dir().join("savepoints")),
+            );
             let plan = driver_plan(
                 exec,
                 &enumerators,
                 checkpoint_config,
                 &job_name,
                 start.first,
+                savepoints,
             );
             let stop = Arc::clone(&options.cancel.stop);
             Some(CheckpointDriver::start(start.storage, plan, move || {
@@ -885,9 +978,13 @@ fn run_attempt(
     })?;
     let duration = started.elapsed();
     drop(progress);
-    let (checkpoint_failure, checkpoints) = match driver.map(CheckpointDriver::stop) {
-        Some((failure, stats)) => (failure, Some(stats)),
-        None => (None, None),
+    let (checkpoint_failure, checkpoints, stopped_with) = match driver.map(CheckpointDriver::stop) {
+        Some(DriverEnd {
+            failure,
+            stats,
+            stopped_with,
+        }) => (failure, Some(stats), stopped_with),
+        None => (None, None, None),
     };
     if let Some(reason) = checkpoint_failure {
         return Err(JobError::CheckpointsFailed {
@@ -901,6 +998,10 @@ fn run_attempt(
     let requested_stop_only = failures.first().is_some_and(|f| f.error.secondary);
     if options.cancel.is_requested() && requested_stop_only {
         return Err(JobError::Cancelled { job: job_name });
+    }
+    // Stopped with a savepoint: its sources ended the tasks once it completed.
+    if stopped_with.is_some() && (failures.is_empty() || requested_stop_only) {
+        failures.clear();
     }
     if let Some(failure) = failures.into_iter().next() {
         let vertex = &shared.exec.job.vertices[failure.vertex];
@@ -924,6 +1025,7 @@ fn run_attempt(
         pools: pools.iter().map(SegmentPool::stats).collect(),
         checkpoints,
         restarts: Vec::new(),
+        savepoint: stopped_with,
     })
 }
 
@@ -943,13 +1045,13 @@ fn operator_entries(exec: &ExecutionGraph) -> Vec<OperatorEntry> {
 }
 
 /// Checks that the job can be checkpointed and opens its checkpoint directory (restoring the
-/// latest checkpoint with `resume`).
+/// latest checkpoint with `resume`: see `run_attempts`).
 fn start_checkpoints(
     exec: &ExecutionGraph,
-    backend: BackendType,
     checkpoint_config: &CheckpointConfig,
     job_name: &str,
-    resume: bool,
+    resume: Option<u64>,
+    rules: RestoreRules<'_>,
 ) -> Result<CheckpointStart, JobError> {
     for node in &exec.job.graph.nodes {
         let unsupported = match &node.kind {
@@ -965,16 +1067,7 @@ fn start_checkpoints(
             )));
         }
     }
-    let start = open_checkpoints(
-        &checkpoint_config.dir,
-        job_name,
-        resume,
-        &operator_entries(exec),
-    )?;
-    if let Some(restored) = &start.restored {
-        refuse_other_backend(exec, restored, backend)?;
-    }
-    Ok(start)
+    open_checkpoints(&checkpoint_config.dir, job_name, resume, rules)
 }
 
 /// Refuses to restore keyed state written by the other state backend: a heap checkpoint holds
@@ -1017,6 +1110,7 @@ fn driver_plan(
     checkpoint_config: &CheckpointConfig,
     job_name: &str,
     first: u64,
+    (savepoints, savepoint_dir): (SavepointHandle, PathBuf),
 ) -> DriverPlan {
     let job = &exec.job;
     let sources: Vec<(
@@ -1066,5 +1160,7 @@ fn driver_plan(
         exactly_once: checkpoint_config.exactly_once,
         incremental: checkpoint_config.incremental,
         first,
+        savepoints,
+        savepoint_dir,
     }
 }

@@ -416,6 +416,7 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
             checkpointing,
             operator_id: Arc::clone(&ctx.state.operator_id),
             operator_state: ctx.operator_state,
+            stopping: None,
         }))
     }
 }

@@ -16,7 +16,7 @@ use super::exchange::reader::{Delivery, GateEvent, InputGate};
 use super::factories::{snapshot_reader_splits, EnumeratorCell, NextSplit};
 use crate::checkpoint::driver::{SourceCommand, SourceMailbox, TaskCheckpointing};
 use crate::checkpoint::task_state::{TaskState, PART_SPLITS};
-use crate::checkpoint::CheckpointBarrier;
+use crate::checkpoint::{CheckpointBarrier, SnapshotKind, StopMode};
 use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SourceSplit};
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
@@ -122,6 +122,17 @@ pub(crate) struct SourceTask<T, S> {
     pub(crate) checkpointing: Option<TaskCheckpointing>,
     pub(crate) operator_id: Arc<str>,
     pub(crate) operator_state: OperatorStateId,
+    /// A savepoint that stops the job: sent, the source reads no more input until it ends.
+    pub(crate) stopping: Option<Stopping>,
+}
+
+/// A source waiting for the savepoint that stops its job (`checkpoint::savepoint`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stopping {
+    savepoint: u64,
+    mode: StopMode,
+    /// The savepoint completed: the source ends.
+    completed: bool,
 }
 
 /// How long a source that holds a mailbox waits for data at most before it looks into it.
@@ -147,16 +158,44 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
     async fn read_mailbox(&mut self) -> TaskResult {
         while let Some(command) = self.mailbox.as_ref().and_then(|m| m.take()) {
             match command {
-                SourceCommand::TriggerCheckpoint(checkpoint) => self.checkpoint(checkpoint).await?,
+                SourceCommand::TriggerCheckpoint(checkpoint) => {
+                    self.checkpoint(CheckpointBarrier::checkpoint(checkpoint))
+                        .await?
+                }
+                SourceCommand::TriggerSavepoint { savepoint, stop } => {
+                    if stop == Some(StopMode::Drain) {
+                        // Every event-time window and timer fires before the barrier.
+                        self.chain
+                            .event(ChainEvent::Watermark(Watermark::MAX))
+                            .await?;
+                    }
+                    let barrier = CheckpointBarrier {
+                        id: savepoint,
+                        kind: SnapshotKind::Savepoint,
+                    };
+                    self.checkpoint(barrier).await?;
+                    self.stopping = stop.map(|mode| Stopping {
+                        savepoint,
+                        mode,
+                        completed: false,
+                    });
+                }
                 SourceCommand::NotifyComplete(checkpoint) => {
                     self.chain
                         .event(ChainEvent::CheckpointComplete(checkpoint))
-                        .await?
+                        .await?;
+                    if let Some(stopping) = &mut self.stopping {
+                        stopping.completed |= checkpoint >= stopping.savepoint;
+                    }
                 }
                 SourceCommand::NotifyAborted(checkpoint) => {
                     self.chain
                         .event(ChainEvent::CheckpointAborted(checkpoint))
-                        .await?
+                        .await?;
+                    // The job runs on: its sources read again.
+                    if self.stopping.is_some_and(|s| s.savepoint == checkpoint) {
+                        self.stopping = None;
+                    }
                 }
             }
         }
@@ -166,13 +205,15 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
     /// Snapshots the reader's splits, sends the barrier down the chain (every operator
     /// snapshots as it passes), lets the enumerator hand this reader splits again, and has the
     /// task's state file written.
-    async fn checkpoint(&mut self, checkpoint: u64) -> TaskResult {
+    async fn checkpoint(&mut self, barrier: CheckpointBarrier) -> TaskResult {
         let Some(checkpointing) = &self.checkpointing else {
             return Ok(());
         };
+        let checkpoint = barrier.id;
         let started = Instant::now();
         let reader = &self.reader;
         snapshot_operator(
+            barrier,
             &checkpointing.state,
             &self.operator_id,
             self.operator_state,
@@ -185,9 +226,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                 Ok(())
             },
         )?;
-        self.chain
-            .event(ChainEvent::Barrier(CheckpointBarrier { id: checkpoint }))
-            .await?;
+        self.chain.event(ChainEvent::Barrier(barrier)).await?;
         self.enumerator
             .lock()
             .expect("enumerator lock")
@@ -267,6 +306,22 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             }
             if self.mailbox.is_some() {
                 self.read_mailbox().await?;
+            }
+            if let Some(stopping) = self.stopping {
+                match (stopping.completed, stopping.mode) {
+                    (true, StopMode::Drain) => break,
+                    (true, StopMode::Suspend) => {
+                        return Err(TaskError::cancelled(format!(
+                            "the job stopped with savepoint {}",
+                            stopping.savepoint
+                        )))
+                    }
+                    // Nothing more is read until the savepoint completes or is aborted.
+                    (false, _) => {
+                        glommio::timer::sleep(MAILBOX_POLL).await;
+                        continue;
+                    }
+                }
             }
             let status = {
                 let _scope = scope::enter(&self.metrics.name);
@@ -376,13 +431,11 @@ impl<T: Record> NetworkTask<T> {
                         .event(ChainEvent::WatermarkStatus { idle })
                         .await?
                 }
-                GateEvent::Barrier(checkpoint) => {
+                GateEvent::Barrier(barrier) => {
                     let started = Instant::now();
-                    self.chain
-                        .event(ChainEvent::Barrier(CheckpointBarrier { id: checkpoint }))
-                        .await?;
+                    self.chain.event(ChainEvent::Barrier(barrier)).await?;
                     if let Some(checkpointing) = &self.checkpointing {
-                        checkpointing.write_snapshot(checkpoint, started.elapsed());
+                        checkpointing.write_snapshot(barrier.id, started.elapsed());
                     }
                 }
                 GateEvent::CheckpointComplete(checkpoint) => {
@@ -410,7 +463,7 @@ impl<T: Record> NetworkTask<T> {
             Event::Watermark(w) => self.gate.on_watermark(channel, w, events),
             Event::WatermarkStatus { idle } => self.gate.on_watermark_status(channel, idle, events),
             Event::EndOfPartition => self.gate.on_end_of_partition(channel, events),
-            Event::Barrier(checkpoint) => self.gate.on_barrier(channel, checkpoint, events),
+            Event::Barrier(barrier) => self.gate.on_barrier(channel, barrier, events),
             Event::CheckpointComplete(checkpoint) => {
                 self.gate.on_checkpoint_notice(checkpoint, true, events)
             }
@@ -570,13 +623,14 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
             }),
             // What the sink buffered goes out (at least once: transactional sinks will make
             // it part of the checkpoint); its operator state is snapshotted.
-            ChainEvent::Barrier(_) => Box::pin(async move {
+            ChainEvent::Barrier(barrier) => Box::pin(async move {
                 {
                     let _scope = scope::enter(&self.metrics.name);
                     let result = self.writer.flush().await;
                     result.map_err(|e| e.in_operator(&self.metrics.name))?;
                 }
                 snapshot_operator(
+                    barrier,
                     &self.task,
                     &self.operator_id,
                     self.operator_state,

@@ -519,28 +519,31 @@ where
 {
     /// Writes every key's panes and its fire timer (`checkpoint.rs` has the layout) — or,
     /// checkpointing incrementally, those of the keys changed since the last checkpoint, and
-    /// which went (`checkpoint::chain`).
+    /// which went (`checkpoint::chain`). A savepoint is written whole, outside the chain (it
+    /// shares nothing), so the next checkpoint's delta still goes over the chain's last link.
     fn write_snapshot(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
-        let link = match &self.changes.chain {
-            Some(chain) => chain.next(self.changes.keys.len(), self.keys.len()),
-            None => Link::Full,
+        let chain = self
+            .changes
+            .chain
+            .as_ref()
+            .filter(|_| !snapshot.is_savepoint());
+        let Some(chain) = chain else {
+            let bytes = self.write_link(true)?;
+            snapshot.add(self.firing.logic.bookkeeping_part(), bytes);
+            return self.firing.logic.snapshot_contents(snapshot);
         };
-        match (link, &self.changes.chain) {
-            (Link::Unchanged, Some(chain)) => chain.add(snapshot, None),
-            _ => {
+        match chain.next(self.changes.keys.len(), self.keys.len()) {
+            Link::Unchanged => chain.add(snapshot, None),
+            link => {
                 let bytes = self.write_link(link == Link::Full).inspect_err(|_| {
                     // Keys a failed delta marked written are in no link: start again.
                     self.changes.chain.iter().for_each(KeyedChain::restart);
                 })?;
-                match &self.changes.chain {
-                    Some(chain) => chain.add(snapshot, Some((link == Link::Full, bytes))),
-                    None => snapshot.add(self.firing.logic.bookkeeping_part(), bytes),
-                }
+                let chain = self.changes.chain.as_ref().expect("checked");
+                chain.add(snapshot, Some((link == Link::Full, bytes)));
             }
         }
-        if self.changes.chain.is_some() {
-            self.changes.next_epoch(&mut self.keys);
-        }
+        self.changes.next_epoch(&mut self.keys);
         self.firing.logic.snapshot_contents(snapshot)
     }
 
@@ -994,7 +997,8 @@ mod tests {
         /// An operator checkpointed incrementally — a full snapshot, then deltas of the keys
         /// that changed or went — at several points of its input, restored from what its chain
         /// merges into, fires with the original's output before the last checkpoint exactly
-        /// what the original fires.
+        /// what the original fires; so does one restored from a savepoint taken after the last
+        /// checkpoint (written whole, not as a link).
         #[test]
         fn an_operator_restored_from_deltas_fires_what_the_original_fires(
             size in 1i64..30,
@@ -1033,6 +1037,16 @@ mod tests {
                     }
                 }
             }
+            // A savepoint here is whole, outside the chain, and restores alone.
+            let mut savepoint = OperatorSnapshot::new(crate::checkpoint::SnapshotKind::Savepoint);
+            first.write_snapshot(&mut savepoint).expect("a savepoint");
+            let from_savepoint = super::super::checkpoint::read_back(&savepoint, 16);
+            let mut savepoint_out = Emitter::new(0, crate::operator::SideOutputs::default());
+            savepoint_out.main.records = out.main.records.clone();
+            let fired = fired_after_restore(
+                g, lateness, &from_savepoint, first.schedule.watermark, &input[at..], savepoint_out,
+            )?;
+            proptest::prop_assert_eq!(fired, fired_whole(g, lateness, &input));
             let links: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
             let merged = weir_state::merge_keyed_chain(&links).expect("the chain merges");
             let restored = KeyedScope::single(16).read(&[&merged]).expect("it reads back");

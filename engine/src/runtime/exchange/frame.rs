@@ -12,9 +12,13 @@
 //! | 2 | end of partition | 0 | none: the sender will send nothing more on this channel |
 //! | 3 | watermark status | 1 idle, 0 active | none |
 //! | 4 | checkpoint barrier | the checkpoint's id | none; always the segment's last entry |
+//! | 5 | checkpoint complete | the checkpoint's id | none |
+//! | 6 | checkpoint aborted | the checkpoint's id | none |
+//! | 7 | savepoint barrier | the savepoint's id | none; always the segment's last entry |
 
 use weir_memory::Segment;
 
+use crate::checkpoint::{CheckpointBarrier, SnapshotKind};
 use crate::record::{Record, Scratch, Watermark};
 
 const TAG_RECORD: u32 = 0;
@@ -24,6 +28,7 @@ const TAG_WATERMARK_STATUS: u32 = 3;
 const TAG_BARRIER: u32 = 4;
 const TAG_CHECKPOINT_COMPLETE: u32 = 5;
 const TAG_CHECKPOINT_ABORTED: u32 = 6;
+const TAG_SAVEPOINT_BARRIER: u32 = 7;
 const HEADER: usize = 16;
 const FIRST_ENTRY: usize = 0;
 
@@ -42,8 +47,8 @@ pub enum Event {
         idle: bool,
     },
     EndOfPartition,
-    /// Checkpoint barrier: what came before belongs to this checkpoint's state.
-    Barrier(u64),
+    /// Checkpoint (or savepoint) barrier: what came before belongs to its state.
+    Barrier(CheckpointBarrier),
     /// This checkpoint completed (the sources pass the coordinator's notice downstream).
     CheckpointComplete(u64),
     /// This checkpoint was aborted.
@@ -113,7 +118,10 @@ impl SegmentBuilder {
             Event::Watermark(w) => (TAG_WATERMARK, w.0),
             Event::WatermarkStatus { idle } => (TAG_WATERMARK_STATUS, i64::from(idle)),
             Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
-            Event::Barrier(checkpoint) => (TAG_BARRIER, checkpoint as i64),
+            Event::Barrier(barrier) => match barrier.kind {
+                SnapshotKind::Checkpoint => (TAG_BARRIER, barrier.id as i64),
+                SnapshotKind::Savepoint => (TAG_SAVEPOINT_BARRIER, barrier.id as i64),
+            },
             Event::CheckpointComplete(checkpoint) => (TAG_CHECKPOINT_COMPLETE, checkpoint as i64),
             Event::CheckpointAborted(checkpoint) => (TAG_CHECKPOINT_ABORTED, checkpoint as i64),
         };
@@ -167,7 +175,13 @@ impl<'a> Iterator for Entries<'a> {
             TAG_WATERMARK => Entry::Event(Event::Watermark(Watermark(value))),
             TAG_WATERMARK_STATUS => Entry::Event(Event::WatermarkStatus { idle: value != 0 }),
             TAG_END_OF_PARTITION => Entry::Event(Event::EndOfPartition),
-            TAG_BARRIER => Entry::Event(Event::Barrier(value as u64)),
+            TAG_BARRIER => {
+                Entry::Event(Event::Barrier(CheckpointBarrier::checkpoint(value as u64)))
+            }
+            TAG_SAVEPOINT_BARRIER => Entry::Event(Event::Barrier(CheckpointBarrier {
+                id: value as u64,
+                kind: SnapshotKind::Savepoint,
+            })),
             TAG_CHECKPOINT_COMPLETE => Entry::Event(Event::CheckpointComplete(value as u64)),
             TAG_CHECKPOINT_ABORTED => Entry::Event(Event::CheckpointAborted(value as u64)),
             other => panic!("corrupt segment: unknown entry tag {other} at offset {pos}"),
@@ -214,7 +228,7 @@ mod tests {
                 }
             }
             let wm = Event::Watermark(Watermark(-17));
-            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(u64::MAX - 3), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::EndOfPartition];
+            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier { id: 12, kind: SnapshotKind::Savepoint }), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::EndOfPartition];
             for event in events {
                 if !builder.try_event(event) {
                     segments.push(builder.finish());

@@ -11,6 +11,7 @@ use futures::stream::{self, LocalBoxStream, SelectAll, Stream, StreamExt};
 use weir_memory::Segment;
 
 use super::local::{BatchRecycler, LocalItem, LocalReceiver};
+use crate::checkpoint::CheckpointBarrier;
 use crate::error::{TaskError, TaskResult};
 use crate::graph::ReceiverEnd;
 use crate::operator::Batch;
@@ -36,7 +37,7 @@ pub(crate) enum BarrierAlignment {
 /// The checkpoint whose barrier some channels have delivered and others not yet.
 #[derive(Debug)]
 struct Alignment {
-    checkpoint: u64,
+    barrier: CheckpointBarrier,
     /// Per channel: whether its barrier came.
     arrived: Vec<bool>,
 }
@@ -206,10 +207,15 @@ impl<T: 'static> InputGate<T> {
     /// reading `channel` until then when aligning. A barrier of a newer checkpoint while an
     /// older one aligns ends the older one: it cannot complete (an upstream task gave it up),
     /// and the newer one covers everything it would have.
-    pub(crate) fn on_barrier(&mut self, channel: usize, checkpoint: u64, out: &mut Vec<GateEvent>) {
+    pub(crate) fn on_barrier(
+        &mut self,
+        channel: usize,
+        barrier: CheckpointBarrier,
+        out: &mut Vec<GateEvent>,
+    ) {
         match &mut self.alignment {
-            Some(alignment) if alignment.checkpoint > checkpoint => return,
-            Some(alignment) if alignment.checkpoint == checkpoint => {
+            Some(alignment) if alignment.barrier.id > barrier.id => return,
+            Some(alignment) if alignment.barrier.id == barrier.id => {
                 alignment.arrived[channel] = true;
             }
             _ => {
@@ -217,10 +223,7 @@ impl<T: 'static> InputGate<T> {
                 self.release_all();
                 let mut arrived = vec![false; self.ended.len()];
                 arrived[channel] = true;
-                self.alignment = Some(Alignment {
-                    checkpoint,
-                    arrived,
-                });
+                self.alignment = Some(Alignment { barrier, arrived });
             }
         }
         if self.alignment_mode == BarrierAlignment::Aligned {
@@ -245,7 +248,7 @@ impl<T: 'static> InputGate<T> {
         let complete =
             (0..self.ended.len()).all(|channel| alignment.arrived[channel] || self.ended[channel]);
         if complete {
-            out.push(GateEvent::Barrier(alignment.checkpoint));
+            out.push(GateEvent::Barrier(alignment.barrier));
             self.alignment = None;
             self.release_all();
         }
@@ -353,8 +356,8 @@ pub(crate) enum GateEvent {
     Status {
         idle: bool,
     },
-    /// Every channel delivered this checkpoint's barrier.
-    Barrier(u64),
+    /// Every channel delivered this checkpoint's (or savepoint's) barrier.
+    Barrier(CheckpointBarrier),
     /// The first channel told of this checkpoint's completion (a notice arrives once per
     /// channel; the task hears of it once).
     CheckpointComplete(u64),
@@ -382,8 +385,8 @@ mod tests {
                 Delivery::Local(LocalItem::Records(batch)) => {
                     seen.extend(batch.records.iter().map(u32::to_string));
                 }
-                Delivery::Local(LocalItem::Event(Event::Barrier(checkpoint))) => {
-                    gate.on_barrier(channel, checkpoint, &mut events);
+                Delivery::Local(LocalItem::Event(Event::Barrier(barrier))) => {
+                    gate.on_barrier(channel, barrier, &mut events);
                 }
                 Delivery::Local(LocalItem::Event(Event::EndOfPartition)) => {
                     gate.on_end_of_partition(channel, &mut events);
@@ -391,8 +394,8 @@ mod tests {
                 Delivery::Local(LocalItem::Event(_)) | Delivery::Segment(_) => {}
             }
             for event in events.drain(..) {
-                if let GateEvent::Barrier(checkpoint) = event {
-                    seen.push(format!("barrier {checkpoint}"));
+                if let GateEvent::Barrier(barrier) = event {
+                    seen.push(format!("barrier {}", barrier.id));
                 }
             }
         }
@@ -425,14 +428,14 @@ mod tests {
             &a,
             vec![
                 records(&[1]),
-                LocalItem::Event(Event::Barrier(7)),
+                LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(7))),
                 records(&[2]),
             ],
         );
         let last = if end_b {
             LocalItem::Event(Event::EndOfPartition)
         } else {
-            LocalItem::Event(Event::Barrier(7))
+            LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(7)))
         };
         send(
             &b,

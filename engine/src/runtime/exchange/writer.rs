@@ -416,7 +416,7 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
             ChainEvent::WatermarkStatus { idle } => {
                 Box::pin(self.write_event(Event::WatermarkStatus { idle }))
             }
-            ChainEvent::Barrier(barrier) => Box::pin(self.write_event(Event::Barrier(barrier.id))),
+            ChainEvent::Barrier(barrier) => Box::pin(self.write_event(Event::Barrier(barrier))),
             ChainEvent::CheckpointComplete(checkpoint) => {
                 Box::pin(self.write_event(Event::CheckpointComplete(checkpoint)))
             }

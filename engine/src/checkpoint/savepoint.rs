@@ -1,0 +1,174 @@
+//! Savepoints asked for while a job runs (Flink's `JobClient::triggerSavepoint` and
+//! `stopWithSavepoint`): the handle a caller keeps, and the queue the job's checkpoint
+//! coordinator takes requests from.
+//!
+//! A savepoint is a checkpoint the user asks for: numbered with the checkpoints and cut by the
+//! same barriers (a [`super::SnapshotKind::Savepoint`] barrier), but written self-contained —
+//! every part whole, every file in the savepoint's own directory — into
+//! `execution.checkpointing.savepoint-dir` (default `<checkpoint dir>/<job>/savepoints`), and
+//! never deleted by the job. A job started from it (`RunOptions::from_savepoint`, `weir run
+//! --from-savepoint`) restores every state as the savepoint's barrier found it, at any
+//! parallelism.
+//!
+//! **Stopping with a savepoint.** Each source, having sent the savepoint's barrier, reads no
+//! more input until the savepoint completed or was aborted. Completed, the job ends: with
+//! [`StopMode::Suspend`] the sources stop without a final watermark (windows still open stay
+//! in the savepoint, to fire after the job resumes), with [`StopMode::Drain`] each source
+//! first sends the final watermark, so every event-time window fires before the barrier and
+//! the job ends as if its input had ended. Aborted, the sources read on and the job runs.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// How a job stops once its savepoint completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopMode {
+    /// Stop without a final watermark: open windows and timers stay in the savepoint (Flink's
+    /// `stop`; a job that will resume from it).
+    Suspend,
+    /// Send the final watermark first, so that every event-time window and timer fires before
+    /// the savepoint (Flink's `stop --drain`; a job that ends for good).
+    Drain,
+}
+
+/// Why a savepoint was not taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("savepoint failed: {0}")]
+pub struct SavepointError(pub String);
+
+/// One savepoint asked for.
+#[derive(Debug)]
+pub(crate) struct SavepointRequest {
+    /// Stop the job once it completed.
+    pub(crate) stop: Option<StopMode>,
+    reply: mpsc::Sender<Result<PathBuf, SavepointError>>,
+}
+
+impl SavepointRequest {
+    /// Tells the caller how it ended (a caller that stopped waiting is not told).
+    pub(crate) fn answer(self, result: Result<PathBuf, SavepointError>) {
+        let _ = self.reply.send(result);
+    }
+
+    /// Tells the caller it failed, saying why.
+    pub(crate) fn fail(self, reason: impl Into<String>) {
+        self.answer(Err(SavepointError(reason.into())));
+    }
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    requests: VecDeque<SavepointRequest>,
+    /// Why requests are refused (the job takes no checkpoints, or it ended).
+    closed: Option<String>,
+}
+
+/// Asks a running job for savepoints (`RunOptions::savepoints`); cloning shares the handle.
+/// Requests made before the job's checkpoint coordinator runs, or while the job restarts,
+/// wait for it.
+#[derive(Clone, Debug, Default)]
+pub struct SavepointHandle {
+    queue: Arc<Mutex<Queue>>,
+}
+
+impl SavepointHandle {
+    /// Takes a savepoint; the job runs on.
+    pub fn trigger(&self) -> PendingSavepoint {
+        self.request(None)
+    }
+
+    /// Takes a savepoint and, once it completed, stops the job (see the module docs); if it
+    /// fails, the job runs on.
+    pub fn stop_with_savepoint(&self, mode: StopMode) -> PendingSavepoint {
+        self.request(Some(mode))
+    }
+
+    fn request(&self, stop: Option<StopMode>) -> PendingSavepoint {
+        let (reply, answer) = mpsc::channel();
+        let request = SavepointRequest { stop, reply };
+        let mut queue = self.queue.lock().expect("savepoint queue lock");
+        match &queue.closed {
+            Some(reason) => request.fail(reason.clone()),
+            None => queue.requests.push_back(request),
+        }
+        PendingSavepoint { answer }
+    }
+
+    /// The next request, if any (the coordinator's loop).
+    pub(crate) fn take(&self) -> Option<SavepointRequest> {
+        self.queue
+            .lock()
+            .expect("savepoint queue lock")
+            .requests
+            .pop_front()
+    }
+
+    /// Takes requests again (a job run begins with the handle).
+    pub(crate) fn open(&self) {
+        self.queue.lock().expect("savepoint queue lock").closed = None;
+    }
+
+    /// Refuses every waiting and later request with `reason` (the job ended, or takes no
+    /// checkpoints).
+    pub(crate) fn close(&self, reason: &str) {
+        let mut queue = self.queue.lock().expect("savepoint queue lock");
+        queue.closed = Some(reason.to_string());
+        for request in queue.requests.drain(..) {
+            request.fail(reason);
+        }
+    }
+}
+
+/// A savepoint asked for: its directory once it completed.
+#[derive(Debug)]
+pub struct PendingSavepoint {
+    answer: mpsc::Receiver<Result<PathBuf, SavepointError>>,
+}
+
+impl PendingSavepoint {
+    /// Waits until the savepoint completed (its directory) or failed.
+    pub fn wait(&self) -> Result<PathBuf, SavepointError> {
+        self.answer.recv().unwrap_or_else(|_| {
+            Err(SavepointError(
+                "the job ended before the savepoint was taken".into(),
+            ))
+        })
+    }
+
+    /// Waits at most `timeout`; `None` if the savepoint is still being taken.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<PathBuf, SavepointError>> {
+        match self.answer.recv_timeout(timeout) {
+            Ok(result) => Some(result),
+            Err(mpsc::RecvTimeoutError::Timeout) => None,
+            Err(mpsc::RecvTimeoutError::Disconnected) => Some(Err(SavepointError(
+                "the job ended before the savepoint was taken".into(),
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_wait_in_order_until_the_handle_closes() {
+        let handle = SavepointHandle::default();
+        let first = handle.trigger();
+        let second = handle.stop_with_savepoint(StopMode::Drain);
+        let taken = handle.take().expect("the first request");
+        assert_eq!(taken.stop, None);
+        taken.answer(Ok(PathBuf::from("/sp/1")));
+        assert_eq!(first.wait(), Ok(PathBuf::from("/sp/1")));
+        handle.close("the job ended");
+        assert_eq!(second.wait(), Err(SavepointError("the job ended".into())));
+        let late = handle.trigger();
+        assert_eq!(
+            late.wait_timeout(Duration::from_secs(1)),
+            Some(Err(SavepointError("the job ended".into())))
+        );
+        assert!(handle.take().is_none());
+    }
+}

@@ -1,0 +1,381 @@
+//! Savepoints in process: a job stopped with a savepoint, started again from it — moved to
+//! another directory, with its checkpoints gone — at the same or another parallelism, on the
+//! heap and on RocksDB, counts every record once, and its windows hold exactly their records
+//! across both runs; a savepoint taken while the job runs on restores the same way; a drained
+//! stop fires every timer first; state of an operator the job no longer has is refused unless
+//! allowed; a job without checkpointing refuses savepoints, naming the settings.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use weir_engine::api::{JobClient, RunOptions, StopMode};
+use weir_engine::prelude::*;
+use weir_engine::JobError;
+use weir_examples::sequence_check::{self, problems, KeyReport, Numbered, SequenceSpec};
+use weir_examples::window_check::{self, WindowCheckSpec, WindowReport};
+
+/// Slow enough that a stop lands mid-way.
+const SPEC: SequenceSpec = SequenceSpec {
+    splits: 24,
+    keys_per_split: 2,
+    per_key: 4_000,
+    rate: Some(40_000.0),
+};
+
+const HEAP: &str = "hashmap";
+const ROCKSDB: &str = "rocksdb";
+
+fn config_on(backend: &str, checkpoints: &Path, slots: usize) -> Configuration {
+    Configuration::default()
+        .with("state.backend.type", backend)
+        .and_then(|c| c.with("execution.checkpointing.interval", "20ms"))
+        .and_then(|c| {
+            c.with(
+                "execution.checkpointing.dir",
+                checkpoints.to_str().expect("a UTF-8 path"),
+            )
+        })
+        .and_then(|c| c.with("taskmanager.numberOfTaskSlots", slots.to_string()))
+        .expect("valid settings")
+}
+
+/// Starts job `name`, built by `build`, from `savepoint` if given.
+fn start(
+    config: &Configuration,
+    name: &str,
+    savepoint: Option<&Path>,
+    build: impl FnOnce(&StreamEnvironment),
+) -> JobClient {
+    let env = StreamEnvironment::new(config.clone()).expect("an environment");
+    build(&env);
+    let options = RunOptions {
+        from_savepoint: savepoint.map(Path::to_path_buf),
+        ..RunOptions::default()
+    };
+    env.execute_async(name, options).expect("started")
+}
+
+/// Waits until job `name` completed a checkpoint in `checkpoints` (a stop then lands after
+/// the job is well under way).
+fn wait_for_a_checkpoint(checkpoints: &Path, name: &str, job: &JobClient) {
+    let started = Instant::now();
+    let has_one = || {
+        std::fs::read_dir(checkpoints.join(name)).is_ok_and(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .any(|entry| entry.path().join("_metadata").exists())
+        })
+    };
+    while !has_one() {
+        assert!(
+            !job.is_finished(),
+            "the job ended before its first checkpoint"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no checkpoint completes"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Stops `job` with a savepoint: the savepoint's directory, moved into `to` (a savepoint is
+/// self-contained), and the job's result.
+fn stop(job: JobClient, mode: StopMode, to: &Path) -> (PathBuf, weir_engine::JobResult) {
+    let savepoint = job
+        .stop_with_savepoint(mode)
+        .wait()
+        .expect("the savepoint completes");
+    let result = job.wait().expect("the job stops cleanly");
+    assert_eq!(result.savepoint.as_deref(), Some(savepoint.as_path()));
+    (moved(&savepoint, to), result)
+}
+
+/// Moves directory `dir` into `to`: its new path.
+fn moved(dir: &Path, to: &Path) -> PathBuf {
+    let target = to.join(dir.file_name().expect("a named directory"));
+    std::fs::create_dir_all(to).expect("the target directory");
+    std::fs::rename(dir, &target).expect("the savepoint moves");
+    target
+}
+
+/// Checks that `savepoint` lists only files of its own directory.
+fn assert_self_contained(savepoint: &Path) {
+    let completed = weir_state::checkpoint::open_savepoint(savepoint)
+        .unwrap_or_else(|e| panic!("the savepoint checks out: {e}"));
+    for file in completed.metadata.all_files() {
+        assert!(
+            file.shared_by().is_none() && !file.name.contains('/'),
+            "{} lists {}, which is not its own",
+            savepoint.display(),
+            file.name
+        );
+    }
+}
+
+/// The sequence check stopped with a savepoint at `from` slots and started from it at `to`:
+/// every record counted once, and the second run read only what came after the savepoint.
+fn sequence_stopped_and_restarted(backend: &str, from: usize, to: usize) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let build = |env: &StreamEnvironment| {
+        sequence_check::reports(env, SPEC).sink_to(DiscardSink::new(), "discard");
+    };
+    let config = config_on(backend, &checkpoints, from);
+    let job = start(&config, "sequence-check", None, build);
+    wait_for_a_checkpoint(&checkpoints, "sequence-check", &job);
+    let (savepoint, _) = stop(job, StopMode::Suspend, &dir.path().join("moved"));
+    assert_self_contained(&savepoint);
+    // Nothing of the first run's checkpoints is needed any more.
+    std::fs::remove_dir_all(&checkpoints).expect("the checkpoints go");
+
+    sequence_counts_once_from(config_on(backend, &checkpoints, to), savepoint);
+}
+
+/// Runs the sequence check with `config` from `savepoint` to its end: it read only what came
+/// after the savepoint, and counted every record once.
+fn sequence_counts_once_from(config: Configuration, savepoint: PathBuf) {
+    let env = StreamEnvironment::new(config).expect("an environment");
+    let (sink, collected) = CollectSink::new();
+    sequence_check::reports(&env, SPEC).sink_to(sink, "collect");
+    let options = RunOptions {
+        from_savepoint: Some(savepoint),
+        ..RunOptions::default()
+    };
+    let result = env
+        .execute_with("sequence-check", options)
+        .expect("the job started from the savepoint");
+    let read = result.records_out("Source: sequence");
+    assert!(
+        read > 0 && read < SPEC.records(),
+        "the second run read {read} of {} records: it did not start from the savepoint",
+        SPEC.records()
+    );
+    let problems = problems(SPEC, &collected.records());
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+#[test]
+fn a_job_stopped_with_a_savepoint_starts_from_it_with_every_record_counted_once() {
+    sequence_stopped_and_restarted(HEAP, 2, 2);
+    sequence_stopped_and_restarted(HEAP, 2, 1);
+}
+
+#[test]
+fn a_job_on_rocksdb_stopped_with_a_savepoint_starts_from_it_with_every_record_counted_once() {
+    sequence_stopped_and_restarted(ROCKSDB, 2, 2);
+    sequence_stopped_and_restarted(ROCKSDB, 1, 2);
+}
+
+/// Windows fill while checkpoints (window deltas, on both backends) are taken.
+const WINDOWS: WindowCheckSpec = WindowCheckSpec {
+    keys_per_split: 40,
+    per_key: 400,
+    rate: Some(4_000.0),
+};
+
+/// The window check stopped with a savepoint (without draining) and started from it: the two
+/// runs' sinks together hold every window and pair exactly once, with exactly its records —
+/// nothing after the savepoint's barrier reached the first run's sink.
+fn windows_stopped_and_restarted(backend: &str) {
+    let slots = 2;
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let config = config_on(backend, &checkpoints, slots);
+    let (first_sink, first) = CollectSink::new();
+    let job = start(&config, "window-check", None, |env| {
+        window_check::reports(env, WINDOWS, slots).sink_to(first_sink, "collect");
+    });
+    wait_for_a_checkpoint(&checkpoints, "window-check", &job);
+    std::thread::sleep(Duration::from_millis(200));
+    let (savepoint, _) = stop(job, StopMode::Suspend, &dir.path().join("moved"));
+    assert_self_contained(&savepoint);
+    std::fs::remove_dir_all(&checkpoints).expect("the checkpoints go");
+
+    let env = StreamEnvironment::new(config).expect("an environment");
+    let (second_sink, second) = CollectSink::new();
+    window_check::reports(&env, WINDOWS, slots).sink_to(second_sink, "collect");
+    let options = RunOptions {
+        from_savepoint: Some(savepoint),
+        ..RunOptions::default()
+    };
+    env.execute_with("window-check", options)
+        .expect("the job started from the savepoint");
+    let mut both: Vec<WindowReport> = first.records();
+    assert!(
+        !both.is_empty(),
+        "the first run fired no window before its stop"
+    );
+    both.extend(second.records());
+    let problems = window_check::problems(WINDOWS, slots, &[both]);
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+#[test]
+fn windows_stopped_with_a_savepoint_fire_once_across_both_runs() {
+    windows_stopped_and_restarted(HEAP);
+}
+
+#[test]
+fn windows_on_rocksdb_stopped_with_a_savepoint_fire_once_across_both_runs() {
+    windows_stopped_and_restarted(ROCKSDB);
+}
+
+/// A savepoint taken while the job runs on, then the job cancelled: started from the
+/// savepoint, every record is counted once.
+#[test]
+fn a_savepoint_taken_while_the_job_runs_restores_like_a_stop() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let config = config_on(HEAP, &checkpoints, 2);
+    let build = |env: &StreamEnvironment| {
+        sequence_check::reports(env, SPEC).sink_to(DiscardSink::new(), "discard");
+    };
+    let job = start(&config, "sequence-check", None, build);
+    wait_for_a_checkpoint(&checkpoints, "sequence-check", &job);
+    let savepoint = job.trigger_savepoint().wait().expect("a savepoint");
+    assert!(
+        savepoint.starts_with(checkpoints.join("sequence-check").join("savepoints")),
+        "{} is not in the default savepoint directory",
+        savepoint.display()
+    );
+    // The job runs on, and checkpoints go on.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !job.is_finished(),
+        "the job stopped after a plain savepoint"
+    );
+    job.cancel();
+    assert!(matches!(job.wait(), Err(JobError::Cancelled { .. })));
+    let savepoint = moved(&savepoint, &dir.path().join("moved"));
+    sequence_counts_once_from(config, savepoint);
+}
+
+/// Stopped with a drain, the job fires every event-time timer before the savepoint (the
+/// check reports each key it saw at the final watermark, every record read counted once);
+/// stopped without, it fires none.
+#[test]
+fn a_drained_stop_fires_every_timer_first_and_a_suspended_one_none() {
+    for (mode, reports_expected) in [(StopMode::Drain, true), (StopMode::Suspend, false)] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let config = config_on(HEAP, dir.path(), 2);
+        let (sink, collected) = CollectSink::new();
+        let job = start(&config, "sequence-check", None, |env| {
+            sequence_check::reports(env, SPEC).sink_to(sink, "collect");
+        });
+        wait_for_a_checkpoint(dir.path(), "sequence-check", &job);
+        let (_, result) = stop(job, mode, &dir.path().join("moved"));
+        let reports: Vec<KeyReport> = collected.records();
+        let read = result.records_out("Source: sequence");
+        assert!(
+            read < SPEC.records(),
+            "{mode:?}: the job read all its input"
+        );
+        if reports_expected {
+            // Every key seen (the readers take their splits one at a time: not every key) has
+            // reported, once, with every record read counted once.
+            let keys: std::collections::HashSet<u32> = reports.iter().map(|r| r.key).collect();
+            assert!(!reports.is_empty(), "{mode:?}: no key reported");
+            assert_eq!(keys.len(), reports.len(), "{mode:?}: a key reported twice");
+            let counted: u64 = reports.iter().map(|report| report.count).sum();
+            assert_eq!(counted, read, "{mode:?}: each record read is counted once");
+        } else {
+            assert!(reports.is_empty(), "{mode:?}: {} reports", reports.len());
+        }
+    }
+}
+
+/// The sequence check with a second keyed operator (uid `extra`) beside it.
+fn with_extra(env: &StreamEnvironment) {
+    let reports = sequence_check::reports_with(env, SPEC, |records| {
+        records
+            .clone()
+            .key_by(|record: &Numbered| record.key)
+            .reduce(|a: Numbered, b: Numbered| if a.seq >= b.seq { a } else { b })
+            .uid("extra")
+            .sink_to(DiscardSink::new(), "extra sink");
+        records
+    });
+    reports.sink_to(DiscardSink::new(), "discard");
+}
+
+/// A savepoint holding state of an operator the job no longer has is refused, naming the
+/// operator and the flag; with `allow_non_restored_state` the job starts without it.
+#[test]
+fn state_of_a_removed_operator_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let config = config_on(HEAP, &checkpoints, 1);
+    let job = start(&config, "sequence-check", None, with_extra);
+    wait_for_a_checkpoint(&checkpoints, "sequence-check", &job);
+    let (savepoint, _) = stop(job, StopMode::Suspend, &dir.path().join("moved"));
+
+    let run = |allow: bool| {
+        let env = StreamEnvironment::new(config.clone()).expect("an environment");
+        let (sink, collected) = CollectSink::new();
+        sequence_check::reports(&env, SPEC).sink_to(sink, "collect");
+        let options = RunOptions {
+            from_savepoint: Some(savepoint.clone()),
+            allow_non_restored_state: allow,
+            ..RunOptions::default()
+        };
+        env.execute_with("sequence-check", options)
+            .map(|_| collected.records())
+    };
+    let refused = run(false)
+        .expect_err("the savepoint is refused")
+        .to_string();
+    for needle in ["extra", "no longer has", "--allow-non-restored-state"] {
+        assert!(refused.contains(needle), "'{needle}' not in: {refused}");
+    }
+    let reports = run(true).expect("started without the extra operator's state");
+    let problems = problems(SPEC, &reports);
+    assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// A job that takes no checkpoints refuses a savepoint, naming the settings; so does a
+/// request after the job ended.
+#[test]
+fn a_job_without_checkpoints_refuses_savepoints() {
+    let config = Configuration::default()
+        .with("taskmanager.numberOfTaskSlots", "1")
+        .expect("valid settings");
+    let job = start(&config, "sequence-check", None, |env| {
+        sequence_check::reports(env, SPEC).sink_to(DiscardSink::new(), "discard");
+    });
+    let error = job
+        .stop_with_savepoint(StopMode::Suspend)
+        .wait_timeout(Duration::from_secs(30))
+        .expect("an answer")
+        .expect_err("refused");
+    assert!(
+        error
+            .to_string()
+            .contains("execution.checkpointing.interval"),
+        "{error}"
+    );
+    job.cancel();
+    assert!(matches!(job.wait(), Err(JobError::Cancelled { .. })));
+}
+
+/// `weir run --from-savepoint` of a directory that is no savepoint is refused, naming it.
+#[test]
+fn a_missing_or_damaged_savepoint_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config_on(HEAP, &dir.path().join("checkpoints"), 1);
+    let env = StreamEnvironment::new(config).expect("an environment");
+    sequence_check::reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+    let missing = dir.path().join("savepoint-nothing");
+    let options = RunOptions {
+        from_savepoint: Some(missing.clone()),
+        ..RunOptions::default()
+    };
+    let error = env
+        .execute_with("sequence-check", options)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        error.contains(&missing.display().to_string()) && error.contains("savepoint"),
+        "{error}"
+    );
+}
