@@ -198,8 +198,10 @@ impl<K: Key> KeyedStateStore<K> {
     /// in an `Rc` so the shard's heap check can find it.
     pub(crate) fn open(ctx: &RuntimeContext) -> Result<Rc<Self>, StateError> {
         let (backend, native) = open_keyed_backend(ctx)?;
+        // Canonical keyed snapshots (any heap checkpoint, any savepoint), on either backend; a
+        // RocksDB checkpoint's files were restored with the instance.
         let restored = ctx.restored_of_all(PART_KEYED);
-        if native.is_none() && !restored.is_empty() {
+        if !restored.is_empty() {
             let parts: Vec<&[u8]> = restored.iter().map(Vec::as_slice).collect();
             backend.restore(&parts)?;
         }
@@ -221,10 +223,27 @@ impl<K: Key> KeyedStateStore<K> {
 
     /// Adds the keyed state to `snapshot`: on the heap a copy-on-write snapshot taken now (a
     /// pointer per key group and state), encoded by the checkpoint writer after the barrier;
-    /// on RocksDB the instance's native checkpoint, uploaded by the writer.
+    /// on RocksDB the instance's native checkpoint, uploaded by the writer — or, for a
+    /// savepoint, read out by the writer as a canonical snapshot (restorable on either
+    /// backend).
     pub(crate) fn snapshot_into(&self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
-        if let Some(native) = &self.native {
-            return native.snapshot(snapshot).map_err(|e| e.to_string());
+        match &self.native {
+            Some(native) if snapshot.is_savepoint() => {
+                let export = native
+                    .canonical_export(
+                        self.backend.max_parallelism(),
+                        self.backend.key_groups(),
+                        (std::any::type_name::<K>(), std::any::type_name::<()>()),
+                    )
+                    .map_err(|e| e.to_string())?;
+                snapshot.add_deferred(
+                    PART_KEYED,
+                    Box::new(move |out: &mut Vec<u8>| export.write(out)),
+                );
+                return Ok(());
+            }
+            Some(native) => return native.snapshot(snapshot).map_err(|e| e.to_string()),
+            None => {}
         }
         let heap = self
             .backend

@@ -1253,18 +1253,45 @@ fn window_checkpoints_write_only_the_keys_that_changed() {
     }
 }
 
-/// A checkpoint's keyed state resumes only on the backend that wrote it: each refuses the
-/// other's at the start, naming the operator and the backend to use.
+/// A heap checkpoint's keyed state (canonical keyed snapshots) resumes on RocksDB with every
+/// record counted once; a RocksDB checkpoint's (RocksDB's own files) is refused on the heap,
+/// and so is a heap checkpoint of windows (laid out otherwise on RocksDB) on RocksDB — each at
+/// the start, naming the operator and the backend to use.
 #[test]
-fn a_checkpoint_resumes_only_on_the_backend_that_wrote_it() {
-    for (wrote, resumes) in [(HEAP, ROCKSDB), (ROCKSDB, HEAP)] {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        run_until_checkpoints(&config_on(wrote, dir.path(), 1, 1), dir.path(), false, 2);
-        let error = resume_refused(&config_on(resumes, dir.path(), 1, 1));
-        assert!(
-            error.contains("'check sequence'")
-                && error.contains(&format!("state.backend.type: {wrote}")),
-            "{error}"
-        );
-    }
+fn a_heap_checkpoint_resumes_on_rocksdb_and_backend_specific_state_is_refused() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_until_checkpoints(&config_on(HEAP, dir.path(), 1, 1), dir.path(), false, 2);
+    resume_to_end_counting_once(&config_on(ROCKSDB, dir.path(), 1, 1));
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    run_until_checkpoints(&config_on(ROCKSDB, dir.path(), 1, 1), dir.path(), false, 2);
+    let error = resume_refused(&config_on(HEAP, dir.path(), 1, 1));
+    assert!(
+        error.contains("'check sequence'")
+            && error.contains("RocksDB's own files")
+            && error.contains(&format!("state.backend.type: {ROCKSDB}")),
+        "{error}"
+    );
+
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let build = |env: &StreamEnvironment| {
+        window_check::reports(env, WINDOWS, 1).sink_to(DiscardSink::new(), "discard");
+    };
+    let heap = config_on(HEAP, dir.path(), 1, 1);
+    stop_after_checkpoints(&heap, dir.path(), "window-check", false, 2, build);
+    let env = StreamEnvironment::new(config_on(ROCKSDB, dir.path(), 1, 1)).expect("an environment");
+    build(&env);
+    let options = RunOptions {
+        resume: true,
+        ..RunOptions::default()
+    };
+    let error = env
+        .execute_with("window-check", options)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        error.contains("layout of windows")
+            && error.contains(&format!("state.backend.type: {HEAP}")),
+        "{error}"
+    );
 }

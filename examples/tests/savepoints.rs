@@ -1,6 +1,6 @@
 //! Savepoints in process: a job stopped with a savepoint, started again from it — moved to
 //! another directory, with its checkpoints gone — at the same or another parallelism, on the
-//! heap and on RocksDB, counts every record once, and its windows hold exactly their records
+//! heap and on RocksDB and from one to the other, counts every record once, and its windows hold exactly their records
 //! across both runs; a savepoint taken while the job runs on restores the same way; a drained
 //! stop fires every timer first; state of an operator the job no longer has is refused unless
 //! allowed; a job without checkpointing refuses savepoints, naming the settings.
@@ -113,9 +113,13 @@ fn assert_self_contained(savepoint: &Path) {
     }
 }
 
-/// The sequence check stopped with a savepoint at `from` slots and started from it at `to`:
-/// every record counted once, and the second run read only what came after the savepoint.
-fn sequence_stopped_and_restarted(backend: &str, from: usize, to: usize) {
+/// The sequence check on `(backend, slots)` stopped with a savepoint, started from it on
+/// `(backend, slots)` `to`: every record counted once, each key's end-of-input timer fired
+/// once, and the second run read only what came after the savepoint.
+fn sequence_stopped_and_restarted(
+    (backend, from): (&str, usize),
+    (restores_on, to): (&str, usize),
+) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let checkpoints = dir.path().join("checkpoints");
     let build = |env: &StreamEnvironment| {
@@ -129,7 +133,7 @@ fn sequence_stopped_and_restarted(backend: &str, from: usize, to: usize) {
     // Nothing of the first run's checkpoints is needed any more.
     std::fs::remove_dir_all(&checkpoints).expect("the checkpoints go");
 
-    sequence_counts_once_from(config_on(backend, &checkpoints, to), savepoint);
+    sequence_counts_once_from(config_on(restores_on, &checkpoints, to), savepoint);
 }
 
 /// Runs the sequence check with `config` from `savepoint` to its end: it read only what came
@@ -157,14 +161,25 @@ fn sequence_counts_once_from(config: Configuration, savepoint: PathBuf) {
 
 #[test]
 fn a_job_stopped_with_a_savepoint_starts_from_it_with_every_record_counted_once() {
-    sequence_stopped_and_restarted(HEAP, 2, 2);
-    sequence_stopped_and_restarted(HEAP, 2, 1);
+    sequence_stopped_and_restarted((HEAP, 2), (HEAP, 2));
+    sequence_stopped_and_restarted((HEAP, 2), (HEAP, 1));
 }
 
 #[test]
 fn a_job_on_rocksdb_stopped_with_a_savepoint_starts_from_it_with_every_record_counted_once() {
-    sequence_stopped_and_restarted(ROCKSDB, 2, 2);
-    sequence_stopped_and_restarted(ROCKSDB, 1, 2);
+    sequence_stopped_and_restarted((ROCKSDB, 2), (ROCKSDB, 2));
+    sequence_stopped_and_restarted((ROCKSDB, 1), (ROCKSDB, 2));
+}
+
+/// A savepoint holds keyed state in the canonical format: one taken at parallelism 2 on
+/// either backend starts the job on the other at parallelism 1 and 2.
+#[test]
+fn a_savepoint_starts_the_job_on_the_other_backend_at_any_parallelism() {
+    for (wrote, restores_on) in [(HEAP, ROCKSDB), (ROCKSDB, HEAP)] {
+        for to in [1, 2] {
+            sequence_stopped_and_restarted((wrote, 2), (restores_on, to));
+        }
+    }
 }
 
 /// Windows fill while checkpoints (window deltas, on both backends) are taken.

@@ -503,21 +503,133 @@ fn snapshots_that_do_not_fit_the_backend_are_rejected() {
     assert!(err.to_string().contains("restored before"), "{err}");
 }
 
+/// `dump`, with each map's entries in one order (the heap keeps a map in its own order,
+/// RocksDB in key order).
+fn sorted<N: Ord>(mut dump: Dump<N>) -> Dump<N> {
+    for contents in dump.values_mut() {
+        contents.counts.sort();
+    }
+    dump
+}
+
+/// A RocksDB backend of subtask `subtask` of `parallelism` for operator "op", in a fixture of
+/// its own.
+fn rocksdb(parallelism: u32, subtask: u32) -> (common::Fixture, LocalKeyedBackend<u64, u64>) {
+    let fixture = common::Fixture::rocksdb_evicting();
+    let config = KeyedBackendConfig::for_subtask(MAX_PARALLELISM, parallelism, subtask);
+    let backend = fixture.backend_for(config, "op");
+    (fixture, backend)
+}
+
+/// The canonical snapshot a RocksDB backend's instance writes of operator "op".
+fn rocksdb_checkpoint(fixture: &common::Fixture, backend: &LocalKeyedBackend<u64, u64>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    fixture
+        .slot
+        .as_ref()
+        .expect("a RocksDB fixture")
+        .write_keyed_snapshot(
+            "op",
+            MAX_PARALLELISM,
+            backend.key_groups(),
+            std::any::type_name::<u64>(),
+            std::any::type_name::<u64>(),
+            START_MS,
+            &mut bytes,
+        )
+        .expect("a canonical snapshot");
+    bytes
+}
+
+/// Heap → RocksDB → heap in the canonical format: every kind of state, with and without
+/// namespaces, loads into RocksDB — whole, and rescaled into two subtasks that each keep their
+/// key groups — and RocksDB writes it back so that a heap backend restores the same; a state
+/// registered on RocksDB with other types than it was loaded (or first registered) with is
+/// refused, naming both.
 #[test]
-fn restoring_rocksdb_is_not_built_yet() {
-    let fixture = common::Fixture::rocksdb();
-    let backend: LocalKeyedBackend<u64> = fixture.backend(MAX_PARALLELISM);
-    let (source, _) = heap::<()>(1, 0);
-    let err = backend.restore(&[&checkpoint(&source)]).unwrap_err();
-    assert!(
-        matches!(err.kind(), StateErrorKind::NotBuilt { .. }),
-        "{err}"
+fn rocksdb_loads_canonical_snapshots_and_writes_them_back() {
+    let (source, _) = heap::<u64>(1, 0);
+    write_all(&source, 0..300, &[None, Some(7)]);
+    let expected = sorted(dump(&source));
+    let bytes = checkpoint(&source);
+
+    let (fixture, whole) = rocksdb(1, 0);
+    let summary = whole.restore(&[&bytes]).unwrap();
+    assert_eq!(
+        summary.entries,
+        decode_keyed_snapshot(&bytes)
+            .unwrap()
+            .states
+            .iter()
+            .map(|s| s.entries.len() as u64)
+            .sum::<u64>()
     );
+    assert_eq!(sorted(dump(&whole)), expected);
+    let back = rocksdb_checkpoint(&fixture, &whole);
+    let (heap_again, _) = heap::<u64>(1, 0);
+    heap_again.restore(&[&back]).unwrap();
+    assert_eq!(sorted(dump(&heap_again)), expected);
+
+    for subtask in 0..2 {
+        let (_fixture, half) = rocksdb(2, subtask);
+        half.restore(&[&bytes]).unwrap();
+        let mine: Dump<u64> = expected
+            .iter()
+            .filter(|((key, _), _)| owner(*key, 2) == subtask)
+            .map(|(key, contents)| (*key, contents.clone()))
+            .collect();
+        assert!(!mine.is_empty());
+        assert_eq!(sorted(dump(&half)), mine, "subtask {subtask} of 2");
+    }
+
+    let err = whole
+        .value_state(&ValueStateDescriptor::<u64>::new("session"))
+        .expect_err("another type is refused");
+    let text = err.to_string();
     assert!(
-        err.to_string()
-            .contains("restoring RocksDB state from a checkpoint is not built yet"),
-        "{err}"
+        text.contains("'session'") && text.contains("Session") && text.contains("u64"),
+        "{text}"
     );
+    // A RocksDB backend that registered a state records it: another type is refused there too.
+    let (_fixture, fresh) = rocksdb(1, 0);
+    fresh
+        .value_state(&ValueStateDescriptor::<u64>::new("count"))
+        .unwrap();
+    let err = fresh
+        .list_state(&ListStateDescriptor::<u64>::new("count"))
+        .expect_err("another kind is refused");
+    assert!(err.to_string().contains("'count'"), "{err}");
+}
+
+/// A rescaled restore copies the states' records with their entries, so a savepoint after it
+/// holds every state, registered again or not.
+#[test]
+fn rocksdb_key_groups_copied_into_another_instance_keep_their_types() {
+    let (source, _) = heap::<u64>(1, 0);
+    write_all(&source, 0..100, &[None, Some(3)]);
+    let expected = sorted(dump(&source));
+    let (old_fixture, old) = rocksdb(1, 0);
+    old.restore(&[&checkpoint(&source)]).unwrap();
+    let (new_fixture, new) = rocksdb(1, 0);
+    new_fixture
+        .slot
+        .as_ref()
+        .unwrap()
+        .copy_key_groups_from(old_fixture.slot.as_ref().unwrap(), new.key_groups())
+        .unwrap();
+    // Nothing registered in `new`: its savepoint still holds all five states.
+    let bytes = rocksdb_checkpoint(&new_fixture, &new);
+    let states: Vec<String> = decode_keyed_snapshot(&bytes)
+        .unwrap()
+        .states
+        .into_iter()
+        .map(|state| state.name)
+        .collect();
+    assert_eq!(states.len(), 5, "{states:?}");
+    let (heap_again, _) = heap::<u64>(1, 0);
+    heap_again.restore(&[&bytes]).unwrap();
+    assert_eq!(sorted(dump(&heap_again)), expected);
+    drop(old);
 }
 
 #[test]

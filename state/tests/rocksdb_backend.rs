@@ -330,8 +330,10 @@ fn raw_entries_follow_the_key_layout() {
     assert_eq!(groups.len(), expected);
 }
 
+/// The instance records each state's types at registration: registering it again with
+/// another type (a changed job on the same RocksDB files) is refused, naming both.
 #[test]
-fn a_changed_type_is_reported_as_corrupt() {
+fn a_changed_type_is_refused_naming_both() {
     let f = Fixture::rocksdb();
     let first: LocalKeyedBackend<u64> = f.backend(128);
     let small = first
@@ -341,22 +343,25 @@ fn a_changed_type_is_reported_as_corrupt() {
     small.update(7).unwrap();
     drop((small, first));
     let second: LocalKeyedBackend<u64> = f.backend(128);
-    let wide = second
+    let err = second
         .value_state(&ValueStateDescriptor::<u64>::new("x"))
-        .unwrap();
-    second.set_current_key(&1).unwrap();
-    let err = wide.value().unwrap_err();
+        .expect_err("another type is refused");
     assert!(
-        matches!(err.kind(), StateErrorKind::Corrupt { .. }),
+        matches!(err.kind(), StateErrorKind::IncompatibleKeyedRestore { .. }),
         "{err}"
     );
     let text = err.to_string();
     assert!(text.contains("'x'"), "{text}");
-    assert!(text.contains("u64"), "{text}");
     assert!(
-        text.contains("restore from an earlier checkpoint"),
+        text.contains("ValueState<u8>") && text.contains("ValueState<u64>"),
         "{text}"
     );
+    // The same type is welcome, with what was written.
+    let again = second
+        .value_state(&ValueStateDescriptor::<u8>::new("x"))
+        .unwrap();
+    second.set_current_key(&1).unwrap();
+    assert_eq!(again.value().unwrap(), Some(7));
 }
 
 #[test]

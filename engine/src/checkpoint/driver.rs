@@ -41,6 +41,7 @@ use super::task_state::{decode_file, encode_file, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
 use crate::time::now_ms;
+use weir_state::BackendType;
 
 /// What a source subtask is asked between batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,6 +296,8 @@ pub(crate) struct DriverPlan {
     /// Where savepoints asked for come from, and where they go.
     pub(crate) savepoints: SavepointHandle,
     pub(crate) savepoint_dir: PathBuf,
+    /// The state backend the job runs on (the payload records it).
+    pub(crate) backend: BackendType,
 }
 
 /// How the coordinator thread ended.
@@ -799,8 +802,17 @@ fn describe_abort(reason: &super::AbortReason) -> String {
 }
 
 const PAYLOAD_MAGIC: &[u8; 8] = b"WEIRJOB\0";
-/// Version 2 adds each operator's uid (empty: none); version 1 is still read.
-const PAYLOAD_VERSION: u32 = 2;
+/// Version 2 adds each operator's uid (empty: none), version 3 the state backend that wrote
+/// the checkpoint; versions 1 and 2 are still read.
+const PAYLOAD_VERSION: u32 = 3;
+
+/// How the payload names a state backend (`state.backend.type`).
+fn backend_name(backend: BackendType) -> &'static str {
+    match backend {
+        BackendType::Heap => "hashmap",
+        BackendType::RocksDb => "rocksdb",
+    }
+}
 
 /// The coordinator's part of `_metadata`: the operators with their uid and parallelism, which
 /// subtask each state file (in the metadata's file order) belongs to, and the enumerators'
@@ -825,6 +837,7 @@ fn encode_payload(plan: &DriverPlan, enumerators: &[(String, Vec<u8>)]) -> Vec<u
         out.text(id);
         out.bytes(bytes);
     }
+    out.text(backend_name(plan.backend));
     out.out
 }
 
@@ -835,6 +848,8 @@ pub(crate) struct Payload {
     /// Per state file, in the metadata's order, the subtask it is of.
     pub(crate) file_subtasks: Vec<usize>,
     pub(crate) enumerators: Vec<(String, Vec<u8>)>,
+    /// The state backend that wrote the checkpoint (`None`: a version before 3).
+    pub(crate) backend: Option<BackendType>,
 }
 
 pub(crate) fn decode_payload(bytes: &[u8], what: &str) -> Result<Payload, String> {
@@ -866,6 +881,18 @@ pub(crate) fn decode_payload(bytes: &[u8], what: &str) -> Result<Payload, String
     for _ in 0..count {
         enumerators.push((reader.text()?, reader.bytes()?.to_vec()));
     }
+    let backend = match version {
+        1 | 2 => None,
+        _ => {
+            let name = reader.text()?;
+            Some(
+                [BackendType::Heap, BackendType::RocksDb]
+                    .into_iter()
+                    .find(|backend| backend_name(*backend) == name)
+                    .ok_or_else(|| format!("{what} names the unknown state backend '{name}'"))?,
+            )
+        }
+    };
     if !reader.is_empty() {
         return Err(format!("{what} has bytes after its payload"));
     }
@@ -873,6 +900,7 @@ pub(crate) fn decode_payload(bytes: &[u8], what: &str) -> Result<Payload, String
         operators,
         file_subtasks,
         enumerators,
+        backend,
     })
 }
 
@@ -1018,6 +1046,7 @@ fn read_restored(
     let mut restored = RestoredJob {
         checkpoint: completed.metadata.checkpoint,
         dir: completed.dir.clone(),
+        backend: payload.backend,
         ..RestoredJob::default()
     };
     let subtasks = payload.operators.iter().map(|o| o.parallelism).max();
@@ -1118,12 +1147,14 @@ mod tests {
             first: 1,
             savepoints: SavepointHandle::default(),
             savepoint_dir: PathBuf::new(),
+            backend: BackendType::RocksDb,
         };
         let bytes = encode_payload(&plan, &[("abc".into(), vec![9, 8])]);
         let payload = decode_payload(&bytes, "_metadata").unwrap();
         assert_eq!(payload.operators, plan.operators);
         assert_eq!(payload.file_subtasks, vec![0, 1, 0]);
         assert_eq!(payload.enumerators, vec![("abc".to_string(), vec![9, 8])]);
+        assert_eq!(payload.backend, Some(BackendType::RocksDb));
         assert!(decode_payload(&bytes[..bytes.len() - 1], "_metadata")
             .unwrap_err()
             .contains("_metadata is truncated"));
@@ -1141,10 +1172,11 @@ mod tests {
         let payload = decode_payload(&v1.out, "_metadata").unwrap();
         assert_eq!(payload.operators[0].uid, None);
         assert_eq!(payload.operators[0].parallelism, 2);
-        let mut v3 = v1.out.clone();
-        v3[8] = 3;
-        assert!(decode_payload(&v3, "_metadata")
+        assert_eq!(payload.backend, None);
+        let mut v4 = v1.out.clone();
+        v4[8] = 4;
+        assert!(decode_payload(&v4, "_metadata")
             .unwrap_err()
-            .contains("format version 3; this build reads versions 1 to 2"));
+            .contains("format version 4; this build reads versions 1 to 3"));
     }
 }

@@ -25,9 +25,14 @@
 //! One upload runs at a time per instance, in checkpoint order, so the record of uploaded
 //! files always matches what committed checkpoints list.
 //!
-//! **Savepoints** upload every file into the savepoint's own directory (it shares nothing)
-//! and leave the record of uploaded files as it was. They are RocksDB's files, so a savepoint
-//! of a RocksDB job restores on RocksDB only (refused on the heap, naming the operator).
+//! **Savepoints** of a keyed operator's state are canonical keyed snapshots, restorable on
+//! either backend: at the barrier the instance's checkpoint is taken as for a checkpoint, and
+//! the writer opens it as an instance of its own and reads it out
+//! (`RocksDbInstance::write_keyed_snapshot`); a job restoring that on RocksDB loads it into a
+//! fresh instance (`LocalKeyedBackend::restore`). A window operator's contents (kept by
+//! `window::stored` in a layout of its own) are uploaded as RocksDB's files — every one into
+//! the savepoint's own directory, leaving the record of uploaded files as it was — and so
+//! restore on RocksDB only.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -60,6 +65,8 @@ pub(crate) struct NativeState {
     slot: Arc<RocksDbSlot>,
     /// The instance's name in its slot: `<operator id>-<subtask>`.
     name: String,
+    /// The operator id, which names its states' column families.
+    operator: String,
     uploads: Rc<Uploads>,
     /// Snapshots taken, for naming their directories.
     snapshots: Cell<u64>,
@@ -144,6 +151,7 @@ impl NativeState {
             instance,
             slot: Arc::clone(slot),
             name,
+            operator: ctx.state.operator_id.to_string(),
             uploads,
             snapshots: Cell::new(0),
             incremental: ctx.state.incremental,
@@ -174,6 +182,78 @@ impl NativeState {
             },
         );
         Ok(())
+    }
+}
+
+impl NativeState {
+    /// Takes the instance's checkpoint at a savepoint's barrier (the pause a checkpoint's
+    /// takes) for the writer to read out as a canonical keyed snapshot of the operator's state
+    /// in `key_groups` (keys `key_type`, namespaces `namespace_type`): it opens the checkpoint
+    /// as an instance of its own, so records flow meanwhile, and removes it after.
+    pub(crate) fn canonical_export(
+        &self,
+        max_parallelism: u32,
+        key_groups: KeyGroupRange,
+        (key_type, namespace_type): (&'static str, &'static str),
+    ) -> Result<CanonicalExport, StateError> {
+        let number = self.snapshots.get();
+        self.snapshots.set(number + 1);
+        let name = format!("{}.savepoint-{number}", self.name);
+        let dir = self.slot.instance_path(&name);
+        remove_dir(&dir)?;
+        self.instance.create_checkpoint(&dir)?;
+        Ok(CanonicalExport {
+            slot: Arc::clone(&self.slot),
+            name,
+            dir,
+            operator: self.operator.clone(),
+            max_parallelism,
+            key_groups,
+            key_type,
+            namespace_type,
+        })
+    }
+}
+
+/// A RocksDB checkpoint taken at a savepoint's barrier, to be written in the canonical
+/// keyed-snapshot format ([`NativeState::canonical_export`]).
+pub(crate) struct CanonicalExport {
+    slot: Arc<RocksDbSlot>,
+    name: String,
+    dir: PathBuf,
+    operator: String,
+    max_parallelism: u32,
+    key_groups: KeyGroupRange,
+    key_type: &'static str,
+    namespace_type: &'static str,
+}
+
+impl CanonicalExport {
+    /// Appends the canonical snapshot to `out`.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) -> Result<(), String> {
+        let copy = self
+            .slot
+            .open_instance(&self.name)
+            .map_err(|e| e.to_string())?;
+        copy.write_keyed_snapshot(
+            &self.operator,
+            self.max_parallelism,
+            self.key_groups,
+            self.key_type,
+            self.namespace_type,
+            crate::time::now_ms(),
+            out,
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+impl Drop for CanonicalExport {
+    /// Removes the checkpoint: written out, or its savepoint aborted first.
+    fn drop(&mut self) {
+        if let Err(error) = remove_dir(&self.dir) {
+            tracing::warn!(%error, "cannot remove a RocksDB checkpoint taken for a savepoint");
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use crate::checkpoint::driver::{
 };
 use crate::checkpoint::native::PART_ROCKSDB;
 use crate::checkpoint::restart::{RestartDecision, RestartStrategy, RestartTracker};
-use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_KEYED, PART_OPERATOR_STATE};
+use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_OPERATOR_STATE};
 use crate::checkpoint::{CheckpointStats, SavepointHandle};
 use crate::config::CheckpointConfig;
 use crate::config::Configuration;
@@ -934,6 +934,7 @@ fn run_attempt(
                 &job_name,
                 start.first,
                 savepoints,
+                config.state_backend(),
             );
             let stop = Arc::clone(&options.cancel.stop);
             Some(CheckpointDriver::start(start.storage, plan, move || {
@@ -1070,34 +1071,63 @@ fn start_checkpoints(
     open_checkpoints(&checkpoint_config.dir, job_name, resume, rules)
 }
 
-/// Refuses to restore keyed state written by the other state backend: a heap checkpoint holds
-/// canonical keyed snapshots (`keyed` parts), a RocksDB one the instances' files (`rocksdb`
-/// parts), and neither backend reads the other's.
+/// Refuses to restore state that `backend` cannot read because the other state backend wrote
+/// it in a form of its own: a RocksDB checkpoint's files (a `rocksdb` part: a RocksDB job's
+/// keyed state in a checkpoint, its windows' contents in a savepoint too), or a window
+/// operator's parts, whose layout differs by backend. Keyed state in the canonical format (any
+/// heap checkpoint, any savepoint's keyed operators), timers, operator state and join buffers
+/// restore on either backend.
 fn refuse_other_backend(
     exec: &ExecutionGraph,
     restored: &RestoredJob,
     backend: BackendType,
 ) -> Result<(), JobError> {
-    let (now, taken_with, part) = match backend {
-        BackendType::RocksDb => ("rocksdb", "hashmap", PART_KEYED),
-        BackendType::Heap => ("hashmap", "rocksdb", PART_ROCKSDB),
+    let native = |parts: &HashMap<String, Vec<u8>>| parts.contains_key(PART_ROCKSDB);
+    let written_by = restored.backend.unwrap_or_else(|| {
+        let any_native = restored
+            .parts
+            .values()
+            .any(|subtasks| subtasks.iter().any(|(_, parts)| native(parts)));
+        if any_native {
+            BackendType::RocksDb
+        } else {
+            BackendType::Heap
+        }
+    });
+    if written_by == backend {
+        return Ok(());
+    }
+    let name_of = |backend| match backend {
+        BackendType::Heap => "hashmap",
+        BackendType::RocksDb => "rocksdb",
     };
     for (operator, subtasks) in &restored.parts {
-        if !subtasks.iter().any(|(_, parts)| parts.contains_key(part)) {
-            continue;
-        }
-        let name = exec
+        let node = exec
             .job
             .graph
             .nodes
             .iter()
-            .find(|node| exec.job.operator_ids[node.id].to_string() == *operator)
-            .map_or(operator.as_str(), |node| node.name.as_str());
+            .find(|node| exec.job.operator_ids[node.id].to_string() == *operator);
+        let form = if subtasks.iter().any(|(_, parts)| native(parts)) {
+            "RocksDB's own files"
+        } else if node.is_some_and(|node| match &node.kind {
+            NodeKind::Operator(factory) => factory.layout_per_backend(),
+            NodeKind::Source(_) | NodeKind::Sink(_) => false,
+        }) {
+            "the layout of windows on that backend"
+        } else {
+            continue;
+        };
+        let name = node.map_or(operator.as_str(), |node| node.name.as_str());
         return Err(JobError::InvalidJob(format!(
-            "checkpoint {} holds the keyed state of operator '{name}' written by the \
-             {taken_with} state backend, which state.backend.type: {now} cannot read; resume \
-             with state.backend.type: {taken_with}, the backend it was taken with",
-            restored.checkpoint
+            "{} holds the state of operator '{name}' in {form}, written by the {} state \
+             backend, which state.backend.type: {} cannot read; restore it with \
+             state.backend.type: {} (a savepoint of a job's keyed state other than windows \
+             restores on either backend)",
+            restored.dir.display(),
+            name_of(written_by),
+            name_of(backend),
+            name_of(written_by),
         )));
     }
     Ok(())
@@ -1111,6 +1141,7 @@ fn driver_plan(
     job_name: &str,
     first: u64,
     (savepoints, savepoint_dir): (SavepointHandle, PathBuf),
+    backend: BackendType,
 ) -> DriverPlan {
     let job = &exec.job;
     let sources: Vec<(
@@ -1162,5 +1193,6 @@ fn driver_plan(
         first,
         savepoints,
         savepoint_dir,
+        backend,
     }
 }

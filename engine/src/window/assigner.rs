@@ -285,6 +285,12 @@ where
     fn unsupported_state(&self) -> Option<&'static str> {
         None
     }
+
+    /// On the heap the panes hold the contents; on RocksDB the instance does, in a layout of
+    /// its own (`window::stored`).
+    fn layout_per_backend(&self) -> bool {
+        true
+    }
 }
 
 /// What every window operator is built from besides its function.

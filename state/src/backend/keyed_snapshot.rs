@@ -75,7 +75,7 @@ const HAS_EXPIRY: u8 = 4;
 /// Bytes in front of a block's entries: key group, entry count, length.
 pub(crate) const BLOCK_HEADER_LEN: usize = 16;
 
-fn kind_code(kind: StateKind) -> u8 {
+pub(crate) fn kind_code(kind: StateKind) -> u8 {
     match kind {
         StateKind::Value => 0,
         StateKind::List => 1,
@@ -85,7 +85,7 @@ fn kind_code(kind: StateKind) -> u8 {
     }
 }
 
-fn kind_of(code: u8) -> Option<StateKind> {
+pub(crate) fn kind_of(code: u8) -> Option<StateKind> {
     Some(match code {
         0 => StateKind::Value,
         1 => StateKind::List,

@@ -14,6 +14,7 @@ pub(crate) mod keyed_snapshot;
 mod registry;
 pub(crate) mod rocksdb;
 
+use std::any::type_name;
 use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use crate::descriptor::{
     AggregatingStateDescriptor, ListStateDescriptor, MapStateDescriptor, ReducingStateDescriptor,
     StateKind, StateSignature, ValueStateDescriptor,
 };
-use crate::error::{StateError, StateErrorKind};
+use crate::error::StateError;
 use crate::handle::{
     AggregatingState, Aggregator, ListState, MapState, ReducingState, ValueAccess, ValueState,
 };
@@ -295,7 +296,7 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
             }
             Storage::RocksDb(rocks) => {
                 let column = self.registry.get_or_register(name, signature, || {
-                    rocks.create_column(name, StateKind::List, ttl)
+                    rocks.create_column(name, StateKind::List, ttl, (type_name::<T>(), None))
                 })?;
                 Ok(ListState::new(Rc::new(RocksList::<K, N, T> {
                     context: Rc::clone(&self.context),
@@ -324,7 +325,12 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
             }
             Storage::RocksDb(rocks) => {
                 let column = self.registry.get_or_register(name, signature, || {
-                    rocks.create_column(name, StateKind::Map, ttl)
+                    rocks.create_column(
+                        name,
+                        StateKind::Map,
+                        ttl,
+                        (type_name::<UV>(), Some(type_name::<UK>())),
+                    )
                 })?;
                 Ok(MapState::new(Rc::new(RocksMap::<K, N, UK, UV> {
                     context: Rc::clone(&self.context),
@@ -353,9 +359,9 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
                 }))
             }
             Storage::RocksDb(rocks) => {
-                let column = self
-                    .registry
-                    .get_or_register(name, signature, || rocks.create_column(name, kind, ttl))?;
+                let column = self.registry.get_or_register(name, signature, || {
+                    rocks.create_column(name, kind, ttl, (type_name::<T>(), None))
+                })?;
                 Ok(Rc::new(RocksValue::<K, N, T> {
                     context: Rc::clone(&self.context),
                     column,
@@ -445,8 +451,10 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
     ///
     /// Damaged or truncated bytes are a [`crate::StateErrorKind::CorruptSnapshot`] error,
     /// snapshots of another max parallelism, key or namespace type an
-    /// [`crate::StateErrorKind::IncompatibleKeyedSnapshot`] one. Heap only for now: on RocksDB
-    /// this is a [`crate::StateErrorKind::NotBuilt`] error.
+    /// [`crate::StateErrorKind::IncompatibleKeyedSnapshot`] one. On RocksDB (a fresh instance)
+    /// the entries go into the instance at once and each state is recorded with its types,
+    /// which its registration is then checked against
+    /// ([`RocksDbInstance::load_keyed_snapshots`]).
     pub fn restore(&self, snapshots: &[&[u8]]) -> Result<RestoreSummary, StateError>
     where
         K: StateCodec,
@@ -472,12 +480,27 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
                 );
                 Ok(summary)
             }
-            Storage::RocksDb(_) => Err(StateErrorKind::NotBuilt {
-                what: "restoring RocksDB state from a checkpoint",
-                fix: "use state.backend.type: heap for a job that resumes from a checkpoint, or \
-                      start it without restoring its keyed state",
+            Storage::RocksDb(rocks) => {
+                let entries = rocks.slot().load_keyed_snapshots(
+                    rocks.operator(),
+                    snapshots,
+                    self.max_parallelism(),
+                    self.key_groups(),
+                    type_name::<K>(),
+                    type_name::<N>(),
+                )?;
+                tracing::info!(
+                    key_groups = ?self.key_groups(),
+                    snapshots = snapshots.len(),
+                    entries,
+                    "restored keyed state into RocksDB"
+                );
+                Ok(RestoreSummary {
+                    snapshots: snapshots.len(),
+                    entries,
+                    ..RestoreSummary::default()
+                })
             }
-            .into()),
         }
     }
 

@@ -6,6 +6,7 @@
 //! [`slot`] for memory and checkpoints.
 
 pub(crate) mod cache;
+pub(crate) mod canonical;
 pub(crate) mod key;
 pub(crate) mod slot;
 pub(crate) mod states;
@@ -62,17 +63,36 @@ impl RocksStorage {
         &self.slot
     }
 
+    /// The operator whose states these are.
+    pub(crate) fn operator(&self) -> &str {
+        &self.operator
+    }
+
     /// Creates (or reopens) the column family of a state.
+    /// The state's values are `value_type` (list elements, map values, an aggregating
+    /// state's accumulator), a map's keys `user_key_type`: the registration is recorded, and
+    /// one recorded with other types is refused (`canonical.rs`).
     pub(crate) fn create_column(
         &self,
         state: &str,
         kind: StateKind,
         ttl: Option<&StateTtlConfig>,
+        (value_type, user_key_type): (&str, Option<&str>),
     ) -> Result<Rc<RocksColumn>, StateError> {
         let layout = match kind {
             StateKind::List => ColumnLayout::List,
             _ => ColumnLayout::Single,
         };
+        self.slot.record_state(
+            &self.operator,
+            &crate::backend::keyed_snapshot::StateHeader {
+                name: state.to_string(),
+                kind,
+                value_type: value_type.to_string(),
+                user_key_type: user_key_type.map(str::to_string),
+                has_ttl: ttl.is_some(),
+            },
+        )?;
         let name = format!("{}:{}:{}", layout.tag(), self.operator, state);
         self.slot.ensure_column_family(&name, layout)?;
         let column = Rc::new(RocksColumn::new(

@@ -514,7 +514,8 @@ impl RocksDbInstance {
     }
 
     /// Copies every entry of `other`'s state column families in `key_groups` into this
-    /// instance (creating the column families it lacks): how a rescaled restore takes its key
+    /// instance (creating the column families it lacks), and its states' records of their
+    /// types (`canonical.rs`): how a rescaled restore takes its key
     /// groups from an old subtask's checkpoint, opened as an instance of its own, into a fresh
     /// one (the entries go to RocksDB directly, past the write-back cache, which must hold none
     /// of those keys). Returns the number of entries copied.
@@ -525,6 +526,7 @@ impl RocksDbInstance {
     ) -> Result<u64, StateError> {
         const BATCH_ENTRIES: usize = 4096;
         self.flush_write_back()?;
+        self.copy_records_from(other)?;
         let mut copied = 0;
         for name in other.column_families()? {
             let Some(layout) = name
