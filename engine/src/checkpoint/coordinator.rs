@@ -189,14 +189,17 @@ impl<H> Coordinator<H> {
         }
         if !self.failed && self.trigger_due(now_ms) {
             self.last_trigger_ms = Some(now_ms);
-            commands.push(self.begin(now_ms, false));
+            commands.push(Command::Trigger {
+                checkpoint: self.begin(now_ms, false),
+                timestamp_ms: now_ms,
+            });
         }
         commands
     }
 
-    /// Triggers a savepoint now (see the module docs): the [`Command::Trigger`] of its number,
-    /// or why none can be taken.
-    pub fn trigger_savepoint(&mut self, now_ms: i64) -> Result<Command<H>, String> {
+    /// Triggers a savepoint stamped `now_ms` at once (see the module docs): its number, to be
+    /// triggered like a checkpoint's, or why none can be taken.
+    pub fn trigger_savepoint(&mut self, now_ms: i64) -> Result<u64, String> {
         if self.failed {
             return Err("the job is failing (too many checkpoints failed)".into());
         }
@@ -206,7 +209,8 @@ impl<H> Coordinator<H> {
         Ok(self.begin(now_ms, true))
     }
 
-    fn begin(&mut self, now_ms: i64, savepoint: bool) -> Command<H> {
+    /// Makes the next checkpoint (or savepoint) pending: its number.
+    fn begin(&mut self, now_ms: i64, savepoint: bool) -> u64 {
         let checkpoint = self.next;
         self.next += 1;
         self.pending.insert(
@@ -218,10 +222,7 @@ impl<H> Coordinator<H> {
                 acknowledged: 0,
             },
         );
-        Command::Trigger {
-            checkpoint,
-            timestamp_ms: now_ms,
-        }
+        checkpoint
     }
 
     /// When the next trigger is due, ms: the caller's timer for [`Coordinator::tick`] (the
@@ -520,13 +521,7 @@ mod tests {
         let mut c: Coordinator<u64> = Coordinator::new(settings, 1, 1);
         assert_eq!(triggers(&c.tick(0)), [1]);
         // Whatever the interval says.
-        assert_eq!(
-            c.trigger_savepoint(5),
-            Ok(Command::Trigger {
-                checkpoint: 2,
-                timestamp_ms: 5
-            })
-        );
+        assert_eq!(c.trigger_savepoint(5), Ok(2));
         assert_eq!(
             c.trigger_savepoint(6),
             Err("savepoint 2 is still in progress".to_string())
@@ -546,10 +541,7 @@ mod tests {
         assert_eq!(triggers(&c.tick(210)), [3]);
         // A later savepoint is not subsumed by a completed checkpoint, and its failure is no
         // checkpoint failure (the job tolerates none).
-        assert!(matches!(
-            c.trigger_savepoint(220),
-            Ok(Command::Trigger { checkpoint: 4, .. })
-        ));
+        assert_eq!(c.trigger_savepoint(220), Ok(4));
         let commands = c.acknowledge(3, 0, 33, 230);
         assert!(
             !commands

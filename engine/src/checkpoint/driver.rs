@@ -498,12 +498,15 @@ impl Host {
             );
             return Vec::new();
         }
-        match self.coordinator.trigger_savepoint(now_ms()) {
-            Ok(trigger @ Command::Trigger { checkpoint, .. }) => {
+        let now = now_ms();
+        match self.coordinator.trigger_savepoint(now) {
+            Ok(checkpoint) => {
                 self.savepoint = Some((checkpoint, request));
-                vec![trigger]
+                vec![Command::Trigger {
+                    checkpoint,
+                    timestamp_ms: now,
+                }]
             }
-            Ok(_) => unreachable!("trigger_savepoint answers with a trigger"),
             Err(reason) => {
                 request.fail(reason);
                 Vec::new()

@@ -636,15 +636,11 @@ fn run_attempts(
     let exec = Arc::new(exec);
     let checkpointed = config.checkpointing()?.is_some();
     let job = exec.job.job_name().to_string();
-    if options.resume && options.from_savepoint.is_some() {
+    if let (true, Some(savepoint)) = (options.resume, &options.from_savepoint) {
         return Err(JobError::InvalidJob(format!(
             "job '{job}' is asked both to resume from its latest checkpoint and to start from \
              savepoint {}; pass --resume or --from-savepoint, not both",
-            options
-                .from_savepoint
-                .as_deref()
-                .unwrap_or_else(|| "".as_ref())
-                .display()
+            savepoint.display()
         )));
     }
     if !checkpointed {
