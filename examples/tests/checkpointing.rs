@@ -5,6 +5,8 @@
 //! passed over for the one before it; jobs whose state checkpoints cannot write yet are
 //! refused, naming it.
 
+mod common;
+
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,6 +20,8 @@ use weir_engine::JobError;
 use weir_examples::keyed_aggregation;
 use weir_examples::sequence_check::{self, problems, reports, KeyReport, SequenceSpec};
 use weir_examples::window_check::{self, WindowCheckSpec, WindowReport};
+
+use common::{Notice, NoticeLog};
 
 /// Many small splits, so that splits change hands while checkpoints are taken.
 const SPEC: SequenceSpec = SequenceSpec {
@@ -854,83 +858,6 @@ fn windows_and_joins_on_rocksdb_rescale_with_every_record_counted_once() {
     windows_rescaled(ROCKSDB);
 }
 
-/// What a sink subtask was told, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Notice {
-    /// A barrier reached it.
-    Flushed,
-    Complete(u64),
-    Aborted(u64),
-}
-
-/// A sink that writes nothing and keeps, per subtask, the barriers and checkpoint notices
-/// it saw.
-#[derive(Clone, Default)]
-struct NoticeLog {
-    subtasks: Arc<Mutex<Vec<Vec<Notice>>>>,
-}
-
-struct NoticeWriter {
-    subtasks: Arc<Mutex<Vec<Vec<Notice>>>>,
-    subtask: usize,
-}
-
-impl NoticeWriter {
-    fn note(&mut self, notice: Notice) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        self.subtasks.lock().unwrap()[self.subtask].push(notice);
-        Box::pin(async { Ok(()) })
-    }
-}
-
-impl<T: Send + 'static> Sink<T> for NoticeLog {
-    fn create_writer(
-        &self,
-        ctx: &RuntimeContext,
-    ) -> Result<Box<dyn SinkWriter<T>>, ConnectorError> {
-        self.subtasks
-            .lock()
-            .unwrap()
-            .resize_with(ctx.parallelism, Vec::new);
-        Ok(Box::new(NoticeWriter {
-            subtasks: Arc::clone(&self.subtasks),
-            subtask: ctx.subtask,
-        }))
-    }
-}
-
-impl<T> SinkWriter<T> for NoticeWriter {
-    fn write<'a>(
-        &'a mut self,
-        batch: &'a mut Vec<T>,
-        _timestamps: &'a [i64],
-    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
-        batch.clear();
-        Box::pin(async { Ok(()) })
-    }
-
-    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        self.note(Notice::Flushed)
-    }
-
-    fn notify_checkpoint_complete(
-        &mut self,
-        checkpoint: u64,
-    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        self.note(Notice::Complete(checkpoint))
-    }
-
-    fn notify_checkpoint_aborted(
-        &mut self,
-        checkpoint: u64,
-    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        self.note(Notice::Aborted(checkpoint))
-    }
-}
-
 /// Runs the sequence check at parallelism 2 into a [`NoticeLog`] (behind a `key_by` exchange,
 /// so the notices cross shards), every checkpoint kept: the notices per sink subtask, and the
 /// checkpoints that completed; no aborted checkpoint's directory is left behind.
@@ -966,7 +893,7 @@ fn checkpoints_told(notices: &[Notice]) -> (Vec<u64>, Vec<u64>) {
         match notice {
             Notice::Complete(checkpoint) => complete.push(*checkpoint),
             Notice::Aborted(checkpoint) => aborted.push(*checkpoint),
-            Notice::Flushed => {}
+            Notice::Flushed | Notice::Finished => {}
         }
     }
     (complete, aborted)

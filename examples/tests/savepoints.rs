@@ -5,6 +5,8 @@
 //! stop fires every timer first; state of an operator the job no longer has is refused unless
 //! allowed; a job without checkpointing refuses savepoints, naming the settings.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,8 @@ use weir_engine::prelude::*;
 use weir_engine::JobError;
 use weir_examples::sequence_check::{self, problems, KeyReport, Numbered, SequenceSpec};
 use weir_examples::window_check::{self, WindowCheckSpec, WindowReport};
+
+use common::{Notice, NoticeLog};
 
 /// Slow enough that a stop lands mid-way.
 const SPEC: SequenceSpec = SequenceSpec {
@@ -296,6 +300,49 @@ fn a_drained_stop_fires_every_timer_first_and_a_suspended_one_none() {
             assert_eq!(counted, read, "{mode:?}: each record read is counted once");
         } else {
             assert!(reports.is_empty(), "{mode:?}: {} reports", reports.len());
+        }
+    }
+}
+
+/// Stopped with a savepoint, every sink subtask — behind a `key_by` exchange — hears of the
+/// savepoint's completion before its task ends (where a transactional sink commits), and is
+/// finished only when the stop drains: stopped without, its tasks close unfinished.
+#[test]
+fn sinks_hear_the_stopping_savepoint_complete_and_finish_only_when_drained() {
+    for (mode, finishes) in [(StopMode::Suspend, 0), (StopMode::Drain, 1)] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let config = config_on(HEAP, dir.path(), 2);
+        let log = NoticeLog::default();
+        let job = start(&config, "sequence-check", None, |env| {
+            sequence_check::reports(env, SPEC).sink_to(log.clone(), "notices");
+        });
+        wait_for_a_checkpoint(dir.path(), "sequence-check", &job);
+        let (savepoint, _) = stop(job, mode, &dir.path().join("moved"));
+        let number = weir_state::checkpoint::open_savepoint(&savepoint)
+            .expect("the savepoint")
+            .metadata
+            .checkpoint;
+        let subtasks = log.subtasks.lock().unwrap().clone();
+        assert_eq!(subtasks.len(), 2);
+        for (subtask, notices) in subtasks.iter().enumerate() {
+            let told = notices
+                .iter()
+                .position(|notice| *notice == Notice::Complete(number))
+                .unwrap_or_else(|| {
+                    panic!("{mode:?}: subtask {subtask} was not told of savepoint {number}: {notices:?}")
+                });
+            let after = &notices[told + 1..];
+            assert!(
+                after
+                    .iter()
+                    .all(|n| matches!(n, Notice::Flushed | Notice::Finished)),
+                "{mode:?}: subtask {subtask}: {notices:?}"
+            );
+            let finished = notices.iter().filter(|n| **n == Notice::Finished).count();
+            assert_eq!(
+                finished, finishes,
+                "{mode:?}: subtask {subtask}: {notices:?}"
+            );
         }
     }
 }

@@ -11,11 +11,13 @@
 //! parallelism.
 //!
 //! **Stopping with a savepoint.** Each source, having sent the savepoint's barrier, reads no
-//! more input until the savepoint completed or was aborted. Completed, the job ends: with
-//! [`StopMode::Suspend`] the sources stop without a final watermark (windows still open stay
-//! in the savepoint, to fire after the job resumes), with [`StopMode::Drain`] each source
-//! first sends the final watermark, so every event-time window fires before the barrier and
-//! the job ends as if its input had ended. Aborted, the sources read on and the job runs.
+//! more input until the savepoint completed or was aborted, and passes the notice on (every
+//! task and sink hears of the completion before it ends). Completed, the job ends: with
+//! [`StopMode::Suspend`] every channel ends without a final watermark and no operator or sink
+//! is finished (windows still open stay in the savepoint, to fire after the job resumes), with
+//! [`StopMode::Drain`] each source first sends the final watermark, so every event-time window
+//! fires before the barrier and the job ends as if its input had ended. Aborted, the sources
+//! read on and the job runs.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;

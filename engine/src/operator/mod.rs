@@ -162,6 +162,9 @@ pub(crate) enum ChainEvent {
     Flush,
     /// The input has ended: emit what is left and close.
     Finish,
+    /// The job stops with a savepoint (`StopMode::Suspend`): close without emitting what is
+    /// left — open windows and timers are in the savepoint, to fire after it is restored.
+    Suspend,
     /// A checkpoint barrier: every operator writes its state as it is after the records before
     /// the barrier (`Operator::snapshot_state`), then passes the barrier on.
     Barrier(CheckpointBarrier),
@@ -404,6 +407,7 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                         self.operator.finish(out);
                         true
                     }
+                    ChainEvent::Suspend => false,
                     ChainEvent::Barrier(_) => {
                         self.operator.prepare_snapshot_pre_barrier(out);
                         true
@@ -544,6 +548,7 @@ mod tests {
             ChainEvent::WatermarkStatus { idle: true },
             ChainEvent::ProcessingTime(5),
             ChainEvent::Flush,
+            ChainEvent::Suspend,
             ChainEvent::Finish,
         ];
         futures::executor::block_on(async {

@@ -996,10 +996,6 @@ fn run_attempt(
     if options.cancel.is_requested() && requested_stop_only {
         return Err(JobError::Cancelled { job: job_name });
     }
-    // Stopped with a savepoint: its sources ended the tasks once it completed.
-    if stopped_with.is_some() && (failures.is_empty() || requested_stop_only) {
-        failures.clear();
-    }
     if let Some(failure) = failures.into_iter().next() {
         let vertex = &shared.exec.job.vertices[failure.vertex];
         let operator = failure

@@ -311,10 +311,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                 match (stopping.completed, stopping.mode) {
                     (true, StopMode::Drain) => break,
                     (true, StopMode::Suspend) => {
-                        return Err(TaskError::cancelled(format!(
-                            "the job stopped with savepoint {}",
-                            stopping.savepoint
-                        )))
+                        return self.chain.event(ChainEvent::Suspend).await;
                     }
                     // Nothing more is read until the savepoint completes or is aborted.
                     (false, _) => {
@@ -463,6 +460,7 @@ impl<T: Record> NetworkTask<T> {
             Event::Watermark(w) => self.gate.on_watermark(channel, w, events),
             Event::WatermarkStatus { idle } => self.gate.on_watermark_status(channel, idle, events),
             Event::EndOfPartition => self.gate.on_end_of_partition(channel, events),
+            Event::Suspend => self.gate.on_suspend(channel, events),
             Event::Barrier(barrier) => self.gate.on_barrier(channel, barrier, events),
             Event::CheckpointComplete(checkpoint) => {
                 self.gate.on_checkpoint_notice(checkpoint, true, events)
@@ -573,6 +571,10 @@ impl<T: Record> NetworkTask<T> {
             fire_processing_timers(&mut self.chain).await?;
             timer.flush_if_due(&mut self.chain).await?;
         }
+        if self.gate.is_suspended() {
+            // The job stops with a savepoint: close without finishing (see `ChainEvent`).
+            return self.chain.event(ChainEvent::Suspend).await;
+        }
         if let Some(checkpointing) = &self.checkpointing {
             checkpointing.job.finished();
         }
@@ -648,6 +650,9 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
                 let result = self.writer.notify_checkpoint_aborted(checkpoint).await;
                 result.map_err(|e| e.in_operator(&self.metrics.name))
             }),
+            // Stopped with a savepoint: what the sink holds was flushed at its barrier, and
+            // the sink is not finished (it goes on after the savepoint is restored).
+            ChainEvent::Suspend => nothing_to_do(),
             ChainEvent::Watermark(_)
             | ChainEvent::WatermarkStatus { .. }
             | ChainEvent::ProcessingTime(_)

@@ -15,6 +15,7 @@
 //! | 5 | checkpoint complete | the checkpoint's id | none |
 //! | 6 | checkpoint aborted | the checkpoint's id | none |
 //! | 7 | savepoint barrier | the savepoint's id | none; always the segment's last entry |
+//! | 8 | suspend | 0 | none: the sender stopped with a savepoint and sends nothing more |
 
 use weir_memory::Segment;
 
@@ -29,6 +30,7 @@ const TAG_BARRIER: u32 = 4;
 const TAG_CHECKPOINT_COMPLETE: u32 = 5;
 const TAG_CHECKPOINT_ABORTED: u32 = 6;
 const TAG_SAVEPOINT_BARRIER: u32 = 7;
+const TAG_SUSPEND: u32 = 8;
 const HEADER: usize = 16;
 const FIRST_ENTRY: usize = 0;
 
@@ -47,6 +49,9 @@ pub enum Event {
         idle: bool,
     },
     EndOfPartition,
+    /// The end of the channel when the job stops with a savepoint without draining: no final
+    /// watermark follows, and the receiver does not finish its operators.
+    Suspend,
     /// Checkpoint (or savepoint) barrier: what came before belongs to its state.
     Barrier(CheckpointBarrier),
     /// This checkpoint completed (the sources pass the coordinator's notice downstream).
@@ -118,6 +123,7 @@ impl SegmentBuilder {
             Event::Watermark(w) => (TAG_WATERMARK, w.0),
             Event::WatermarkStatus { idle } => (TAG_WATERMARK_STATUS, i64::from(idle)),
             Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
+            Event::Suspend => (TAG_SUSPEND, 0),
             Event::Barrier(barrier) => match barrier.kind {
                 SnapshotKind::Checkpoint => (TAG_BARRIER, barrier.id as i64),
                 SnapshotKind::Savepoint => (TAG_SAVEPOINT_BARRIER, barrier.id as i64),
@@ -175,6 +181,7 @@ impl<'a> Iterator for Entries<'a> {
             TAG_WATERMARK => Entry::Event(Event::Watermark(Watermark(value))),
             TAG_WATERMARK_STATUS => Entry::Event(Event::WatermarkStatus { idle: value != 0 }),
             TAG_END_OF_PARTITION => Entry::Event(Event::EndOfPartition),
+            TAG_SUSPEND => Entry::Event(Event::Suspend),
             TAG_BARRIER => {
                 Entry::Event(Event::Barrier(CheckpointBarrier::checkpoint(value as u64)))
             }
@@ -228,7 +235,7 @@ mod tests {
                 }
             }
             let wm = Event::Watermark(Watermark(-17));
-            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier { id: 12, kind: SnapshotKind::Savepoint }), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::EndOfPartition];
+            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier { id: 12, kind: SnapshotKind::Savepoint }), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::Suspend, Event::EndOfPartition];
             for event in events {
                 if !builder.try_event(event) {
                     segments.push(builder.finish());

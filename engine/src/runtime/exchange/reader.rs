@@ -100,6 +100,8 @@ pub(crate) struct InputGate<T> {
     /// The newest checkpoint whose completion (abort) the task was told of.
     notified_complete: u64,
     notified_aborted: u64,
+    /// A channel ended with `Event::Suspend` (the job stops with a savepoint).
+    suspended: bool,
 }
 
 impl<T: 'static> InputGate<T> {
@@ -140,6 +142,7 @@ impl<T: 'static> InputGate<T> {
             alignment: None,
             notified_complete: 0,
             notified_aborted: 0,
+            suspended: false,
         }
         .with_channels(count)
     }
@@ -346,6 +349,19 @@ impl<T: 'static> InputGate<T> {
         self.watermarks[channel] = Watermark::MAX;
         self.advance(out);
         self.complete_alignment(out);
+    }
+
+    /// `channel` ended because the job stops with a savepoint (`Event::Suspend`): it sends
+    /// nothing more, and its watermark stays where it was (no final watermark).
+    pub(crate) fn on_suspend(&mut self, channel: usize, out: &mut Vec<GateEvent>) {
+        self.ended[channel] = true;
+        self.suspended = true;
+        self.complete_alignment(out);
+    }
+
+    /// Whether a channel ended with `Event::Suspend`: the task closes without finishing.
+    pub(crate) fn is_suspended(&self) -> bool {
+        self.suspended
     }
 }
 

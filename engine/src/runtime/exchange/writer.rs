@@ -426,8 +426,12 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
             // Timers live in operators; an exchange writer ends its chain.
             ChainEvent::ProcessingTime(_) => nothing_to_do(),
             ChainEvent::Flush => Box::pin(self.flush_all()),
-            ChainEvent::Finish => Box::pin(async move {
-                self.write_event(Event::EndOfPartition).await?;
+            ChainEvent::Finish | ChainEvent::Suspend => Box::pin(async move {
+                let end = match event {
+                    ChainEvent::Suspend => Event::Suspend,
+                    _ => Event::EndOfPartition,
+                };
+                self.write_event(end).await?;
                 for channel in 0..self.channels.len() {
                     self.send(channel).await?;
                 }
