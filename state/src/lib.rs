@@ -66,7 +66,8 @@ pub use backend::keyed_snapshot::{
 };
 pub use backend::rocksdb::{
     split_key, NativeCheckpoint, NativeFile, RawEntries, RocksDbConfig, RocksDbInstance,
-    RocksDbMemoryUsage, RocksDbSlot, StateKeyParts, WriteBackStats, MAX_PARALLELISM_LIMIT,
+    RocksDbMemoryUsage, RocksDbSlot, SnapshotShape, StateKeyParts, WriteBackStats,
+    MAX_PARALLELISM_LIMIT,
 };
 pub use backend::{BackendType, CleanupProgress, KeyedBackendConfig, LocalKeyedBackend, StateSize};
 pub use codec::StateCodec;

@@ -16,7 +16,7 @@ use restore_support::*;
 use weir_state::{
     decode_keyed_snapshot, encode_keyed_snapshot, AggregatingStateDescriptor, KeyGroup,
     KeyedBackendConfig, ListStateDescriptor, LocalKeyedBackend, ManualClock, MapStateDescriptor,
-    StateErrorKind, StateKind, StateTtlConfig, ValueStateDescriptor,
+    SnapshotShape, StateErrorKind, StateKind, StateTtlConfig, ValueStateDescriptor,
 };
 
 #[test]
@@ -530,10 +530,12 @@ fn rocksdb_checkpoint(fixture: &common::Fixture, backend: &LocalKeyedBackend<u64
         .expect("a RocksDB fixture")
         .write_keyed_snapshot(
             "op",
-            MAX_PARALLELISM,
-            backend.key_groups(),
-            std::any::type_name::<u64>(),
-            std::any::type_name::<u64>(),
+            SnapshotShape {
+                max_parallelism: MAX_PARALLELISM,
+                key_groups: backend.key_groups(),
+                key_type: std::any::type_name::<u64>(),
+                namespace_type: std::any::type_name::<u64>(),
+            },
             START_MS,
             &mut bytes,
         )

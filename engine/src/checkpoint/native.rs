@@ -44,7 +44,8 @@ use std::time::Duration;
 use glommio::io::BufferedFile;
 use weir_state::checkpoint::{PendingCheckpoint, StateFileWriter, StoredFile};
 use weir_state::{
-    KeyGroupRange, NativeCheckpoint, NativeFile, RocksDbInstance, RocksDbSlot, StateError,
+    KeyGroupRange, NativeCheckpoint, NativeFile, RocksDbInstance, RocksDbSlot, SnapshotShape,
+    StateError,
 };
 
 use super::bytes::{ByteReader, ByteWriter};
@@ -235,16 +236,14 @@ impl CanonicalExport {
             .slot
             .open_instance(&self.name)
             .map_err(|e| e.to_string())?;
-        copy.write_keyed_snapshot(
-            &self.operator,
-            self.max_parallelism,
-            self.key_groups,
-            self.key_type,
-            self.namespace_type,
-            crate::time::now_ms(),
-            out,
-        )
-        .map_err(|e| e.to_string())
+        let shape = SnapshotShape {
+            max_parallelism: self.max_parallelism,
+            key_groups: self.key_groups,
+            key_type: self.key_type,
+            namespace_type: self.namespace_type,
+        };
+        copy.write_keyed_snapshot(&self.operator, shape, crate::time::now_ms(), out)
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -481,14 +481,16 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
                 Ok(summary)
             }
             Storage::RocksDb(rocks) => {
-                let entries = rocks.slot().load_keyed_snapshots(
-                    rocks.operator(),
-                    snapshots,
-                    self.max_parallelism(),
-                    self.key_groups(),
-                    type_name::<K>(),
-                    type_name::<N>(),
-                )?;
+                let shape = rocksdb::SnapshotShape {
+                    max_parallelism: self.max_parallelism(),
+                    key_groups: self.key_groups(),
+                    key_type: type_name::<K>(),
+                    namespace_type: type_name::<N>(),
+                };
+                let entries =
+                    rocks
+                        .slot()
+                        .load_keyed_snapshots(rocks.operator(), snapshots, shape)?;
                 tracing::info!(
                     key_groups = ?self.key_groups(),
                     snapshots = snapshots.len(),

@@ -38,6 +38,20 @@ use crate::ttl::is_expired;
 /// Entries written to RocksDB per write batch when loading.
 const BATCH_ENTRIES: usize = 4096;
 
+/// What a canonical keyed snapshot is of: the job's key groups (`max_parallelism`), the
+/// subtask's, and the `std::any::type_name`s of its keys and namespaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotShape<'a> {
+    /// The number of key groups of the job.
+    pub max_parallelism: u32,
+    /// The subtask's key groups.
+    pub key_groups: KeyGroupRange,
+    /// The key type's name.
+    pub key_type: &'a str,
+    /// The namespace type's name.
+    pub namespace_type: &'a str,
+}
+
 /// One state record: its key and the encoded header.
 type Record = (Box<[u8]>, Box<[u8]>);
 
@@ -215,30 +229,27 @@ impl RocksDbInstance {
         Ok(headers)
     }
 
-    /// Appends operator `operator`'s state in `key_groups` in the canonical keyed-snapshot
-    /// format (see the module docs), keyed by `key_type` in namespaces of `namespace_type`
-    /// (their `std::any::type_name`s); entries expired by `now_ms` are left out.
-    #[allow(clippy::too_many_arguments)]
+    /// Appends operator `operator`'s state of `shape` (its key groups, keys and namespaces)
+    /// in the canonical keyed-snapshot format (see the module docs); entries expired by
+    /// `now_ms` are left out.
     pub fn write_keyed_snapshot(
         &self,
         operator: &str,
-        max_parallelism: u32,
-        key_groups: KeyGroupRange,
-        key_type: &str,
-        namespace_type: &str,
+        shape: SnapshotShape<'_>,
         now_ms: i64,
         out: &mut Vec<u8>,
     ) -> Result<(), StateError> {
+        let key_groups = shape.key_groups;
         self.flush_write_back()?;
         let headers = self.recorded_states(operator)?;
         with_checksum(out, |out| {
             write_header_raw(
                 out,
-                max_parallelism,
+                shape.max_parallelism,
                 key_groups,
                 now_ms,
-                key_type,
-                namespace_type,
+                shape.key_type,
+                shape.namespace_type,
                 headers.len(),
             )?;
             let mut blocks: Vec<(u32, u32, Vec<u8>)> = Vec::new();
@@ -329,27 +340,24 @@ impl RocksDbInstance {
         Ok(())
     }
 
-    /// Loads the entries of `key_groups` from canonical keyed snapshots (one, or those of the
-    /// old subtasks a rescaled subtask takes its key groups from) into this fresh instance as
-    /// operator `operator`'s states, recording each (see the module docs). The snapshots must
-    /// be of `max_parallelism` key groups and keyed by `key_type` in namespaces of
-    /// `namespace_type` (an `IncompatibleKeyedSnapshot` error names what differs). Returns the
-    /// number of entries loaded.
+    /// Loads the entries of `shape`'s key groups from canonical keyed snapshots (one, or those
+    /// of the old subtasks a rescaled subtask takes its key groups from) into this fresh
+    /// instance as operator `operator`'s states, recording each (see the module docs). The
+    /// snapshots must be of the shape's key groups, keys and namespaces (an
+    /// `IncompatibleKeyedSnapshot` error names what differs). Returns the number of entries
+    /// loaded.
     pub fn load_keyed_snapshots(
         &self,
         operator: &str,
         snapshots: &[&[u8]],
-        max_parallelism: u32,
-        key_groups: KeyGroupRange,
-        key_type: &str,
-        namespace_type: &str,
+        shape: SnapshotShape<'_>,
     ) -> Result<u64, StateError> {
         let (states, _) = merge_snapshots(
             snapshots,
-            max_parallelism,
-            key_groups,
-            key_type,
-            namespace_type,
+            shape.max_parallelism,
+            shape.key_groups,
+            shape.key_type,
+            shape.namespace_type,
         )?;
         let mut loaded = 0;
         for state in &states {

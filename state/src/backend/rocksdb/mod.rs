@@ -24,6 +24,7 @@ use crate::key_group::KeyGroupRange;
 use crate::ttl::{is_expired, StateTtlConfig, TtlPolicy};
 
 pub use cache::WriteBackStats;
+pub use canonical::SnapshotShape;
 pub use key::{split_key, StateKeyParts, MAX_PARALLELISM_LIMIT};
 pub use slot::{
     NativeCheckpoint, NativeFile, RawEntries, RocksDbConfig, RocksDbInstance, RocksDbMemoryUsage,
