@@ -230,11 +230,12 @@ impl<K: Key> KeyedStateStore<K> {
         match &self.native {
             Some(native) if snapshot.is_savepoint() => {
                 let export = native
-                    .canonical_export(
-                        self.backend.max_parallelism(),
-                        self.backend.key_groups(),
-                        (std::any::type_name::<K>(), std::any::type_name::<()>()),
-                    )
+                    .canonical_export(weir_state::SnapshotShape {
+                        max_parallelism: self.backend.max_parallelism(),
+                        key_groups: self.backend.key_groups(),
+                        key_type: std::any::type_name::<K>(),
+                        namespace_type: std::any::type_name::<()>(),
+                    })
                     .map_err(|e| e.to_string())?;
                 snapshot.add_deferred(
                     PART_KEYED,

@@ -21,7 +21,7 @@ use weir_examples::keyed_aggregation;
 use weir_examples::sequence_check::{self, problems, reports, KeyReport, SequenceSpec};
 use weir_examples::window_check::{self, WindowCheckSpec, WindowReport};
 
-use common::{Notice, NoticeLog};
+use common::{config_on, Notice, NoticeLog, HEAP, ROCKSDB};
 
 /// Many small splits, so that splits change hands while checkpoints are taken.
 const SPEC: SequenceSpec = SequenceSpec {
@@ -33,26 +33,6 @@ const SPEC: SequenceSpec = SequenceSpec {
 
 fn config(checkpoints: &Path, slots: usize, retained: usize) -> Configuration {
     config_on(HEAP, checkpoints, slots, retained)
-}
-
-/// The state backends, by `state.backend.type`.
-const HEAP: &str = "hashmap";
-const ROCKSDB: &str = "rocksdb";
-
-/// [`config`] with state on `backend`.
-fn config_on(backend: &str, checkpoints: &Path, slots: usize, retained: usize) -> Configuration {
-    Configuration::default()
-        .with("state.backend.type", backend)
-        .and_then(|c| c.with("execution.checkpointing.interval", "20ms"))
-        .and_then(|c| {
-            c.with(
-                "execution.checkpointing.dir",
-                checkpoints.to_str().expect("a UTF-8 path"),
-            )
-        })
-        .and_then(|c| c.with("taskmanager.numberOfTaskSlots", slots.to_string()))
-        .and_then(|c| c.with("execution.checkpointing.num-retained", retained.to_string()))
-        .expect("valid settings")
 }
 
 /// The completed checkpoints in job `job`'s directory, by number.

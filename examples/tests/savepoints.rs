@@ -16,7 +16,7 @@ use weir_engine::JobError;
 use weir_examples::sequence_check::{self, problems, KeyReport, Numbered, SequenceSpec};
 use weir_examples::window_check::{self, WindowCheckSpec, WindowReport};
 
-use common::{Notice, NoticeLog};
+use common::{config_on, Notice, NoticeLog, HEAP, ROCKSDB};
 
 /// Slow enough that a stop lands mid-way.
 const SPEC: SequenceSpec = SequenceSpec {
@@ -25,23 +25,6 @@ const SPEC: SequenceSpec = SequenceSpec {
     per_key: 4_000,
     rate: Some(40_000.0),
 };
-
-const HEAP: &str = "hashmap";
-const ROCKSDB: &str = "rocksdb";
-
-fn config_on(backend: &str, checkpoints: &Path, slots: usize) -> Configuration {
-    Configuration::default()
-        .with("state.backend.type", backend)
-        .and_then(|c| c.with("execution.checkpointing.interval", "20ms"))
-        .and_then(|c| {
-            c.with(
-                "execution.checkpointing.dir",
-                checkpoints.to_str().expect("a UTF-8 path"),
-            )
-        })
-        .and_then(|c| c.with("taskmanager.numberOfTaskSlots", slots.to_string()))
-        .expect("valid settings")
-}
 
 /// Starts job `name`, built by `build`, from `savepoint` if given.
 fn start(
@@ -129,7 +112,7 @@ fn sequence_stopped_and_restarted(
     let build = |env: &StreamEnvironment| {
         sequence_check::reports(env, SPEC).sink_to(DiscardSink::new(), "discard");
     };
-    let config = config_on(backend, &checkpoints, from);
+    let config = config_on(backend, &checkpoints, from, 1);
     let job = start(&config, "sequence-check", None, build);
     wait_for_a_checkpoint(&checkpoints, "sequence-check", &job);
     let (savepoint, _) = stop(job, StopMode::Suspend, &dir.path().join("moved"));
@@ -137,7 +120,7 @@ fn sequence_stopped_and_restarted(
     // Nothing of the first run's checkpoints is needed any more.
     std::fs::remove_dir_all(&checkpoints).expect("the checkpoints go");
 
-    sequence_counts_once_from(config_on(restores_on, &checkpoints, to), savepoint);
+    sequence_counts_once_from(config_on(restores_on, &checkpoints, to, 1), savepoint);
 }
 
 /// Runs the sequence check with `config` from `savepoint` to its end: it read only what came
@@ -200,7 +183,7 @@ fn windows_stopped_and_restarted(backend: &str) {
     let slots = 2;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let checkpoints = dir.path().join("checkpoints");
-    let config = config_on(backend, &checkpoints, slots);
+    let config = config_on(backend, &checkpoints, slots, 1);
     let (first_sink, first) = CollectSink::new();
     let job = start(&config, "window-check", None, |env| {
         window_check::reports(env, WINDOWS, slots).sink_to(first_sink, "collect");
@@ -246,7 +229,7 @@ fn windows_on_rocksdb_stopped_with_a_savepoint_fire_once_across_both_runs() {
 fn a_savepoint_taken_while_the_job_runs_restores_like_a_stop() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let checkpoints = dir.path().join("checkpoints");
-    let config = config_on(HEAP, &checkpoints, 2);
+    let config = config_on(HEAP, &checkpoints, 2, 1);
     let build = |env: &StreamEnvironment| {
         sequence_check::reports(env, SPEC).sink_to(DiscardSink::new(), "discard");
     };
@@ -277,7 +260,7 @@ fn a_savepoint_taken_while_the_job_runs_restores_like_a_stop() {
 fn a_drained_stop_fires_every_timer_first_and_a_suspended_one_none() {
     for (mode, reports_expected) in [(StopMode::Drain, true), (StopMode::Suspend, false)] {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let config = config_on(HEAP, dir.path(), 2);
+        let config = config_on(HEAP, dir.path(), 2, 1);
         let (sink, collected) = CollectSink::new();
         let job = start(&config, "sequence-check", None, |env| {
             sequence_check::reports(env, SPEC).sink_to(sink, "collect");
@@ -311,7 +294,7 @@ fn a_drained_stop_fires_every_timer_first_and_a_suspended_one_none() {
 fn sinks_hear_the_stopping_savepoint_complete_and_finish_only_when_drained() {
     for (mode, finishes) in [(StopMode::Suspend, 0), (StopMode::Drain, 1)] {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let config = config_on(HEAP, dir.path(), 2);
+        let config = config_on(HEAP, dir.path(), 2, 1);
         let log = NoticeLog::default();
         let job = start(&config, "sequence-check", None, |env| {
             sequence_check::reports(env, SPEC).sink_to(log.clone(), "notices");
@@ -367,7 +350,7 @@ fn with_extra(env: &StreamEnvironment) {
 fn state_of_a_removed_operator_is_refused_unless_allowed() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let checkpoints = dir.path().join("checkpoints");
-    let config = config_on(HEAP, &checkpoints, 1);
+    let config = config_on(HEAP, &checkpoints, 1, 1);
     let job = start(&config, "sequence-check", None, with_extra);
     wait_for_a_checkpoint(&checkpoints, "sequence-check", &job);
     let (savepoint, _) = stop(job, StopMode::Suspend, &dir.path().join("moved"));
@@ -424,7 +407,7 @@ fn a_job_without_checkpoints_refuses_savepoints() {
 #[test]
 fn a_missing_or_damaged_savepoint_is_refused_naming_it() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = config_on(HEAP, &dir.path().join("checkpoints"), 1);
+    let config = config_on(HEAP, &dir.path().join("checkpoints"), 1, 1);
     let env = StreamEnvironment::new(config).expect("an environment");
     sequence_check::reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
     let missing = dir.path().join("savepoint-nothing");

@@ -809,14 +809,6 @@ const PAYLOAD_MAGIC: &[u8; 8] = b"WEIRJOB\0";
 /// the checkpoint; versions 1 and 2 are still read.
 const PAYLOAD_VERSION: u32 = 3;
 
-/// How the payload names a state backend (`state.backend.type`).
-fn backend_name(backend: BackendType) -> &'static str {
-    match backend {
-        BackendType::Heap => "hashmap",
-        BackendType::RocksDb => "rocksdb",
-    }
-}
-
 /// The coordinator's part of `_metadata`: the operators with their uid and parallelism, which
 /// subtask each state file (in the metadata's file order) belongs to, and the enumerators'
 /// snapshots.
@@ -840,7 +832,7 @@ fn encode_payload(plan: &DriverPlan, enumerators: &[(String, Vec<u8>)]) -> Vec<u
         out.text(id);
         out.bytes(bytes);
     }
-    out.text(backend_name(plan.backend));
+    out.text(plan.backend.config_name());
     out.out
 }
 
@@ -891,7 +883,7 @@ pub(crate) fn decode_payload(bytes: &[u8], what: &str) -> Result<Payload, String
             Some(
                 [BackendType::Heap, BackendType::RocksDb]
                     .into_iter()
-                    .find(|backend| backend_name(*backend) == name)
+                    .find(|backend| backend.config_name() == name)
                     .ok_or_else(|| format!("{what} names the unknown state backend '{name}'"))?,
             )
         }
@@ -941,13 +933,26 @@ pub(crate) fn open_checkpoints(
         .highest_number()
         .map_err(|e| refuse(e.to_string()))?;
     let first = highest.map_or(1, |n| n + 1);
-    let Some(at_least) = resume else {
-        return Ok(CheckpointStart {
-            storage,
-            restored: None,
-            first,
-        });
+    let restored = match resume {
+        Some(at_least) => latest_restorable(&storage, job, at_least, rules)?.map(Arc::new),
+        None => None,
     };
+    Ok(CheckpointStart {
+        storage,
+        restored,
+        first,
+    })
+}
+
+/// The latest completed checkpoint in `storage` numbered `at_least` or later, read back
+/// (see [`open_checkpoints`]); `None` when there is none yet.
+fn latest_restorable(
+    storage: &CheckpointStorage,
+    job: &str,
+    at_least: u64,
+    rules: RestoreRules<'_>,
+) -> Result<Option<RestoredJob>, JobError> {
+    let refuse = |message: String| JobError::InvalidJob(message);
     let latest = storage.latest().map_err(|e| refuse(e.to_string()))?;
     for skipped in &latest.skipped {
         tracing::warn!("passing over a checkpoint that cannot be restored: {skipped}");
@@ -960,11 +965,7 @@ pub(crate) fn open_checkpoints(
                 "job '{job}' has no completed checkpoint in {} yet",
                 storage.dir().display()
             );
-            return Ok(CheckpointStart {
-                storage,
-                restored: None,
-                first,
-            });
+            return Ok(None);
         }
         let reasons: Vec<String> = latest.skipped.iter().map(ToString::to_string).collect();
         return Err(refuse(format!(
@@ -976,11 +977,7 @@ pub(crate) fn open_checkpoints(
     };
     if completed.metadata.checkpoint < at_least {
         // An older run's: this run's restarts take its own checkpoints (or what it began from).
-        return Ok(CheckpointStart {
-            storage,
-            restored: None,
-            first,
-        });
+        return Ok(None);
     }
     let mut restored = read_restored(&completed, &format!("job '{job}'"), rules)?;
     restored.own = true;
@@ -989,11 +986,7 @@ pub(crate) fn open_checkpoints(
         restored.checkpoint,
         completed.dir.display()
     );
-    Ok(CheckpointStart {
-        storage,
-        restored: Some(Arc::new(restored)),
-        first,
-    })
+    Ok(Some(restored))
 }
 
 /// Reads the savepoint (or retained checkpoint) at `path` back for job `job`, checked against

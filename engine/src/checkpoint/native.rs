@@ -189,13 +189,11 @@ impl NativeState {
 impl NativeState {
     /// Takes the instance's checkpoint at a savepoint's barrier (the pause a checkpoint's
     /// takes) for the writer to read out as a canonical keyed snapshot of the operator's state
-    /// in `key_groups` (keys `key_type`, namespaces `namespace_type`): it opens the checkpoint
-    /// as an instance of its own, so records flow meanwhile, and removes it after.
+    /// of `shape`: it opens the checkpoint as an instance of its own, so records flow
+    /// meanwhile, and removes it after.
     pub(crate) fn canonical_export(
         &self,
-        max_parallelism: u32,
-        key_groups: KeyGroupRange,
-        (key_type, namespace_type): (&'static str, &'static str),
+        shape: SnapshotShape<'static>,
     ) -> Result<CanonicalExport, StateError> {
         let number = self.snapshots.get();
         self.snapshots.set(number + 1);
@@ -208,10 +206,7 @@ impl NativeState {
             name,
             dir,
             operator: self.operator.clone(),
-            max_parallelism,
-            key_groups,
-            key_type,
-            namespace_type,
+            shape,
         })
     }
 }
@@ -223,10 +218,7 @@ pub(crate) struct CanonicalExport {
     name: String,
     dir: PathBuf,
     operator: String,
-    max_parallelism: u32,
-    key_groups: KeyGroupRange,
-    key_type: &'static str,
-    namespace_type: &'static str,
+    shape: SnapshotShape<'static>,
 }
 
 impl CanonicalExport {
@@ -236,13 +228,7 @@ impl CanonicalExport {
             .slot
             .open_instance(&self.name)
             .map_err(|e| e.to_string())?;
-        let shape = SnapshotShape {
-            max_parallelism: self.max_parallelism,
-            key_groups: self.key_groups,
-            key_type: self.key_type,
-            namespace_type: self.namespace_type,
-        };
-        copy.write_keyed_snapshot(&self.operator, shape, crate::time::now_ms(), out)
+        copy.write_keyed_snapshot(&self.operator, self.shape, crate::time::now_ms(), out)
             .map_err(|e| e.to_string())
     }
 }

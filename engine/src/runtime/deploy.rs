@@ -916,20 +916,13 @@ fn run_attempt(
     let heap_share = (state_backend == BackendType::Heap).then_some(budget.heap);
     let driver = match (checkpoints, &checkpoint_config) {
         (Some(start), Some(checkpoint_config)) => {
-            let savepoints = (
-                options.savepoints.clone(),
-                checkpoint_config
-                    .savepoint_dir
-                    .clone()
-                    .unwrap_or_else(|| start.storage.dir().join("savepoints")),
-            );
             let plan = driver_plan(
                 exec,
                 &enumerators,
                 checkpoint_config,
                 &job_name,
-                start.first,
-                savepoints,
+                &start,
+                options.savepoints.clone(),
                 config.state_backend(),
             );
             let stop = Arc::clone(&options.cancel.stop);
@@ -1089,10 +1082,6 @@ fn refuse_other_backend(
     if written_by == backend {
         return Ok(());
     }
-    let name_of = |backend| match backend {
-        BackendType::Heap => "hashmap",
-        BackendType::RocksDb => "rocksdb",
-    };
     for (operator, subtasks) in &restored.parts {
         let node = exec
             .job
@@ -1117,9 +1106,9 @@ fn refuse_other_backend(
              state.backend.type: {} (a savepoint of a job's keyed state other than windows \
              restores on either backend)",
             restored.dir.display(),
-            name_of(written_by),
-            name_of(backend),
-            name_of(written_by),
+            written_by.config_name(),
+            backend.config_name(),
+            written_by.config_name(),
         )));
     }
     Ok(())
@@ -1131,8 +1120,8 @@ fn driver_plan(
     enumerators: &[Option<SharedEnumerator>],
     checkpoint_config: &CheckpointConfig,
     job_name: &str,
-    first: u64,
-    (savepoints, savepoint_dir): (SavepointHandle, PathBuf),
+    start: &CheckpointStart,
+    savepoints: SavepointHandle,
     backend: BackendType,
 ) -> DriverPlan {
     let job = &exec.job;
@@ -1182,9 +1171,13 @@ fn driver_plan(
         }),
         exactly_once: checkpoint_config.exactly_once,
         incremental: checkpoint_config.incremental,
-        first,
+        first: start.first,
         savepoints,
-        savepoint_dir,
+        // Savepoints go beside the job's checkpoints unless configured elsewhere.
+        savepoint_dir: checkpoint_config
+            .savepoint_dir
+            .clone()
+            .unwrap_or_else(|| start.storage.dir().join("savepoints")),
         backend,
     }
 }

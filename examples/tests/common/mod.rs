@@ -1,12 +1,39 @@
-//! What the checkpoint and savepoint tests share: a sink that keeps what each subtask was
-//! told.
+//! What the checkpoint and savepoint tests share: their configuration, and a sink that keeps
+//! what each subtask was told.
 
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use weir_engine::connector::{ConnectorError, LocalBoxFuture, SinkWriter};
 use weir_engine::prelude::*;
+
+/// The state backends, by `state.backend.type`.
+pub const HEAP: &str = "hashmap";
+pub const ROCKSDB: &str = "rocksdb";
+
+/// A job on `slots` shards with state on `backend`, checkpointed every 20 ms into
+/// `checkpoints`, keeping `retained` of them.
+pub fn config_on(
+    backend: &str,
+    checkpoints: &Path,
+    slots: usize,
+    retained: usize,
+) -> Configuration {
+    Configuration::default()
+        .with("state.backend.type", backend)
+        .and_then(|c| c.with("execution.checkpointing.interval", "20ms"))
+        .and_then(|c| {
+            c.with(
+                "execution.checkpointing.dir",
+                checkpoints.to_str().expect("a UTF-8 path"),
+            )
+        })
+        .and_then(|c| c.with("taskmanager.numberOfTaskSlots", slots.to_string()))
+        .and_then(|c| c.with("execution.checkpointing.num-retained", retained.to_string()))
+        .expect("valid settings")
+}
 
 /// What a sink subtask was told, in order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

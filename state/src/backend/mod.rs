@@ -52,6 +52,16 @@ pub enum BackendType {
     RocksDb,
 }
 
+impl BackendType {
+    /// Its name as `state.backend.type` spells it.
+    pub fn config_name(self) -> &'static str {
+        match self {
+            BackendType::Heap => "hashmap",
+            BackendType::RocksDb => "rocksdb",
+        }
+    }
+}
+
 /// The key groups a keyed backend serves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyedBackendConfig {
