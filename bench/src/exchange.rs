@@ -78,6 +78,7 @@ pub fn run_engine(records: u64, shards: usize) -> Result<Measurement, BenchError
         WatermarkStrategy::no_watermarks(),
         "generator",
     )
+    .uid("generator")
     .parallelism(shards)
     .map(BenchRecord::mapped)
     .filter(BenchRecord::survives)
@@ -85,6 +86,7 @@ pub fn run_engine(records: u64, shards: usize) -> Result<Measurement, BenchError
     .process(
         |record: BenchRecord, ctx: &mut KeyedProcessContext<'_, u64, BenchRecord>| ctx.emit(record),
     )
+    .uid("forward")
     .sink_to(DiscardSink::new(), SINK)
     .parallelism(shards);
     let result = env.execute(JOB).map_err(BenchError::job(JOB))?;

@@ -156,8 +156,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Records handed between chained operators in one call."),
     option!("table.optimizer.agg-phase-strategy", OptionKind::Choice(&["AUTO", "TWO_PHASE", "ONE_PHASE"]), "AUTO",
         "Window aggregates behind a key_by pre-aggregate per key and pane on the sending shard where the result cannot differ: TWO_PHASE always, AUTO where the exchange may cross shards (a parallelism above 1 on either side), ONE_PHASE never."),
-    option!("taskmanager.memory.process.size", OptionKind::Size, "1728m",
-        "Total memory of the worker process, split into managed, network and heap shares."),
+    option!("taskmanager.memory.process.size", OptionKind::Size, "",
+        "Total memory of the worker process, split into managed, network and heap shares. Default: 1728m (Flink's TaskManager default) for up to 2 slots, 864m per slot beyond, at most three quarters of the host's memory."),
     option!("taskmanager.memory.managed.fraction", OptionKind::Fraction, "0.4",
         "Share of the process size for state backends."),
     option!("taskmanager.memory.network.fraction", OptionKind::Fraction, "0.1",
@@ -538,10 +538,14 @@ impl Configuration {
         self.duration("taskmanager.shard.spin-before-park")
     }
 
-    /// The `taskmanager.memory.*` settings.
-    pub fn memory(&self) -> MemoryConfig {
+    /// The `taskmanager.memory.*` settings of a worker with `slots` slots (which the default
+    /// process size grows with).
+    pub fn memory(&self, slots: usize) -> MemoryConfig {
         MemoryConfig {
-            process_size: self.size("taskmanager.memory.process.size"),
+            process_size: match self.raw("taskmanager.memory.process.size") {
+                Some(size) => parse_size(size).expect("validated"),
+                None => weir_memory::default_process_size(slots, weir_memory::host_memory()),
+            },
             managed_fraction: self.number("taskmanager.memory.managed.fraction"),
             network_fraction: self.number("taskmanager.memory.network.fraction"),
             network_min: self.size("taskmanager.memory.network.min"),
@@ -672,7 +676,7 @@ impl Configuration {
 
     /// The memory budget of a worker with `slots` slots under these settings.
     pub fn worker_budget(&self, slots: usize) -> Result<WorkerBudget, ConfigError> {
-        let memory = self.memory();
+        let memory = self.memory(slots);
         memory.validate()?;
         let ratios = self.rocksdb_memory_ratios();
         ratios.validate()?;
@@ -778,7 +782,8 @@ mod tests {
         config.set("taskmanager.numberOfTaskSlots", "2").unwrap();
         assert_eq!(config.buffer_timeout(), Duration::ZERO);
         assert_eq!(config.slots(), Some(2));
-        assert_eq!(config.memory().segment_size, 32 << 10);
+        assert_eq!(config.memory(2).segment_size, 32 << 10);
+        assert_eq!(config.memory(2).process_size, 1728 << 20);
     }
 
     #[test]
@@ -836,7 +841,7 @@ mod tests {
         .unwrap();
         assert_eq!(config.buffer_timeout(), Duration::from_millis(5));
         assert_eq!(config.slots(), Some(2));
-        assert_eq!(config.memory().process_size, 1 << 30);
+        assert_eq!(config.memory(16).process_size, 1 << 30);
         let err = Configuration::from_toml_str("[taskmanager]\nslots = 2\n").unwrap_err();
         assert!(matches!(err, ConfigError::UnknownKey { .. }));
     }

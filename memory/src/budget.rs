@@ -22,10 +22,39 @@ pub struct MemoryConfig {
     pub segment_size: usize,
 }
 
+/// Flink's default TaskManager size (`taskmanager.memory.process.size: 1728m` in its shipped
+/// configuration): Weir's default for a worker of up to two slots.
+pub const BASE_PROCESS_SIZE: u64 = 1728 << 20;
+
+/// Each slot of a larger worker adds this much to the default process size: a 16-core worker
+/// gets what eight 2-slot workers would, so the per-slot shares (heap, network segments for
+/// an exchange with every other slot) do not shrink as the cores grow.
+pub const PROCESS_SIZE_PER_SLOT: u64 = BASE_PROCESS_SIZE / 2;
+
+/// The default `taskmanager.memory.process.size` for a worker of `slots` slots on a host with
+/// `host_memory` bytes (`None`: unknown): `BASE_PROCESS_SIZE` for up to two slots, then
+/// `PROCESS_SIZE_PER_SLOT` per slot, but at most three quarters of the host's memory (never
+/// below `BASE_PROCESS_SIZE`).
+pub fn default_process_size(slots: usize, host_memory: Option<u64>) -> u64 {
+    let wanted = BASE_PROCESS_SIZE.max(PROCESS_SIZE_PER_SLOT * slots as u64);
+    match host_memory {
+        Some(host) => wanted.min(host / 4 * 3).max(BASE_PROCESS_SIZE),
+        None => wanted,
+    }
+}
+
+/// This host's memory (`MemTotal` of `/proc/meminfo`), if it can be read.
+pub fn host_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
 impl Default for MemoryConfig {
     fn default() -> Self {
         MemoryConfig {
-            process_size: 1728 << 20,
+            process_size: BASE_PROCESS_SIZE,
             managed_fraction: 0.4,
             network_fraction: 0.1,
             network_min: 64 << 20,
@@ -455,6 +484,34 @@ impl fmt::Display for SlotBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_process_size_grows_with_slots_within_the_host() {
+        const GIB: u64 = 1 << 30;
+        // Up to two slots: Flink's TaskManager default, whatever the host.
+        assert_eq!(default_process_size(1, Some(64 * GIB)), BASE_PROCESS_SIZE);
+        assert_eq!(default_process_size(2, None), BASE_PROCESS_SIZE);
+        // Beyond: each slot keeps a 2-slot worker's shares.
+        assert_eq!(
+            default_process_size(16, Some(128 * GIB)),
+            16 * PROCESS_SIZE_PER_SLOT
+        );
+        let per_slot = |slots: usize| {
+            let config = MemoryConfig {
+                process_size: default_process_size(slots, None),
+                ..MemoryConfig::default()
+            };
+            config.slot_budget(slots)
+        };
+        // The heap share per slot does not shrink; the network share is capped by
+        // taskmanager.memory.network.max (1 GiB: 64 MiB a slot of 16).
+        assert!(per_slot(16).heap >= per_slot(2).heap);
+        assert_eq!(per_slot(16).segments, (64 << 20) / (32 << 10));
+        // A host smaller than that: three quarters of it, never below the base.
+        assert_eq!(default_process_size(16, Some(8 * GIB)), 6 * GIB);
+        assert_eq!(default_process_size(16, Some(GIB)), BASE_PROCESS_SIZE);
+        assert!(host_memory().is_some_and(|bytes| bytes > BASE_PROCESS_SIZE / 4));
+    }
 
     #[test]
     fn default_budget_splits_by_fraction() {

@@ -22,8 +22,10 @@ pub use alloc::{
     register_current_thread, total_net_bytes, CountingAllocator, HeapSnapshot, ThreadHeap,
 };
 pub use budget::{
-    MemoryConfig, MemoryConfigError, RocksDbBudget, RocksDbMemoryRatios, SlotBudget, WorkerBudget,
+    default_process_size, host_memory, MemoryConfig, MemoryConfigError, RocksDbBudget,
+    RocksDbMemoryRatios, SlotBudget, WorkerBudget, BASE_PROCESS_SIZE,
     DEFAULT_HIGH_PRIORITY_POOL_RATIO, DEFAULT_WRITE_BACK_RATIO, DEFAULT_WRITE_BUFFER_RATIO,
+    PROCESS_SIZE_PER_SLOT,
 };
 pub use heap::{check_heap_budget, HeapBudgetExceeded, HeapStateSize};
 pub use pages::{disable_transparent_huge_pages, transparent_huge_pages_disabled};

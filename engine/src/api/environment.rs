@@ -57,7 +57,7 @@ impl StreamEnvironment {
     pub fn new(config: Configuration) -> Result<StreamEnvironment, JobError> {
         let cores = resolve_cores(config.slots(), config.cores())?;
         config
-            .memory()
+            .memory(cores.len())
             .validate()
             .map_err(crate::config::ConfigError::from)?;
         Ok(StreamEnvironment {
