@@ -118,12 +118,12 @@ fn stop_after_checkpoints(
     }
 }
 
-/// Resumes the check and runs it to its end: its reports, and how many records its source
-/// read.
-fn resume_reports(config: &Configuration) -> (Vec<KeyReport>, u64) {
+/// Resumes the check over `spec` and runs it to its end: its reports, and how many records
+/// its source read.
+fn resume_reports(config: &Configuration, spec: SequenceSpec) -> (Vec<KeyReport>, u64) {
     let env = StreamEnvironment::new(config.clone()).expect("an environment");
     let (sink, collected) = CollectSink::new();
-    reports(&env, SPEC).sink_to(sink, "collect");
+    reports(&env, spec).sink_to(sink, "collect");
     let options = RunOptions {
         resume: true,
         ..RunOptions::default()
@@ -149,7 +149,7 @@ fn resume_refused(config: &Configuration) -> String {
 
 /// [`resume_reports`], checked: the problems with the reports, and the records read.
 fn resume_to_end(config: &Configuration) -> (Vec<String>, u64) {
-    let (reports, read) = resume_reports(config);
+    let (reports, read) = resume_reports(config, SPEC);
     (problems(SPEC, &reports), read)
 }
 
@@ -199,7 +199,7 @@ fn at_least_once_loses_nothing() {
         .with("execution.checkpointing.mode", "AT_LEAST_ONCE")
         .unwrap();
     run_until_checkpoints(&config, dir.path(), false, 2);
-    let (reports, read) = resume_reports(&config);
+    let (reports, read) = resume_reports(&config, SPEC);
     assert!(read < SPEC.records(), "it resumed");
     assert_eq!(reports.len(), SPEC.keys() as usize);
     for report in &reports {
@@ -842,6 +842,20 @@ fn windows_and_joins_on_rocksdb_rescale_with_every_record_counted_once() {
 /// so the notices cross shards), every checkpoint kept: the notices per sink subtask, and the
 /// checkpoints that completed; no aborted checkpoint's directory is left behind.
 fn notices(extra: &[(&str, &str)]) -> (Vec<Vec<Notice>>, Vec<u64>) {
+    let (result, subtasks, completed) = run_noting(extra);
+    result.expect("the job");
+    (subtasks, completed)
+}
+
+/// Runs the sequence check into a [`NoticeLog`] at parallelism 2 with `extra` settings: how
+/// the job ended, what each sink subtask was told, and the completed checkpoints.
+fn run_noting(
+    extra: &[(&str, &str)],
+) -> (
+    Result<weir_engine::JobResult, JobError>,
+    Vec<Vec<Notice>>,
+    Vec<u64>,
+) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut config = config(dir.path(), 2, 100_000);
     for (key, value) in extra {
@@ -850,7 +864,7 @@ fn notices(extra: &[(&str, &str)]) -> (Vec<Vec<Notice>>, Vec<u64>) {
     let env = StreamEnvironment::new(config).expect("an environment");
     let log = NoticeLog::default();
     reports(&env, SPEC).sink_to(log.clone(), "notices");
-    env.execute("sequence-check").expect("the job");
+    let result = env.execute("sequence-check");
     let subtasks = log.subtasks.lock().unwrap().clone();
     let unfinished: Vec<String> = std::fs::read_dir(dir.path().join("sequence-check"))
         .expect("the job's checkpoint directory")
@@ -863,7 +877,7 @@ fn notices(extra: &[(&str, &str)]) -> (Vec<Vec<Notice>>, Vec<u64>) {
         unfinished.is_empty(),
         "aborted checkpoints were removed: {unfinished:?}"
     );
-    (subtasks, completed(dir.path()))
+    (result, subtasks, completed(dir.path()))
 }
 
 /// The checkpoints `notices` told of as completed, and as aborted.
@@ -910,16 +924,21 @@ fn sinks_are_told_of_completed_checkpoints_in_order() {
 }
 
 /// With a timeout no checkpoint can meet, every sink subtask hears of aborted checkpoints,
-/// and of no completed one.
+/// and of no completed one; the job, which cannot end without its final checkpoint, fails
+/// once more checkpoints failed in a row than it tolerates.
 #[test]
 fn sinks_are_told_of_aborted_checkpoints() {
-    let (subtasks, completed) = notices(&[
+    let (result, subtasks, completed) = run_noting(&[
         ("execution.checkpointing.timeout", "1 ms"),
-        (
-            "execution.checkpointing.tolerable-failed-checkpoints",
-            "1000000",
-        ),
+        ("execution.checkpointing.tolerable-failed-checkpoints", "40"),
+        ("restart-strategy.type", "none"),
     ]);
+    let error = result.expect_err("no checkpoint completes").to_string();
+    assert!(
+        error.contains("41 checkpoint(s) in a row failed")
+            && error.contains("execution.checkpointing.tolerable-failed-checkpoints = 40"),
+        "{error}"
+    );
     for (subtask, notices) in subtasks.iter().enumerate() {
         let (_, aborted) = checkpoints_told(notices);
         assert!(!aborted.is_empty(), "subtask {subtask}: {notices:?}");
@@ -1201,4 +1220,70 @@ fn a_heap_checkpoint_resumes_on_rocksdb_and_backend_specific_state_is_refused() 
             && error.contains(&format!("state.backend.type: {HEAP}")),
         "{error}"
     );
+}
+
+/// A short, unthrottled check.
+const SMALL: SequenceSpec = SequenceSpec {
+    splits: 4,
+    keys_per_split: 2,
+    per_key: 500,
+    rate: None,
+};
+
+/// A bounded job ends with a final checkpoint taken after its operators finished: every sink
+/// subtask hears of it last, after its input ended (where a transactional sink commits its
+/// last transaction), and a job resumed from it reads and reports nothing again — its end is
+/// in the checkpoint.
+fn ends_with_a_final_checkpoint(backend: &str, slots: usize) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config_on(backend, dir.path(), slots, 1)
+        // Checkpoint 1 at the start, then none but the final one.
+        .with("execution.checkpointing.interval", "1 h")
+        .expect("a valid setting");
+    let env = StreamEnvironment::new(config.clone()).expect("an environment");
+    let log = NoticeLog::default();
+    let (sink, collected) = CollectSink::new();
+    let checked = reports(&env, SMALL);
+    checked.clone().sink_to(log.clone(), "notices");
+    checked.sink_to(sink, "collect");
+    env.execute("sequence-check").expect("the job");
+    assert_eq!(problems(SMALL, &collected.records()), Vec::<String>::new());
+    let last = *completed(dir.path())
+        .last()
+        .expect("a completed checkpoint");
+    assert!(last >= 2, "the final checkpoint follows the first: {last}");
+    for (subtask, notices) in log.subtasks.lock().unwrap().iter().enumerate() {
+        let finished = notices.iter().position(|n| *n == Notice::Finished);
+        assert!(
+            finished.is_some() && notices.last() == Some(&Notice::Complete(last)),
+            "subtask {subtask} hears of the final checkpoint {last} after it finished: {notices:?}"
+        );
+        assert!(
+            !notices[finished.unwrap()..].contains(&Notice::Flushed),
+            "nothing to flush after finishing: {notices:?}"
+        );
+    }
+
+    let (reported, read) = resume_reports(&config, SMALL);
+    assert_eq!(read, 0, "nothing to read");
+    assert_eq!(reported, Vec::new(), "nothing reported again");
+    assert!(
+        *completed(dir.path()).last().expect("a checkpoint") > last,
+        "the resumed run ended with a final checkpoint of its own"
+    );
+}
+
+#[test]
+fn a_bounded_job_ends_with_a_final_checkpoint_at_parallelism_1() {
+    ends_with_a_final_checkpoint(HEAP, 1);
+}
+
+#[test]
+fn a_bounded_job_ends_with_a_final_checkpoint_at_parallelism_2() {
+    ends_with_a_final_checkpoint(HEAP, 2);
+}
+
+#[test]
+fn a_bounded_job_on_rocksdb_ends_with_a_final_checkpoint() {
+    ends_with_a_final_checkpoint(ROCKSDB, 2);
 }

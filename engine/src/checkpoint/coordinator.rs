@@ -29,6 +29,12 @@
 //! interval, pause and concurrency say; while one is pending no checkpoint is triggered; a
 //! completed savepoint subsumes no checkpoint and is subsumed by none; and a failed one is
 //! no checkpoint failure (Flink's rules).
+//!
+//! The final checkpoint ([`Coordinator::end_of_input`], Flink's checkpoint after tasks
+//! finish): once every source's input ended and the operators finished, no periodic checkpoint
+//! is triggered; the final one is, at once or as soon as the checkpoints pending then ended
+//! (they do not cover the end of the input). Its completion lets the tasks end; an aborted one
+//! counts as a failure like any checkpoint and is triggered again.
 
 use std::collections::BTreeMap;
 
@@ -148,6 +154,10 @@ pub struct Coordinator<H> {
     last_end_ms: Option<i64>,
     failures_in_a_row: u32,
     failed: bool,
+    /// Every source's input ended: only the final checkpoint is triggered.
+    input_ended: bool,
+    /// The final checkpoint, while it is pending or once it completed.
+    final_checkpoint: Option<u64>,
 }
 
 impl<H> Coordinator<H> {
@@ -163,7 +173,22 @@ impl<H> Coordinator<H> {
             last_end_ms: None,
             failures_in_a_row: 0,
             failed: false,
+            input_ended: false,
+            final_checkpoint: None,
         }
+    }
+
+    /// Every source's input ended and its operators finished, at `now_ms`: triggers the final
+    /// checkpoint (see the module docs) if nothing else is pending.
+    pub fn end_of_input(&mut self, now_ms: i64) -> Vec<Command<H>> {
+        self.input_ended = true;
+        self.tick(now_ms)
+    }
+
+    /// The final checkpoint's number, once it was triggered (`None` again if it was aborted,
+    /// until it is triggered anew).
+    pub fn final_checkpoint(&self) -> Option<u64> {
+        self.final_checkpoint
     }
 
     /// The checkpoints pending now, oldest first.
@@ -189,8 +214,12 @@ impl<H> Coordinator<H> {
         }
         if !self.failed && self.trigger_due(now_ms) {
             self.last_trigger_ms = Some(now_ms);
+            let checkpoint = self.begin(now_ms, false);
+            if self.input_ended {
+                self.final_checkpoint = Some(checkpoint);
+            }
             commands.push(Command::Trigger {
-                checkpoint: self.begin(now_ms, false),
+                checkpoint,
                 timestamp_ms: now_ms,
             });
         }
@@ -246,6 +275,10 @@ impl<H> Coordinator<H> {
     }
 
     fn trigger_due(&self, now_ms: i64) -> bool {
+        if self.input_ended {
+            // The final checkpoint: once, after every other pending one ended.
+            return self.final_checkpoint.is_none() && self.pending.is_empty();
+        }
         let most = if self.settings.min_pause_ms > 0 {
             1
         } else {
@@ -341,6 +374,9 @@ impl<H> Coordinator<H> {
             return;
         };
         let failure = reason.is_failure() && !pending.savepoint;
+        if self.final_checkpoint == Some(checkpoint) {
+            self.final_checkpoint = None;
+        }
         if failure {
             self.last_end_ms = Some(now_ms);
         }
@@ -509,6 +545,54 @@ mod tests {
                 .any(|c| matches!(c, Command::FailJob { .. })),
             "{commands:?}"
         );
+    }
+
+    #[test]
+    fn the_final_checkpoint_waits_for_the_pending_one_and_is_retriggered_after_an_abort() {
+        let settings = CheckpointSettings {
+            tolerable_failures: 1,
+            ..CheckpointSettings::every(1000)
+        };
+        let mut c: Coordinator<&str> = Coordinator::new(settings, 1, 1);
+        assert_eq!(triggers(&c.tick(0)), [1]);
+        // The input ends while checkpoint 1 is pending: it does not cover the end.
+        assert!(c.end_of_input(10).is_empty());
+        assert_eq!(c.final_checkpoint(), None);
+        let done = c.acknowledge(1, 0, "a1", 20);
+        assert!(matches!(
+            done.last(),
+            Some(Command::NotifyComplete { checkpoint: 1 })
+        ));
+        // Not the interval: the final checkpoint goes at the next tick after the pending ended.
+        assert_eq!(triggers(&c.tick(21)), [2]);
+        assert_eq!(c.final_checkpoint(), Some(2));
+        assert!(
+            triggers(&c.tick(5000)).is_empty(),
+            "no periodic checkpoint after the end"
+        );
+        // Declined: a failure (tolerated here), and the final checkpoint goes again.
+        let aborted = c.decline(2, 0, "disk full", 5001);
+        assert!(matches!(
+            aborted[..],
+            [Command::NotifyAborted { checkpoint: 2, .. }]
+        ));
+        assert_eq!(c.final_checkpoint(), None);
+        assert_eq!(triggers(&c.tick(5002)), [3]);
+        assert_eq!(c.final_checkpoint(), Some(3));
+        let done = c.acknowledge(3, 0, "a3", 5003);
+        assert!(matches!(
+            done.last(),
+            Some(Command::NotifyComplete { checkpoint: 3 })
+        ));
+        assert!(
+            triggers(&c.tick(99_999)).is_empty(),
+            "nothing after the final checkpoint"
+        );
+        assert_eq!(c.final_checkpoint(), Some(3));
+        // With nothing pending, the end of the input triggers at once.
+        let mut idle: Coordinator<&str> = Coordinator::new(CheckpointSettings::every(60_000), 1, 7);
+        assert!(triggers(&idle.tick(0)).len() == 1 && idle.acknowledge(7, 0, "x", 1).len() == 2);
+        assert_eq!(triggers(&idle.end_of_input(2)), [8]);
     }
 
     #[test]

@@ -16,9 +16,14 @@
 //! file holds which subtask, each operator's parallelism, the enumerators' snapshots) and
 //! deletes what `num-retained` no longer needs.
 //!
-//! Once any task has finished (a bounded input ended), no further checkpoint is triggered:
-//! a checkpoint after a task finished needs the finished tasks' final state, which this slice
-//! does not write.
+//! A source whose bounded input ended sends the final watermark, finishes its chain (its
+//! operators emit what is left, `Event::EndOfData` downstream, where each task finishes once
+//! all its inputs did) and keeps answering its mailbox, taking part in checkpoints with
+//! nothing left to read. Once every source's has, the coordinator triggers the final
+//! checkpoint ([`Coordinator::end_of_input`]); the sources end their channels when its
+//! completion passed down their chains, so every sink hears of it after its last record
+//! (Flink's checkpoints after tasks finish, where a transactional sink commits its last
+//! transaction).
 
 use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
@@ -48,6 +53,9 @@ use weir_state::BackendType;
 pub(crate) enum SourceCommand {
     /// Snapshot and inject the barrier of this checkpoint.
     TriggerCheckpoint(u64),
+    /// Likewise for the final checkpoint (every source's input ended): once it completed,
+    /// the source ends.
+    TriggerFinalCheckpoint(u64),
     /// Snapshot and inject the barrier of this savepoint; with `stop`, read no more input
     /// until it completed (then end) or was aborted (then read on): see `savepoint.rs`.
     TriggerSavepoint {
@@ -106,8 +114,8 @@ pub(crate) enum TaskReport {
         task: usize,
         reason: String,
     },
-    /// It ended (its input did).
-    Finished,
+    /// A source's input ended and its chain finished: it waits for the final checkpoint.
+    InputEnded,
 }
 
 /// What every task of a checkpointed job shares with the coordinator thread.
@@ -143,9 +151,9 @@ impl JobCheckpointing {
         self.mailboxes.get(task).cloned().flatten()
     }
 
-    /// A task ended.
-    pub(crate) fn finished(&self) {
-        self.report(TaskReport::Finished);
+    /// A source's input ended and its chain finished.
+    pub(crate) fn input_ended(&self) {
+        self.report(TaskReport::InputEnded);
     }
 }
 
@@ -354,7 +362,7 @@ impl CheckpointDriver {
                         plan,
                         shared,
                         enumerators: HashMap::new(),
-                        finished: false,
+                        inputs_ended: 0,
                         triggered: HashMap::new(),
                         aborted: Vec::new(),
                         stats: CheckpointStats::default(),
@@ -427,8 +435,8 @@ struct Host {
     shared: Arc<JobCheckpointing>,
     /// The enumerators' snapshots of each pending checkpoint.
     enumerators: HashMap<u64, Vec<(String, Vec<u8>)>>,
-    /// A task has finished: no checkpoint can complete any more.
-    finished: bool,
+    /// Source subtasks whose input ended (the final checkpoint is due once all have).
+    inputs_ended: usize,
     /// When each pending checkpoint was triggered, and its tasks' pauses.
     triggered: HashMap<u64, (Instant, Vec<Duration>)>,
     /// Aborted checkpoints whose directories tasks were still writing into.
@@ -447,19 +455,15 @@ impl Host {
     fn run(&mut self, reports: &Receiver<TaskReport>, stop: &AtomicBool) -> Option<String> {
         while !stop.load(Ordering::Relaxed) {
             let now = now_ms();
-            let wait = if self.finished {
-                50
-            } else {
-                let next = [
-                    Some(self.coordinator.next_trigger()),
-                    self.coordinator.next_expiry(),
-                ]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(now + 50);
-                next.saturating_sub(now).clamp(1, 50)
-            };
+            let next = [
+                Some(self.coordinator.next_trigger()),
+                self.coordinator.next_expiry(),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(now + 50);
+            let wait = next.saturating_sub(now).clamp(1, 50);
             let commands = match reports.recv_timeout(Duration::from_millis(wait as u64)) {
                 Ok(report) => {
                     self.discard_aborted();
@@ -469,9 +473,7 @@ impl Host {
                 Err(RecvTimeoutError::Disconnected) => return None,
             };
             let mut commands = commands;
-            if !self.finished {
-                commands.extend(self.coordinator.tick(now_ms()));
-            }
+            commands.extend(self.coordinator.tick(now_ms()));
             commands.extend(self.take_savepoint_requests());
             for command in commands {
                 if let Some(failure) = self.execute(command) {
@@ -491,13 +493,6 @@ impl Host {
         let Some(request) = self.plan.savepoints.take() else {
             return Vec::new();
         };
-        if self.finished {
-            request.fail(
-                "a task of the job has finished (its input ended), and a savepoint needs \
-                 every task's state",
-            );
-            return Vec::new();
-        }
         let now = now_ms();
         match self.coordinator.trigger_savepoint(now) {
             Ok(checkpoint) => {
@@ -562,16 +557,13 @@ impl Host {
                 task,
                 reason,
             } => self.coordinator.decline(checkpoint, task, &reason, now),
-            TaskReport::Finished => {
-                if !self.finished {
-                    tracing::debug!(
-                        job = %self.plan.job,
-                        "a task has finished: no further checkpoints are taken (a checkpoint \
-                         after a task finished would need that task's final state)"
-                    );
+            TaskReport::InputEnded => {
+                self.inputs_ended += 1;
+                if self.inputs_ended < self.shared.mailboxes.iter().flatten().count() {
+                    return Vec::new();
                 }
-                self.finished = true;
-                Vec::new()
+                tracing::debug!(job = %self.plan.job, "every source's input ended: the final checkpoint is due");
+                self.coordinator.end_of_input(now)
             }
         }
     }
@@ -651,7 +643,9 @@ impl Host {
         // then the sources' mailboxes — even when an enumerator failed, so that every reader
         // passes the barrier and is let go (the checkpoint is declined).
         let enumerators = (self.plan.enumerators)(checkpoint);
+        let last = self.coordinator.final_checkpoint() == Some(checkpoint);
         self.post(match stop {
+            None if last => SourceCommand::TriggerFinalCheckpoint(checkpoint),
             None => SourceCommand::TriggerCheckpoint(checkpoint),
             Some(stop) => SourceCommand::TriggerSavepoint {
                 savepoint: checkpoint,

@@ -15,9 +15,12 @@
 //! task and sink hears of the completion before it ends). Completed, the job ends: with
 //! [`StopMode::Suspend`] every channel ends without a final watermark and no operator or sink
 //! is finished (windows still open stay in the savepoint, to fire after the job resumes), with
-//! [`StopMode::Drain`] each source first sends the final watermark, so every event-time window
-//! fires before the barrier and the job ends as if its input had ended. Aborted, the sources
-//! read on and the job runs.
+//! [`StopMode::Drain`] each source first sends the final watermark and finishes its chain, so
+//! every event-time window fires and every operator finishes before the barrier (what they
+//! emit is in the savepoint) and the job ends as if its input had ended, with no final
+//! checkpoint after the savepoint. Aborted, the sources read on and the job runs — but a
+//! draining stop's chains are finished: its sources fail, and the job restarts from its latest
+//! checkpoint (as Flink's does).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -30,8 +33,9 @@ pub enum StopMode {
     /// Stop without a final watermark: open windows and timers stay in the savepoint (Flink's
     /// `stop`; a job that will resume from it).
     Suspend,
-    /// Send the final watermark first, so that every event-time window and timer fires before
-    /// the savepoint (Flink's `stop --drain`; a job that ends for good).
+    /// Send the final watermark and finish the operators first, so that every event-time
+    /// window and timer fires before the savepoint (Flink's `stop --drain`; a job that ends
+    /// for good).
     Drain,
 }
 

@@ -15,7 +15,9 @@ pub trait SinkWriter<T> {
         timestamps: &'a [i64],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>>;
 
-    /// The input ended: write out everything and close.
+    /// The input ended: write out everything. With checkpointing on, the final checkpoint's
+    /// notice still follows (`notify_checkpoint_complete`: where a transactional sink commits
+    /// what it wrote last); no record and no `flush` do.
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>>;
 
     /// A checkpoint barrier reached the sink: hand what it buffered to the system, so that
@@ -29,8 +31,8 @@ pub trait SinkWriter<T> {
     /// ones) is part of a durable checkpoint and may be committed (Flink's
     /// `notifyCheckpointComplete`). Notices come in increasing order, after the records that
     /// followed the barrier may already have been written; one may be skipped when a newer
-    /// checkpoint completes first, so a newer notice covers every older checkpoint. None
-    /// comes for a checkpoint taken after the sources ended.
+    /// checkpoint completes first, so a newer notice covers every older checkpoint. A bounded
+    /// job's last notice is its final checkpoint's, after `finish`.
     fn notify_checkpoint_complete(
         &mut self,
         _checkpoint: u64,

@@ -160,8 +160,13 @@ pub(crate) enum ChainEvent {
     ProcessingTime(i64),
     /// Send on whatever is buffered (the buffer timeout expired).
     Flush,
-    /// The input has ended: emit what is left and close.
+    /// The input has ended: emit what is left (`Operator::finish`). No records follow; with
+    /// checkpointing on, the final checkpoint's barrier and notice still do (Flink's
+    /// end of data, then the checkpoint after tasks finish).
     Finish,
+    /// After `Finish` (and the final checkpoint's notice, when the job is checkpointed): the
+    /// task ends, and its exchange writers end their channels.
+    End,
     /// The job stops with a savepoint (`StopMode::Suspend`): close without emitting what is
     /// left — open windows and timers are in the savepoint, to fire after it is restored.
     Suspend,
@@ -407,7 +412,7 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                         self.operator.finish(out);
                         true
                     }
-                    ChainEvent::Suspend => false,
+                    ChainEvent::Suspend | ChainEvent::End => false,
                     ChainEvent::Barrier(_) => {
                         self.operator.prepare_snapshot_pre_barrier(out);
                         true
@@ -550,6 +555,7 @@ mod tests {
             ChainEvent::Flush,
             ChainEvent::Suspend,
             ChainEvent::Finish,
+            ChainEvent::End,
         ];
         futures::executor::block_on(async {
             for (round, &event) in events.iter().enumerate() {

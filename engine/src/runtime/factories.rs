@@ -210,6 +210,7 @@ impl<T: Record, S: Sink<T>> SinkFactory for SinkNode<T, S> {
             task: ctx.task.get(),
             operator_id: Arc::clone(&ctx.state.operator_id),
             operator_state: ctx.operator_state,
+            finished: false,
         })))
     }
 }
@@ -417,6 +418,9 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
             operator_id: Arc::clone(&ctx.state.operator_id),
             operator_state: ctx.operator_state,
             stopping: None,
+            final_checkpoint: None,
+            finished: false,
+            input_ended: false,
         }))
     }
 }

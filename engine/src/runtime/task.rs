@@ -124,6 +124,12 @@ pub(crate) struct SourceTask<T, S> {
     pub(crate) operator_state: OperatorStateId,
     /// A savepoint that stops the job: sent, the source reads no more input until it ends.
     pub(crate) stopping: Option<Stopping>,
+    /// The final checkpoint, once its barrier was sent: its number, and whether it completed.
+    pub(crate) final_checkpoint: Option<(u64, bool)>,
+    /// The chain finished (the input ended, or a draining savepoint stops the job).
+    pub(crate) finished: bool,
+    /// The input ended (the source waits for the final checkpoint).
+    pub(crate) input_ended: bool,
 }
 
 /// A source waiting for the savepoint that stops its job (`checkpoint::savepoint`).
@@ -162,12 +168,17 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                     self.checkpoint(CheckpointBarrier::checkpoint(checkpoint))
                         .await?
                 }
+                SourceCommand::TriggerFinalCheckpoint(checkpoint) => {
+                    self.checkpoint(CheckpointBarrier::checkpoint(checkpoint))
+                        .await?;
+                    self.final_checkpoint = Some((checkpoint, false));
+                }
                 SourceCommand::TriggerSavepoint { savepoint, stop } => {
                     if stop == Some(StopMode::Drain) {
-                        // Every event-time window and timer fires before the barrier.
-                        self.chain
-                            .event(ChainEvent::Watermark(Watermark::MAX))
-                            .await?;
+                        // Every event-time window and timer fires and every operator
+                        // finishes before the barrier, so what they emit is in the savepoint
+                        // (Flink's stop --drain).
+                        self.finish_chain().await?;
                     }
                     let barrier = CheckpointBarrier {
                         id: savepoint,
@@ -187,14 +198,33 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                     if let Some(stopping) = &mut self.stopping {
                         stopping.completed |= checkpoint >= stopping.savepoint;
                     }
+                    if let Some((last, completed)) = &mut self.final_checkpoint {
+                        *completed |= checkpoint >= *last;
+                    }
                 }
                 SourceCommand::NotifyAborted(checkpoint) => {
                     self.chain
                         .event(ChainEvent::CheckpointAborted(checkpoint))
                         .await?;
-                    // The job runs on: its sources read again.
+                    // The job runs on: its sources read again — unless a draining stop
+                    // finished the chain already (nothing can be read into it any more).
                     if self.stopping.is_some_and(|s| s.savepoint == checkpoint) {
+                        let drained = self.stopping.is_some_and(|s| s.mode == StopMode::Drain);
                         self.stopping = None;
+                        if drained && !self.input_ended {
+                            return Err(TaskError::external(format!(
+                                "savepoint {checkpoint}, which was to stop the job with a drain, \
+                                 was aborted after the operators finished: the job restarts \
+                                 from its latest checkpoint; stop it again"
+                            )));
+                        }
+                    }
+                    // The coordinator triggers the final checkpoint again.
+                    if self
+                        .final_checkpoint
+                        .is_some_and(|(last, _)| last == checkpoint)
+                    {
+                        self.final_checkpoint = None;
                     }
                 }
             }
@@ -390,13 +420,56 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             timer.flush_if_due(&mut self.chain).await?;
             glommio::yield_if_needed().await;
         }
-        if let Some(checkpointing) = &self.checkpointing {
-            checkpointing.job.finished();
+        // A job stopped with a draining savepoint ends with it; otherwise a checkpointed job
+        // ends with its final checkpoint.
+        let drained = self.stopping.is_some_and(|s| s.completed);
+        self.finish_chain().await?;
+        let end = match &self.checkpointing {
+            Some(checkpointing) if !drained => {
+                self.input_ended = true;
+                checkpointing.job.input_ended();
+                self.await_final_checkpoint().await?
+            }
+            _ => ChainEvent::End,
+        };
+        self.chain.event(end).await
+    }
+
+    /// Sends the final watermark and finishes the chain (operators emit what is left), once.
+    async fn finish_chain(&mut self) -> TaskResult {
+        if self.finished {
+            return Ok(());
         }
+        self.finished = true;
         self.chain
             .event(ChainEvent::Watermark(Watermark::MAX))
             .await?;
         self.chain.event(ChainEvent::Finish).await
+    }
+
+    /// The input ended and the chain finished: answers the mailbox — checkpoints, with
+    /// nothing left to read — until the final checkpoint's completion passed down the chain
+    /// (`End` follows), or a savepoint that stops the job completed (`Suspend` or `End`).
+    async fn await_final_checkpoint(&mut self) -> TaskResult<ChainEvent> {
+        loop {
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(TaskError::cancelled("the job was cancelled"));
+            }
+            self.read_mailbox().await?;
+            if self
+                .final_checkpoint
+                .is_some_and(|(_, completed)| completed)
+            {
+                return Ok(ChainEvent::End);
+            }
+            if let Some(stopping) = self.stopping.filter(|s| s.completed) {
+                return Ok(match stopping.mode {
+                    StopMode::Suspend => ChainEvent::Suspend,
+                    StopMode::Drain => ChainEvent::End,
+                });
+            }
+            glommio::timer::sleep(MAILBOX_POLL).await;
+        }
     }
 }
 
@@ -445,6 +518,7 @@ impl<T: Record> NetworkTask<T> {
                         .event(ChainEvent::CheckpointAborted(checkpoint))
                         .await?
                 }
+                GateEvent::EndOfData => self.chain.event(ChainEvent::Finish).await?,
             }
         }
         Ok(())
@@ -460,6 +534,7 @@ impl<T: Record> NetworkTask<T> {
             Event::Watermark(w) => self.gate.on_watermark(channel, w, events),
             Event::WatermarkStatus { idle } => self.gate.on_watermark_status(channel, idle, events),
             Event::EndOfPartition => self.gate.on_end_of_partition(channel, events),
+            Event::EndOfData => self.gate.on_end_of_data(channel, events),
             Event::Suspend => self.gate.on_suspend(channel, events),
             Event::Barrier(barrier) => self.gate.on_barrier(channel, barrier, events),
             Event::CheckpointComplete(checkpoint) => {
@@ -575,10 +650,9 @@ impl<T: Record> NetworkTask<T> {
             // The job stops with a savepoint: close without finishing (see `ChainEvent`).
             return self.chain.event(ChainEvent::Suspend).await;
         }
-        if let Some(checkpointing) = &self.checkpointing {
-            checkpointing.job.finished();
-        }
-        self.chain.event(ChainEvent::Finish).await
+        // The chain finished when every channel's data ended (`GateEvent::EndOfData`, pushed
+        // at the latest as the last channel ended).
+        self.chain.event(ChainEvent::End).await
     }
 }
 
@@ -596,6 +670,8 @@ pub(crate) struct SinkOutput<T> {
     pub(crate) task: Rc<TaskState>,
     pub(crate) operator_id: Arc<str>,
     pub(crate) operator_state: OperatorStateId,
+    /// `finish` was called: the final checkpoint's barrier finds nothing to flush.
+    pub(crate) finished: bool,
 }
 
 impl<T: 'static> Output<T> for SinkOutput<T> {
@@ -620,13 +696,14 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
         match event {
             ChainEvent::Finish => Box::pin(async move {
                 let _scope = scope::enter(&self.metrics.name);
+                self.finished = true;
                 let result = self.writer.finish().await;
                 result.map_err(|e| e.in_operator(&self.metrics.name))
             }),
             // What the sink buffered goes out (at least once: transactional sinks will make
             // it part of the checkpoint); its operator state is snapshotted.
             ChainEvent::Barrier(barrier) => Box::pin(async move {
-                {
+                if !self.finished {
                     let _scope = scope::enter(&self.metrics.name);
                     let result = self.writer.flush().await;
                     result.map_err(|e| e.in_operator(&self.metrics.name))?;
@@ -651,8 +728,9 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
                 result.map_err(|e| e.in_operator(&self.metrics.name))
             }),
             // Stopped with a savepoint: what the sink holds was flushed at its barrier, and
-            // the sink is not finished (it goes on after the savepoint is restored).
-            ChainEvent::Suspend => nothing_to_do(),
+            // the sink is not finished (it goes on after the savepoint is restored). `End`
+            // follows `Finish`, which wrote out what the sink held.
+            ChainEvent::Suspend | ChainEvent::End => nothing_to_do(),
             ChainEvent::Watermark(_)
             | ChainEvent::WatermarkStatus { .. }
             | ChainEvent::ProcessingTime(_)

@@ -31,6 +31,7 @@ const TAG_CHECKPOINT_COMPLETE: u32 = 5;
 const TAG_CHECKPOINT_ABORTED: u32 = 6;
 const TAG_SAVEPOINT_BARRIER: u32 = 7;
 const TAG_SUSPEND: u32 = 8;
+const TAG_END_OF_DATA: u32 = 9;
 const HEADER: usize = 16;
 const FIRST_ENTRY: usize = 0;
 
@@ -49,6 +50,10 @@ pub enum Event {
         idle: bool,
     },
     EndOfPartition,
+    /// The sender's input ended and its operators finished: no records follow, but the
+    /// channel stays open for the final checkpoint's barrier and notice (then
+    /// `EndOfPartition`).
+    EndOfData,
     /// The end of the channel when the job stops with a savepoint without draining: no final
     /// watermark follows, and the receiver does not finish its operators.
     Suspend,
@@ -123,6 +128,7 @@ impl SegmentBuilder {
             Event::Watermark(w) => (TAG_WATERMARK, w.0),
             Event::WatermarkStatus { idle } => (TAG_WATERMARK_STATUS, i64::from(idle)),
             Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
+            Event::EndOfData => (TAG_END_OF_DATA, 0),
             Event::Suspend => (TAG_SUSPEND, 0),
             Event::Barrier(barrier) => match barrier.kind {
                 SnapshotKind::Checkpoint => (TAG_BARRIER, barrier.id as i64),
@@ -181,6 +187,7 @@ impl<'a> Iterator for Entries<'a> {
             TAG_WATERMARK => Entry::Event(Event::Watermark(Watermark(value))),
             TAG_WATERMARK_STATUS => Entry::Event(Event::WatermarkStatus { idle: value != 0 }),
             TAG_END_OF_PARTITION => Entry::Event(Event::EndOfPartition),
+            TAG_END_OF_DATA => Entry::Event(Event::EndOfData),
             TAG_SUSPEND => Entry::Event(Event::Suspend),
             TAG_BARRIER => {
                 Entry::Event(Event::Barrier(CheckpointBarrier::checkpoint(value as u64)))
@@ -235,7 +242,7 @@ mod tests {
                 }
             }
             let wm = Event::Watermark(Watermark(-17));
-            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier { id: 12, kind: SnapshotKind::Savepoint }), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::Suspend, Event::EndOfPartition];
+            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier { id: 12, kind: SnapshotKind::Savepoint }), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::Suspend, Event::EndOfData, Event::EndOfPartition];
             for event in events {
                 if !builder.try_event(event) {
                     segments.push(builder.finish());

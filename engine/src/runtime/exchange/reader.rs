@@ -88,6 +88,10 @@ pub(crate) struct InputGate<T> {
     recyclers: Vec<Option<BatchRecycler<T>>>,
     watermarks: Vec<Watermark>,
     ended: Vec<bool>,
+    /// Per channel, whether its data ended (`Event::EndOfData`, or the channel ended).
+    data_ended: Vec<bool>,
+    /// [`GateEvent::EndOfData`] was pushed.
+    end_of_data: bool,
     idle: Vec<bool>,
     /// Whether a channel counts towards the minimum (false after it returned from idleness
     /// behind the input watermark, until it catches up).
@@ -134,6 +138,8 @@ impl<T: 'static> InputGate<T> {
             recyclers,
             watermarks: Vec::new(),
             ended: Vec::new(),
+            data_ended: Vec::new(),
+            end_of_data: false,
             idle: Vec::new(),
             aligned: Vec::new(),
             current: Watermark::MIN,
@@ -157,6 +163,7 @@ impl<T: 'static> InputGate<T> {
     fn with_channels(mut self, count: usize) -> Self {
         self.watermarks = vec![Watermark::MIN; count];
         self.ended = vec![false; count];
+        self.data_ended = vec![false; count];
         self.idle = vec![false; count];
         self.aligned = vec![true; count];
         self
@@ -344,11 +351,25 @@ impl<T: 'static> InputGate<T> {
     /// A channel that ends while a barrier aligns no longer holds it back.
     pub(crate) fn on_end_of_partition(&mut self, channel: usize, out: &mut Vec<GateEvent>) {
         self.ended[channel] = true;
-        self.idle[channel] = false;
-        self.aligned[channel] = true;
-        self.watermarks[channel] = Watermark::MAX;
-        self.advance(out);
+        self.on_end_of_data(channel, out);
         self.complete_alignment(out);
+    }
+
+    /// Records that a channel's data ended (its sender finished; the channel stays open for
+    /// the final checkpoint): it no longer holds event time back, and once every channel's
+    /// data ended pushes [`GateEvent::EndOfData`] (the task finishes its operators).
+    pub(crate) fn on_end_of_data(&mut self, channel: usize, out: &mut Vec<GateEvent>) {
+        if !self.data_ended[channel] {
+            self.data_ended[channel] = true;
+            self.idle[channel] = false;
+            self.aligned[channel] = true;
+            self.watermarks[channel] = Watermark::MAX;
+            self.advance(out);
+        }
+        if !self.end_of_data && self.data_ended.iter().all(|ended| *ended) {
+            self.end_of_data = true;
+            out.push(GateEvent::EndOfData);
+        }
     }
 
     /// `channel` ended because the job stops with a savepoint (`Event::Suspend`): it sends
@@ -379,6 +400,8 @@ pub(crate) enum GateEvent {
     CheckpointComplete(u64),
     /// The first channel told of this checkpoint's abort.
     CheckpointAborted(u64),
+    /// Every channel's data ended: the task finishes its operators (`ChainEvent::Finish`).
+    EndOfData,
 }
 
 #[cfg(test)]
@@ -520,6 +543,39 @@ mod tests {
         let mut out = Vec::new();
         gate.on_watermark_status(channel, idle, &mut out);
         out
+    }
+
+    #[test]
+    fn the_end_of_data_comes_once_every_channel_finished_and_barriers_still_align_after_it() {
+        let mut g = gate(2);
+        let mut out = Vec::new();
+        g.on_end_of_data(0, &mut out);
+        assert_eq!(out, vec![], "channel 1 still sends data");
+        g.on_end_of_data(0, &mut out);
+        g.on_end_of_data(1, &mut out);
+        assert_eq!(
+            out,
+            vec![GateEvent::Watermark(Watermark::MAX), GateEvent::EndOfData],
+            "once, with event time at its end"
+        );
+        // The final checkpoint's barrier aligns over the channels, still open.
+        out.clear();
+        g.on_barrier(1, CheckpointBarrier::checkpoint(3), &mut out);
+        assert_eq!(out, vec![]);
+        g.on_barrier(0, CheckpointBarrier::checkpoint(3), &mut out);
+        assert_eq!(
+            out,
+            vec![GateEvent::Barrier(CheckpointBarrier::checkpoint(3))]
+        );
+        out.clear();
+        g.on_end_of_partition(0, &mut out);
+        g.on_end_of_partition(1, &mut out);
+        assert_eq!(out, vec![], "no second end of data");
+        // A channel that ends without an end of data (an older sender) ends its data too.
+        let mut g = gate(2);
+        g.on_end_of_data(0, &mut out);
+        g.on_end_of_partition(1, &mut out);
+        assert_eq!(out.last(), Some(&GateEvent::EndOfData));
     }
 
     #[test]

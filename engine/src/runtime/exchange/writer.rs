@@ -426,8 +426,9 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
             // Timers live in operators; an exchange writer ends its chain.
             ChainEvent::ProcessingTime(_) => nothing_to_do(),
             ChainEvent::Flush => Box::pin(self.flush_all()),
-            ChainEvent::Finish | ChainEvent::Suspend => Box::pin(async move {
+            ChainEvent::Finish | ChainEvent::End | ChainEvent::Suspend => Box::pin(async move {
                 let end = match event {
+                    ChainEvent::Finish => Event::EndOfData,
                     ChainEvent::Suspend => Event::Suspend,
                     _ => Event::EndOfPartition,
                 };
