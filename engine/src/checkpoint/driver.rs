@@ -131,6 +131,10 @@ pub(crate) struct JobCheckpointing {
     pub(crate) exactly_once: bool,
     /// RocksDB checkpoints list the files earlier ones wrote (`execution.checkpointing.incremental`).
     pub(crate) incremental: bool,
+    /// The job's stop flag (a task failed, or the job is cancelled): a checkpoint still being
+    /// written stops at its next file (the shard, which waits for its writes before it ends,
+    /// ends sooner, and the restart with it).
+    stopping: Arc<AtomicBool>,
 }
 
 /// Checkpoints being written (see [`JobCheckpointing::pending`]).
@@ -192,7 +196,7 @@ impl TaskCheckpointing {
             let result = match pending {
                 None => Err("the checkpoint was aborted before the task's barrier".to_string()),
                 Some(pending) => {
-                    let written = write_file(&pending, &name, parts).await;
+                    let written = write_file(&pending, &name, parts, &job.stopping).await;
                     let mut pending = job.pending.lock().expect("pending lock");
                     if let Some(writers) = pending.writers.get_mut(&checkpoint) {
                         *writers -= 1;
@@ -203,19 +207,24 @@ impl TaskCheckpointing {
                     written
                 }
             };
-            job.report(match result {
-                Ok((files, encoding)) => TaskReport::Acknowledge {
-                    checkpoint,
-                    task,
-                    files,
-                    pause: pause + encoding,
-                },
-                Err(reason) => TaskReport::Decline {
-                    checkpoint,
-                    task,
-                    reason,
-                },
-            });
+            // With the job going down (a task failed, or it is cancelled) a write that stopped
+            // is abandoned with the attempt: no checkpoint failure of its own.
+            let abandoned = result.is_err() && job.stopping.load(Ordering::Relaxed);
+            if !abandoned {
+                job.report(match result {
+                    Ok((files, encoding)) => TaskReport::Acknowledge {
+                        checkpoint,
+                        task,
+                        files,
+                        pause: pause + encoding,
+                    },
+                    Err(reason) => TaskReport::Decline {
+                        checkpoint,
+                        task,
+                        reason,
+                    },
+                });
+            }
             WRITES_IN_FLIGHT.with(|writes| writes.set(writes.get() - 1));
         })
         .detach();
@@ -250,12 +259,15 @@ async fn write_file(
     pending: &PendingCheckpoint,
     name: &str,
     parts: Vec<(Arc<str>, &'static str, Part)>,
+    stopping: &AtomicBool,
 ) -> Result<(TaskFiles, Duration), String> {
     let mut referenced = Vec::new();
     let mut resolved = Vec::with_capacity(parts.len());
     for (operator, part_name, part) in parts {
         let part = match part {
-            Part::Native(upload) => Part::Bytes(upload.upload(pending, &mut referenced).await?),
+            Part::Native(upload) => {
+                Part::Bytes(upload.upload(pending, &mut referenced, stopping).await?)
+            }
             Part::Chained(link) => Part::Bytes(link.store(pending, &mut referenced).await?),
             part => part,
         };
@@ -328,9 +340,11 @@ pub(crate) struct CheckpointDriver {
 impl CheckpointDriver {
     /// Starts the coordinator thread for a job whose checkpoints go to `storage`; `fail` is
     /// called with the reason if too many checkpoints fail in a row.
+    /// `stopping` is the job's stop flag, which `fail` sets.
     pub(crate) fn start(
         storage: CheckpointStorage,
         plan: DriverPlan,
+        stopping: Arc<AtomicBool>,
         fail: impl Fn() + Send + 'static,
     ) -> CheckpointDriver {
         let (sender, receiver) = mpsc::channel();
@@ -344,6 +358,7 @@ impl CheckpointDriver {
                 .collect(),
             exactly_once: plan.exactly_once,
             incremental: plan.incremental,
+            stopping,
         });
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {

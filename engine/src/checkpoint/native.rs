@@ -38,6 +38,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -254,23 +255,30 @@ impl NativeUpload {
     /// Uploads the checkpoint's files into `pending` (see the module docs), adds every file it
     /// consists of to `referenced`, and returns the part listing them. The checkpoint's
     /// directory goes with `self`, uploaded or not.
+    /// Uploads the files, stopping before the next one once `stopping` is set (the job fails
+    /// or is cancelled: the checkpoint will not complete).
     pub(crate) async fn upload(
         self,
         pending: &PendingCheckpoint,
         referenced: &mut Vec<StoredFile>,
+        stopping: &AtomicBool,
     ) -> Result<Vec<u8>, String> {
         while self.uploads.busy.get() {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
         let manifest = {
             let _busy = Busy::take(&self.uploads);
-            self.upload_files(pending).await?
+            self.upload_files(pending, stopping).await?
         };
         referenced.extend(manifest.files.iter().map(|(_, stored)| stored.clone()));
         Ok(manifest.encode())
     }
 
-    async fn upload_files(&self, pending: &PendingCheckpoint) -> Result<Manifest, String> {
+    async fn upload_files(
+        &self,
+        pending: &PendingCheckpoint,
+        stopping: &AtomicBool,
+    ) -> Result<Manifest, String> {
         let mut files = Vec::with_capacity(self.native.files.len());
         let mut uploaded = HashMap::new();
         // A savepoint lists no file of a checkpoint, and is no base for the next one.
@@ -281,6 +289,11 @@ impl NativeUpload {
                 .flatten();
             let stored = match known {
                 Some(stored) => stored,
+                None if stopping.load(Ordering::Relaxed) => {
+                    return Err(
+                        "the job is stopping: the rest of its files are not uploaded".into(),
+                    )
+                }
                 None => {
                     let stored_name = format!("{}-{}", self.name, file.name);
                     let writer = if file.is_sst() {

@@ -926,9 +926,12 @@ fn run_attempt(
                 config.state_backend(),
             );
             let stop = Arc::clone(&options.cancel.stop);
-            Some(CheckpointDriver::start(start.storage, plan, move || {
-                stop.store(true, Ordering::Relaxed)
-            }))
+            Some(CheckpointDriver::start(
+                start.storage,
+                plan,
+                Arc::clone(&stop),
+                move || stop.store(true, Ordering::Relaxed),
+            ))
         }
         _ => None,
     };
