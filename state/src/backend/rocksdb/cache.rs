@@ -229,6 +229,9 @@ pub(crate) struct WriteBackCache {
     /// Bytes of long entries' buffers.
     outside: usize,
     dirty: usize,
+    /// Dirty entries of more than about this many bytes are written back at once (see
+    /// [`WriteBackCache::with_dirty_limit`]).
+    dirty_limit: usize,
     table: HashTable<Cached>,
     /// Names of the cached column families, by id.
     columns: Vec<String>,
@@ -256,11 +259,34 @@ impl WriteBackCache {
             max_entries: (table_capacity / 2).max(1),
             outside: 0,
             dirty: 0,
+            dirty_limit: usize::MAX,
             table: HashTable::new(),
             columns: Vec::new(),
             hand: 0,
             stats: WriteBackStats::default(),
         }
+    }
+
+    /// Writes the dirty entries back once they hold more than about `bytes` (each entry's
+    /// slot and its share of the long entries' buffers): a write-back goes to RocksDB in one
+    /// batch, which RocksDB puts into one memtable whatever its size limit, and a checkpoint's
+    /// barrier writes back and flushes what is dirty — bounded so, the barrier's work is at
+    /// most about one memtable, even after a replay or a bulk load dirtied the whole cache.
+    pub(crate) fn with_dirty_limit(mut self, bytes: usize) -> WriteBackCache {
+        self.dirty_limit = bytes;
+        self
+    }
+
+    /// Writes the dirty entries back if they hold more than the dirty limit.
+    fn bound_dirty(&mut self, backing: &impl Backing) -> Result<(), StateError> {
+        let entries = self.table.len();
+        let dirty_bytes = self
+            .dirty
+            .saturating_mul(SLOT_BYTES * entries + self.outside);
+        if dirty_bytes > self.dirty_limit.saturating_mul(entries) {
+            self.flush(backing)?;
+        }
+        Ok(())
     }
 
     /// The id of column family `name`, registering it on first use.
@@ -375,7 +401,7 @@ impl WriteBackCache {
                 if self.used() > self.capacity {
                     self.evict(backing, self.table.len())?;
                 }
-                Ok(())
+                self.bound_dirty(backing)
             }
             Err(_) => {
                 // RocksDB may hold the key: a delete must reach it.
@@ -401,7 +427,7 @@ impl WriteBackCache {
         if self.used() > self.capacity {
             self.evict(backing, self.table.len())?;
         }
-        Ok(())
+        self.bound_dirty(backing)
     }
 
     /// Evicts (see the module docs) until at most `keep` entries are left and the cache is
@@ -615,6 +641,28 @@ mod tests {
         assert_eq!(model.loads.get(), 0);
     }
 
+    /// Past its dirty limit the cache writes its dirty entries back (in one batch), so that
+    /// what is dirty at any moment stays about within the limit.
+    #[test]
+    fn dirty_entries_past_the_limit_are_written_back() {
+        let model = Model::default();
+        let limit = 10 * SLOT_BYTES;
+        let mut cache = WriteBackCache::new(1 << 20).with_dirty_limit(limit);
+        let column = cache.column("value:op:acc");
+        for key in 0..100u8 {
+            cache.write(&model, column, &[key], Some(&[key])).unwrap();
+            assert!(cache.dirty <= 10, "{} dirty entries", cache.dirty);
+        }
+        assert!(
+            model.writes.get() >= 90,
+            "{} written back",
+            model.writes.get()
+        );
+        assert_eq!(cache.len(), 100, "written back, not evicted");
+        cache.flush(&model).unwrap();
+        assert_eq!(model.stored.borrow().len(), 100);
+    }
+
     /// A full cache evicts down below its capacity and writes what it evicts that is dirty.
     #[test]
     fn eviction_keeps_the_bound() {
@@ -667,11 +715,15 @@ mod tests {
         #[test]
         fn reads_see_the_last_write_and_flushes_persist_it(
             capacity_entries in 0usize..40,
+            dirty_limit_entries in proptest::option::of(1usize..30),
             ops in proptest::collection::vec(op(), 1..300),
         ) {
             let model = Model::default();
             let capacity = MIN_WRITE_BACK_BYTES + capacity_entries * 4 * SLOT_BYTES;
             let mut cache = WriteBackCache::new(capacity);
+            if let Some(entries) = dirty_limit_entries {
+                cache = cache.with_dirty_limit(entries * SLOT_BYTES);
+            }
             let names = ["value:a:s", "value:b:s"];
             let columns = [cache.column(names[0]), cache.column(names[1])];
             let mut expected: BTreeMap<(u8, u8), Vec<u8>> = BTreeMap::new();

@@ -230,7 +230,10 @@ impl SlotMemory {
         );
         let write_back = (config.write_back_bytes > 0).then(|| {
             Arc::new(SharedWriteBack {
-                cache: Mutex::new(WriteBackCache::new(config.write_back_bytes)),
+                cache: Mutex::new(
+                    WriteBackCache::new(config.write_back_bytes)
+                        .with_dirty_limit(config.column_write_buffer()),
+                ),
                 instances: Mutex::new(Vec::new()),
             })
         });
