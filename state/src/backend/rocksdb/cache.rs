@@ -5,8 +5,8 @@
 //! memtable lookup and a write per record, about 1.3 µs on this project's machine, which is
 //! what held the window operators on RocksDB to a tenth of their heap speed. With the cache a
 //! record's read-modify-write on a hot entry is a hash lookup in memory, and RocksDB sees an
-//! entry only when the cache evicts it, or when a snapshot or a scan needs RocksDB to hold
-//! everything. A window pane that is created, filled, fired and deleted while it is cached never
+//! entry only when the cache evicts it, when too much is dirty (below), or when a snapshot or
+//! a scan needs RocksDB to hold everything. A window pane that is created, filled, fired and deleted while it is cached never
 //! reaches RocksDB at all.
 //!
 //! **What an entry is.** An entry is one RocksDB key of a cached column family and what the
@@ -24,6 +24,12 @@
 //! or the buffers of long entries take the cache past its capacity, the hand sweeps, giving
 //! referenced entries a second chance and evicting the others until a sixteenth of the entries
 //! (and enough bytes) are free, and the dirty ones among them go to RocksDB in one write batch.
+//!
+//! **Dirty bound.** Once the dirty entries hold more than about one memtable (the slot's
+//! column write buffer), all of them are written back, staying cached and clean: a write batch
+//! lands in one memtable whatever its size, and a checkpoint's barrier writes back and
+//! flushes what is dirty, so this bounds the barrier's work even after a replay or a bulk
+//! load dirtied the whole cache.
 //!
 //! **Consistency with RocksDB.** Only cached column families go through the cache, and every
 //! access to them does; whatever reads RocksDB directly (a checkpoint, a key-group scan, a
