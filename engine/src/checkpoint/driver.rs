@@ -338,14 +338,12 @@ pub(crate) struct CheckpointDriver {
 }
 
 impl CheckpointDriver {
-    /// Starts the coordinator thread for a job whose checkpoints go to `storage`; `fail` is
-    /// called with the reason if too many checkpoints fail in a row.
-    /// `stopping` is the job's stop flag, which `fail` sets.
+    /// Starts the coordinator thread for a job whose checkpoints go to `storage`; `stopping`
+    /// is the job's stop flag, which the thread sets if too many checkpoints fail in a row.
     pub(crate) fn start(
         storage: CheckpointStorage,
         plan: DriverPlan,
         stopping: Arc<AtomicBool>,
-        fail: impl Fn() + Send + 'static,
     ) -> CheckpointDriver {
         let (sender, receiver) = mpsc::channel();
         let shared = Arc::new(JobCheckpointing {
@@ -387,7 +385,7 @@ impl CheckpointDriver {
                     };
                     let failure = host.run(&receiver, &stop);
                     if failure.is_some() {
-                        fail();
+                        host.shared.stopping.store(true, Ordering::Relaxed);
                         // The tasks are going down; their last writes end before the stop.
                         while !stop.load(Ordering::Relaxed) {
                             let _ = receiver.recv_timeout(Duration::from_millis(10));

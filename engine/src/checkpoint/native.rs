@@ -253,10 +253,9 @@ pub(crate) struct NativeUpload {
 
 impl NativeUpload {
     /// Uploads the checkpoint's files into `pending` (see the module docs), adds every file it
-    /// consists of to `referenced`, and returns the part listing them. The checkpoint's
-    /// directory goes with `self`, uploaded or not.
-    /// Uploads the files, stopping before the next one once `stopping` is set (the job fails
-    /// or is cancelled: the checkpoint will not complete).
+    /// consists of to `referenced`, and returns the part listing them — or stops before the
+    /// next file once `stopping` is set (the job fails or is cancelled: the checkpoint will
+    /// not complete). The checkpoint's directory goes with `self`, uploaded or not.
     pub(crate) async fn upload(
         self,
         pending: &PendingCheckpoint,

@@ -925,12 +925,10 @@ fn run_attempt(
                 options.savepoints.clone(),
                 config.state_backend(),
             );
-            let stop = Arc::clone(&options.cancel.stop);
             Some(CheckpointDriver::start(
                 start.storage,
                 plan,
-                Arc::clone(&stop),
-                move || stop.store(true, Ordering::Relaxed),
+                Arc::clone(&options.cancel.stop),
             ))
         }
         _ => None,

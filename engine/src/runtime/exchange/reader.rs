@@ -90,8 +90,6 @@ pub(crate) struct InputGate<T> {
     ended: Vec<bool>,
     /// Per channel, whether its data ended (`Event::EndOfData`, or the channel ended).
     data_ended: Vec<bool>,
-    /// [`GateEvent::EndOfData`] was pushed.
-    end_of_data: bool,
     idle: Vec<bool>,
     /// Whether a channel counts towards the minimum (false after it returned from idleness
     /// behind the input watermark, until it catches up).
@@ -139,7 +137,6 @@ impl<T: 'static> InputGate<T> {
             watermarks: Vec::new(),
             ended: Vec::new(),
             data_ended: Vec::new(),
-            end_of_data: false,
             idle: Vec::new(),
             aligned: Vec::new(),
             current: Watermark::MIN,
@@ -359,15 +356,16 @@ impl<T: 'static> InputGate<T> {
     /// the final checkpoint): it no longer holds event time back, and once every channel's
     /// data ended pushes [`GateEvent::EndOfData`] (the task finishes its operators).
     pub(crate) fn on_end_of_data(&mut self, channel: usize, out: &mut Vec<GateEvent>) {
-        if !self.data_ended[channel] {
-            self.data_ended[channel] = true;
-            self.idle[channel] = false;
-            self.aligned[channel] = true;
-            self.watermarks[channel] = Watermark::MAX;
-            self.advance(out);
+        if self.data_ended[channel] {
+            return;
         }
-        if !self.end_of_data && self.data_ended.iter().all(|ended| *ended) {
-            self.end_of_data = true;
+        self.data_ended[channel] = true;
+        self.idle[channel] = false;
+        self.aligned[channel] = true;
+        self.watermarks[channel] = Watermark::MAX;
+        self.advance(out);
+        // Each channel's data ends once: the last one to end pushes the end of data, once.
+        if self.data_ended.iter().all(|ended| *ended) {
             out.push(GateEvent::EndOfData);
         }
     }
