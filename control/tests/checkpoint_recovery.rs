@@ -112,6 +112,9 @@ fn killed_and_resumed(backend: &str, slots: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let checkpoints = dir.path().join("checkpoints");
     let mut resumed = 0;
+    // The output of the run that ended the job by itself, if one did before its kill: it
+    // holds every report, and a run resumed after it (from its final checkpoint) none.
+    let mut finished: Option<std::path::PathBuf> = None;
     for attempt in 0..4 {
         let output = dir.path().join(format!("out-{attempt}"));
         let mut child = start_on(backend, &checkpoints, &output, slots, attempt > 0);
@@ -132,6 +135,9 @@ fn killed_and_resumed(backend: &str, slots: usize) {
             "attempt {attempt} (seed {seed}) failed:\n{stderr}"
         );
         resumed += usize::from(stderr.contains("resumes from checkpoint"));
+        if result.status.success() && finished.is_none() {
+            finished = Some(output);
+        }
     }
     assert!(
         resumed >= 2,
@@ -149,7 +155,20 @@ fn killed_and_resumed(backend: &str, slots: usize) {
         stderr.contains("resumes from checkpoint"),
         "the last run (seed {seed}) did not resume from a checkpoint:\n{stderr}"
     );
-    let problems = problems(spec(), &read_reports(&output));
+    let reported = match &finished {
+        Some(ended) => {
+            let again = read_reports(&output);
+            assert!(
+                again.is_empty(),
+                "the job ended in {} (seed {seed}), yet the run resumed after it reported {} keys again",
+                ended.display(),
+                again.len()
+            );
+            read_reports(ended)
+        }
+        None => read_reports(&output),
+    };
+    let problems = problems(spec(), &reported);
     assert!(
         problems.is_empty(),
         "after {} resumed runs (seed {seed}), {} keys are wrong: {:?}",
