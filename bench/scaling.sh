@@ -2,6 +2,7 @@
 # The many-core scaling table: every Nexmark query at each parallelism, and the exchange.
 #   bench/scaling.sh WEIR OUT.jsonl ["1 2 4 8 16" [EVENTS_PER_SHARD [ROUNDS]]]
 #   bench/scaling.sh --table OUT.jsonl      # the markdown table of a finished run
+#   QUERIES="q5 q11" bench/scaling.sh ...   # only those queries (QUERIES="": the exchange only)
 # WEIR is a release build of the `weir` binary. Each run appends one JSON line to OUT.jsonl
 # (the report of `weir bench nexmark|exchange --json` plus "round" and "cores"), so whatever
 # finished before a time limit is kept. Events grow with the shards (EVENTS_PER_SHARD each,
@@ -47,6 +48,14 @@ handoff = {p: [r["baseline_records_per_second"] / 1e6 for r in runs.get(("exchan
 if any(handoff.values()):
     cells = [f"{max(h):.2f} ({min(h):.2f}–{max(h):.2f})" if h else "—" for h in handoff.values()]
     print("| bare two-thread hand-off, M records/s | " + " | ".join(cells) + " |" + " |" * (len(pars) - 1))
+def extra(label, field, scale, unit):  # further exchange rows, where the reports carry them
+    figures = {p: [r[field] * scale(r) for r in runs.get(("exchange", p), []) if field in r] for p in pars}
+    if any(figures.values()):
+        cells = [f"{max(f):.2f}{unit} ({min(f):.2f}–{max(f):.2f})" if f else "—" for f in figures.values()]
+        print(f"| {label} | " + " | ".join(cells) + " |" + " |" * (len(pars) - 1))
+extra("the exchange's job chained, no exchange, M records/s per shard", "chained_records_per_second",
+      lambda r: 1 / 1e6 / r["shards"], "")
+extra("exchange cost: chained / exchanged", "exchange_cost", lambda r: 1, "x")
 PY
 fi
 
@@ -55,7 +64,7 @@ OUT="$2"
 PARALLELISMS="${3:-1 2 4 8 16}"
 PER_SHARD="${4:-8000000}"
 ROUNDS="${5:-2}"
-QUERIES="q0 q1 q2 q3 q4 q5 q7 q8 q11 q12"
+QUERIES="${QUERIES-q0 q1 q2 q3 q4 q5 q7 q8 q11 q12}"  # QUERIES="" runs the exchange only
 
 # Logical CPUs this process may use, one per physical core first, then their siblings.
 CORES=$(python3 - <<'PY'
@@ -83,8 +92,7 @@ run() { # shards, then the command's arguments; appends the report with round an
   local shards="$1"; shift
   local cores pin=()
   cores=$(tr ',' '\n' <<< "$CORES" | head -n "$shards" | paste -sd,)
-  # `bench exchange` pins its shards to the first cores itself and takes no -D.
-  [ "$2" = nexmark ] && pin=(-D "taskmanager.cpu.cores=$cores")
+  pin=(-D "taskmanager.cpu.cores=$cores")
   local report
   if report=$(timeout 120 "$WEIR" "$@" "${pin[@]}" --json 2> /tmp/scaling-err); then
     python3 -c 'import json,sys; r=json.loads(sys.argv[1]); r.update(round=int(sys.argv[2]), shards=int(sys.argv[3]), pinned=sys.argv[4]); print(json.dumps(r))' \

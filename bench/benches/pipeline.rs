@@ -40,7 +40,9 @@ fn pipelines(c: &mut Criterion) {
         b.iter(|| exchange::run_baseline(black_box(EXCHANGE_RECORDS)))
     });
     group.bench_function(format!("engine_{shards}_shards"), |b| {
-        b.iter(|| exchange::run_engine(black_box(EXCHANGE_RECORDS), shards).expect("exchange job"))
+        b.iter(|| {
+            exchange::run_engine(black_box(EXCHANGE_RECORDS), shards, &[]).expect("exchange job")
+        })
     });
     group.finish();
 }

@@ -50,9 +50,11 @@ fn run(args: &[String]) -> Result<(), String> {
     let chain = |records| -> Result<String, BenchError> {
         Ok(serde_json::to_string(&chain::run(records)?).expect("report serializes"))
     };
-    let exchange = |records| -> Result<String, BenchError> {
-        Ok(serde_json::to_string(&exchange::run(records, shards)?).expect("report serializes"))
-    };
+    let exchange =
+        |records| -> Result<String, BenchError> {
+            Ok(serde_json::to_string(&exchange::run(records, shards, &[])?)
+                .expect("report serializes"))
+        };
     let lines = match args.first().map(String::as_str) {
         Some("chain") => vec![chain(records.unwrap_or(50_000_000))],
         Some("exchange") => vec![exchange(records.unwrap_or(20_000_000))],

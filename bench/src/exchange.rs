@@ -3,6 +3,10 @@
 //! exchange: each source subtask archives its records into network segments and hands them to
 //! the shard that owns the record's key group, which reads them back and sinks them.
 //!
+//! The same job without the `key_by` (every operator chained on its shard, nothing crosses)
+//! runs at the same shard count in the same rounds: what the exchange costs on this machine at
+//! this shard count, whatever the machine's cores give together.
+//!
 //! The baseline is a hand-written two-thread hand-off of the same records: a producer thread
 //! generates, maps and filters, and pushes batches of [`BATCH`] records through a bounded
 //! channel (buffers recycled, like the engine's segments) to a consumer thread that
@@ -17,7 +21,7 @@ use weir_engine::prelude::*;
 use weir_engine::runtime::available_cores;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, rate, Measurement, ROUNDS};
+use crate::measure::{alternate, best, rate, Measurement, ROUNDS};
 use crate::record::BenchRecord;
 
 const JOB: &str = "bench-exchange";
@@ -45,13 +49,22 @@ pub struct ExchangeReport {
     pub records_per_second: f64,
     /// `records_per_second / shards`.
     pub records_per_second_per_shard: f64,
+    /// The same job without the exchange (chained on every shard), same shards, best round:
+    /// generated records per second, all shards together.
+    pub chained_records_per_second: f64,
+    /// `chained_records_per_second / records_per_second`: how many times the job's time the
+    /// exchange takes at this shard count (1 would be free).
+    pub exchange_cost: f64,
+    /// Further engine settings the runs had (`-D KEY=VALUE`).
+    pub settings: Vec<String>,
     /// The two-thread hand-off's best wall time, in seconds.
     pub baseline_seconds: f64,
     /// The two-thread hand-off's throughput: generated records per second.
     pub baseline_records_per_second: f64,
     /// Records that passed the filter (the engine's sink input, all shards together).
     pub surviving_records: u64,
-    /// Whether the engine's sinks received as many records as the baseline's consumer.
+    /// Whether the engine's sinks (with and without the exchange) received as many records as
+    /// the baseline's consumer.
     pub results_match: bool,
 }
 
@@ -65,30 +78,61 @@ fn check_shards(shards: usize) -> Result<(), BenchError> {
     }
 }
 
-/// Runs the exchange job on `shards` shards with `records` records and returns what it
-/// measured.
-pub fn run_engine(records: u64, shards: usize) -> Result<Measurement, BenchError> {
-    check_shards(shards)?;
-    let config = Configuration::default()
+/// The engine's configuration for `shards` shards and the further `settings` (`KEY=VALUE`).
+fn config(shards: usize, settings: &[String]) -> Result<Configuration, BenchError> {
+    let mut config = Configuration::default()
         .with("taskmanager.numberOfTaskSlots", shards.to_string())
         .map_err(|e| BenchError::job(JOB)(e.into()))?;
-    let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
-    env.from_source(
-        DataGeneratorSource::new(Some(records), BenchRecord::generate),
-        WatermarkStrategy::no_watermarks(),
-        "generator",
-    )
-    .uid("generator")
-    .parallelism(shards)
-    .map(BenchRecord::mapped)
-    .filter(BenchRecord::survives)
-    .key_by(|record: &BenchRecord| record.key)
-    .process(
-        |record: BenchRecord, ctx: &mut KeyedProcessContext<'_, u64, BenchRecord>| ctx.emit(record),
-    )
-    .uid("forward")
-    .sink_to(DiscardSink::new(), SINK)
-    .parallelism(shards);
+    config
+        .apply_pairs(settings.iter().map(String::as_str))
+        .map_err(|e| BenchError::job(JOB)(e.into()))?;
+    Ok(config)
+}
+
+/// Runs the exchange job on `shards` shards with `records` records and returns what it
+/// measured.
+pub fn run_engine(
+    records: u64,
+    shards: usize,
+    settings: &[String],
+) -> Result<Measurement, BenchError> {
+    run_job(records, shards, settings, true)
+}
+
+/// The exchange job (`exchange`), or the same operators chained on every shard.
+fn run_job(
+    records: u64,
+    shards: usize,
+    settings: &[String],
+    exchange: bool,
+) -> Result<Measurement, BenchError> {
+    check_shards(shards)?;
+    let env = StreamEnvironment::new(config(shards, settings)?).map_err(BenchError::job(JOB))?;
+    let survivors = env
+        .from_source(
+            DataGeneratorSource::new(Some(records), BenchRecord::generate),
+            WatermarkStrategy::no_watermarks(),
+            "generator",
+        )
+        .uid("generator")
+        .parallelism(shards)
+        .map(BenchRecord::mapped)
+        .filter(BenchRecord::survives);
+    let forwarded = if exchange {
+        survivors
+            .key_by(|record: &BenchRecord| record.key)
+            .process(
+                |record: BenchRecord, ctx: &mut KeyedProcessContext<'_, u64, BenchRecord>| {
+                    ctx.emit(record)
+                },
+            )
+            .uid("forward")
+    } else {
+        survivors.map(|record: BenchRecord| record).uid("forward")
+    };
+    forwarded
+        .sink_to(DiscardSink::new(), SINK)
+        .parallelism(shards);
     let result = env.execute(JOB).map_err(BenchError::job(JOB))?;
     Ok(Measurement {
         duration: result.duration,
@@ -144,15 +188,26 @@ pub fn run_baseline(records: u64) -> Measurement {
     }
 }
 
-/// Runs the hand-off baseline and the engine job alternately, [`ROUNDS`] times each, and
-/// reports the best round of each. Refuses more shards than cores.
-pub fn run(records: u64, shards: usize) -> Result<ExchangeReport, BenchError> {
+/// Runs the hand-off baseline, the engine job and the job without its exchange alternately,
+/// [`ROUNDS`] times each, and reports the best round of each. Refuses more shards than cores.
+pub fn run(records: u64, shards: usize, settings: &[String]) -> Result<ExchangeReport, BenchError> {
     if records == 0 {
         return Err(BenchError::NoRecords);
     }
     check_shards(shards)?;
-    let (engine, baseline) = alternate(|| run_baseline(records), || run_engine(records, shards))?;
+    // Refuse bad settings before the first round.
+    config(shards, settings)?;
+    let mut chained = Vec::with_capacity(ROUNDS);
+    let (engine, baseline) = alternate(
+        || run_baseline(records),
+        || {
+            chained.push(run_job(records, shards, settings, false)?);
+            run_engine(records, shards, settings)
+        },
+    )?;
+    let chained = best(&chained);
     let records_per_second = rate(records, engine.duration);
+    let chained_records_per_second = rate(records, chained.duration);
     Ok(ExchangeReport {
         records,
         shards,
@@ -160,10 +215,14 @@ pub fn run(records: u64, shards: usize) -> Result<ExchangeReport, BenchError> {
         seconds: engine.duration.as_secs_f64(),
         records_per_second,
         records_per_second_per_shard: records_per_second / shards as f64,
+        chained_records_per_second,
+        exchange_cost: chained_records_per_second / records_per_second,
+        settings: settings.to_vec(),
         baseline_seconds: baseline.duration.as_secs_f64(),
         baseline_records_per_second: rate(records, baseline.duration),
         surviving_records: engine.surviving_records,
-        results_match: engine.surviving_records == baseline.surviving_records,
+        results_match: engine.surviving_records == baseline.surviving_records
+            && chained.surviving_records == baseline.surviving_records,
     })
 }
 
@@ -174,8 +233,10 @@ mod tests {
     #[test]
     fn small_run_matches_the_baseline() {
         let shards = available_cores().len().min(2);
-        let report = run(10_000, shards).unwrap();
+        let report = run(10_000, shards, &[]).unwrap();
         assert!(report.results_match, "{report:?}");
+        assert!(report.chained_records_per_second > 0.0, "{report:?}");
+        assert!(report.exchange_cost > 0.0, "{report:?}");
         assert!(report.surviving_records > 8_000, "{report:?}");
         assert!(report.records_per_second > 0.0, "{report:?}");
         assert!(report.records_per_second_per_shard > 0.0, "{report:?}");
@@ -188,6 +249,9 @@ mod tests {
             "records_per_second_per_shard",
             "shards",
             "baseline_records_per_second",
+            "chained_records_per_second",
+            "exchange_cost",
+            "settings",
         ] {
             assert!(json.get(field).is_some(), "missing {field} in {json}");
         }
@@ -196,12 +260,33 @@ mod tests {
     #[test]
     fn more_shards_than_cores_is_refused() {
         let cores = available_cores().len();
-        let err = run(1_000, cores + 1).unwrap_err();
+        let err = run(1_000, cores + 1, &[]).unwrap_err();
         assert!(matches!(err, BenchError::TooManyShards { .. }), "{err}");
         assert!(
             err.to_string().contains(&format!("--shards {cores}")),
             "{err}"
         );
-        assert!(matches!(run(1_000, 0), Err(BenchError::NoShards)));
+        assert!(matches!(run(1_000, 0, &[]), Err(BenchError::NoShards)));
+    }
+
+    #[test]
+    fn settings_reach_the_engine() {
+        let shards = available_cores().len().min(2);
+        let bad = ["execution.batch-size=lots".to_string()];
+        let err = run(1_000, shards, &bad).unwrap_err().to_string();
+        assert!(
+            err.contains("execution.batch-size") && err.contains("lots"),
+            "{err}"
+        );
+        // More credits than a slot's segments can back: the engine refuses the job up front.
+        let greedy = ["taskmanager.network.memory.buffers-per-channel=100000".to_string()];
+        if shards > 1 {
+            let err = run_engine(1_000, shards, &greedy).unwrap_err().to_string();
+            assert!(err.contains("buffers-per-channel"), "{err}");
+        }
+        let fine = ["execution.batch-size=64".to_string()];
+        let report = run(1_000, shards, &fine).unwrap();
+        assert!(report.results_match, "{report:?}");
+        assert_eq!(report.settings, fine, "{report:?}");
     }
 }

@@ -171,6 +171,10 @@ enum Bench {
         /// Shards (at most the number of cores).
         #[arg(long, default_value_t = 2)]
         shards: usize,
+        /// Set a further engine configuration key, e.g. -D taskmanager.cpu.cores=0,2 or
+        /// -D taskmanager.network.memory.buffers-per-channel=32 (repeatable).
+        #[arg(short = 'D', value_name = "KEY=VALUE")]
+        settings: Vec<String>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -456,8 +460,12 @@ fn run_bench(bench: Bench) -> Result<()> {
         Bench::Exchange {
             records,
             shards,
+            settings,
             json,
-        } => print_report(&weir_bench::exchange::run(records, shards)?, json),
+        } => print_report(
+            &weir_bench::exchange::run(records, shards, &settings)?,
+            json,
+        ),
         Bench::Window {
             kind,
             records,
