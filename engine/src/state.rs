@@ -57,7 +57,7 @@ pub use weir_state::{
 };
 
 use crate::checkpoint::native::NativeState;
-use crate::checkpoint::task_state::{OperatorSnapshot, RestoredParts, PART_KEYED};
+use crate::checkpoint::task_state::{OperatorSnapshot, RestoredParts, Whole, PART_KEYED};
 use crate::error::JobError;
 use crate::operator::RuntimeContext;
 use crate::record::Key;
@@ -239,7 +239,7 @@ impl<K: Key> KeyedStateStore<K> {
                     .map_err(|e| e.to_string())?;
                 snapshot.add_deferred(
                     PART_KEYED,
-                    Box::new(move |out: &mut Vec<u8>| export.write(out)),
+                    Whole::part(move |out: &mut Vec<u8>| export.write(out)),
                 );
                 return Ok(());
             }
@@ -252,9 +252,7 @@ impl<K: Key> KeyedStateStore<K> {
             .ok_or("internal error: keyed state neither on the heap nor in RocksDB")?;
         snapshot.add_deferred(
             PART_KEYED,
-            Box::new(move |out: &mut Vec<u8>| {
-                weir_state::encode_keyed_snapshot(&heap, out).map_err(|e| e.to_string())
-            }),
+            Box::new(weir_state::KeyedSnapshotEncoder::new(heap)),
         );
         Ok(())
     }

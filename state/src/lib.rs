@@ -62,7 +62,7 @@ pub use backend::keyed_entries::{
 };
 pub use backend::keyed_snapshot::{
     decode_keyed_snapshot, encode_keyed_snapshot, KeyedEntryBytes, KeyedSnapshotContents,
-    KeyedStateContents, KEYED_SNAPSHOT_FORMAT_VERSION,
+    KeyedSnapshotEncoder, KeyedStateContents, KEYED_SNAPSHOT_FORMAT_VERSION,
 };
 pub use backend::rocksdb::{
     split_key, NativeCheckpoint, NativeFile, RawEntries, RocksDbConfig, RocksDbInstance,

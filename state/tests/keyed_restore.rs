@@ -15,8 +15,9 @@ use proptest::prelude::*;
 use restore_support::*;
 use weir_state::{
     decode_keyed_snapshot, encode_keyed_snapshot, AggregatingStateDescriptor, KeyGroup,
-    KeyedBackendConfig, ListStateDescriptor, LocalKeyedBackend, ManualClock, MapStateDescriptor,
-    SnapshotShape, StateErrorKind, StateKind, StateTtlConfig, ValueStateDescriptor,
+    KeyedBackendConfig, KeyedSnapshotEncoder, ListStateDescriptor, LocalKeyedBackend, ManualClock,
+    MapStateDescriptor, SnapshotShape, StateErrorKind, StateKind, StateTtlConfig,
+    ValueStateDescriptor,
 };
 
 #[test]
@@ -762,5 +763,117 @@ proptest! {
             }
         }
         prop_assert_eq!(seen, model);
+    }
+}
+
+/// The snapshot's encoding in pieces of about `budget` bytes, and how many pieces.
+fn encode_in_pieces<N: weir_state::StateKey + weir_state::StateCodec>(
+    backend: &LocalKeyedBackend<u64, N>,
+    budget: usize,
+) -> (Vec<u8>, usize) {
+    let mut encoder = KeyedSnapshotEncoder::new(backend.heap_snapshot().unwrap());
+    let (mut bytes, mut pieces) = (Vec::new(), 0);
+    while encoder.encode_next(&mut bytes, budget).unwrap() {
+        pieces += 1;
+    }
+    (bytes, pieces + 1)
+}
+
+#[test]
+fn encoding_in_pieces_gives_the_bytes_of_one_go() {
+    // Every kind of state, under namespaces; key groups whose entries have all expired; a
+    // restored state nobody registered; a key group larger than one piece.
+    let ttl = StateTtlConfig::new(Duration::from_millis(100));
+    let (first, _) = heap::<u64>(1, 0);
+    write_all(&first, 0..50, &[None, Some(7)]);
+    let restored = checkpoint(&first);
+    let (source, clock) = heap::<u64>(1, 0);
+    source.restore(&[&restored]).unwrap();
+    let value = source.value_state(&value_d()).unwrap();
+    let short = source
+        .value_state(&ValueStateDescriptor::<u64>::new("short").with_ttl(ttl))
+        .unwrap();
+    let long = source
+        .list_state(&ListStateDescriptor::<u64>::new("long").with_ttl(ttl))
+        .unwrap();
+    for key in 0..3_000u64 {
+        source.set_current_key(&key).unwrap();
+        if key < 40 {
+            short.update(key).unwrap();
+        }
+        long.add(key).unwrap();
+    }
+    value.clear().unwrap();
+    clock.advance(Duration::from_millis(60));
+    for key in 2_000..3_000u64 {
+        source.set_current_key(&key).unwrap();
+        long.add(key).unwrap();
+    }
+    // The short state and half the long one have expired by the snapshot.
+    clock.advance(Duration::from_millis(60));
+    let whole = checkpoint(&source);
+    assert!(!source.restored_state_names().is_empty());
+    for budget in [0, 1, 100, 4_096, 1 << 20] {
+        let (bytes, pieces) = encode_in_pieces(&source, budget);
+        assert_eq!(bytes, whole, "budget {budget}");
+        if budget <= 4_096 {
+            assert!(pieces > 10, "budget {budget}: {pieces} pieces");
+        }
+    }
+    let contents = decode_keyed_snapshot(&whole).unwrap();
+    let short = contents.states.iter().find(|s| s.name == "short").unwrap();
+    assert!(short.entries.is_empty());
+    let long = contents.states.iter().find(|s| s.name == "long").unwrap();
+    assert_eq!(long.entries.len(), 1_000);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// However small its pieces, an encoding in pieces is the encoding in one go, and later
+    /// writes to the backend do not change it.
+    #[test]
+    fn pieces_of_any_size_make_the_same_encoding(
+        writes in prop::collection::vec(write(), 0..300),
+        budget in 0usize..2_000,
+    ) {
+        let value_d = ValueStateDescriptor::<u32>::new("v");
+        let list_d = ListStateDescriptor::<u32>::new("l");
+        let map_d = MapStateDescriptor::<u8, u32>::new("m");
+        let (source, _) = heap::<u8>(1, 0);
+        let value = source.value_state(&value_d).unwrap();
+        let list = source.list_state(&list_d).unwrap();
+        let map = source.map_state(&map_d).unwrap();
+        let apply = |write: &Write| {
+            let (key, namespace) = match write {
+                Write::Value(k, n, _) | Write::ClearValue(k, n) | Write::Push(k, n, _)
+                | Write::Put(k, n, _, _) | Write::Remove(k, n, _) => (*k, *n),
+            };
+            source.set_current_key(&key).unwrap();
+            match namespace {
+                Some(n) => source.set_current_namespace(n).unwrap(),
+                None => source.clear_current_namespace().unwrap(),
+            }
+            match *write {
+                Write::Value(_, _, v) => value.update(v).unwrap(),
+                Write::ClearValue(..) => value.clear().unwrap(),
+                Write::Push(_, _, v) => list.add(v).unwrap(),
+                Write::Put(_, _, u, v) => map.put(u, v).unwrap(),
+                Write::Remove(_, _, u) => { map.remove(&u).unwrap(); }
+            }
+        };
+        let (before, after) = writes.split_at(writes.len() / 2);
+        before.iter().for_each(apply);
+        let whole = checkpoint(&source);
+        let mut encoder = KeyedSnapshotEncoder::new(source.heap_snapshot().unwrap());
+        let mut bytes = Vec::new();
+        let mut later = after.iter();
+        while encoder.encode_next(&mut bytes, budget).unwrap() {
+            if let Some(write) = later.next() {
+                apply(write);
+            }
+        }
+        later.for_each(apply);
+        prop_assert_eq!(bytes, whole);
     }
 }

@@ -42,7 +42,7 @@ use weir_state::checkpoint::{
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
 use super::savepoint::{SavepointHandle, SavepointRequest, StopMode};
-use super::task_state::{decode_file, encode_file, Part, RestoredJob, TaskState};
+use super::task_state::{decode_file, FileEncoder, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
 use crate::time::now_ms;
@@ -273,15 +273,26 @@ async fn write_file(
         };
         resolved.push((operator, part_name, part));
     }
-    let started = Instant::now();
-    let bytes = encode_file(resolved)?;
-    let encoding = started.elapsed();
+    let mut encoder = FileEncoder::new(resolved)?;
     let mut writer = StateFileWriter::create(pending, name)
         .await
         .map_err(|e| e.to_string())?;
-    writer.write(&bytes).await.map_err(|e| e.to_string())?;
+    let mut piece = Vec::new();
+    loop {
+        piece.clear();
+        let more = encoder.encode_next(&mut piece)?;
+        writer.write(&piece).await.map_err(|e| e.to_string())?;
+        if !more {
+            break;
+        }
+        if stopping.load(Ordering::Relaxed) {
+            return Err("the job is stopping".into());
+        }
+        // Records flow before the next piece.
+        futures_lite::future::yield_now().await;
+    }
     let file = writer.finish().await.map_err(|e| e.to_string())?;
-    Ok((TaskFiles { file, referenced }, encoding))
+    Ok((TaskFiles { file, referenced }, encoder.longest_step()))
 }
 
 /// Snapshots every source's split enumerator for a checkpoint: (operator id, bytes) each.

@@ -8,12 +8,18 @@
 //!
 //! | field | |
 //! |---|---|
-//! | magic, version | `WEIRTASK`, `u32` 1 |
-//! | parts | `u64` count, then per part: operator id (text), part name (text), bytes |
+//! | magic, version | `WEIRTASK`, `u32` 2 |
+//! | parts | their bytes, back to back |
+//! | index | `u64` count, then per part: operator id (text), part name (text), offset (`u64`, from the file's start), length (`u64`) |
+//! | index offset | `u64`: where the index starts (the file's last 8 bytes) |
 //!
-//! (text and bytes are a `u64` length and the bytes; integers little-endian). A part is either
-//! taken at the barrier or deferred: a copy-on-write snapshot taken at the barrier and encoded
-//! by the writer afterwards, while records flow again.
+//! (text is a `u64` length and the bytes; integers little-endian). The index comes last so that
+//! a part can be written before its length is known. Version 1, which this build still reads,
+//! had the count and each part's operator, name and length-prefixed bytes in front. A part is
+//! either taken at the barrier or deferred: a copy-on-write snapshot taken at the barrier and
+//! encoded by the writer afterwards, in pieces of about [`PIECE_BYTES`] written as they come,
+//! while records flow between them — so the encoding never holds the shard for long, and the
+//! file is never whole in memory.
 //!
 //! On restore, an operator finds its parts by its operator id: the keyed parts of every old
 //! subtask (each keeps the key groups it owns now); the other parts (operator state, a
@@ -25,6 +31,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::bytes::{ByteReader, ByteWriter};
 
@@ -41,10 +48,53 @@ pub(crate) const PART_OPERATOR_STATE: &str = "operator-state";
 pub(crate) const PART_SPLITS: &str = "splits";
 
 const MAGIC: &[u8; 8] = b"WEIRTASK";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
-/// Encodes a part after the barrier has passed.
-pub(crate) type DeferredPart = Box<dyn FnOnce(&mut Vec<u8>) -> Result<(), String>>;
+/// About how many bytes a deferred part's encoding appends between two chances for records to
+/// flow (see the module docs).
+pub(crate) const PIECE_BYTES: usize = 256 << 10;
+
+/// Encodes a part after the barrier has passed, in pieces: each call appends about `budget`
+/// bytes to `out` and says whether more follow.
+pub(crate) trait PartEncoder {
+    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String>;
+}
+
+/// A deferred part's encoder.
+pub(crate) type DeferredPart = Box<dyn PartEncoder>;
+
+/// A part encoded in one call.
+pub(crate) struct Whole<F>(Option<F>);
+
+impl<F: FnOnce(&mut Vec<u8>) -> Result<(), String>> Whole<F> {
+    pub(crate) fn part(encode: F) -> DeferredPart
+    where
+        F: 'static,
+    {
+        Box::new(Whole(Some(encode)))
+    }
+}
+
+impl<F: FnOnce(&mut Vec<u8>) -> Result<(), String>> PartEncoder for Whole<F> {
+    fn encode_next(&mut self, out: &mut Vec<u8>, _budget: usize) -> Result<bool, String> {
+        match self.0.take() {
+            Some(encode) => encode(out).map(|()| false),
+            None => Ok(false),
+        }
+    }
+}
+
+/// A heap backend's keyed state, encoded in pieces.
+impl<K, N, S> PartEncoder for weir_state::KeyedSnapshotEncoder<K, N, S>
+where
+    K: weir_state::StateKey + weir_state::StateCodec,
+    N: weir_state::StateKey + weir_state::StateCodec,
+    S: std::borrow::Borrow<weir_state::HeapSnapshot<K, N>>,
+{
+    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
+        weir_state::KeyedSnapshotEncoder::encode_next(self, out, budget).map_err(|e| e.to_string())
+    }
+}
 
 /// One part of an operator's snapshot.
 pub(crate) enum Part {
@@ -287,39 +337,167 @@ pub(crate) struct RestoredNative {
     pub(crate) parts: Vec<(usize, Vec<u8>)>,
 }
 
-/// Encodes the parts taken from a task into the bytes of its state file, running deferred
-/// encodings now.
-pub(crate) fn encode_file(parts: Vec<(Arc<str>, &'static str, Part)>) -> Result<Vec<u8>, String> {
-    let mut out = ByteWriter::default();
-    out.out.extend_from_slice(MAGIC);
-    out.u32(VERSION);
-    out.u64(parts.len() as u64);
-    let mut scratch = Vec::new();
-    for (operator, name, part) in parts {
-        out.text(&operator);
-        out.text(name);
-        match part {
-            Part::Bytes(bytes) => out.bytes(&bytes),
-            Part::Deferred(encode) => {
-                scratch.clear();
-                encode(&mut scratch)?;
-                out.bytes(&scratch);
+/// A task's state file, encoded in pieces ([`FileEncoder::encode_next`]) so that its writer
+/// can write each as it comes and let records flow between them.
+pub(crate) struct FileEncoder {
+    parts: std::vec::IntoIter<(Arc<str>, &'static str, Part)>,
+    /// The deferred part being encoded: its encoder, operator, name, and where it began.
+    encoding: Option<(DeferredPart, Arc<str>, &'static str, u64)>,
+    /// The index: per part written, its operator, name, offset and length.
+    index: Vec<(Arc<str>, &'static str, u64, u64)>,
+    /// Bytes handed out so far.
+    emitted: u64,
+    done: bool,
+    /// The longest single step of a deferred part's encoding.
+    longest: Duration,
+}
+
+impl FileEncoder {
+    /// The encoder of the file of `parts`; their RocksDB checkpoints and chain links must
+    /// already be written (each is bytes by now).
+    pub(crate) fn new(parts: Vec<(Arc<str>, &'static str, Part)>) -> Result<FileEncoder, String> {
+        if let Some((operator, name, _)) = parts
+            .iter()
+            .find(|(_, _, part)| matches!(part, Part::Native(_) | Part::Chained(_)))
+        {
+            return Err(format!(
+                "internal error: the files of operator {operator}'s part '{name}' were not \
+                 written before its task's state file was"
+            ));
+        }
+        Ok(FileEncoder {
+            index: Vec::with_capacity(parts.len()),
+            parts: parts.into_iter(),
+            encoding: None,
+            emitted: 0,
+            done: false,
+            longest: Duration::ZERO,
+        })
+    }
+
+    /// The longest the encoding of a deferred part held the shard at once.
+    pub(crate) fn longest_step(&self) -> Duration {
+        self.longest
+    }
+
+    /// Appends the next piece of the file to `out` — one step of a deferred part's encoding
+    /// (about [`PIECE_BYTES`]), or the parts taken at the barrier up to the next deferred one,
+    /// or the index — and returns whether more follow.
+    pub(crate) fn encode_next(&mut self, out: &mut Vec<u8>) -> Result<bool, String> {
+        let start = out.len();
+        let more = self.encode_into(out, start);
+        self.emitted += (out.len() - start) as u64;
+        more
+    }
+
+    fn encode_into(&mut self, out: &mut Vec<u8>, start: usize) -> Result<bool, String> {
+        let at = |out: &Vec<u8>| self.emitted + (out.len() - start) as u64;
+        if self.emitted == 0 && out.len() == start {
+            out.extend_from_slice(MAGIC);
+            out.extend_from_slice(&VERSION.to_le_bytes());
+        }
+        loop {
+            if let Some((encoder, _, _, _)) = &mut self.encoding {
+                let started = Instant::now();
+                let more = encoder.encode_next(out, PIECE_BYTES)?;
+                self.longest = self.longest.max(started.elapsed());
+                if !more {
+                    let (_, operator, name, began) = self.encoding.take().expect("encoding");
+                    self.index.push((operator, name, began, at(out) - began));
+                }
+                return Ok(true);
             }
-            Part::Native(_) | Part::Chained(_) => {
-                return Err(format!(
-                    "internal error: the files of operator {operator}'s part '{name}' were not \
-                     written before its task's state file was"
-                ))
+            let Some((operator, name, part)) = self.parts.next() else {
+                if self.done {
+                    return Ok(false);
+                }
+                let index_at = at(out);
+                let mut index = ByteWriter::default();
+                index.u64(self.index.len() as u64);
+                for (operator, name, offset, len) in &self.index {
+                    index.text(operator);
+                    index.text(name);
+                    index.u64(*offset);
+                    index.u64(*len);
+                }
+                index.u64(index_at);
+                out.extend_from_slice(&index.out);
+                self.done = true;
+                return Ok(false);
+            };
+            let began = at(out);
+            match part {
+                Part::Bytes(bytes) => {
+                    out.extend_from_slice(&bytes);
+                    self.index.push((operator, name, began, bytes.len() as u64));
+                }
+                Part::Deferred(encoder) => self.encoding = Some((encoder, operator, name, began)),
+                Part::Native(_) | Part::Chained(_) => unreachable!("refused by FileEncoder::new"),
             }
         }
     }
-    Ok(out.out)
+}
+
+/// Encodes the parts taken from a task into the bytes of its state file, all at once (see
+/// [`FileEncoder`] for the encoding in pieces).
+#[cfg(test)]
+pub(crate) fn encode_file(parts: Vec<(Arc<str>, &'static str, Part)>) -> Result<Vec<u8>, String> {
+    let mut encoder = FileEncoder::new(parts)?;
+    let mut out = Vec::new();
+    while encoder.encode_next(&mut out)? {}
+    Ok(out)
 }
 
 /// Reads a state file written by [`encode_file`]; `what` names it in errors.
 pub(crate) fn decode_file(bytes: &[u8], what: &str) -> Result<FileParts, String> {
     let mut reader = ByteReader::new(bytes, what);
-    reader.header(MAGIC, VERSION)?;
+    if reader.header_versions(MAGIC, 1..=VERSION)? == 1 {
+        return decode_version_1(reader, what);
+    }
+    let header = MAGIC.len() as u64 + 4;
+    let len = bytes.len() as u64;
+    let index_at = match bytes.len().checked_sub(8) {
+        Some(at) if at as u64 >= header => {
+            u64::from_le_bytes(bytes[at..].try_into().expect("8 bytes"))
+        }
+        _ => return Err(format!("{what} is truncated: {len} bytes hold no index")),
+    };
+    if index_at < header || index_at > len - 8 {
+        return Err(format!(
+            "{what} is damaged or truncated: its index would start at byte {index_at} of {len}"
+        ));
+    }
+    let mut index = ByteReader::new(&bytes[index_at as usize..bytes.len() - 8], what);
+    let count = index.count(32)?;
+    let mut parts = Vec::with_capacity(count);
+    for _ in 0..count {
+        let operator = index.text()?;
+        let name = index.text()?;
+        let (offset, part_len) = (index.u64()?, index.u64()?);
+        let end = offset
+            .checked_add(part_len)
+            .filter(|&end| offset >= header && end <= index_at);
+        let Some(end) = end else {
+            return Err(format!(
+                "{what} is damaged: its index puts part '{name}' of operator {operator} at \
+                 {part_len} bytes from byte {offset}, outside the {} bytes of parts",
+                index_at - header
+            ));
+        };
+        parts.push((
+            operator,
+            name,
+            bytes[offset as usize..end as usize].to_vec(),
+        ));
+    }
+    if !index.is_empty() {
+        return Err(format!("{what} has bytes after its index's last part"));
+    }
+    Ok(parts)
+}
+
+/// The rest of a version 1 state file, after its header.
+fn decode_version_1(mut reader: ByteReader<'_>, what: &str) -> Result<FileParts, String> {
     let count = reader.count(24)?;
     let mut parts = Vec::with_capacity(count);
     for _ in 0..count {
@@ -392,7 +570,7 @@ mod tests {
             (
                 Arc::from("a1"),
                 PART_TIMERS,
-                Part::Deferred(Box::new(|out: &mut Vec<u8>| {
+                Part::Deferred(Whole::part(|out: &mut Vec<u8>| {
                     out.extend_from_slice(b"later");
                     Ok(())
                 })),
@@ -408,7 +586,10 @@ mod tests {
             ]
         );
         let error = decode_file(&bytes[..bytes.len() - 2], "task-a1-0").unwrap_err();
-        assert!(error.contains("task-a1-0 is truncated"), "{error}");
+        assert!(
+            error.contains("task-a1-0 is damaged or truncated"),
+            "{error}"
+        );
         let mut job = RestoredJob::default();
         job.add_file(1, back);
         job.parallelism.insert("a1".into(), 2);
@@ -429,5 +610,101 @@ mod tests {
         let thirds = [0, 1].map(|subtask| job.parts_for("a1", "keyed", subtask, 3).share(elements));
         assert_eq!(thirds, [Ok(vec![1]), Ok(vec![2])]);
         assert_eq!(job.parts_of_all("a1", "timers"), vec![(1, &b"later"[..])]);
+    }
+
+    /// Steps of `sizes` bytes each (0: a step that read without writing), bytes counting up.
+    struct Steps {
+        sizes: Vec<usize>,
+        next: u8,
+    }
+
+    impl PartEncoder for Steps {
+        fn encode_next(&mut self, out: &mut Vec<u8>, _budget: usize) -> Result<bool, String> {
+            let size = self.sizes.remove(0);
+            for _ in 0..size {
+                out.push(self.next);
+                self.next = self.next.wrapping_add(1);
+            }
+            Ok(!self.sizes.is_empty())
+        }
+    }
+
+    #[test]
+    fn a_part_encoded_in_pieces_reads_back_whole() {
+        let sizes = vec![3, 0, 0, 1000, 0, 7, 0];
+        let total: usize = sizes.iter().sum();
+        let parts = vec![
+            (
+                Arc::from("a1"),
+                PART_KEYED,
+                Part::Deferred(Box::new(Steps { sizes, next: 0 })),
+            ),
+            (Arc::from("a1"), PART_TIMERS, Part::Bytes(Vec::new())),
+            (
+                Arc::from("b2"),
+                PART_KEYED,
+                Part::Deferred(Box::new(Steps {
+                    sizes: vec![0],
+                    next: 0,
+                })),
+            ),
+            (Arc::from("b2"), PART_TIMERS, Part::Bytes(vec![9])),
+        ];
+        let mut encoder = FileEncoder::new(parts).unwrap();
+        let (mut bytes, mut pieces) = (Vec::new(), 1);
+        let mut piece = Vec::new();
+        while encoder.encode_next(&mut piece).unwrap() {
+            bytes.append(&mut piece);
+            pieces += 1;
+        }
+        bytes.append(&mut piece);
+        // One per step of the deferred parts, and one for the part after the last.
+        assert_eq!(pieces, 9);
+        let back = decode_file(&bytes, "task-a1-0").unwrap();
+        let counting: Vec<u8> = (0..total).map(|i| i as u8).collect();
+        assert_eq!(
+            back,
+            vec![
+                ("a1".to_string(), "keyed".to_string(), counting),
+                ("a1".into(), "timers".into(), vec![]),
+                ("b2".into(), "keyed".into(), vec![]),
+                ("b2".into(), "timers".into(), vec![9]),
+            ]
+        );
+        for cut in [bytes.len() - 1, bytes.len() - 9, 200, 15] {
+            // Whatever the cut leaves as the index offset, the error names the file.
+            let error = decode_file(&bytes[..cut], "task-a1-0").unwrap_err();
+            assert!(error.starts_with("task-a1-0 "), "{error}");
+        }
+        // An index that puts a part beyond the parts' bytes.
+        let index_at = u64::from_le_bytes(bytes[bytes.len() - 8..].try_into().unwrap()) as usize;
+        let mut damaged = bytes.clone();
+        let first_len_at = index_at + 8 + (8 + 2) + (8 + 5) + 8;
+        damaged[first_len_at..first_len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        let error = decode_file(&damaged, "task-a1-0").unwrap_err();
+        assert!(
+            error.contains("task-a1-0 is damaged: its index puts part 'keyed' of operator a1"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_version_1_state_file_still_reads() {
+        let mut v1 = ByteWriter::default();
+        v1.out.extend_from_slice(MAGIC);
+        v1.u32(1);
+        v1.u64(2);
+        for (operator, name, bytes) in [("a1", "keyed", &b"whole"[..]), ("a1", "timers", b"")] {
+            v1.text(operator);
+            v1.text(name);
+            v1.bytes(bytes);
+        }
+        assert_eq!(
+            decode_file(&v1.out, "old").unwrap(),
+            vec![
+                ("a1".to_string(), "keyed".to_string(), b"whole".to_vec()),
+                ("a1".into(), "timers".into(), vec![]),
+            ]
+        );
     }
 }

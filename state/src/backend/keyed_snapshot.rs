@@ -52,9 +52,9 @@
 
 use std::any::type_name;
 
-use crate::backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
+use crate::backend::heap::snapshot::{HeapSnapshot, SnapshotEntry};
 use crate::backend::rocksdb::key::MAX_PARALLELISM_LIMIT;
-use crate::checksum::crc32;
+use crate::checksum::{crc32, Crc32};
 use crate::codec::StateCodec;
 use crate::descriptor::StateKind;
 use crate::error::{StateError, StateErrorKind};
@@ -71,9 +71,6 @@ const WHAT: &str = "keyed state snapshot";
 const HAS_NAMESPACE: u8 = 1;
 const HAS_USER_KEY: u8 = 2;
 const HAS_EXPIRY: u8 = 4;
-
-/// Bytes in front of a block's entries: key group, entry count, length.
-pub(crate) const BLOCK_HEADER_LEN: usize = 16;
 
 pub(crate) fn kind_code(kind: StateKind) -> u8 {
     match kind {
@@ -155,10 +152,6 @@ fn put_bytes(out: &mut Vec<u8>, state: &str, bytes: &[u8]) -> Result<(), StateEr
     out.extend_from_slice(&len.to_le_bytes());
     out.extend_from_slice(bytes);
     Ok(())
-}
-
-fn patch_u32(out: &mut [u8], at: usize, value: u32) {
-    out[at..at + 4].copy_from_slice(&value.to_le_bytes());
 }
 
 /// Encodes keys and namespaces, reusing the last encoding while the entries of one
@@ -262,7 +255,243 @@ pub fn encode_keyed_snapshot<K: StateKey + StateCodec, N: StateKey + StateCodec>
     snapshot: &HeapSnapshot<K, N>,
     out: &mut Vec<u8>,
 ) -> Result<(), StateError> {
-    with_checksum(out, |out| encode_body(snapshot, out))
+    let start = out.len();
+    let mut encoder = KeyedSnapshotEncoder::new(snapshot);
+    loop {
+        match encoder.encode_next(out, usize::MAX) {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(error) => {
+                out.truncate(start);
+                return Err(error);
+            }
+        }
+    }
+}
+
+/// Bucket positions of a key group read in one step of [`KeyedSnapshotEncoder::encode_next`].
+const BUCKETS_PER_STEP: usize = 256;
+
+/// Where a [`KeyedSnapshotEncoder`] goes on.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Header,
+    /// The header and block count of state `n` (past the last: the restored states).
+    State(usize),
+    /// Key group `group` of state `state`, from bucket position `position`.
+    Group {
+        state: usize,
+        group: u32,
+        position: usize,
+    },
+    /// The header and block count of restored state `n` (past the last: the checksum).
+    Restored(usize),
+    /// Block `block` of restored state `state`.
+    RestoredBlock {
+        state: usize,
+        block: usize,
+    },
+    Checksum,
+    Done,
+}
+
+/// The canonical encoding of a heap snapshot, produced in pieces
+/// ([`KeyedSnapshotEncoder::encode_next`]) so that a checkpoint writer can encode a large
+/// state between batches of records and write each piece as it comes, never holding the whole
+/// encoding. The bytes are those [`encode_keyed_snapshot`] writes. `S` is the snapshot, owned
+/// or borrowed.
+pub struct KeyedSnapshotEncoder<K, N, S = HeapSnapshot<K, N>> {
+    snapshot: S,
+    keys: KeyEncoder<K, N>,
+    crc: Crc32,
+    step: Step,
+    /// The entries of the key group being read, and how many.
+    block: Vec<u8>,
+    entries: u32,
+    /// Blocks the current state's count announced, and blocks written.
+    announced: u32,
+    written: u32,
+}
+
+impl<K, N, S> KeyedSnapshotEncoder<K, N, S>
+where
+    K: StateKey + StateCodec,
+    N: StateKey + StateCodec,
+    S: std::borrow::Borrow<HeapSnapshot<K, N>>,
+{
+    /// An encoder of `snapshot`, at its beginning.
+    pub fn new(snapshot: S) -> Self {
+        KeyedSnapshotEncoder {
+            snapshot,
+            keys: KeyEncoder::new(),
+            crc: Crc32::default(),
+            step: Step::Header,
+            block: Vec::new(),
+            entries: 0,
+            announced: 0,
+            written: 0,
+        }
+    }
+
+    /// Appends the next bytes of the encoding to `out`: about `budget` bytes of entries (at
+    /// least one step, however small the budget), and returns whether more follow. Reading a
+    /// key group of many entries takes several calls; its block is appended when it is read
+    /// whole.
+    pub fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, StateError> {
+        let start = out.len();
+        let mut work = 0usize;
+        loop {
+            work = work.saturating_add(self.step(out)?);
+            match self.step {
+                Step::Checksum => {
+                    self.crc.update(&out[start..]);
+                    let checksum = std::mem::take(&mut self.crc).finish();
+                    out.extend_from_slice(&checksum.to_le_bytes());
+                    self.step = Step::Done;
+                    return Ok(false);
+                }
+                Step::Done => return Ok(false),
+                _ if work >= budget => {
+                    self.crc.update(&out[start..]);
+                    return Ok(true);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Takes one step; returns about how much work it was (bytes, bucket positions).
+    fn step(&mut self, out: &mut Vec<u8>) -> Result<usize, StateError> {
+        let snapshot = self.snapshot.borrow();
+        let before = out.len();
+        match self.step {
+            Step::Header => {
+                write_header::<K, N>(
+                    out,
+                    snapshot.max_parallelism,
+                    snapshot.key_groups,
+                    snapshot.taken_at_ms,
+                    snapshot.states.len() + snapshot.restored.len(),
+                )?;
+                self.step = Step::State(0);
+            }
+            Step::State(index) => {
+                let Some(state) = snapshot.states.get(index) else {
+                    self.step = Step::Restored(0);
+                    return Ok(0);
+                };
+                write_state_header(
+                    out,
+                    &state.name,
+                    state.kind,
+                    state.value_type,
+                    state.user_key_type,
+                    state.has_ttl,
+                )?;
+                let groups = state.key_groups.start..=state.key_groups.end;
+                self.announced = groups
+                    .clone()
+                    .filter(|&group| state.has_entries_in_key_group(KeyGroup(group)))
+                    .count() as u32;
+                self.written = 0;
+                out.extend_from_slice(&self.announced.to_le_bytes());
+                self.step = Step::Group {
+                    state: index,
+                    group: state.key_groups.start,
+                    position: 0,
+                };
+                return Ok(out.len() - before + groups.count());
+            }
+            Step::Group {
+                state: index,
+                group,
+                position,
+            } => {
+                let state = &snapshot.states[index];
+                if group > state.key_groups.end {
+                    if self.written != self.announced {
+                        return Err(StateErrorKind::Encode {
+                            state: state.name.clone(),
+                            type_name: "keyed state snapshot",
+                            reason: format!(
+                                "internal error: {} key groups announced, {} written",
+                                self.announced, self.written
+                            ),
+                        }
+                        .into());
+                    }
+                    self.step = Step::State(index + 1);
+                    return Ok(0);
+                }
+                let key_group = KeyGroup(group);
+                let buckets = state.buckets_in_key_group(key_group);
+                let end = buckets.min(position + BUCKETS_PER_STEP);
+                let read = self.block.len();
+                let (keys, block, entries) = (&mut self.keys, &mut self.block, &mut self.entries);
+                state.visit_key_group_buckets(key_group, position..end, |entry| {
+                    *entries = entries
+                        .checked_add(1)
+                        .ok_or_else(|| too_long(&state.name, usize::MAX))?;
+                    keys.put_entry(block, &state.name, &entry)
+                })?;
+                let work = self.block.len() - read + (end - position);
+                if end < buckets {
+                    self.step = Step::Group {
+                        state: index,
+                        group,
+                        position: end,
+                    };
+                    return Ok(work);
+                }
+                if self.entries > 0 {
+                    write_block(out, group, self.entries, &self.block);
+                    self.written += 1;
+                }
+                self.block.clear();
+                self.entries = 0;
+                self.step = Step::Group {
+                    state: index,
+                    group: group + 1,
+                    position: 0,
+                };
+                return Ok(work + 1);
+            }
+            Step::Restored(index) => {
+                let Some(state) = snapshot.restored.get(index) else {
+                    self.step = Step::Checksum;
+                    return Ok(0);
+                };
+                write_state_start(out, &state.header, state.blocks.len())?;
+                self.step = Step::RestoredBlock {
+                    state: index,
+                    block: 0,
+                };
+            }
+            Step::RestoredBlock {
+                state: index,
+                block,
+            } => {
+                let state = &snapshot.restored[index];
+                match state.blocks.get(block) {
+                    Some(entry) => {
+                        write_block(
+                            out,
+                            entry.key_group,
+                            entry.entries,
+                            state.block_bytes(entry),
+                        );
+                        self.step = Step::RestoredBlock {
+                            state: index,
+                            block: block + 1,
+                        };
+                    }
+                    None => self.step = Step::Restored(index + 1),
+                }
+            }
+            Step::Checksum | Step::Done => {}
+        }
+        Ok(out.len() - before)
+    }
 }
 
 /// Appends what `body` writes and its CRC-32; on an error `out` is left as it was.
@@ -282,31 +511,6 @@ pub(crate) fn with_checksum(
             Err(error)
         }
     }
-}
-
-fn encode_body<K: StateKey + StateCodec, N: StateKey + StateCodec>(
-    snapshot: &HeapSnapshot<K, N>,
-    out: &mut Vec<u8>,
-) -> Result<(), StateError> {
-    write_header::<K, N>(
-        out,
-        snapshot.max_parallelism,
-        snapshot.key_groups,
-        snapshot.taken_at_ms,
-        snapshot.states.len() + snapshot.restored.len(),
-    )?;
-    let mut keys = KeyEncoder::<K, N>::new();
-    for state in &snapshot.states {
-        encode_state(state, &mut keys, out)?;
-    }
-    for state in &snapshot.restored {
-        let blocks = state
-            .blocks
-            .iter()
-            .map(|block| (block.key_group, block.entries, state.block_bytes(block)));
-        write_state_blocks(out, &state.header, blocks)?;
-    }
-    Ok(())
 }
 
 /// Appends everything in front of the states: magic, version, key groups, time, key and
@@ -359,6 +563,19 @@ pub(crate) fn write_state_blocks<'a>(
     header: &StateHeader,
     blocks: impl ExactSizeIterator<Item = (u32, u32, &'a [u8])>,
 ) -> Result<(), StateError> {
+    write_state_start(out, header, blocks.len())?;
+    for (key_group, entries, bytes) in blocks {
+        write_block(out, key_group, entries, bytes);
+    }
+    Ok(())
+}
+
+/// Appends the header of a state of `header` and the count of `blocks` that follow it.
+fn write_state_start(
+    out: &mut Vec<u8>,
+    header: &StateHeader,
+    blocks: usize,
+) -> Result<(), StateError> {
     write_state_header(
         out,
         &header.name,
@@ -367,54 +584,17 @@ pub(crate) fn write_state_blocks<'a>(
         header.user_key_type.as_deref(),
         header.has_ttl,
     )?;
-    out.extend_from_slice(&(blocks.len() as u32).to_le_bytes());
-    for (key_group, entries, bytes) in blocks {
-        out.extend_from_slice(&key_group.to_le_bytes());
-        out.extend_from_slice(&entries.to_le_bytes());
-        out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        out.extend_from_slice(bytes);
-    }
+    let count = u32::try_from(blocks).map_err(|_| too_long(&header.name, blocks))?;
+    out.extend_from_slice(&count.to_le_bytes());
     Ok(())
 }
 
-fn encode_state<K: StateKey + StateCodec, N: StateKey + StateCodec>(
-    state: &StateSnapshot<K, N>,
-    keys: &mut KeyEncoder<K, N>,
-    out: &mut Vec<u8>,
-) -> Result<(), StateError> {
-    write_state_header(
-        out,
-        &state.name,
-        state.kind,
-        state.value_type,
-        state.user_key_type,
-        state.has_ttl,
-    )?;
-    let count_at = out.len();
-    out.extend_from_slice(&0u32.to_le_bytes());
-    let mut blocks = 0u32;
-    for group in state.key_groups.start..=state.key_groups.end {
-        let block_at = out.len();
-        out.extend_from_slice(&group.to_le_bytes());
-        out.extend_from_slice(&[0; 12]);
-        let mut entries = 0u32;
-        state.for_each_in_key_group(KeyGroup(group), |entry| {
-            entries = entries
-                .checked_add(1)
-                .ok_or_else(|| too_long(&state.name, usize::MAX))?;
-            keys.put_entry(out, &state.name, &entry)
-        })?;
-        if entries == 0 {
-            out.truncate(block_at);
-            continue;
-        }
-        let len = (out.len() - block_at - BLOCK_HEADER_LEN) as u64;
-        patch_u32(out, block_at + 4, entries);
-        out[block_at + 8..block_at + 16].copy_from_slice(&len.to_le_bytes());
-        blocks += 1;
-    }
-    patch_u32(out, count_at, blocks);
-    Ok(())
+/// Appends one key-group block: its key group, entry count, length and entries.
+fn write_block(out: &mut Vec<u8>, key_group: u32, entries: u32, bytes: &[u8]) {
+    out.extend_from_slice(&key_group.to_le_bytes());
+    out.extend_from_slice(&entries.to_le_bytes());
+    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(bytes);
 }
 
 /// The bytes of a snapshot, read field by field; every problem is a sentence with the offset.

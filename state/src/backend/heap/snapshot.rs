@@ -287,12 +287,28 @@ where
 /// The frozen key-group maps of one state.
 pub(crate) trait TableSnapshot<K, N> {
     fn entries(&self) -> usize;
+    /// Bucket positions of key group `group` ([`TableSnapshot::visit_group_buckets`]).
+    fn buckets(&self, group: usize) -> usize;
+    /// Visits the entries of key group `group` at the bucket positions `positions`, so that a
+    /// large key group can be read in pieces.
+    fn visit_group_buckets(
+        &self,
+        group: usize,
+        positions: std::ops::Range<usize>,
+        now: i64,
+        visit: &mut Visitor<'_, K, N>,
+    ) -> Result<(), StateError>;
+    /// Whether visiting key group `group` at `now` visits anything (something not expired).
+    fn has_live(&self, group: usize, now: i64) -> bool;
+
     fn visit_group(
         &self,
         group: usize,
         now: i64,
         visit: &mut Visitor<'_, K, N>,
-    ) -> Result<(), StateError>;
+    ) -> Result<(), StateError> {
+        self.visit_group_buckets(group, 0..self.buckets(group), now, visit)
+    }
 }
 
 /// [`TableSnapshot`] over shared key-group maps.
@@ -306,14 +322,23 @@ impl<K, N, V: SnapshotValue> TableSnapshot<K, N> for SharedGroups<K, N, V> {
         self.groups.iter().map(|group| group.len()).sum()
     }
 
-    fn visit_group(
+    fn buckets(&self, group: usize) -> usize {
+        self.groups[group].num_buckets()
+    }
+
+    fn has_live(&self, group: usize, now: i64) -> bool {
+        self.groups[group].values().any(|value| value.any_live(now))
+    }
+
+    fn visit_group_buckets(
         &self,
         group: usize,
+        positions: std::ops::Range<usize>,
         now: i64,
         visit: &mut Visitor<'_, K, N>,
     ) -> Result<(), StateError> {
         let mut scratch = Scratch::default();
-        for ((key, namespace), value) in self.groups[group].iter() {
+        for ((key, namespace), value) in self.groups[group].iter_buckets(positions) {
             value.visit(
                 &self.name,
                 now,
@@ -385,6 +410,42 @@ impl<K, N> StateSnapshot<K, N> {
         }
         let group = (key_group.0 - self.key_groups.start) as usize;
         self.table.visit_group(group, self.taken_at_ms, &mut visit)
+    }
+
+    /// Bucket positions of key group `key_group` (0 outside the state's key groups): what
+    /// [`StateSnapshot::visit_key_group_buckets`] reads a key group in pieces by.
+    pub(crate) fn buckets_in_key_group(&self, key_group: KeyGroup) -> usize {
+        self.group_index(key_group)
+            .map_or(0, |group| self.table.buckets(group))
+    }
+
+    /// Visits the entries of `key_group` at bucket positions `positions`, in position order.
+    pub(crate) fn visit_key_group_buckets(
+        &self,
+        key_group: KeyGroup,
+        positions: std::ops::Range<usize>,
+        mut visit: impl FnMut(SnapshotEntry<'_, K, N>) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        match self.group_index(key_group) {
+            Some(group) => {
+                self.table
+                    .visit_group_buckets(group, positions, self.taken_at_ms, &mut visit)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Whether visiting `key_group` visits any entry (one not expired when the snapshot was
+    /// taken).
+    pub(crate) fn has_entries_in_key_group(&self, key_group: KeyGroup) -> bool {
+        self.group_index(key_group)
+            .is_some_and(|group| self.table.has_live(group, self.taken_at_ms))
+    }
+
+    fn group_index(&self, key_group: KeyGroup) -> Option<usize> {
+        self.key_groups
+            .contains(key_group)
+            .then(|| (key_group.0 - self.key_groups.start) as usize)
     }
 
     /// Visits all entries, key group by key group in ascending order.

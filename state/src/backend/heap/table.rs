@@ -77,6 +77,22 @@ impl<K, N, V> GroupMap<K, N, V> {
     pub(crate) fn values(&self) -> impl Iterator<Item = &V> {
         self.table.iter().map(|(_, value)| value)
     }
+
+    /// Bucket positions: each holds at most one entry.
+    pub(crate) fn num_buckets(&self) -> usize {
+        self.table.num_buckets()
+    }
+
+    /// The entries at the bucket positions `positions`, in position order: a map that does not
+    /// change can be read in pieces, each resuming where the last stopped.
+    pub(crate) fn iter_buckets(
+        &self,
+        positions: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (&(K, Option<N>), &V)> {
+        positions
+            .filter_map(|index| self.table.get_bucket(index))
+            .map(|(key, value)| (key, value))
+    }
 }
 
 /// The hash a group map files `key` under: [`HashedKey::hash`] must be this.
