@@ -771,12 +771,19 @@ fn encode_in_pieces<N: weir_state::StateKey + weir_state::StateCodec>(
     backend: &LocalKeyedBackend<u64, N>,
     budget: usize,
 ) -> (Vec<u8>, usize) {
+    // Each piece into a buffer of its own, as a checkpoint writer hands them out (a key
+    // group's block can then become the piece itself).
     let mut encoder = KeyedSnapshotEncoder::new(backend.heap_snapshot().unwrap());
-    let (mut bytes, mut pieces) = (Vec::new(), 0);
-    while encoder.encode_next(&mut bytes, budget).unwrap() {
+    let (mut bytes, mut pieces, mut piece) = (Vec::new(), 0, Vec::new());
+    loop {
+        piece.clear();
+        let more = encoder.encode_next(&mut piece, budget).unwrap();
+        bytes.extend_from_slice(&piece);
         pieces += 1;
+        if !more {
+            return (bytes, pieces);
+        }
     }
-    (bytes, pieces + 1)
 }
 
 #[test]
@@ -866,9 +873,22 @@ proptest! {
         before.iter().for_each(apply);
         let whole = checkpoint(&source);
         let mut encoder = KeyedSnapshotEncoder::new(source.heap_snapshot().unwrap());
-        let mut bytes = Vec::new();
+        let (mut bytes, mut piece) = (Vec::new(), Vec::new());
         let mut later = after.iter();
-        while encoder.encode_next(&mut bytes, budget).unwrap() {
+        // Pieces into one buffer, or each into a buffer of its own.
+        let own = budget % 2 == 0;
+        loop {
+            let more = if own {
+                piece.clear();
+                let more = encoder.encode_next(&mut piece, budget).unwrap();
+                bytes.extend_from_slice(&piece);
+                more
+            } else {
+                encoder.encode_next(&mut bytes, budget).unwrap()
+            };
+            if !more {
+                break;
+            }
             if let Some(write) = later.next() {
                 apply(write);
             }

@@ -269,6 +269,9 @@ pub fn encode_keyed_snapshot<K: StateKey + StateCodec, N: StateKey + StateCodec>
     }
 }
 
+/// Bytes in front of a block's entries: key group, entry count, length.
+const BLOCK_HEADER_LEN: usize = 16;
+
 /// Bucket positions of a key group read in one step of [`KeyedSnapshotEncoder::encode_next`].
 const BUCKETS_PER_STEP: usize = 256;
 
@@ -426,6 +429,10 @@ where
                 let key_group = KeyGroup(group);
                 let buckets = state.buckets_in_key_group(key_group);
                 let end = buckets.min(position + BUCKETS_PER_STEP);
+                if self.block.is_empty() {
+                    // Room for the block's header, written once the block is read whole.
+                    self.block.extend_from_slice(&[0; BLOCK_HEADER_LEN]);
+                }
                 let read = self.block.len();
                 let (keys, block, entries) = (&mut self.keys, &mut self.block, &mut self.entries);
                 state.visit_key_group_buckets(key_group, position..end, |entry| {
@@ -435,6 +442,13 @@ where
                     keys.put_entry(block, &state.name, &entry)
                 })?;
                 let work = self.block.len() - read + (end - position);
+                if position == 0 && end < buckets {
+                    // A large key group: room for all of it at the rate of its first step, so
+                    // that it is not copied again each time the buffer doubles.
+                    let estimate = (self.block.len() - read) / end.max(1) * buckets;
+                    self.block
+                        .reserve(estimate.saturating_sub(self.block.len()));
+                }
                 if end < buckets {
                     self.step = Step::Group {
                         state: index,
@@ -444,7 +458,17 @@ where
                     return Ok(work);
                 }
                 if self.entries > 0 {
-                    write_block(out, group, self.entries, &self.block);
+                    let len = (self.block.len() - BLOCK_HEADER_LEN) as u64;
+                    self.block[..4].copy_from_slice(&group.to_le_bytes());
+                    self.block[4..8].copy_from_slice(&self.entries.to_le_bytes());
+                    self.block[8..16].copy_from_slice(&len.to_le_bytes());
+                    if out.is_empty() {
+                        // The block is the piece: handed over, not copied (the caller's
+                        // buffer comes back as the next block's).
+                        std::mem::swap(out, &mut self.block);
+                    } else {
+                        out.extend_from_slice(&self.block);
+                    }
                     self.written += 1;
                 }
                 self.block.clear();
