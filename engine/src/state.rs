@@ -200,11 +200,13 @@ impl<K: Key> KeyedStateStore<K> {
         let (backend, native) = open_keyed_backend(ctx)?;
         // Canonical keyed snapshots (any heap checkpoint, any savepoint), on either backend; a
         // RocksDB checkpoint's files were restored with the instance.
-        let restored = ctx.restored_of_all(PART_KEYED);
-        if !restored.is_empty() {
-            let parts: Vec<&[u8]> = restored.iter().map(Vec::as_slice).collect();
-            backend.restore(&parts)?;
-        }
+        ctx.with_restored_of_all(PART_KEYED, |parts| {
+            if parts.is_empty() {
+                Ok(())
+            } else {
+                backend.restore(parts).map(drop)
+            }
+        })?;
         let store = Rc::new(KeyedStateStore {
             backend,
             handles: RefCell::new(Vec::new()),

@@ -330,12 +330,25 @@ pub struct CompletedCheckpoint {
     pub dir: PathBuf,
     /// Its metadata.
     pub metadata: CheckpointMetadata,
+    /// Per task state file (`metadata.files`), its contents where verifying the checkpoint
+    /// read them: what a restore reads next, so that it reads each file once.
+    state_files: Vec<Option<Vec<u8>>>,
 }
 
 impl CompletedCheckpoint {
     /// The path of one of its files.
     pub fn path_of(&self, file: &StoredFile) -> PathBuf {
         resolve(&self.dir, &file.name)
+    }
+
+    /// The contents of its task state file `index` (of `metadata.files`), checked against
+    /// the length and CRC-32 the metadata says: the bytes verifying the checkpoint read,
+    /// handed over once, or read now (the errors of [`read_verified`]).
+    pub fn take_state_file(&mut self, index: usize) -> Result<Vec<u8>, StateError> {
+        match self.state_files.get_mut(index).and_then(Option::take) {
+            Some(bytes) => Ok(bytes),
+            None => read_verified(&self.dir, &self.metadata.files[index]),
+        }
     }
 }
 
@@ -685,6 +698,7 @@ fn write_metadata(
     Ok(CompletedCheckpoint {
         dir: pending.dir,
         metadata: metadata.clone(),
+        state_files: Vec::new(),
     })
 }
 
@@ -706,12 +720,19 @@ fn read_metadata(dir: &Path) -> Result<CheckpointMetadata, StateError> {
 
 /// Checks the metadata of the checkpoint in `dir` and every file it lists.
 fn verify_dir(dir: &Path, metadata: CheckpointMetadata) -> Result<CompletedCheckpoint, StateError> {
-    for file in metadata.all_files() {
+    // The task state files are kept as read: a restore reads them next.
+    let state_files = metadata
+        .files
+        .iter()
+        .map(|file| read_verified(dir, file).map(Some))
+        .collect::<Result<Vec<_>, _>>()?;
+    for file in &metadata.referenced {
         verify_file(dir, file)?;
     }
     Ok(CompletedCheckpoint {
         dir: dir.to_path_buf(),
         metadata,
+        state_files,
     })
 }
 

@@ -975,7 +975,7 @@ fn latest_restorable(
     for skipped in &latest.skipped {
         tracing::warn!("passing over a checkpoint that cannot be restored: {skipped}");
     }
-    let Some(completed) = latest.usable else {
+    let Some(mut completed) = latest.usable else {
         // Attempts cut short before any checkpoint of the job completed hold no state to
         // lose (a kill during the first one): the job has no checkpoint yet.
         if latest.skipped.is_empty() || !storage.has_completed() || at_least > 0 {
@@ -997,7 +997,7 @@ fn latest_restorable(
         // An older run's: this run's restarts take its own checkpoints (or what it began from).
         return Ok(None);
     }
-    let mut restored = read_restored(&completed, &format!("job '{job}'"), rules)?;
+    let mut restored = read_restored(&mut completed, &format!("job '{job}'"), rules)?;
     restored.own = true;
     tracing::info!(
         "job '{job}' resumes from checkpoint {} ({})",
@@ -1015,7 +1015,7 @@ pub(crate) fn open_savepoint(
     job: &str,
     rules: RestoreRules<'_>,
 ) -> Result<Arc<RestoredJob>, JobError> {
-    let completed = weir_state::checkpoint::open_savepoint(path).map_err(|error| {
+    let mut completed = weir_state::checkpoint::open_savepoint(path).map_err(|error| {
         JobError::InvalidJob(format!(
             "cannot start job '{job}' from savepoint {}: {error}",
             path.display()
@@ -1028,7 +1028,7 @@ pub(crate) fn open_savepoint(
             completed.metadata.job
         );
     }
-    let restored = read_restored(&completed, &format!("job '{job}'"), rules)?;
+    let restored = read_restored(&mut completed, &format!("job '{job}'"), rules)?;
     tracing::info!(
         "job '{job}' starts from savepoint {} (checkpoint {})",
         completed.dir.display(),
@@ -1041,7 +1041,7 @@ pub(crate) fn open_savepoint(
 /// longer has (or, with `allow_non_restored_state`, leaves it out with a warning); an operator
 /// at another parallelism is rescaled (its subtasks share out the old ones' state).
 fn read_restored(
-    completed: &weir_state::checkpoint::CompletedCheckpoint,
+    completed: &mut weir_state::checkpoint::CompletedCheckpoint,
     job: &str,
     rules: RestoreRules<'_>,
 ) -> Result<RestoredJob, JobError> {
@@ -1064,7 +1064,8 @@ fn read_restored(
         ..RestoredJob::default()
     };
     let subtasks = payload.operators.iter().map(|o| o.parallelism).max();
-    for (file, &subtask) in completed.metadata.files.iter().zip(&payload.file_subtasks) {
+    for (index, &subtask) in payload.file_subtasks.iter().enumerate() {
+        let file = &completed.metadata.files[index];
         if subtask >= subtasks.unwrap_or(0) {
             return Err(refuse(format!(
                 "{what} says {} belongs to subtask {subtask}, which no operator of the job has",
@@ -1072,8 +1073,9 @@ fn read_restored(
             )));
         }
         let path: PathBuf = completed.path_of(file);
-        let bytes = std::fs::read(&path)
-            .map_err(|e| refuse(format!("cannot read {}: {e}", path.display())))?;
+        let bytes = completed
+            .take_state_file(index)
+            .map_err(|e| refuse(e.to_string()))?;
         let mut parts = decode_file(&bytes, &path.display().to_string()).map_err(refuse)?;
         super::chain::expand_parts(&completed.dir, &mut parts).map_err(refuse)?;
         restored.add_file(subtask, parts);

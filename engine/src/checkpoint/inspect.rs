@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
-use weir_state::checkpoint::{verify_file, CheckpointMetadata, METADATA_FILE};
+use weir_state::checkpoint::{read_verified, verify_file, CheckpointMetadata, METADATA_FILE};
 use weir_state::{decode_keyed_snapshot, OperatorStateSnapshot};
 
 use super::chain::{expand_parts, is_chain};
@@ -203,14 +203,11 @@ pub fn inspect(path: &Path) -> Result<CheckpointReport, String> {
         ));
     }
     for (file, &subtask) in metadata.files.iter().zip(&payload.file_subtasks) {
-        if let Err(error) = verify_file(&dir, file) {
-            report.problems.push(error.to_string());
-            continue;
-        }
         let path = dir.join(&file.name);
         let what = path.display().to_string();
-        let mut parts = match std::fs::read(&path)
-            .map_err(|e| format!("cannot read {what}: {e}"))
+        // Read once: checked against the metadata's length and CRC-32, then decoded.
+        let mut parts = match read_verified(&dir, file)
+            .map_err(|error| error.to_string())
             .and_then(|bytes| decode_file(&bytes, &what))
         {
             Ok(parts) => parts,

@@ -60,12 +60,13 @@ impl KeyedScope {
         ctx: &RuntimeContext,
         part: &str,
     ) -> Result<Option<KeyedSnapshotEntries<K, N>>, StateError> {
-        let parts = ctx.restored_of_all(part);
-        if parts.is_empty() {
-            return Ok(None);
-        }
-        let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-        self.read(&parts).map(Some)
+        ctx.with_restored_of_all(part, |parts| {
+            if parts.is_empty() {
+                Ok(None)
+            } else {
+                self.read(parts).map(Some)
+            }
+        })
     }
 }
 

@@ -107,15 +107,17 @@ impl RuntimeContext {
         Some(parts.share(decode))
     }
 
-    /// The part `name` of every subtask of this operator in the checkpoint the job resumes
-    /// from (keyed state, which each subtask filters by the key groups it owns).
-    pub(crate) fn restored_of_all(&self, name: &str) -> Vec<Vec<u8>> {
-        self.task
-            .get()
-            .restored_of_all(&self.state.operator_id, name)
-            .into_iter()
-            .map(<[u8]>::to_vec)
-            .collect()
+    /// Calls `read` with the part `name` of every subtask of this operator in the checkpoint
+    /// the job resumes from (keyed state, which each subtask filters by the key groups it
+    /// owns), as the restored checkpoint holds them: a keyed part can be a whole state, so
+    /// it is lent, not copied.
+    pub(crate) fn with_restored_of_all<R>(
+        &self,
+        name: &str,
+        read: impl FnOnce(&[&[u8]]) -> R,
+    ) -> R {
+        let task = self.task.get();
+        read(&task.restored_of_all(&self.state.operator_id, name))
     }
 
     /// The parts `name` of this operator that stand for files of the checkpoint the job

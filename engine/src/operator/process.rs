@@ -138,15 +138,19 @@ where
     fn open(&mut self, ctx: &RuntimeContext) {
         let state = KeyedStateStore::open(ctx)
             .unwrap_or_else(|error| panic!("cannot open the keyed state backend: {error}"));
-        restore_timers(&mut self.timers, &ctx.restored_of_all(PART_TIMERS), ctx)
-            .unwrap_or_else(|error| panic!("cannot restore the timers: {error}"));
+        ctx.with_restored_of_all(PART_TIMERS, |parts| {
+            restore_timers(&mut self.timers, parts, ctx)
+        })
+        .unwrap_or_else(|error| panic!("cannot restore the timers: {error}"));
         if let Some(own) = self.function.own_keyed_state() {
-            let parts = ctx.restored_of_all(PART_OWN_KEYED);
-            if !parts.is_empty() {
-                let parts: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-                own.restore(&KeyedScope::of(ctx), &parts)
-                    .unwrap_or_else(|error| panic!("cannot restore the function's state: {error}"));
-            }
+            ctx.with_restored_of_all(PART_OWN_KEYED, |parts| {
+                if !parts.is_empty() {
+                    own.restore(&KeyedScope::of(ctx), parts)
+                        .unwrap_or_else(|error| {
+                            panic!("cannot restore the function's state: {error}")
+                        });
+                }
+            });
         }
         self.state = Some(state);
         self.function.open(ctx);
@@ -235,7 +239,7 @@ pub(crate) fn encode_timers<K: Key>(timers: &KeyedTimers<K>) -> Result<Vec<u8>, 
 /// keys fall in `ctx`'s key groups.
 pub(crate) fn restore_timers<K: Key>(
     timers: &mut KeyedTimers<K>,
-    parts: &[Vec<u8>],
+    parts: &[&[u8]],
     ctx: &RuntimeContext,
 ) -> Result<(), String> {
     let max = ctx.max_parallelism as u32;

@@ -187,6 +187,15 @@ pub(crate) fn merge_snapshots(
                 }
                 .into());
             }
+            // One allocation for this snapshot's blocks of the state (a 1 GiB state copied
+            // in by doubling would be copied about twice over, into fresh memory each time).
+            let kept: usize = state
+                .blocks
+                .iter()
+                .filter(|block| key_groups.contains(KeyGroup(block.key_group)))
+                .map(|block| block.bytes.len())
+                .sum();
+            restored.data.reserve(kept);
             for block in state.blocks {
                 if !key_groups.contains(KeyGroup(block.key_group)) {
                     summary.entries_elsewhere += u64::from(block.entries);
