@@ -73,7 +73,8 @@ pub struct CheckpointBenchReport {
     pub fill_seconds: f64,
     /// Checkpoints completed after the restart.
     pub checkpoints_completed: u64,
-    /// Per checkpoint after the restart, the shard's time on the snapshot instead of records.
+    /// Per checkpoint after the restart, the longest the shard worked on the snapshot instead
+    /// of records at once (the barrier's part plus the encoding's longest piece).
     pub sync_pause_ms: Option<PausesMs>,
     /// Per checkpoint after the restart, trigger to commit.
     pub checkpoint_seconds: Option<MedianMaxMs>,

@@ -204,7 +204,8 @@ pub struct CheckpointFigures {
     pub checkpoint_duration_ms: Option<MedianMaxMs>,
     /// Size of the last completed checkpoint.
     pub checkpoint_bytes: CheckpointBytes,
-    /// Per task and checkpoint, how long its shard worked on the snapshot instead of records
+    /// Per task and checkpoint, the longest its shard worked on the snapshot instead of
+    /// records at once: the barrier's part plus the longest piece of the encoding after it
     /// (`None`: none completed).
     pub sync_pause_ms: Option<PausesMs>,
 }

@@ -105,7 +105,8 @@ pub(crate) enum TaskReport {
         checkpoint: u64,
         task: usize,
         files: TaskFiles,
-        /// How long its shard worked on the snapshot instead of records.
+        /// The longest its shard worked on the snapshot instead of records at once (the
+        /// barrier's part plus the longest piece of the encoding after it).
         pause: Duration,
     },
     /// It could not write its state for the checkpoint.
@@ -252,9 +253,9 @@ pub(crate) struct TaskFiles {
     pub(crate) referenced: Vec<StoredFile>,
 }
 
-/// Writes a task's state file, after uploading the RocksDB checkpoints among its parts: the
-/// files, and how long encoding took (on the shard, which processes no records meanwhile; the
-/// writing does not hold it).
+/// Writes a task's state file, after uploading the RocksDB checkpoints among its parts, in
+/// pieces with records flowing between them: the files, and the longest piece's encoding (on
+/// the shard, which processes no records meanwhile; the writing does not hold it).
 async fn write_file(
     pending: &PendingCheckpoint,
     name: &str,

@@ -74,9 +74,10 @@ pub struct CheckpointStats {
     /// The bytes the last completed checkpoint wrote: its full size less the shared files an
     /// earlier checkpoint wrote (RocksDB's incremental checkpoints).
     pub last_incremental_bytes: u64,
-    /// Per task and completed checkpoint, how long the task's shard worked on its snapshot
-    /// instead of records: the barrier's way through the task's chain (the operators'
-    /// synchronous snapshots) and the encoding of its state file. Alignment is not counted.
+    /// Per task and completed checkpoint, the longest the task's shard worked on its snapshot
+    /// instead of records at once: the barrier's way through the task's chain (the operators'
+    /// synchronous snapshots) plus the longest single piece of its state file's deferred
+    /// encoding (records flow between pieces). Alignment is not counted.
     pub sync_pauses: Vec<Duration>,
 }
 
