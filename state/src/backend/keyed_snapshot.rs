@@ -339,7 +339,8 @@ where
     /// Appends the next bytes of the encoding to `out`: about `budget` bytes of entries (at
     /// least one step, however small the budget), and returns whether more follow. Reading a
     /// key group of many entries takes several calls; its block is appended when it is read
-    /// whole.
+    /// whole — or, when `out` is empty, becomes `out` (the two buffers are swapped rather than
+    /// the block copied, so `out` may come back as another allocation).
     pub fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, StateError> {
         let start = out.len();
         let mut work = 0usize;
