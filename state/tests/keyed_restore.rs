@@ -15,9 +15,9 @@ use proptest::prelude::*;
 use restore_support::*;
 use weir_state::{
     decode_keyed_snapshot, encode_keyed_snapshot, AggregatingStateDescriptor, KeyGroup,
-    KeyedBackendConfig, KeyedSnapshotEncoder, ListStateDescriptor, LocalKeyedBackend, ManualClock,
-    MapStateDescriptor, SnapshotShape, StateErrorKind, StateKind, StateTtlConfig,
-    ValueStateDescriptor,
+    KeyedBackendConfig, KeyedSnapshotEncoder, ListState, ListStateDescriptor, LocalKeyedBackend,
+    ManualClock, MapState, MapStateDescriptor, SnapshotShape, StateErrorKind, StateKind,
+    StateTtlConfig, ValueState, ValueStateDescriptor,
 };
 
 #[test]
@@ -696,6 +696,61 @@ fn write() -> impl Strategy<Value = Write> {
 
 type Model = BTreeMap<(u64, Option<u8>), (Option<u32>, Vec<u32>, BTreeMap<u8, u32>)>;
 
+impl Write {
+    /// The key and namespace it writes under.
+    fn target(&self) -> (u64, Option<u8>) {
+        match self {
+            Write::Value(k, n, _)
+            | Write::ClearValue(k, n)
+            | Write::Push(k, n, _)
+            | Write::Put(k, n, _, _)
+            | Write::Remove(k, n, _) => (*k, *n),
+        }
+    }
+}
+
+/// The model tests' states — a value `v`, a list `l` and a map `m` — on a heap backend of one
+/// subtask.
+struct Modelled {
+    backend: LocalKeyedBackend<u64, u8>,
+    value: ValueState<u32>,
+    list: ListState<u32>,
+    map: MapState<u8, u32>,
+}
+
+impl Modelled {
+    fn new() -> Modelled {
+        let (backend, _) = heap::<u8>(1, 0);
+        Modelled {
+            value: backend
+                .value_state(&ValueStateDescriptor::new("v"))
+                .unwrap(),
+            list: backend.list_state(&ListStateDescriptor::new("l")).unwrap(),
+            map: backend.map_state(&MapStateDescriptor::new("m")).unwrap(),
+            backend,
+        }
+    }
+
+    /// Applies `write` to the backend.
+    fn apply(&self, write: &Write) {
+        let (key, namespace) = write.target();
+        self.backend.set_current_key(&key).unwrap();
+        match namespace {
+            Some(n) => self.backend.set_current_namespace(n).unwrap(),
+            None => self.backend.clear_current_namespace().unwrap(),
+        }
+        match *write {
+            Write::Value(_, _, v) => self.value.update(v).unwrap(),
+            Write::ClearValue(..) => self.value.clear().unwrap(),
+            Write::Push(_, _, v) => self.list.add(v).unwrap(),
+            Write::Put(_, _, u, v) => self.map.put(u, v).unwrap(),
+            Write::Remove(_, _, u) => {
+                self.map.remove(&u).unwrap();
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -709,32 +764,21 @@ proptest! {
         let value_d = ValueStateDescriptor::<u32>::new("v");
         let list_d = ListStateDescriptor::<u32>::new("l");
         let map_d = MapStateDescriptor::<u8, u32>::new("m");
-        let (source, _) = heap::<u8>(1, 0);
-        let value = source.value_state(&value_d).unwrap();
-        let list = source.list_state(&list_d).unwrap();
-        let map = source.map_state(&map_d).unwrap();
+        let source = Modelled::new();
         let mut model = Model::new();
         for write in &writes {
-            let (key, namespace) = match write {
-                Write::Value(k, n, _) | Write::ClearValue(k, n) | Write::Push(k, n, _)
-                | Write::Put(k, n, _, _) | Write::Remove(k, n, _) => (*k, *n),
-            };
-            source.set_current_key(&key).unwrap();
-            match namespace {
-                Some(n) => source.set_current_namespace(n).unwrap(),
-                None => source.clear_current_namespace().unwrap(),
-            }
-            let entry = model.entry((key, namespace)).or_default();
+            source.apply(write);
+            let entry = model.entry(write.target()).or_default();
             match *write {
-                Write::Value(_, _, v) => { value.update(v).unwrap(); entry.0 = Some(v); }
-                Write::ClearValue(..) => { value.clear().unwrap(); entry.0 = None; }
-                Write::Push(_, _, v) => { list.add(v).unwrap(); entry.1.push(v); }
-                Write::Put(_, _, u, v) => { map.put(u, v).unwrap(); entry.2.insert(u, v); }
-                Write::Remove(_, _, u) => { map.remove(&u).unwrap(); entry.2.remove(&u); }
+                Write::Value(_, _, v) => entry.0 = Some(v),
+                Write::ClearValue(..) => entry.0 = None,
+                Write::Push(_, _, v) => entry.1.push(v),
+                Write::Put(_, _, u, v) => { entry.2.insert(u, v); }
+                Write::Remove(_, _, u) => { entry.2.remove(&u); }
             }
         }
         model.retain(|_, (v, l, m)| v.is_some() || !l.is_empty() || !m.is_empty());
-        let bytes = checkpoint(&source);
+        let bytes = checkpoint(&source.backend);
 
         let mut seen = Model::new();
         for subtask in 0..parallelism {
@@ -844,35 +888,12 @@ proptest! {
         writes in prop::collection::vec(write(), 0..300),
         budget in 0usize..2_000,
     ) {
-        let value_d = ValueStateDescriptor::<u32>::new("v");
-        let list_d = ListStateDescriptor::<u32>::new("l");
-        let map_d = MapStateDescriptor::<u8, u32>::new("m");
-        let (source, _) = heap::<u8>(1, 0);
-        let value = source.value_state(&value_d).unwrap();
-        let list = source.list_state(&list_d).unwrap();
-        let map = source.map_state(&map_d).unwrap();
-        let apply = |write: &Write| {
-            let (key, namespace) = match write {
-                Write::Value(k, n, _) | Write::ClearValue(k, n) | Write::Push(k, n, _)
-                | Write::Put(k, n, _, _) | Write::Remove(k, n, _) => (*k, *n),
-            };
-            source.set_current_key(&key).unwrap();
-            match namespace {
-                Some(n) => source.set_current_namespace(n).unwrap(),
-                None => source.clear_current_namespace().unwrap(),
-            }
-            match *write {
-                Write::Value(_, _, v) => value.update(v).unwrap(),
-                Write::ClearValue(..) => value.clear().unwrap(),
-                Write::Push(_, _, v) => list.add(v).unwrap(),
-                Write::Put(_, _, u, v) => map.put(u, v).unwrap(),
-                Write::Remove(_, _, u) => { map.remove(&u).unwrap(); }
-            }
-        };
+        let source = Modelled::new();
+        let apply = |write: &Write| source.apply(write);
         let (before, after) = writes.split_at(writes.len() / 2);
         before.iter().for_each(apply);
-        let whole = checkpoint(&source);
-        let mut encoder = KeyedSnapshotEncoder::new(source.heap_snapshot().unwrap());
+        let whole = checkpoint(&source.backend);
+        let mut encoder = KeyedSnapshotEncoder::new(source.backend.heap_snapshot().unwrap());
         let (mut bytes, mut piece) = (Vec::new(), Vec::new());
         let mut later = after.iter();
         // Pieces into one buffer, or each into a buffer of its own.
