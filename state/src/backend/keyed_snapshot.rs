@@ -459,10 +459,12 @@ where
                     return Ok(work);
                 }
                 if self.entries > 0 {
-                    let len = (self.block.len() - BLOCK_HEADER_LEN) as u64;
-                    self.block[..4].copy_from_slice(&group.to_le_bytes());
-                    self.block[4..8].copy_from_slice(&self.entries.to_le_bytes());
-                    self.block[8..16].copy_from_slice(&len.to_le_bytes());
+                    let len = self.block.len() - BLOCK_HEADER_LEN;
+                    self.block[..BLOCK_HEADER_LEN].copy_from_slice(&block_header(
+                        group,
+                        self.entries,
+                        len,
+                    ));
                     if out.is_empty() {
                         // The block is the piece: handed over, not copied (the caller's
                         // buffer comes back as the next block's).
@@ -614,12 +616,19 @@ fn write_state_start(
     Ok(())
 }
 
-/// Appends one key-group block: its key group, entry count, length and entries.
+/// Appends one key-group block: its header ([`block_header`]) and entries.
 fn write_block(out: &mut Vec<u8>, key_group: u32, entries: u32, bytes: &[u8]) {
-    out.extend_from_slice(&key_group.to_le_bytes());
-    out.extend_from_slice(&entries.to_le_bytes());
-    out.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+    out.extend_from_slice(&block_header(key_group, entries, bytes.len()));
     out.extend_from_slice(bytes);
+}
+
+/// What goes in front of a key-group block's entries: key group, entry count, length.
+fn block_header(key_group: u32, entries: u32, len: usize) -> [u8; BLOCK_HEADER_LEN] {
+    let mut header = [0; BLOCK_HEADER_LEN];
+    header[..4].copy_from_slice(&key_group.to_le_bytes());
+    header[4..8].copy_from_slice(&entries.to_le_bytes());
+    header[8..].copy_from_slice(&(len as u64).to_le_bytes());
+    header
 }
 
 /// The bytes of a snapshot, read field by field; every problem is a sentence with the offset.
