@@ -58,7 +58,7 @@ pub use backend::heap::restore::RestoreSummary;
 pub use backend::heap::snapshot::{HeapSnapshot, SnapshotEntry, StateSnapshot};
 pub use backend::keyed_chain::{merge_keyed_chain, REMOVED_KEYS};
 pub use backend::keyed_entries::{
-    KeyedSnapshotEntries, KeyedSnapshotWriter, StateValueCodec, WriterState,
+    KeyedSnapshotEntries, KeyedSnapshotPieces, KeyedSnapshotWriter, StateValueCodec, WriterState,
 };
 pub use backend::keyed_snapshot::{
     decode_keyed_snapshot, encode_keyed_snapshot, KeyedEntryBytes, KeyedSnapshotContents,

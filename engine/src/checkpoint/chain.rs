@@ -1,9 +1,10 @@
 //! Keyed parts checkpointed incrementally, as chains of a full snapshot and deltas.
 //!
 //! An operator that keeps keyed state in maps of its own and knows which keys changed since its
-//! last barrier (the tumbling and sliding window operator, `window/aligned.rs`) writes at a
+//! last barrier (the tumbling and sliding window operator, `window/aligned`) takes at a
 //! barrier either a full keyed snapshot or a delta of the keys changed and removed since
-//! (`weir_state::merge_keyed_chain` has the format). Each link is a shared file of the job,
+//! (`weir_state::merge_keyed_chain` has the format), handing over its encoder: the link is
+//! encoded after the barrier, in pieces. Each link is a shared file of the job,
 //! `shared/<n>-<operator>-<subtask>-<part>-<link>`, written once by the task's checkpoint writer
 //! after the barrier; the operator's part in a checkpoint is a small manifest listing the chain
 //! (every link since the last full one), and the checkpoint's metadata lists the links too, so
@@ -13,15 +14,17 @@
 //!
 //! **When a full snapshot.** The first after the operator opens (after a restore too); when at
 //! least half the keys changed (a delta would cost as much); when the deltas since the last
-//! full one add up to its size (so a restore reads at most about twice the state); and every
-//! [`MAX_DELTAS`] links. `execution.checkpointing.incremental: false` writes every one full,
-//! as an ordinary part.
+//! full one add up to its size, as far as their writers have told (so a restore reads at most
+//! about twice the state); every [`MAX_DELTAS`] links; and after a link could not be written.
+//! `execution.checkpointing.incremental: false` writes every one full, as an ordinary part.
 //!
 //! **Nothing lost on an abort.** A link belongs to the chain whether or not its checkpoint
 //! completes: the links after it are deltas over it. So links are uploaded one at a time in
-//! barrier order, and a link whose checkpoint was aborted before its writer stored it (or whose
-//! writing failed) is carried over, bytes and all, and stored by the next checkpoint's writer
-//! before that checkpoint's own link.
+//! barrier order, and a link whose checkpoint was aborted before its writer stored it is
+//! carried over, encoder and all, and stored by the next checkpoint's writer before that
+//! checkpoint's own link. A link whose writing failed once it began is lost (its pieces went
+//! with the file), and so are the deltas over it, even those already taken: their checkpoints
+//! fail, and the next link is a full one.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeSet;
@@ -32,7 +35,7 @@ use std::time::Duration;
 use weir_state::checkpoint::{PendingCheckpoint, StateFileWriter, StoredFile};
 
 use super::bytes::{ByteReader, ByteWriter};
-use super::task_state::{FileParts, OperatorSnapshot, Part};
+use super::task_state::{write_in_pieces, DeferredPart, FileParts, OperatorSnapshot, Part};
 use crate::operator::RuntimeContext;
 
 const MAGIC: &[u8; 8] = b"WEIRCHN\0";
@@ -45,13 +48,20 @@ pub(crate) const MAX_DELTAS: u32 = 32;
 pub(crate) struct KeyedChain {
     part: &'static str,
     links: Rc<Links>,
-    /// Barrier-time accounting: the last full link's size, the deltas since and their bytes
-    /// (`None`: no full link handed out yet).
-    base: Cell<Option<(u64, u32, u64)>>,
     /// The next link's number (from 1).
     next: Cell<u64>,
     /// Every link after the first a delta, whatever changed (tests of the delta path).
     deltas_only: bool,
+}
+
+/// The chain since its last full link, for choosing the next link: the full link's number
+/// and size, the deltas since and their bytes (sizes as their writers learn them).
+#[derive(Clone, Copy, Debug)]
+struct Base {
+    full: u64,
+    full_bytes: u64,
+    deltas: u32,
+    delta_bytes: u64,
 }
 
 /// What the chain's writers share: the links stored, and which have been dealt with.
@@ -60,12 +70,18 @@ struct Links {
     name: String,
     /// The chain as stored: the last full link first.
     stored: RefCell<Vec<(bool, StoredFile)>>,
-    /// Links handed out at a barrier whose writers are done (stored or carried), past `through`.
+    /// Links handed out at a barrier whose writers are done (stored, carried or failed),
+    /// past `through`.
     done: RefCell<BTreeSet<u64>>,
     /// Every link up to this one is done.
     through: Cell<u64>,
-    /// Links whose checkpoint did not store them: (number, full, bytes), in number order.
-    carried: RefCell<Vec<(u64, bool, Vec<u8>)>>,
+    /// Links whose checkpoint did not store them, in number order.
+    carried: RefCell<Vec<Carried>>,
+    /// The last link whose writing failed after it began (0: none): the deltas over it are
+    /// lost with it, and the chain starts again with a full link.
+    failed: Cell<u64>,
+    /// `None`: no full link handed out yet (or the chain starts again).
+    base: Cell<Option<Base>>,
 }
 
 impl Links {
@@ -74,6 +90,18 @@ impl Links {
         done.insert(link);
         while done.remove(&(self.through.get() + 1)) {
             self.through.set(self.through.get() + 1);
+        }
+    }
+
+    /// Link `number` was written, `len` bytes: the accounting of the chain's base learns it.
+    fn stored_len(&self, number: u64, len: u64) {
+        if let Some(mut base) = self.base.get() {
+            if number == base.full {
+                base.full_bytes = len;
+            } else if number > base.full {
+                base.delta_bytes += len;
+            }
+            self.base.set(Some(base));
         }
     }
 }
@@ -99,8 +127,9 @@ impl KeyedChain {
                 done: RefCell::default(),
                 through: Cell::new(0),
                 carried: RefCell::default(),
+                failed: Cell::new(0),
+                base: Cell::new(None),
             }),
-            base: Cell::new(None),
             next: Cell::new(1),
             deltas_only: false,
         }
@@ -118,13 +147,18 @@ impl KeyedChain {
     /// What the next link should be, `changed` of `keys` keys having changed since the last
     /// one (see the module docs).
     pub(crate) fn next(&self, changed: usize, keys: usize) -> Link {
-        match self.base.get() {
+        let base = self
+            .links
+            .base
+            .get()
+            .filter(|base| self.links.failed.get() < base.full);
+        match base {
             None => Link::Full,
             Some(_) if changed == 0 => Link::Unchanged,
             Some(_) if self.deltas_only => Link::Delta,
-            Some((full, deltas, delta_bytes)) => {
-                if changed.saturating_mul(2) >= keys || delta_bytes >= full || deltas >= MAX_DELTAS
-                {
+            Some(base) => {
+                let grown = base.full_bytes > 0 && base.delta_bytes >= base.full_bytes;
+                if changed.saturating_mul(2) >= keys || grown || base.deltas >= MAX_DELTAS {
                     Link::Full
                 } else {
                     Link::Delta
@@ -133,29 +167,37 @@ impl KeyedChain {
         }
     }
 
-    /// Makes the next link a full snapshot, whatever changed (a link could not be written).
+    /// Makes the next link a full snapshot, whatever changed.
     pub(crate) fn restart(&self) {
-        self.base.set(None);
+        self.links.base.set(None);
     }
 
-    /// Adds the next link to `snapshot`: `new`, a full keyed snapshot (`true`) or a delta, or
-    /// none when nothing changed (the part lists the chain as it is).
-    pub(crate) fn add(&self, snapshot: &mut OperatorSnapshot, new: Option<(bool, Vec<u8>)>) {
-        if let Some((full, bytes)) = &new {
-            let len = bytes.len() as u64;
-            self.base.set(match (full, self.base.get()) {
-                (true, _) | (false, None) => Some((len, 0, 0)),
-                (false, Some((base, deltas, delta_bytes))) => {
-                    Some((base, deltas + 1, delta_bytes + len))
-                }
-            });
-        }
+    /// Adds the next link to `snapshot`: `new`, the encoder of a full keyed snapshot (`true`)
+    /// or of a delta, or none when nothing changed (the part lists the chain as it is). Its
+    /// writer stores it after the barrier.
+    pub(crate) fn add(&self, snapshot: &mut OperatorSnapshot, new: Option<(bool, DeferredPart)>) {
         let number = self.next.get();
         self.next.set(number + 1);
+        if let Some((full, _)) = &new {
+            self.links.base.set(match (full, self.links.base.get()) {
+                (true, _) | (false, None) => Some(Base {
+                    full: number,
+                    full_bytes: 0,
+                    deltas: 0,
+                    delta_bytes: 0,
+                }),
+                (false, Some(base)) => Some(Base {
+                    deltas: base.deltas + 1,
+                    ..base
+                }),
+            });
+        }
+        let base = self.links.base.get().map_or(number, |base| base.full);
         snapshot.parts.push((
             self.part,
             Part::Chained(ChainLink {
                 number,
+                base,
                 new,
                 done: false,
                 links: Rc::clone(&self.links),
@@ -178,8 +220,10 @@ pub(crate) enum Link {
 /// One link taken at a barrier, for the task's checkpoint writer to store.
 pub(crate) struct ChainLink {
     number: u64,
-    /// The link's bytes and whether it is full; `None`: no new link.
-    new: Option<(bool, Vec<u8>)>,
+    /// The full link this one builds on (itself, if full).
+    base: u64,
+    /// The link's encoder and whether it is full; `None`: no new link.
+    new: Option<(bool, DeferredPart)>,
     /// Set once the writer dealt with it.
     done: bool,
     links: Rc<Links>,
@@ -187,62 +231,102 @@ pub(crate) struct ChainLink {
 
 impl ChainLink {
     /// Stores the link (after those before it, and any an earlier checkpoint did not store)
-    /// into `pending`, adds the chain's files to `referenced`, and returns the part listing
-    /// them.
+    /// into `pending`, in pieces with records flowing between them; adds the chain's files to
+    /// `referenced`, and returns the part listing them and the longest piece's encoding.
     pub(crate) async fn store(
         mut self,
         pending: &PendingCheckpoint,
         referenced: &mut Vec<StoredFile>,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<(Vec<u8>, Duration), String> {
         while self.links.through.get() + 1 != self.number {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
-        let mut todo = std::mem::take(&mut *self.links.carried.borrow_mut());
-        if let Some((full, bytes)) = self.new.take() {
-            todo.push((self.number, full, bytes));
-        }
-        let mut todo = todo.into_iter();
-        let mut stored = Vec::new();
-        let mut failed = None;
-        while let Some((number, full, bytes)) = todo.next() {
-            match store_link(pending, &self.links.name, number, &bytes).await {
-                Ok(file) => stored.push((full, file)),
-                Err(error) => {
-                    // This one and the rest go with the next checkpoint; the ones stored stay.
-                    let mut carried = self.links.carried.borrow_mut();
-                    carried.push((number, full, bytes));
-                    carried.extend(todo.by_ref());
-                    failed = Some(error);
-                }
-            }
-        }
-        let mut chain = self.links.stored.borrow_mut();
-        for (full, file) in stored {
-            if full {
-                chain.clear();
-            }
-            chain.push((full, file));
-        }
+        let (longest, error) = self.store_links(pending).await;
         self.done = true;
         self.links.mark_done(self.number);
-        if let Some(error) = failed {
-            return Err(error);
+        if self.links.failed.get() >= self.base {
+            return Err(error.unwrap_or_else(|| {
+                format!(
+                    "link {} of chain {} builds on a link that could not be written; the \
+                     chain starts again with a full link",
+                    self.number, self.links.name
+                )
+            }));
         }
+        let chain = self.links.stored.borrow();
         if chain.is_empty() {
             return Err("internal error: a chain's first link was not full".into());
         }
         referenced.extend(chain.iter().map(|(_, file)| file.clone()));
-        Ok(encode(&chain))
+        Ok((encode(&chain), longest))
     }
+
+    /// Stores the links carried over, then this one's; returns the longest piece's encoding
+    /// and the last failure. A link that cannot be written is lost, and so are the deltas over
+    /// it (`Links::failed`).
+    async fn store_links(&mut self, pending: &PendingCheckpoint) -> (Duration, Option<String>) {
+        let mut todo = std::mem::take(&mut *self.links.carried.borrow_mut());
+        if let Some((full, encoder)) = self.new.take() {
+            todo.push(Carried {
+                number: self.number,
+                base: self.base,
+                full,
+                encoder,
+            });
+        }
+        let (mut longest, mut error) = (Duration::ZERO, None);
+        for mut link in todo {
+            if self.links.failed.get() >= link.base {
+                self.links.failed.set(link.number);
+                continue;
+            }
+            match store_link(pending, &self.links.name, link.number, &mut link.encoder).await {
+                Ok((file, step)) => {
+                    longest = longest.max(step);
+                    self.links.stored_len(link.number, file.len);
+                    let mut chain = self.links.stored.borrow_mut();
+                    if link.full {
+                        chain.clear();
+                    }
+                    chain.push((link.full, file));
+                }
+                Err(problem) => {
+                    self.links.failed.set(link.number);
+                    error = Some(problem);
+                }
+            }
+        }
+        (longest, error)
+    }
+}
+
+/// A link its checkpoint did not store, for the next checkpoint's writer.
+struct Carried {
+    number: u64,
+    base: u64,
+    full: bool,
+    encoder: DeferredPart,
 }
 
 #[cfg(test)]
 impl ChainLink {
-    /// The link's bytes and whether it is full, taken without storing them.
+    /// Appends the next piece of the link's encoding to `out`; returns whether more follow.
+    pub(crate) fn step(&mut self, out: &mut Vec<u8>, budget: usize) -> bool {
+        match &mut self.new {
+            Some((_, encoder)) => encoder.encode_next(out, budget).expect("a link encodes"),
+            None => false,
+        }
+    }
+
+    /// The link's bytes (the rest of them, after [`ChainLink::step`]) and whether it is full,
+    /// encoded without storing them.
     pub(crate) fn take(mut self) -> Option<(bool, Vec<u8>)> {
         self.done = true;
         self.links.mark_done(self.number);
-        self.new.take()
+        let (full, mut encoder) = self.new.take()?;
+        let mut bytes = Vec::new();
+        while encoder.encode_next(&mut bytes, 64).expect("a link encodes") {}
+        Some((full, bytes))
     }
 }
 
@@ -253,27 +337,34 @@ impl Drop for ChainLink {
         if self.done {
             return;
         }
-        if let Some((full, bytes)) = self.new.take() {
-            self.links
-                .carried
-                .borrow_mut()
-                .push((self.number, full, bytes));
+        if let Some((full, encoder)) = self.new.take() {
+            self.links.carried.borrow_mut().push(Carried {
+                number: self.number,
+                base: self.base,
+                full,
+                encoder,
+            });
         }
         self.links.mark_done(self.number);
     }
 }
 
+/// Writes link `number` as a shared file; returns it and the longest piece's encoding.
 async fn store_link(
     pending: &PendingCheckpoint,
     name: &str,
     number: u64,
-    bytes: &[u8],
-) -> Result<StoredFile, String> {
+    encoder: &mut DeferredPart,
+) -> Result<(StoredFile, Duration), String> {
     let mut writer = StateFileWriter::create_shared(pending, &format!("{name}-{number}"))
         .await
         .map_err(|e| e.to_string())?;
-    writer.write(bytes).await.map_err(|e| e.to_string())?;
-    writer.finish().await.map_err(|e| e.to_string())
+    let longest = write_in_pieces(&mut writer, None, |out| {
+        encoder.encode_next(out, super::task_state::PIECE_BYTES)
+    })
+    .await?;
+    let file = writer.finish().await.map_err(|e| e.to_string())?;
+    Ok((file, longest))
 }
 
 fn encode(chain: &[(bool, StoredFile)]) -> Vec<u8> {
@@ -379,6 +470,14 @@ mod tests {
         bytes
     }
 
+    /// An encoder handing out `bytes`.
+    fn encoded(bytes: Vec<u8>) -> DeferredPart {
+        super::super::task_state::Whole::part(move |out: &mut Vec<u8>| {
+            out.extend_from_slice(&bytes);
+            Ok(())
+        })
+    }
+
     fn the_link(mut snapshot: OperatorSnapshot) -> ChainLink {
         match snapshot.parts.pop() {
             Some((_, Part::Chained(link))) => link,
@@ -397,9 +496,9 @@ mod tests {
         let (listed, referenced) = glommio::LocalExecutorBuilder::default()
             .spawn(move || async move {
                 let chain = KeyedChain::named("op-0-p".into(), "p");
-                let add = |bytes| {
+                let add = |(full, bytes)| {
                     let mut snapshot = OperatorSnapshot::default();
-                    chain.add(&mut snapshot, Some(bytes));
+                    chain.add(&mut snapshot, Some((full, encoded(bytes))));
                     the_link(snapshot)
                 };
                 let first = add((true, link(&[(1, 10), (2, 20)], &[])));
@@ -410,7 +509,7 @@ mod tests {
                 // The next one's writer waits for the aborted one's, dropped meanwhile.
                 let writer = glommio::spawn_local(async move {
                     let mut referenced = Vec::new();
-                    let part = next.store(&chk3, &mut referenced).await.unwrap();
+                    let (part, _) = next.store(&chk3, &mut referenced).await.unwrap();
                     (part, referenced)
                 });
                 glommio::timer::sleep(Duration::from_millis(20)).await;
@@ -459,6 +558,73 @@ mod tests {
             error.contains("3-op-0-p-3") && error.contains("damaged"),
             "{error}"
         );
+    }
+
+    /// A link that cannot be written is lost with the deltas over it, even those already
+    /// taken: their checkpoints fail, and the chain starts again with a full link.
+    #[test]
+    fn a_link_that_cannot_be_written_takes_its_deltas_with_it() {
+        let root = tempfile::tempdir().unwrap();
+        let storage = CheckpointStorage::open(root.path(), "job").unwrap();
+        let chk: Vec<PendingCheckpoint> = (1..=5).map(|n| storage.begin(n).unwrap()).collect();
+        let outcomes = glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                let chain = KeyedChain::named("op-0-p".into(), "p");
+                let add = |full, encoder| {
+                    let mut snapshot = OperatorSnapshot::default();
+                    chain.add(&mut snapshot, Some((full, encoder)));
+                    the_link(snapshot)
+                };
+                let failing = || -> DeferredPart {
+                    super::super::task_state::Whole::part(|_: &mut Vec<u8>| {
+                        Err("the disk is full".to_string())
+                    })
+                };
+                let mut outcomes = Vec::new();
+                let store = |link: ChainLink, at: usize| {
+                    let pending = &chk[at];
+                    async move {
+                        let mut referenced = Vec::new();
+                        link.store(pending, &mut referenced)
+                            .await
+                            .map(|_| referenced.len())
+                    }
+                };
+                let first = add(true, encoded(link(&[(1, 10)], &[])));
+                outcomes.push(store(first, 0).await);
+                assert_eq!(chain.next(1, 10), Link::Delta);
+                let broken = add(false, failing());
+                // Taken at the next barrier, before the one before it was written.
+                let over_it = add(false, encoded(link(&[(2, 20)], &[])));
+                outcomes.push(store(broken, 1).await);
+                outcomes.push(store(over_it, 2).await);
+                let next = chain.next(1, 10);
+                let full = add(next == Link::Full, encoded(link(&[(1, 11), (2, 20)], &[])));
+                outcomes.push(store(full, 3).await);
+                (outcomes, next)
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        let (outcomes, next) = outcomes;
+        assert_eq!(next, Link::Full);
+        assert_eq!(outcomes[0], Ok(1));
+        assert!(
+            outcomes[1]
+                .as_ref()
+                .unwrap_err()
+                .contains("the disk is full"),
+            "{outcomes:?}"
+        );
+        assert!(
+            outcomes[2]
+                .as_ref()
+                .unwrap_err()
+                .contains("could not be written"),
+            "{outcomes:?}"
+        );
+        // The new chain is the full link alone.
+        assert_eq!(outcomes[3], Ok(1));
     }
 
     fn parts_listing(files: &[StoredFile]) -> Vec<u8> {

@@ -42,7 +42,7 @@ use weir_state::checkpoint::{
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
 use super::savepoint::{SavepointHandle, SavepointRequest, StopMode};
-use super::task_state::{decode_file, FileEncoder, Part, RestoredJob, TaskState};
+use super::task_state::{decode_file, write_in_pieces, FileEncoder, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
 use crate::time::now_ms;
@@ -264,12 +264,17 @@ async fn write_file(
 ) -> Result<(TaskFiles, Duration), String> {
     let mut referenced = Vec::new();
     let mut resolved = Vec::with_capacity(parts.len());
+    let mut longest = Duration::ZERO;
     for (operator, part_name, part) in parts {
         let part = match part {
             Part::Native(upload) => {
                 Part::Bytes(upload.upload(pending, &mut referenced, stopping).await?)
             }
-            Part::Chained(link) => Part::Bytes(link.store(pending, &mut referenced).await?),
+            Part::Chained(link) => {
+                let (bytes, step) = link.store(pending, &mut referenced).await?;
+                longest = longest.max(step);
+                Part::Bytes(bytes)
+            }
             part => part,
         };
         resolved.push((operator, part_name, part));
@@ -278,22 +283,9 @@ async fn write_file(
     let mut writer = StateFileWriter::create(pending, name)
         .await
         .map_err(|e| e.to_string())?;
-    let mut piece = Vec::new();
-    loop {
-        piece.clear();
-        let more = encoder.encode_next(&mut piece)?;
-        writer.write(&piece).await.map_err(|e| e.to_string())?;
-        if !more {
-            break;
-        }
-        if stopping.load(Ordering::Relaxed) {
-            return Err("the job is stopping".into());
-        }
-        // Records flow before the next piece.
-        futures_lite::future::yield_now().await;
-    }
+    let step = write_in_pieces(&mut writer, Some(stopping), |out| encoder.encode_next(out)).await?;
     let file = writer.finish().await.map_err(|e| e.to_string())?;
-    Ok((TaskFiles { file, referenced }, encoder.longest_step()))
+    Ok((TaskFiles { file, referenced }, longest.max(step)))
 }
 
 /// Snapshots every source's split enumerator for a checkpoint: (operator id, bytes) each.

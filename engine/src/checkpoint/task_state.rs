@@ -348,8 +348,6 @@ pub(crate) struct FileEncoder {
     /// Bytes handed out so far.
     emitted: u64,
     done: bool,
-    /// The longest single step of a deferred part's encoding.
-    longest: Duration,
 }
 
 impl FileEncoder {
@@ -371,13 +369,7 @@ impl FileEncoder {
             encoding: None,
             emitted: 0,
             done: false,
-            longest: Duration::ZERO,
         })
-    }
-
-    /// The longest the encoding of a deferred part held the shard at once.
-    pub(crate) fn longest_step(&self) -> Duration {
-        self.longest
     }
 
     /// Appends the next piece of the file to `out` — one step of a deferred part's encoding
@@ -398,9 +390,7 @@ impl FileEncoder {
         }
         loop {
             if let Some((encoder, _, _, _)) = &mut self.encoding {
-                let started = Instant::now();
                 let more = encoder.encode_next(out, PIECE_BYTES)?;
-                self.longest = self.longest.max(started.elapsed());
                 if !more {
                     let (_, operator, name, began) = self.encoding.take().expect("encoding");
                     self.index.push((operator, name, began, at(out) - began));
@@ -435,6 +425,33 @@ impl FileEncoder {
                 Part::Native(_) | Part::Chained(_) => unreachable!("refused by FileEncoder::new"),
             }
         }
+    }
+}
+
+/// Writes a file with `writer` piece by piece, `next` appending each piece and saying whether
+/// more follow, with records flowing between pieces (unless `stopping` says the job stops);
+/// returns the longest `next` held the shard.
+pub(crate) async fn write_in_pieces(
+    writer: &mut weir_state::checkpoint::StateFileWriter,
+    stopping: Option<&std::sync::atomic::AtomicBool>,
+    mut next: impl FnMut(&mut Vec<u8>) -> Result<bool, String>,
+) -> Result<Duration, String> {
+    let mut piece = Vec::new();
+    let mut longest = Duration::ZERO;
+    loop {
+        piece.clear();
+        let started = Instant::now();
+        let more = next(&mut piece)?;
+        longest = longest.max(started.elapsed());
+        writer.write(&piece).await.map_err(|e| e.to_string())?;
+        if !more {
+            return Ok(longest);
+        }
+        if stopping.is_some_and(|stopping| stopping.load(Ordering::Relaxed)) {
+            return Err("the job is stopping".into());
+        }
+        // Records flow before the next piece.
+        futures_lite::future::yield_now().await;
     }
 }
 

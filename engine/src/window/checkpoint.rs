@@ -22,11 +22,13 @@
 //! operator's watermark is not written either: as in Flink, a restored operator starts from
 //! no watermark, and its timers fire when watermarks arrive again.
 //!
-//! The snapshot is encoded when the barrier passes, before the next record: the maps change
-//! right after it, and they are not copy-on-write. Tumbling and sliding windows keep that
-//! pause short by checkpointing incrementally (`checkpoint::chain`): they record which keys
-//! change, and a checkpoint writes only those (and which keys went) as a delta over the last
-//! full snapshot. Session and count windows write every key each time.
+//! Tumbling and sliding windows write their snapshot after the barrier, in pieces between
+//! records (`aligned/snapshot.rs`): the barrier lists the keys, and each is written on the
+//! checkpoint writer's turn or just before it first changes, whichever comes first. With
+//! incremental checkpoints (`checkpoint::chain`) they record which keys change, and a
+//! checkpoint writes only those (and which keys went) as a delta over the last full link.
+//! Session and count windows encode every key while the barrier passes (their maps are not
+//! copy-on-write), before the next record.
 
 use std::any::type_name;
 
@@ -64,6 +66,14 @@ pub(crate) struct AccCodec<A> {
     /// Folds one decoded entry into `acc` (a value state's entry replaces it).
     pub(super) decode_entry: fn(&mut A, &[u8]) -> Result<(), rancor::Error>,
 }
+
+impl<A> Clone for AccCodec<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<A> Copy for AccCodec<A> {}
 
 impl<A> AccCodec<A> {
     /// Calls `visit` with every window content in `restored`: key, window and encoded entry,
@@ -140,13 +150,17 @@ impl<T: StateCodec> AccCodec<Vec<T>> {
 }
 
 /// Writes one window operator subtask's snapshot.
-pub(crate) struct WindowSnapshot<'c, K, N, A> {
+pub(crate) struct WindowSnapshot<K, N, A> {
     writer: KeyedSnapshotWriter<K, N>,
-    codec: &'c AccCodec<A>,
+    codec: AccCodec<A>,
     contents: weir_state::WriterState,
+    windows: Recent<N>,
+    timers: Recent<i64>,
+    /// An entry's encoding.
+    value: Vec<u8>,
 }
 
-impl<'c, K: Key, N: StateCodec, A> WindowSnapshot<'c, K, N, A> {
+impl<K: Key, N: StateCodec + PartialEq + Copy, A> WindowSnapshot<K, N, A> {
     /// Makes `key` the key of what is put next.
     pub(crate) fn key(&mut self, key: &K) -> Result<(), StateError> {
         self.writer.set_key(key)
@@ -154,12 +168,28 @@ impl<'c, K: Key, N: StateCodec, A> WindowSnapshot<'c, K, N, A> {
 
     /// Puts the current key's window `window` holding `acc`.
     pub(crate) fn contents(&mut self, window: Option<&N>, acc: &A) -> Result<(), StateError> {
+        let namespace = match window {
+            Some(window) => Some(self.windows.encoding(window, CONTENTS)?),
+            None => None,
+        };
         for i in 0..(self.codec.entries)(acc) {
-            self.writer.put_with(self.contents, window, |out| {
-                (self.codec.encode_entry)(acc, i, out)
-            })?;
+            self.value.clear();
+            (self.codec.encode_entry)(acc, i, &mut self.value)
+                .map_err(|error| encode_error(CONTENTS, self.codec.value_type, error))?;
+            self.writer
+                .put_encoded(self.contents, namespace, &self.value)?;
         }
         Ok(())
+    }
+
+    /// Puts a timer of the current key at `at` into `state`.
+    pub(crate) fn put_timer(
+        &mut self,
+        (state, _): &(weir_state::WriterState, StateValueCodec<i64>),
+        at: i64,
+    ) -> Result<(), StateError> {
+        let value = self.timers.encoding(&at, "window timers")?;
+        self.writer.put_encoded(*state, None, value)
     }
 
     /// Adds a state of `i64` or `u64` values (timers, counts).
@@ -186,28 +216,94 @@ impl<'c, K: Key, N: StateCodec, A> WindowSnapshot<'c, K, N, A> {
         self.writer.remove_key()
     }
 
+    /// About how many bytes the snapshot holds so far.
+    pub(crate) fn encoded_len(&self) -> usize {
+        self.writer.encoded_len()
+    }
+
     /// The encoded snapshot.
     pub(crate) fn finish(self) -> Result<Vec<u8>, StateError> {
         let mut bytes = Vec::new();
         self.writer.finish(&mut bytes)?;
         Ok(bytes)
     }
+
+    /// The snapshot, to be handed out in pieces.
+    pub(crate) fn into_pieces(self) -> weir_state::KeyedSnapshotPieces {
+        self.writer.into_pieces()
+    }
 }
 
 /// A snapshot of one window operator subtask whose window contents are written with
 /// `codec` (the operator adds it to its snapshot as its part
 /// [`super::function::WindowLogic::bookkeeping_part`]).
-pub(crate) fn snapshot<'c, K: Key, N: StateCodec, A>(
+pub(crate) fn snapshot<K: Key, N: StateCodec, A>(
     scope: &KeyedScope,
-    codec: &'c AccCodec<A>,
-) -> WindowSnapshot<'c, K, N, A> {
+    codec: AccCodec<A>,
+) -> WindowSnapshot<K, N, A> {
     let mut writer = scope.writer();
     let contents = writer.add_state(CONTENTS, codec.kind, codec.value_type);
     WindowSnapshot {
         writer,
         codec,
         contents,
+        windows: Recent::default(),
+        timers: Recent::default(),
+        value: Vec::new(),
     }
+}
+
+/// The encodings of the few values seen last: a window operator's panes and timers fall on
+/// the same few instants for every key, so each is encoded once per snapshot, not per entry.
+struct Recent<T> {
+    seen: Vec<(T, Vec<u8>)>,
+    /// The one replaced next once [`RECENT`] are kept.
+    next: usize,
+}
+
+/// Values a [`Recent`] keeps.
+const RECENT: usize = 16;
+
+impl<T> Default for Recent<T> {
+    fn default() -> Self {
+        Recent {
+            seen: Vec::new(),
+            next: 0,
+        }
+    }
+}
+
+impl<T: StateCodec + PartialEq + Copy> Recent<T> {
+    /// `value`'s encoding, as a value of state `state`.
+    fn encoding(&mut self, value: &T, state: &str) -> Result<&[u8], StateError> {
+        let at = match self.seen.iter().position(|(seen, _)| seen == value) {
+            Some(at) => at,
+            None => {
+                let bytes = value
+                    .encode()
+                    .map_err(|error| encode_error(state, type_name::<T>(), error))?;
+                if self.seen.len() < RECENT {
+                    self.seen.push((*value, bytes));
+                    self.seen.len() - 1
+                } else {
+                    let at = self.next;
+                    self.next = (at + 1) % RECENT;
+                    self.seen[at] = (*value, bytes);
+                    at
+                }
+            }
+        };
+        Ok(&self.seen[at].1)
+    }
+}
+
+fn encode_error(state: &str, type_name: &'static str, error: rancor::Error) -> StateError {
+    StateErrorKind::Encode {
+        state: state.to_string(),
+        type_name,
+        reason: error.to_string(),
+    }
+    .into()
 }
 
 /// Opens a window operator subtask: the key groups it owns, whose entries in its part `part`
@@ -230,27 +326,30 @@ pub(crate) fn open<K: Key, N: StateCodec>(
     }
 }
 
-/// The keyed part of an operator's `snapshot`, read back as one subtask owning every key
-/// group: for testing an operator's snapshot and restore on their own.
+/// The keyed part of an operator's `snapshot` (encoded now, if its encoding was deferred),
+/// read back as one subtask owning every key group: for testing an operator's snapshot and
+/// restore on their own.
 #[cfg(test)]
 pub(crate) fn read_back<K: Key, N: StateCodec>(
-    snapshot: &OperatorSnapshot,
+    snapshot: OperatorSnapshot,
     max_parallelism: u32,
 ) -> KeyedSnapshotEntries<K, N> {
+    use crate::checkpoint::task_state::{Part, PART_KEYED};
     let bytes = snapshot
         .parts
-        .iter()
+        .into_iter()
         .find_map(|(name, part)| match part {
-            crate::checkpoint::task_state::Part::Bytes(bytes)
-                if *name == crate::checkpoint::task_state::PART_KEYED =>
-            {
-                Some(bytes.as_slice())
+            Part::Bytes(bytes) if name == PART_KEYED => Some(bytes),
+            Part::Deferred(mut encoder) if name == PART_KEYED => {
+                let mut bytes = Vec::new();
+                while encoder.encode_next(&mut bytes, 64).expect("it encodes") {}
+                Some(bytes)
             }
             _ => None,
         })
         .expect("a keyed part");
     KeyedScope::single(max_parallelism)
-        .read(&[bytes])
+        .read(&[&bytes])
         .expect("the snapshot reads back")
 }
 

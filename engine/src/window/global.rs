@@ -42,7 +42,7 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
     {
         let scope = self.scope.expect("opened");
         let codec = self.logic.acc_codec();
-        let mut writer = super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, &codec);
+        let mut writer = super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, codec);
         let counts = writer.add_state::<u64>(COUNTS, StateKind::Value);
         for (key, (seen, acc)) in &self.keys {
             writer.key(key)?;

@@ -175,7 +175,7 @@ where
     fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let scope = self.scope.expect("opened");
         let codec = self.logic.acc_codec();
-        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, &codec);
+        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, codec);
         let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
         let cleanup_timers = writer.add_state::<i64>(CLEANUP_TIMERS, StateKind::List);
         for (key, sessions) in &self.keys {
@@ -191,7 +191,7 @@ where
         ] {
             timers.for_each(|time, key| {
                 if result.is_ok() {
-                    result = writer.key(key).and_then(|()| writer.put(state, &time));
+                    result = writer.key(key).and_then(|()| writer.put_timer(state, time));
                 }
             });
         }

@@ -22,9 +22,10 @@ use rkyv::rancor;
 
 use crate::backend::heap::restore::{decode_with, merge_snapshots, RestoreSummary, RestoredState};
 use crate::backend::keyed_snapshot::{
-    corrupt, describe, with_checksum, write_entry, write_header, write_state_blocks, BlockEntries,
-    RawEntry, StateHeader,
+    block_header, corrupt, describe, write_entry, write_header_raw, write_state_start,
+    BlockEntries, RawEntry, StateHeader, BLOCK_HEADER_LEN,
 };
+use crate::checksum::Crc32;
 use crate::codec::StateCodec;
 use crate::descriptor::StateKind;
 use crate::error::{StateError, StateErrorKind};
@@ -81,7 +82,9 @@ pub struct WriterState(usize);
 struct PendingState {
     header: StateHeader,
     value_type: &'static str,
-    /// Per key group of the subtask (index: group - first group): entry count and entries.
+    /// Per key group of the subtask (index: group - first group): entry count, and the
+    /// block — room for its header ([`BLOCK_HEADER_LEN`] bytes, filled in when the block is
+    /// handed out), then its entries; empty while it has none.
     blocks: Vec<(u32, Vec<u8>)>,
 }
 
@@ -121,6 +124,8 @@ pub struct KeyedSnapshotWriter<K, N> {
     block: Option<usize>,
     namespace_bytes: Vec<u8>,
     value_bytes: Vec<u8>,
+    /// Bytes of the blocks so far.
+    encoded: usize,
     _types: PhantomData<fn(&K, &N)>,
 }
 
@@ -136,6 +141,7 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotWriter<K, N> {
             block: None,
             namespace_bytes: Vec::new(),
             value_bytes: Vec::new(),
+            encoded: 0,
             _types: PhantomData,
         }
     }
@@ -238,20 +244,39 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotWriter<K, N> {
         self.value_bytes.clear();
         encode(&mut self.value_bytes)
             .map_err(|error| encode_error(name, pending.value_type, error))?;
-        let (entries, out) = &mut pending.blocks[block];
-        write_entry(
-            out,
-            name,
-            &RawEntry {
-                key: &self.key_bytes,
-                namespace: namespace.map(|_| self.namespace_bytes.as_slice()),
-                user_key: None,
-                value: &self.value_bytes,
-                expires_at_ms: None,
-            },
+        self.encoded += append_entry(
+            pending,
+            block,
+            &self.key_bytes,
+            namespace.map(|_| self.namespace_bytes.as_slice()),
+            &self.value_bytes,
         )?;
-        *entries += 1;
         Ok(())
+    }
+
+    /// Adds an entry to `state` under the current key whose namespace and value come encoded
+    /// ([`StateCodec`] encodings of `N` and of the state's value type): for a caller that
+    /// encodes a value once for many entries.
+    ///
+    /// # Panics
+    /// If no key was set, or `state` is another writer's.
+    pub fn put_encoded(
+        &mut self,
+        state: WriterState,
+        namespace: Option<&[u8]>,
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        let block = self
+            .block
+            .expect("KeyedSnapshotWriter::put without a key: call set_key first");
+        let pending = &mut self.states[state.0];
+        self.encoded += append_entry(pending, block, &self.key_bytes, namespace, value)?;
+        Ok(())
+    }
+
+    /// About how many bytes the entries put so far take in the snapshot.
+    pub fn encoded_len(&self) -> usize {
+        self.encoded
     }
 
     /// Marks the current key as removed: a delta of a chain
@@ -274,25 +299,155 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotWriter<K, N> {
 
     /// Appends the snapshot to `out`. On an error `out` is left as it was.
     pub fn finish(self, out: &mut Vec<u8>) -> Result<(), StateError> {
-        with_checksum(out, |out| {
-            write_header::<K, N>(
-                out,
-                self.max_parallelism,
-                self.key_groups,
-                self.taken_at_ms,
-                self.states.len(),
-            )?;
-            for state in &self.states {
-                let blocks: Vec<(u32, u32, &[u8])> = (self.key_groups.start..)
-                    .zip(&state.blocks)
-                    .filter(|(_, (entries, _))| *entries > 0)
-                    .map(|(group, (entries, bytes))| (group, *entries, bytes.as_slice()))
-                    .collect();
-                write_state_blocks(out, &state.header, blocks.into_iter())?;
-            }
-            Ok(())
-        })
+        // The header goes first, so no block is swapped in (see `encode_next`).
+        let mut pieces = self.into_pieces();
+        while pieces.encode_next(out, usize::MAX)? {}
+        Ok(())
     }
+
+    /// The snapshot, to be handed out in pieces ([`KeyedSnapshotPieces::encode_next`]): the
+    /// bytes [`KeyedSnapshotWriter::finish`] appends.
+    pub fn into_pieces(self) -> KeyedSnapshotPieces {
+        KeyedSnapshotPieces {
+            max_parallelism: self.max_parallelism,
+            key_groups: self.key_groups,
+            taken_at_ms: self.taken_at_ms,
+            key_type: type_name::<K>(),
+            namespace_type: type_name::<N>(),
+            states: self.states,
+            next: Piece::Header,
+            crc: Crc32::default(),
+        }
+    }
+}
+
+/// A snapshot a [`KeyedSnapshotWriter`] wrote, handed out in pieces so that a checkpoint
+/// writer can write it while records flow, without copying it whole once more.
+pub struct KeyedSnapshotPieces {
+    max_parallelism: u32,
+    key_groups: KeyGroupRange,
+    taken_at_ms: i64,
+    key_type: &'static str,
+    namespace_type: &'static str,
+    states: Vec<PendingState>,
+    next: Piece,
+    crc: Crc32,
+}
+
+/// What a [`KeyedSnapshotPieces`] hands out next.
+#[derive(Clone, Copy, Debug)]
+enum Piece {
+    Header,
+    /// The header and block count of state `n` (past the last: the checksum).
+    State(usize),
+    /// Of state `.0`, the block of the subtask's key group `.1` (counted from its first).
+    Block(usize, usize),
+    Done,
+}
+
+impl KeyedSnapshotPieces {
+    /// Appends the next bytes of the snapshot to `out`, at least `budget` of them unless it
+    /// ends first, and returns whether more follow. A block is handed out whole — and when
+    /// `out` is empty, it becomes `out` (the buffers are swapped, not the block copied, so
+    /// `out` may come back as another allocation). On an error, `out` is left as it was.
+    pub fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, StateError> {
+        if let Piece::Done = self.next {
+            return Ok(false);
+        }
+        let start = out.len();
+        match self.fill(out, start, budget) {
+            Ok(more) => {
+                self.crc.update(&out[start..]);
+                if !more {
+                    let checksum = std::mem::take(&mut self.crc).finish();
+                    out.extend_from_slice(&checksum.to_le_bytes());
+                }
+                Ok(more)
+            }
+            Err(error) => {
+                out.truncate(start);
+                Err(error)
+            }
+        }
+    }
+
+    fn fill(&mut self, out: &mut Vec<u8>, start: usize, budget: usize) -> Result<bool, StateError> {
+        while out.len() - start < budget {
+            match self.next {
+                Piece::Header => {
+                    write_header_raw(
+                        out,
+                        self.max_parallelism,
+                        self.key_groups,
+                        self.taken_at_ms,
+                        self.key_type,
+                        self.namespace_type,
+                        self.states.len(),
+                    )?;
+                    self.next = Piece::State(0);
+                }
+                Piece::State(index) => {
+                    let Some(state) = self.states.get(index) else {
+                        self.next = Piece::Done;
+                        return Ok(false);
+                    };
+                    let blocks = state.blocks.iter().filter(|(n, _)| *n > 0).count();
+                    write_state_start(out, &state.header, blocks)?;
+                    self.next = Piece::Block(index, 0);
+                }
+                Piece::Block(index, at) => {
+                    let Some((entries, block)) = self.states[index].blocks.get_mut(at) else {
+                        self.next = Piece::State(index + 1);
+                        continue;
+                    };
+                    self.next = Piece::Block(index, at + 1);
+                    if *entries == 0 {
+                        continue;
+                    }
+                    let len = block.len() - BLOCK_HEADER_LEN;
+                    let group = self.key_groups.start + at as u32;
+                    block[..BLOCK_HEADER_LEN].copy_from_slice(&block_header(group, *entries, len));
+                    if out.is_empty() {
+                        std::mem::swap(out, block);
+                    } else {
+                        out.extend_from_slice(block);
+                    }
+                    // Handed out: its memory goes now, not with the whole snapshot.
+                    *block = Vec::new();
+                }
+                Piece::Done => return Ok(false),
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Appends an entry of `key` to `state`'s block `block`; returns the bytes it took.
+fn append_entry(
+    state: &mut PendingState,
+    block: usize,
+    key: &[u8],
+    namespace: Option<&[u8]>,
+    value: &[u8],
+) -> Result<usize, StateError> {
+    let (entries, out) = &mut state.blocks[block];
+    if out.is_empty() {
+        out.extend_from_slice(&[0; BLOCK_HEADER_LEN]);
+    }
+    let before = out.len();
+    write_entry(
+        out,
+        &state.header.name,
+        &RawEntry {
+            key,
+            namespace,
+            user_key: None,
+            value,
+            expires_at_ms: None,
+        },
+    )?;
+    *entries += 1;
+    Ok(out.len() - before)
 }
 
 fn encode_error(state: &str, type_name: &'static str, error: rancor::Error) -> StateError {
@@ -436,6 +591,21 @@ mod tests {
     /// Writes `entries` (key, namespace, value) of one value state as the subtasks of
     /// `parallelism` would, each its own keys.
     fn write(parallelism: u32, entries: &[(u32, i64, u64)]) -> Vec<Vec<u8>> {
+        writers(parallelism, entries)
+            .into_iter()
+            .map(|writer| {
+                let mut out = Vec::new();
+                writer.finish(&mut out).unwrap();
+                out
+            })
+            .collect()
+    }
+
+    /// The writers of [`write`], before they finish.
+    fn writers(
+        parallelism: u32,
+        entries: &[(u32, i64, u64)],
+    ) -> Vec<KeyedSnapshotWriter<u32, i64>> {
         let codec = StateValueCodec::<u64>::of();
         (0..parallelism)
             .map(|subtask| {
@@ -451,11 +621,44 @@ mod tests {
                         writer.put(list, None, &codec, &(value + 1)).unwrap();
                     }
                 }
-                let mut out = Vec::new();
-                writer.finish(&mut out).unwrap();
-                out
+                writer
             })
             .collect()
+    }
+
+    proptest::proptest! {
+        /// Handed out in pieces of any size — each into an empty buffer (blocks are swapped
+        /// in) or appended to what came before — a snapshot is the bytes `finish` writes.
+        #[test]
+        fn pieces_make_the_snapshot_finish_writes(
+            keys in proptest::collection::hash_map(proptest::prelude::any::<u32>(), (proptest::prelude::any::<i64>(), proptest::prelude::any::<u64>()), 0..80),
+            budget in 1usize..600,
+            fresh in proptest::prelude::any::<bool>(),
+        ) {
+            let entries: Vec<(u32, i64, u64)> = keys.iter().map(|(k, (n, v))| (*k, *n, *v)).collect();
+            let whole = write(1, &entries).pop().unwrap();
+            let writer = writers(1, &entries).pop().unwrap();
+            proptest::prop_assert!(writer.encoded_len() <= whole.len());
+            let mut pieces = writer.into_pieces();
+            let mut bytes = Vec::new();
+            let mut piece = Vec::new();
+            loop {
+                let more = if fresh {
+                    piece.clear();
+                    let more = pieces.encode_next(&mut piece, budget).unwrap();
+                    bytes.extend_from_slice(&piece);
+                    more
+                } else {
+                    pieces.encode_next(&mut bytes, budget).unwrap()
+                };
+                if !more {
+                    break;
+                }
+            }
+            // Once done, it hands out nothing more.
+            proptest::prop_assert!(!pieces.encode_next(&mut bytes, budget).unwrap());
+            proptest::prop_assert_eq!(bytes, whole);
+        }
     }
 
     fn read(snapshots: &[Vec<u8>], owned: KeyGroupRange) -> Vec<(u32, Option<i64>, u64)> {

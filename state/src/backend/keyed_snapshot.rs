@@ -270,7 +270,7 @@ pub fn encode_keyed_snapshot<K: StateKey + StateCodec, N: StateKey + StateCodec>
 }
 
 /// Bytes in front of a block's entries: key group, entry count, length.
-const BLOCK_HEADER_LEN: usize = 16;
+pub(crate) const BLOCK_HEADER_LEN: usize = 16;
 
 /// Bucket positions of a key group read in one step of [`KeyedSnapshotEncoder::encode_next`].
 const BUCKETS_PER_STEP: usize = 256;
@@ -598,7 +598,7 @@ pub(crate) fn write_state_blocks<'a>(
 }
 
 /// Appends the header of a state of `header` and the count of `blocks` that follow it.
-fn write_state_start(
+pub(crate) fn write_state_start(
     out: &mut Vec<u8>,
     header: &StateHeader,
     blocks: usize,
@@ -623,7 +623,7 @@ fn write_block(out: &mut Vec<u8>, key_group: u32, entries: u32, bytes: &[u8]) {
 }
 
 /// What goes in front of a key-group block's entries: key group, entry count, length.
-fn block_header(key_group: u32, entries: u32, len: usize) -> [u8; BLOCK_HEADER_LEN] {
+pub(crate) fn block_header(key_group: u32, entries: u32, len: usize) -> [u8; BLOCK_HEADER_LEN] {
     let mut header = [0; BLOCK_HEADER_LEN];
     header[..4].copy_from_slice(&key_group.to_le_bytes());
     header[4..8].copy_from_slice(&entries.to_le_bytes());

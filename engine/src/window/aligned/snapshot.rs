@@ -1,0 +1,422 @@
+//! Checkpoints of the tumbling and sliding window operator's keys: which keys changed since
+//! the last checkpoint, and full snapshots written after their barrier.
+//!
+//! **Changes.** With incremental checkpoints (`checkpoint::chain`) the operator records
+//! which keys change (or go) between checkpoints: a checkpoint writes only those, as a delta
+//! over the chain's last full link, unless it writes every key. Links are encoded while the
+//! barrier passes.
+//!
+//! **Full snapshots written after the barrier.** A full snapshot — each checkpoint when
+//! checkpoints are not incremental, and each savepoint — is not encoded while the barrier
+//! passes: the operator lists its keys then, and the task's checkpoint writer encodes them in
+//! pieces of about `task_state::PIECE_BYTES` with records flowing between them
+//! (`task_state::FileEncoder`). The panes are not copy-on-write; instead a key is written
+//! before its first change since the barrier: every change goes through [`Changes::record`],
+//! which on a key's first change of an epoch writes the key into the snapshot unless the
+//! writer has already. A key added after the barrier is marked written as it is added (it is
+//! in no snapshot taken before it was there), and a key that went after the barrier was
+//! written before it went. So the barrier costs a copy of the key list, and each key is
+//! encoded once, on the writer's turn or at its first change, whichever comes first. A
+//! snapshot still being written when the next barrier comes is finished at that barrier.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use weir_state::{StateError, StateKind, StateValueCodec, WriterState};
+
+use super::super::checkpoint::{AccCodec, KeyedScope, WindowSnapshot, FIRE_TIMERS};
+use super::super::{KeyMap, TimeWindow};
+use super::{KeyState, NO_TIMER};
+use crate::checkpoint::chain::KeyedChain;
+use crate::checkpoint::task_state::{DeferredPart, PartEncoder};
+use crate::record::Key;
+
+/// The operator's keys, shared with the writer of a snapshot written after its barrier.
+pub(super) type SharedKeys<K, A> = Rc<RefCell<KeyMap<K, KeyState<A>>>>;
+
+/// Writes keys' panes and fire timers into a snapshot (`checkpoint.rs` has the layout).
+pub(super) struct KeyWriter<K, A> {
+    writer: WindowSnapshot<K, TimeWindow, A>,
+    fire_timers: (WriterState, StateValueCodec<i64>),
+    /// The panes' length (ms).
+    pane: i64,
+}
+
+impl<K: Key, A> KeyWriter<K, A> {
+    pub(super) fn new(scope: &KeyedScope, codec: AccCodec<A>, pane: i64) -> Self {
+        let mut writer = super::super::checkpoint::snapshot(scope, codec);
+        let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
+        KeyWriter {
+            writer,
+            fire_timers,
+            pane,
+        }
+    }
+
+    /// Writes `key`'s panes and fire timer.
+    pub(super) fn put(&mut self, key: &K, state: &KeyState<A>) -> Result<(), StateError> {
+        self.writer.key(key)?;
+        for (start, acc) in state.panes.iter() {
+            let window = TimeWindow::new(*start, start.saturating_add(self.pane));
+            self.writer.contents(Some(&window), acc)?;
+        }
+        if state.fire_at != NO_TIMER {
+            self.writer.put_timer(&self.fire_timers, state.fire_at)?;
+        }
+        Ok(())
+    }
+
+    /// Marks `key` as gone (a delta).
+    pub(super) fn removed(&mut self, key: &K) -> Result<(), StateError> {
+        self.writer.key(key)?;
+        self.writer.removed()
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.writer.encoded_len()
+    }
+
+    pub(super) fn finish(self) -> Result<Vec<u8>, StateError> {
+        self.writer.finish()
+    }
+}
+
+/// The keys that changed (or went) since the last checkpoint, and the snapshot being written
+/// after its barrier, if one is (see the module docs).
+pub(super) struct Changes<K, A> {
+    /// The current epoch (one per barrier), from 1; 0 while the operator is not checkpointed:
+    /// a key changed in epoch 0 is never recorded.
+    pub(super) epoch: u32,
+    /// The first epoch the next delta covers: the one the last link's barrier began.
+    since: u32,
+    /// With incremental checkpoints, the keys changed since the last link, in the order they
+    /// first changed in each epoch (a key may be here more than once; a delta writes it once).
+    pub(super) keys: Vec<K>,
+    /// With incremental checkpoints, the keys that went since the last link.
+    removed: Vec<K>,
+    pub(super) chain: Option<KeyedChain>,
+    /// The snapshot being written after its barrier.
+    pending: Option<Rc<RefCell<Pending<K, A>>>>,
+}
+
+/// What a barrier writes of the keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cut {
+    /// Every key, the changes kept for the next link: a savepoint, or a checkpoint without a
+    /// chain.
+    Whole,
+    /// Every key: a chain's full link.
+    Full,
+    /// The keys changed and gone since the last link: a chain's delta.
+    Delta,
+}
+
+impl<K, A> Changes<K, A> {
+    /// Changes of an operator that is not checkpointed.
+    pub(super) fn untracked() -> Self {
+        Changes {
+            epoch: 0,
+            since: 0,
+            keys: Vec::new(),
+            removed: Vec::new(),
+            chain: None,
+            pending: None,
+        }
+    }
+
+    /// Changes of a checkpointed operator, incremental with `chain`.
+    pub(super) fn tracked(chain: Option<KeyedChain>) -> Self {
+        Changes {
+            epoch: 1,
+            since: 1,
+            chain,
+            ..Changes::untracked()
+        }
+    }
+}
+
+impl<K: Key, A> Changes<K, A> {
+    /// Records that `key` changes now: call it before changing `state` (or removing it).
+    #[inline]
+    pub(super) fn record(&mut self, key: &K, state: &mut KeyState<A>) {
+        if state.changed_in != self.epoch {
+            self.first_change(key, state);
+        }
+    }
+
+    /// The key's first change in this epoch.
+    fn first_change(&mut self, key: &K, state: &mut KeyState<A>) {
+        if let Some(pending) = &self.pending {
+            if !pending.borrow_mut().write_before_change(key, state) {
+                self.pending = None;
+            }
+        }
+        state.changed_in = self.epoch;
+        if self.chain.is_some() {
+            self.keys.push(key.clone());
+        }
+    }
+
+    /// `state` was just added: it is in no snapshot being written.
+    #[inline]
+    pub(super) fn added(&self, state: &mut KeyState<A>) {
+        state.written_in = self.epoch;
+    }
+
+    /// `key` was just removed (after [`Changes::record`]).
+    #[inline]
+    pub(super) fn gone(&mut self, key: &K) {
+        if self.chain.is_some() {
+            self.removed.push(key.clone());
+        }
+    }
+
+    /// Writes what is left of the snapshot being written after its barrier, if one is: a
+    /// barrier comes, and each snapshot cuts at its own. A failure goes to that snapshot's
+    /// writer.
+    pub(super) fn finish_pending(&mut self, keys: &mut KeyMap<K, KeyState<A>>) {
+        if let Some(pending) = self.pending.take() {
+            pending.borrow_mut().write_rest(keys);
+        }
+    }
+
+    /// Before a barrier: when the epochs' numbers are about to run out, numbers them again
+    /// from 1 (every key unchanged and unwritten), and the chain starts again with a full link.
+    pub(super) fn renumber_if_spent(&mut self, keys: &mut KeyMap<K, KeyState<A>>) {
+        if self.epoch < LAST_EPOCH {
+            return;
+        }
+        keys.values_mut().for_each(|state| {
+            state.changed_in = 0;
+            state.written_in = 0;
+        });
+        (self.epoch, self.since) = (1, 1);
+        self.keys.clear();
+        self.removed.clear();
+        self.chain.iter().for_each(KeyedChain::restart);
+    }
+
+    /// A checkpoint's barrier passed with nothing changed since the last link.
+    pub(super) fn unchanged(&mut self) {
+        self.epoch += 1;
+        self.since = self.epoch;
+    }
+
+    /// Takes `cut` of `keys` at this barrier, to be written after it with `writer` (see the
+    /// module docs).
+    pub(super) fn write_after_barrier(
+        &mut self,
+        keys: &SharedKeys<K, A>,
+        writer: KeyWriter<K, A>,
+        cut: Cut,
+    ) -> DeferredPart
+    where
+        K: 'static,
+        A: 'static,
+    {
+        debug_assert!(self.pending.is_none(), "finish_pending first");
+        let every_key = || keys.borrow().keys().cloned().collect::<Vec<K>>();
+        let (todo, removed, since) = match cut {
+            Cut::Whole => (every_key(), Vec::new(), 0),
+            Cut::Full => {
+                self.keys.clear();
+                self.removed.clear();
+                (every_key(), Vec::new(), 0)
+            }
+            Cut::Delta => (
+                in_map_order(std::mem::take(&mut self.keys), &keys.borrow()),
+                std::mem::take(&mut self.removed),
+                self.since,
+            ),
+        };
+        self.epoch += 1;
+        if cut != Cut::Whole {
+            self.since = self.epoch;
+        }
+        let pending = Rc::new(RefCell::new(Pending {
+            epoch: self.epoch,
+            since,
+            writer: Some(writer),
+            todo: todo.into_iter(),
+            removed: removed.into_iter(),
+            error: None,
+        }));
+        self.pending = Some(Rc::clone(&pending));
+        Box::new(WrittenAfterBarrier {
+            keys: Rc::clone(keys),
+            pending,
+            pieces: None,
+        })
+    }
+}
+
+/// `keys` in about the order `map` holds them: grouped by where in the table their buckets
+/// lie, so that looking them up walks its memory in order, not at random (a delta's keys come
+/// in the order they changed; a lookup that misses the cache costs more than the key's
+/// encoding). A counting sort on the top bits of the bucket index; the order is only a hint.
+fn in_map_order<K: Key, V>(keys: Vec<K>, map: &KeyMap<K, V>) -> Vec<K> {
+    use std::hash::BuildHasher;
+    /// Parts of the table the keys are sorted into (each a few hundred buckets at most).
+    const PARTS: usize = 1 << 14;
+    let buckets = (map.capacity() * 8 / 7).next_power_of_two();
+    if buckets <= PARTS || keys.len() < PARTS / 4 {
+        // A table this small stays in the cache, or the keys are too few to sort.
+        return keys;
+    }
+    let shift = buckets.trailing_zeros() - PARTS.trailing_zeros();
+    let hasher = map.hasher();
+    let part = |key: &K| (hasher.hash_one(key) as usize & (buckets - 1)) >> shift;
+    let parts: Vec<u16> = keys.iter().map(|key| part(key) as u16).collect();
+    let mut next = vec![0usize; PARTS + 1];
+    for &part in &parts {
+        next[usize::from(part) + 1] += 1;
+    }
+    for index in 1..=PARTS {
+        next[index] += next[index - 1];
+    }
+    let mut sorted: Vec<Option<K>> = std::iter::repeat_with(|| None).take(keys.len()).collect();
+    for (key, part) in keys.into_iter().zip(parts) {
+        let at = &mut next[usize::from(part)];
+        sorted[*at] = Some(key);
+        *at += 1;
+    }
+    sorted.into_iter().flatten().collect()
+}
+
+/// The last epoch before they are numbered again ([`Changes::renumber_if_spent`]).
+const LAST_EPOCH: u32 = u32::MAX - 1;
+
+/// A snapshot being written after its barrier.
+struct Pending<K, A> {
+    /// The epoch the barrier began: a key whose `written_in` is this is in the snapshot (or
+    /// was added after the barrier).
+    epoch: u32,
+    /// A delta's: a key last changed before this epoch is not in it (0: every key is).
+    since: u32,
+    /// `None` once every key is written (or the snapshot was given up).
+    writer: Option<KeyWriter<K, A>>,
+    /// The keys the writer has not come to yet: every key at the barrier, or a delta's keys
+    /// changed before it (those gone since are skipped: they were written before they went).
+    todo: std::vec::IntoIter<K>,
+    /// A delta's keys that went before the barrier, to be marked gone. One that came back
+    /// is marked gone and has its entries: in a delta, a key's entries win.
+    removed: std::vec::IntoIter<K>,
+    /// Why the snapshot cannot be written, for its writer to report.
+    error: Option<StateError>,
+}
+
+impl<K: Key, A> Pending<K, A> {
+    /// Writes `key` as it is before its first change since the barrier, if the snapshot has
+    /// it and it is not written already; returns whether the snapshot is still being written.
+    fn write_before_change(&mut self, key: &K, state: &mut KeyState<A>) -> bool {
+        let Some(writer) = &mut self.writer else {
+            return false;
+        };
+        if state.written_in != self.epoch && state.changed_in >= self.since {
+            state.written_in = self.epoch;
+            if let Err(error) = writer.put(key, state) {
+                self.fail(error);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Writes keys of the lists, about `budget` bytes' worth; returns whether any are left.
+    fn write_some(
+        &mut self,
+        keys: &mut KeyMap<K, KeyState<A>>,
+        budget: usize,
+    ) -> Result<bool, StateError> {
+        let Some(writer) = &mut self.writer else {
+            return Ok(false);
+        };
+        let mut work = 0;
+        while work < budget {
+            let before = writer.encoded_len();
+            if let Some(key) = self.removed.next() {
+                writer.removed(&key)?;
+            } else if let Some(key) = self.todo.next() {
+                match keys.get_mut(&key) {
+                    Some(state) if state.written_in != self.epoch => {
+                        state.written_in = self.epoch;
+                        writer.put(&key, state)?;
+                    }
+                    _ => {}
+                }
+            } else {
+                return Ok(false);
+            }
+            work += KEY_WORK + (writer.encoded_len() - before);
+        }
+        Ok(true)
+    }
+
+    /// Writes every key left.
+    fn write_rest(&mut self, keys: &mut KeyMap<K, KeyState<A>>) {
+        if let Err(error) = self.write_some(keys, usize::MAX) {
+            self.fail(error);
+        }
+    }
+
+    fn fail(&mut self, error: StateError) {
+        self.error.get_or_insert(error);
+        self.give_up();
+    }
+}
+
+impl<K, A> Pending<K, A> {
+    /// No more keys are written.
+    fn give_up(&mut self) {
+        self.writer = None;
+        self.todo = Vec::new().into_iter();
+        self.removed = Vec::new().into_iter();
+    }
+}
+
+/// What visiting a key of the list counts for against a step's budget, besides its bytes.
+const KEY_WORK: usize = 16;
+
+/// The checkpoint writer's side of a snapshot written after its barrier: it writes the keys
+/// the operator has not, then hands out the snapshot in pieces.
+struct WrittenAfterBarrier<K, A> {
+    keys: SharedKeys<K, A>,
+    pending: Rc<RefCell<Pending<K, A>>>,
+    pieces: Option<weir_state::KeyedSnapshotPieces>,
+}
+
+impl<K: Key, A> PartEncoder for WrittenAfterBarrier<K, A> {
+    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
+        if let Some(pieces) = &mut self.pieces {
+            return pieces
+                .encode_next(out, budget)
+                .map_err(|error| error.to_string());
+        }
+        let mut pending = self.pending.borrow_mut();
+        if let Some(error) = pending.error.take() {
+            return Err(error.to_string());
+        }
+        let left = match pending.write_some(&mut self.keys.borrow_mut(), budget) {
+            Ok(left) => left,
+            Err(error) => {
+                pending.give_up();
+                return Err(error.to_string());
+            }
+        };
+        if !left {
+            let writer = pending.writer.take();
+            let writer = writer.ok_or("internal error: a window snapshot was given up")?;
+            self.pieces = Some(writer.writer.into_pieces());
+        }
+        Ok(true)
+    }
+}
+
+impl<K, A> Drop for WrittenAfterBarrier<K, A> {
+    /// A snapshot its writer gave up (its checkpoint was aborted) is no longer written.
+    fn drop(&mut self) {
+        if let Ok(mut pending) = self.pending.try_borrow_mut() {
+            pending.give_up();
+        }
+    }
+}
