@@ -324,9 +324,7 @@ impl ChainLink {
         self.done = true;
         self.links.mark_done(self.number);
         let (full, mut encoder) = self.new.take()?;
-        let mut bytes = Vec::new();
-        while encoder.encode_next(&mut bytes, 64).expect("a link encodes") {}
-        Some((full, bytes))
+        Some((full, super::task_state::encode_whole(&mut encoder, 64)))
     }
 }
 

@@ -450,8 +450,35 @@ pub(crate) async fn write_in_pieces(
         if stopping.is_some_and(|stopping| stopping.load(Ordering::Relaxed)) {
             return Err("the job is stopping".into());
         }
-        // Records flow before the next piece.
-        futures_lite::future::yield_now().await;
+        if piece.is_empty() {
+            // Nothing yet (an operator writes its snapshot between its records).
+            glommio::timer::sleep(WAIT_FOR_PIECE).await;
+        } else {
+            // Records flow before the next piece.
+            futures_lite::future::yield_now().await;
+        }
+    }
+}
+
+/// How long a writer waits when a part had nothing for it yet.
+const WAIT_FOR_PIECE: Duration = Duration::from_millis(1);
+
+/// Every piece of `encoder`, in a test where its operator (if it writes the part's keys
+/// itself) has written them all; panics if it hands out nothing for long.
+#[cfg(test)]
+pub(crate) fn encode_whole(encoder: &mut DeferredPart, budget: usize) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let mut idle = 0;
+    loop {
+        let before = bytes.len();
+        if !encoder.encode_next(&mut bytes, budget).expect("it encodes") {
+            return bytes;
+        }
+        idle = if bytes.len() == before { idle + 1 } else { 0 };
+        assert!(
+            idle < 1000,
+            "a deferred part hands out nothing: its operator never wrote it"
+        );
     }
 }
 

@@ -326,8 +326,8 @@ pub(crate) fn open<K: Key, N: StateCodec>(
     }
 }
 
-/// The keyed part of an operator's `snapshot` (encoded now, if its encoding was deferred),
-/// read back as one subtask owning every key group: for testing an operator's snapshot and
+/// The keyed part of an operator's `snapshot` (encoded now, if its encoding was deferred: the
+/// operator must have written its keys), read back as one subtask owning every key group: for testing an operator's snapshot and
 /// restore on their own.
 #[cfg(test)]
 pub(crate) fn read_back<K: Key, N: StateCodec>(
@@ -340,11 +340,9 @@ pub(crate) fn read_back<K: Key, N: StateCodec>(
         .into_iter()
         .find_map(|(name, part)| match part {
             Part::Bytes(bytes) if name == PART_KEYED => Some(bytes),
-            Part::Deferred(mut encoder) if name == PART_KEYED => {
-                let mut bytes = Vec::new();
-                while encoder.encode_next(&mut bytes, 64).expect("it encodes") {}
-                Some(bytes)
-            }
+            Part::Deferred(mut encoder) if name == PART_KEYED => Some(
+                crate::checkpoint::task_state::encode_whole(&mut encoder, 64),
+            ),
             _ => None,
         })
         .expect("a keyed part");

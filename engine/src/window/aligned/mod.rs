@@ -21,14 +21,12 @@
 
 mod snapshot;
 
-use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::rc::Rc;
 use std::sync::Arc;
 
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
 
-use self::snapshot::{Changes, Cut, KeyWriter, SharedKeys};
+use self::snapshot::{Changes, Cut, KeyWriter, STEP_BYTES};
 use super::checkpoint::{foreign_window, KeyedScope, FIRE_TIMERS};
 use super::function::WindowLogic;
 use super::panes::PaneList;
@@ -315,9 +313,11 @@ pub(crate) struct AlignedWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     schedule: Schedule<K>,
     late: LateData<T>,
     operator: Arc<str>,
-    keys: SharedKeys<K, L::Acc>,
+    keys: KeyMap<K, KeyState<L::Acc>>,
     changes: Changes<K, L::Acc>,
     recent: RecentPane,
+    /// The input ended (`Operator::finish`).
+    finished: bool,
     /// Set when opened.
     scope: Option<KeyedScope>,
     _output: PhantomData<fn() -> O>,
@@ -355,7 +355,7 @@ impl<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> AlignedWindowOperator<K, 
             },
             late: LateData::new(late_tag),
             operator: "".into(),
-            keys: Rc::new(RefCell::new(KeyMap::default())),
+            keys: KeyMap::default(),
             changes: Changes::untracked(),
             recent: RecentPane {
                 start: 0,
@@ -363,6 +363,7 @@ impl<K, T, O, KS, L: WindowLogic<K, TimeWindow, T, O>> AlignedWindowOperator<K, 
                 expires: 0,
                 first_max: 0,
             },
+            finished: false,
             scope: None,
             _output: PhantomData,
         }
@@ -398,7 +399,7 @@ where
     /// `key`'s fire timer at `time` came due: fires its window ending there (unless the timer
     /// moved) and moves the timer on to the key's next window.
     fn fire_key(&mut self, key: K, time: i64, out: &mut Emitter<O>) {
-        let mut keys = self.keys.borrow_mut();
+        let keys = &mut self.keys;
         let Some(state) = keys.get_mut(&key) else {
             return;
         };
@@ -423,7 +424,7 @@ where
     /// fire, memory order beats a random probe per key.
     fn fire_all_due(&mut self, time: i64, out: &mut Emitter<O>) {
         let (firing, schedule, changes) = (&mut self.firing, &mut self.schedule, &mut self.changes);
-        self.keys.borrow_mut().retain(|key, state| {
+        self.keys.retain(|key, state| {
             if state.fire_at != time {
                 return true;
             }
@@ -445,7 +446,7 @@ where
     /// A clean-up timer of `key` at `time` came due: drops its panes that no window needs
     /// any more (the oldest ones), and the key with the last of them.
     fn clean_up_key(&mut self, key: K, time: i64) {
-        let mut keys = self.keys.borrow_mut();
+        let keys = &mut self.keys;
         let Some(state) = keys.get_mut(&key) else {
             return;
         };
@@ -468,7 +469,7 @@ where
     fn advance(&mut self, limit: i64, out: &mut Emitter<O>) {
         while let Some((time, mut due)) = self.schedule.fire_timers.pop_due(limit) {
             // A scan costs O(keys); it is taken only when the bucket is at least half that.
-            if due.len() >= self.keys.borrow().len() / 2 {
+            if due.len() >= self.keys.len() / 2 {
                 due.clear();
                 self.fire_all_due(time, out);
             } else {
@@ -505,12 +506,9 @@ where
             snapshot.add(part, self.write_now()?);
             return self.firing.logic.snapshot_contents(snapshot);
         }
-        let keys = {
-            let mut keys = self.keys.borrow_mut();
-            self.changes.finish_pending(&mut keys);
-            self.changes.renumber_if_spent(&mut keys);
-            keys.len()
-        };
+        self.changes.finish_pending(&mut self.keys);
+        self.changes.renumber_if_spent(&mut self.keys);
+        let keys = self.keys.len();
         let chain = self
             .changes
             .chain
@@ -532,6 +530,11 @@ where
         };
         let writer = self.key_writer();
         let encoder = self.changes.write_after_barrier(&self.keys, writer, cut);
+        if snapshot.is_savepoint() || self.finished {
+            // No turns may follow (the job stops after a savepoint, or the input ended): the
+            // keys are written now, the snapshot handed out in pieces after.
+            self.changes.finish_pending(&mut self.keys);
+        }
         match (link, &self.changes.chain) {
             (Some(full), Some(chain)) => chain.add(snapshot, Some((full, encoder))),
             _ => snapshot.add_deferred(part, encoder),
@@ -548,7 +551,7 @@ where
     /// Encodes every key now.
     fn write_now(&mut self) -> Result<Vec<u8>, StateError> {
         let mut writer = self.key_writer();
-        for (key, state) in self.keys.borrow().iter() {
+        for (key, state) in self.keys.iter() {
             writer.put(key, state)?;
         }
         writer.finish()
@@ -562,7 +565,7 @@ where
     ) -> Result<(), StateError> {
         let codec = self.firing.logic.acc_codec();
         let geometry = self.schedule.geometry;
-        let mut keys = self.keys.borrow_mut();
+        let keys = &mut self.keys;
         let logic = &self.firing.logic;
         codec.restore(restored, |key, window, bytes| {
             let window = window
@@ -661,11 +664,10 @@ where
             event_time && self.schedule.allowed_lateness > 0 && pane.first_max <= watermark;
         let key = (self.key_selector)(&record);
         let firing = &mut self.firing;
-        let mut keys = self.keys.borrow_mut();
-        let state = match keys.get_mut(&key) {
+        let state = match self.keys.get_mut(&key) {
             Some(state) => state,
             None => {
-                let state = keys.entry(key.clone()).or_default();
+                let state = self.keys.entry(key.clone()).or_default();
                 self.changes.added(state);
                 state
             }
@@ -697,12 +699,18 @@ where
     }
 
     fn on_processing_time(&mut self, now: i64, out: &mut Emitter<O>) {
+        self.changes.write_some(&mut self.keys, STEP_BYTES);
         if self.schedule.domain == TimeDomain::ProcessingTime {
             self.advance(now, out);
         }
     }
 
+    /// While a snapshot written after its barrier has keys left, now: the task gives the
+    /// operator a turn between batches of records to write some (`snapshot.rs`).
     fn next_processing_time(&self) -> Option<i64> {
+        if self.changes.writing() {
+            return Some(i64::MIN);
+        }
         match self.schedule.domain {
             TimeDomain::ProcessingTime => self.schedule.fire_timers.next_time(),
             TimeDomain::EventTime => None,
@@ -712,6 +720,7 @@ where
     /// Processing-time windows still open when the input ends fire now (event-time windows
     /// have already fired on the final watermark).
     fn finish(&mut self, out: &mut Emitter<O>) {
+        self.finished = true;
         if self.schedule.domain == TimeDomain::ProcessingTime {
             self.advance(i64::MAX, out);
         }
@@ -904,7 +913,7 @@ mod tests {
         }
         feed(&mut second, rest, &mut out);
         proptest::prop_assert!(
-            second.keys.borrow().is_empty(),
+            second.keys.is_empty(),
             "state left after the last watermark"
         );
         let mut fired = out.main.records;
@@ -915,8 +924,9 @@ mod tests {
     /// Links being written after their barriers, oldest first, with their bytes so far.
     type Writing = VecDeque<(ChainLink, Vec<u8>)>;
 
-    /// Feeds `items` to `op`, each followed by a piece of `budget` bytes of the oldest link
-    /// being written; the links finished go to `chain`.
+    /// Feeds `items` to `op`, each followed by the operator's turn to write `budget` bytes of
+    /// its keys and a piece of `budget` bytes of the oldest link being written; the links
+    /// finished go to `chain`.
     fn feed_while_writing(
         op: &mut Counting,
         items: &[Result<(u8, i64), i64>],
@@ -927,6 +937,7 @@ mod tests {
     ) {
         for item in items {
             feed(op, std::slice::from_ref(item), out);
+            op.changes.write_some(&mut op.keys, budget);
             if let Some((link, bytes)) = writing.front_mut() {
                 if !link.step(bytes, budget) {
                     let (link, bytes) = writing.pop_front().expect("a link");
@@ -968,7 +979,7 @@ mod tests {
             let mut fired: Vec<(u8, i64, u64)> = out.main.records.clone();
             fired.sort_unstable();
             proptest::prop_assert_eq!(fired, reference(&g, lateness, &input));
-            proptest::prop_assert!(op.keys.borrow().is_empty(), "state left after the last watermark");
+            proptest::prop_assert!(op.keys.is_empty(), "state left after the last watermark");
         }
     }
 
@@ -1039,6 +1050,7 @@ mod tests {
                 if index == savepoint_at {
                     let mut savepoint = OperatorSnapshot::new(crate::checkpoint::SnapshotKind::Savepoint);
                     first.write_snapshot(&mut savepoint).expect("a savepoint");
+                    first.changes.finish_pending(&mut first.keys);
                     let from_savepoint = super::super::checkpoint::read_back(savepoint, 16);
                     let mut savepoint_out = Emitter::new(0, crate::operator::SideOutputs::default());
                     savepoint_out.main.records = out.main.records.clone();
@@ -1060,6 +1072,7 @@ mod tests {
             let (watermark, mut at_last) = (first.schedule.watermark, Emitter::new(0, crate::operator::SideOutputs::default()));
             at_last.main.records = out.main.records.clone();
             feed_while_writing(&mut first, &input[at..], &mut out, &mut writing, &mut chain, budget);
+            first.changes.finish_pending(&mut first.keys);
             while let Some((link, bytes)) = writing.pop_front() {
                 finish_link(&mut chain, link, bytes);
             }
@@ -1120,6 +1133,8 @@ mod tests {
                         first.write_snapshot(&mut next).expect("the next snapshot");
                     }
                 }
+                // The operator's turn to write some keys (between records), then the writer's.
+                first.changes.write_some(&mut first.keys, budget);
                 if !encoder.encode_next(&mut bytes, budget).expect("it encodes") {
                     break;
                 }

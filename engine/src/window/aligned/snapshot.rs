@@ -6,18 +6,21 @@
 //! over the chain's last full link, unless it writes every key. Links are encoded while the
 //! barrier passes.
 //!
-//! **Full snapshots written after the barrier.** A full snapshot — each checkpoint when
-//! checkpoints are not incremental, and each savepoint — is not encoded while the barrier
-//! passes: the operator lists its keys then, and the task's checkpoint writer encodes them in
-//! pieces of about `task_state::PIECE_BYTES` with records flowing between them
-//! (`task_state::FileEncoder`). The panes are not copy-on-write; instead a key is written
-//! before its first change since the barrier: every change goes through [`Changes::record`],
-//! which on a key's first change of an epoch writes the key into the snapshot unless the
-//! writer has already. A key added after the barrier is marked written as it is added (it is
-//! in no snapshot taken before it was there), and a key that went after the barrier was
-//! written before it went. So the barrier costs a copy of the key list, and each key is
-//! encoded once, on the writer's turn or at its first change, whichever comes first. A
-//! snapshot still being written when the next barrier comes is finished at that barrier.
+//! **Snapshots written after the barrier.** A snapshot (a full one or a delta) is not encoded
+//! while the barrier passes: the operator lists the keys it holds then (or takes the list of
+//! the keys changed and gone since the last link) and writes them in steps of about
+//! `task_state::PIECE_BYTES` between batches of records, on its task's processing-time turn
+//! ([`Changes::write_some`]; the operator asks for that turn while it has keys to write). The
+//! panes are not copy-on-write; instead a key is written before its first change since the
+//! barrier: every change goes through [`Changes::record`], which on a key's first change of
+//! an epoch writes the key into the snapshot if it has it and it is not written yet. A key
+//! added after the barrier is marked written as it is added (nothing of it to write), and a
+//! key that went after the barrier was written before it went. So the barrier costs a copy of
+//! the key list, and each key is encoded once, on its turn or at its first change, whichever
+//! comes first. The task's checkpoint writer then hands the snapshot out in pieces
+//! (`task_state::FileEncoder`, `checkpoint::chain`). A snapshot still being written when the
+//! next barrier comes is finished at that barrier. The operator keeps its map to itself: a
+//! record costs nothing more for the snapshot being written.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -28,11 +31,8 @@ use super::super::checkpoint::{AccCodec, KeyedScope, WindowSnapshot, FIRE_TIMERS
 use super::super::{KeyMap, TimeWindow};
 use super::{KeyState, NO_TIMER};
 use crate::checkpoint::chain::KeyedChain;
-use crate::checkpoint::task_state::{DeferredPart, PartEncoder};
+use crate::checkpoint::task_state::{DeferredPart, PartEncoder, PIECE_BYTES};
 use crate::record::Key;
-
-/// The operator's keys, shared with the writer of a snapshot written after its barrier.
-pub(super) type SharedKeys<K, A> = Rc<RefCell<KeyMap<K, KeyState<A>>>>;
 
 /// Writes keys' panes and fire timers into a snapshot (`checkpoint.rs` has the layout).
 pub(super) struct KeyWriter<K, A> {
@@ -176,7 +176,24 @@ impl<K: Key, A> Changes<K, A> {
     /// writer.
     pub(super) fn finish_pending(&mut self, keys: &mut KeyMap<K, KeyState<A>>) {
         if let Some(pending) = self.pending.take() {
-            pending.borrow_mut().write_rest(keys);
+            pending.borrow_mut().write_step(keys, usize::MAX);
+        }
+    }
+
+    /// Whether a snapshot written after its barrier has keys left to write.
+    pub(super) fn writing(&self) -> bool {
+        self.pending.is_some()
+    }
+
+    /// Writes about `budget` bytes' worth of the keys left of the snapshot being written
+    /// after its barrier, if one is.
+    pub(super) fn write_some(&mut self, keys: &mut KeyMap<K, KeyState<A>>, budget: usize) {
+        let done = self
+            .pending
+            .as_ref()
+            .is_some_and(|pending| pending.borrow_mut().write_step(keys, budget));
+        if done {
+            self.pending = None;
         }
     }
 
@@ -206,7 +223,7 @@ impl<K: Key, A> Changes<K, A> {
     /// module docs).
     pub(super) fn write_after_barrier(
         &mut self,
-        keys: &SharedKeys<K, A>,
+        keys: &KeyMap<K, KeyState<A>>,
         writer: KeyWriter<K, A>,
         cut: Cut,
     ) -> DeferredPart
@@ -215,7 +232,7 @@ impl<K: Key, A> Changes<K, A> {
         A: 'static,
     {
         debug_assert!(self.pending.is_none(), "finish_pending first");
-        let every_key = || keys.borrow().keys().cloned().collect::<Vec<K>>();
+        let every_key = || keys.keys().cloned().collect::<Vec<K>>();
         let (todo, removed, since) = match cut {
             Cut::Whole => (every_key(), Vec::new(), 0),
             Cut::Full => {
@@ -224,7 +241,7 @@ impl<K: Key, A> Changes<K, A> {
                 (every_key(), Vec::new(), 0)
             }
             Cut::Delta => (
-                in_map_order(std::mem::take(&mut self.keys), &keys.borrow()),
+                in_map_order(std::mem::take(&mut self.keys), keys),
                 std::mem::take(&mut self.removed),
                 self.since,
             ),
@@ -239,11 +256,11 @@ impl<K: Key, A> Changes<K, A> {
             writer: Some(writer),
             todo: todo.into_iter(),
             removed: removed.into_iter(),
+            written: false,
             error: None,
         }));
         self.pending = Some(Rc::clone(&pending));
         Box::new(WrittenAfterBarrier {
-            keys: Rc::clone(keys),
             pending,
             pieces: None,
         })
@@ -301,6 +318,8 @@ struct Pending<K, A> {
     /// A delta's keys that went before the barrier, to be marked gone. One that came back
     /// is marked gone and has its entries: in a delta, a key's entries win.
     removed: std::vec::IntoIter<K>,
+    /// Every key is written: the snapshot is the writer's to hand out.
+    written: bool,
     /// Why the snapshot cannot be written, for its writer to report.
     error: Option<StateError>,
 }
@@ -352,10 +371,19 @@ impl<K: Key, A> Pending<K, A> {
         Ok(true)
     }
 
-    /// Writes every key left.
-    fn write_rest(&mut self, keys: &mut KeyMap<K, KeyState<A>>) {
-        if let Err(error) = self.write_some(keys, usize::MAX) {
-            self.fail(error);
+    /// Writes keys, about `budget` bytes' worth; returns whether the operator is done with
+    /// the snapshot (every key written, or the snapshot failed or was given up).
+    fn write_step(&mut self, keys: &mut KeyMap<K, KeyState<A>>, budget: usize) -> bool {
+        match self.write_some(keys, budget) {
+            Ok(true) => false,
+            Ok(false) => {
+                self.written = self.writer.is_some();
+                true
+            }
+            Err(error) => {
+                self.fail(error);
+                true
+            }
         }
     }
 
@@ -377,10 +405,9 @@ impl<K, A> Pending<K, A> {
 /// What visiting a key of the list counts for against a step's budget, besides its bytes.
 const KEY_WORK: usize = 16;
 
-/// The checkpoint writer's side of a snapshot written after its barrier: it writes the keys
-/// the operator has not, then hands out the snapshot in pieces.
+/// The checkpoint writer's side of a snapshot written after its barrier: once the operator
+/// has written every key, it hands out the snapshot in pieces.
 struct WrittenAfterBarrier<K, A> {
-    keys: SharedKeys<K, A>,
     pending: Rc<RefCell<Pending<K, A>>>,
     pieces: Option<weir_state::KeyedSnapshotPieces>,
 }
@@ -396,18 +423,14 @@ impl<K: Key, A> PartEncoder for WrittenAfterBarrier<K, A> {
         if let Some(error) = pending.error.take() {
             return Err(error.to_string());
         }
-        let left = match pending.write_some(&mut self.keys.borrow_mut(), budget) {
-            Ok(left) => left,
-            Err(error) => {
-                pending.give_up();
-                return Err(error.to_string());
-            }
-        };
-        if !left {
+        if pending.written {
             let writer = pending.writer.take();
             let writer = writer.ok_or("internal error: a window snapshot was given up")?;
             self.pieces = Some(writer.writer.into_pieces());
+        } else if Rc::strong_count(&self.pending) == 1 {
+            return Err("the window operator closed before its snapshot was written".into());
         }
+        // Nothing yet: the operator writes its keys between records.
         Ok(true)
     }
 }
@@ -420,3 +443,6 @@ impl<K, A> Drop for WrittenAfterBarrier<K, A> {
         }
     }
 }
+
+/// About how many bytes of keys the operator writes on each processing-time turn.
+pub(super) const STEP_BYTES: usize = PIECE_BYTES;
