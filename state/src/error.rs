@@ -17,6 +17,16 @@ impl StateError {
         &self.0
     }
 
+    /// A value of `type_name` in state `state` that its codec could not encode.
+    pub fn encoding(state: &str, type_name: &'static str, error: impl std::fmt::Display) -> Self {
+        StateErrorKind::Encode {
+            state: state.to_string(),
+            type_name,
+            reason: error.to_string(),
+        }
+        .into()
+    }
+
     /// Whether this is a bug or misuse on the engine side (no current key, key outside the
     /// backend's key groups, incompatible registration) rather than bad data or a failing disk.
     pub fn is_usage_error(&self) -> bool {

@@ -175,7 +175,7 @@ impl<K: Key, N: StateCodec + PartialEq + Copy, A> WindowSnapshot<K, N, A> {
         for i in 0..(self.codec.entries)(acc) {
             self.value.clear();
             (self.codec.encode_entry)(acc, i, &mut self.value)
-                .map_err(|error| encode_error(CONTENTS, self.codec.value_type, error))?;
+                .map_err(|error| StateError::encoding(CONTENTS, self.codec.value_type, error))?;
             self.writer
                 .put_encoded(self.contents, namespace, &self.value)?;
         }
@@ -281,7 +281,7 @@ impl<T: StateCodec + PartialEq + Copy> Recent<T> {
             None => {
                 let bytes = value
                     .encode()
-                    .map_err(|error| encode_error(state, type_name::<T>(), error))?;
+                    .map_err(|error| StateError::encoding(state, type_name::<T>(), error))?;
                 if self.seen.len() < RECENT {
                     self.seen.push((*value, bytes));
                     self.seen.len() - 1
@@ -295,15 +295,6 @@ impl<T: StateCodec + PartialEq + Copy> Recent<T> {
         };
         Ok(&self.seen[at].1)
     }
-}
-
-fn encode_error(state: &str, type_name: &'static str, error: rancor::Error) -> StateError {
-    StateErrorKind::Encode {
-        state: state.to_string(),
-        type_name,
-        reason: error.to_string(),
-    }
-    .into()
 }
 
 /// Opens a window operator subtask: the key groups it owns, whose entries in its part `part`

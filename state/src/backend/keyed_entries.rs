@@ -185,7 +185,7 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotWriter<K, N> {
     pub fn set_key(&mut self, key: &K) -> Result<(), StateError> {
         self.key_bytes.clear();
         key.encode_into(&mut self.key_bytes)
-            .map_err(|error| encode_error("*", type_name::<K>(), error))?;
+            .map_err(|error| StateError::encoding("*", type_name::<K>(), error))?;
         let group = KeyGroup::of(key, self.max_parallelism);
         if !self.key_groups.contains(group) {
             self.block = None;
@@ -239,11 +239,11 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotWriter<K, N> {
             self.namespace_bytes.clear();
             namespace
                 .encode_into(&mut self.namespace_bytes)
-                .map_err(|error| encode_error(name, type_name::<N>(), error))?;
+                .map_err(|error| StateError::encoding(name, type_name::<N>(), error))?;
         }
         self.value_bytes.clear();
         encode(&mut self.value_bytes)
-            .map_err(|error| encode_error(name, pending.value_type, error))?;
+            .map_err(|error| StateError::encoding(name, pending.value_type, error))?;
         self.encoded += append_entry(
             pending,
             block,
@@ -448,15 +448,6 @@ fn append_entry(
     )?;
     *entries += 1;
     Ok(out.len() - before)
-}
-
-fn encode_error(state: &str, type_name: &'static str, error: rancor::Error) -> StateError {
-    StateErrorKind::Encode {
-        state: state.to_string(),
-        type_name,
-        reason: error.to_string(),
-    }
-    .into()
 }
 
 /// The entries of the key groups one subtask owns, from the keyed snapshots of one or more
