@@ -82,10 +82,42 @@ pub struct WriterState(usize);
 struct PendingState {
     header: StateHeader,
     value_type: &'static str,
-    /// Per key group of the subtask (index: group - first group): entry count, and the
-    /// block — room for its header ([`BLOCK_HEADER_LEN`] bytes, filled in when the block is
-    /// handed out), then its entries; empty while it has none.
-    blocks: Vec<(u32, Vec<u8>)>,
+    /// Per key group of the subtask (index: group - first group).
+    blocks: Vec<Block>,
+}
+
+/// The entries of one key group of one state, in chunks of about [`CHUNK_BYTES`] (a block
+/// that grows is never copied, and its memory is of one size the allocator reuses).
+#[derive(Clone, Debug, Default)]
+struct Block {
+    entries: u32,
+    /// Bytes in the chunks, the header's room included.
+    len: usize,
+    /// The first begins with room for the block's header ([`BLOCK_HEADER_LEN`] bytes, filled
+    /// in when the block is handed out); none while the block has no entries.
+    chunks: Vec<Vec<u8>>,
+}
+
+/// About how many bytes a chunk of a [`Block`] holds.
+const CHUNK_BYTES: usize = 64 << 10;
+
+impl Block {
+    /// The chunk to append an entry of `len` bytes to.
+    fn chunk_for(&mut self, len: usize) -> &mut Vec<u8> {
+        let full = self
+            .chunks
+            .last()
+            .is_none_or(|chunk| chunk.len() + len > chunk.capacity());
+        if full {
+            let mut chunk = Vec::with_capacity(CHUNK_BYTES.max(len + BLOCK_HEADER_LEN));
+            if self.chunks.is_empty() {
+                chunk.extend_from_slice(&[0; BLOCK_HEADER_LEN]);
+                self.len = BLOCK_HEADER_LEN;
+            }
+            self.chunks.push(chunk);
+        }
+        self.chunks.last_mut().expect("a chunk")
+    }
 }
 
 /// Writes one operator subtask's keyed state in the canonical keyed-snapshot format from
@@ -176,7 +208,7 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotWriter<K, N> {
                 has_ttl: false,
             },
             value_type,
-            blocks: vec![(0, Vec::new()); self.key_groups.len() as usize],
+            blocks: vec![Block::default(); self.key_groups.len() as usize],
         });
         WriterState(self.states.len() - 1)
     }
@@ -340,16 +372,17 @@ enum Piece {
     Header,
     /// The header and block count of state `n` (past the last: the checksum).
     State(usize),
-    /// Of state `.0`, the block of the subtask's key group `.1` (counted from its first).
-    Block(usize, usize),
+    /// Of state `.0`, chunk `.2` of the block of the subtask's key group `.1` (counted from
+    /// its first).
+    Block(usize, usize, usize),
     Done,
 }
 
 impl KeyedSnapshotPieces {
     /// Appends the next bytes of the snapshot to `out`, at least `budget` of them unless it
-    /// ends first, and returns whether more follow. A block is handed out whole — and when
-    /// `out` is empty, it becomes `out` (the buffers are swapped, not the block copied, so
-    /// `out` may come back as another allocation). On an error, `out` is left as it was.
+    /// ends first, and returns whether more follow. A block's chunk is handed out whole — and
+    /// when `out` is empty, it becomes `out` (the buffers are swapped, not the chunk copied,
+    /// so `out` may come back as another allocation). On an error, `out` is left as it was.
     pub fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, StateError> {
         if let Piece::Done = self.next {
             return Ok(false);
@@ -391,29 +424,33 @@ impl KeyedSnapshotPieces {
                         self.next = Piece::Done;
                         return Ok(false);
                     };
-                    let blocks = state.blocks.iter().filter(|(n, _)| *n > 0).count();
+                    let blocks = state.blocks.iter().filter(|b| b.entries > 0).count();
                     write_state_start(out, &state.header, blocks)?;
-                    self.next = Piece::Block(index, 0);
+                    self.next = Piece::Block(index, 0, 0);
                 }
-                Piece::Block(index, at) => {
-                    let Some((entries, block)) = self.states[index].blocks.get_mut(at) else {
+                Piece::Block(index, at, chunk) => {
+                    let Some(block) = self.states[index].blocks.get_mut(at) else {
                         self.next = Piece::State(index + 1);
                         continue;
                     };
-                    self.next = Piece::Block(index, at + 1);
-                    if *entries == 0 {
+                    let Some(bytes) = block.chunks.get_mut(chunk) else {
+                        // Handed out: its memory goes now, not with the whole snapshot.
+                        block.chunks = Vec::new();
+                        self.next = Piece::Block(index, at + 1, 0);
                         continue;
+                    };
+                    self.next = Piece::Block(index, at, chunk + 1);
+                    if chunk == 0 {
+                        let len = block.len - BLOCK_HEADER_LEN;
+                        let group = self.key_groups.start + at as u32;
+                        let header = block_header(group, block.entries, len);
+                        bytes[..BLOCK_HEADER_LEN].copy_from_slice(&header);
                     }
-                    let len = block.len() - BLOCK_HEADER_LEN;
-                    let group = self.key_groups.start + at as u32;
-                    block[..BLOCK_HEADER_LEN].copy_from_slice(&block_header(group, *entries, len));
                     if out.is_empty() {
-                        std::mem::swap(out, block);
+                        std::mem::swap(out, bytes);
                     } else {
-                        out.extend_from_slice(block);
+                        out.extend_from_slice(bytes);
                     }
-                    // Handed out: its memory goes now, not with the whole snapshot.
-                    *block = Vec::new();
                 }
                 Piece::Done => return Ok(false),
             }
@@ -430,11 +467,11 @@ fn append_entry(
     namespace: Option<&[u8]>,
     value: &[u8],
 ) -> Result<usize, StateError> {
-    let (entries, out) = &mut state.blocks[block];
-    if out.is_empty() {
-        out.extend_from_slice(&[0; BLOCK_HEADER_LEN]);
-    }
-    let before = out.len();
+    let block = &mut state.blocks[block];
+    let len = 13 + key.len() + namespace.map_or(0, |namespace| 4 + namespace.len()) + value.len();
+    let before = block.len;
+    let out = block.chunk_for(len);
+    let start = out.len();
     write_entry(
         out,
         &state.header.name,
@@ -446,8 +483,10 @@ fn append_entry(
             expires_at_ms: None,
         },
     )?;
-    *entries += 1;
-    Ok(out.len() - before)
+    let written = out.len() - start;
+    block.len += written;
+    block.entries += 1;
+    Ok(block.len - before)
 }
 
 /// The entries of the key groups one subtask owns, from the keyed snapshots of one or more
@@ -615,6 +654,50 @@ mod tests {
                 writer
             })
             .collect()
+    }
+
+    /// A block larger than a chunk is handed out chunk by chunk, whole and in order, and
+    /// reads back entry for entry.
+    #[test]
+    fn a_block_of_many_chunks_reads_back() {
+        let codec = StateValueCodec::<u64>::of();
+        let groups = KeyGroupRange { start: 0, end: 0 };
+        let writer = || {
+            let mut writer = KeyedSnapshotWriter::<u32, i64>::new(1, groups, 7);
+            let state = writer.add_state("v", StateKind::Value, codec.value_type());
+            for key in 0..20_000u32 {
+                writer.set_key(&key).unwrap();
+                writer
+                    .put(state, Some(&-1), &codec, &u64::from(key))
+                    .unwrap();
+            }
+            writer
+        };
+        let mut whole = Vec::new();
+        writer().finish(&mut whole).unwrap();
+        assert!(whole.len() > 8 * CHUNK_BYTES, "{} bytes", whole.len());
+        let mut pieces = writer().into_pieces();
+        let (mut bytes, mut piece, mut count) = (Vec::new(), Vec::new(), 0);
+        while {
+            piece.clear();
+            let more = pieces.encode_next(&mut piece, 1).unwrap();
+            bytes.extend_from_slice(&piece);
+            count += 1;
+            more
+        } {}
+        assert!(count > 8, "{count} pieces");
+        assert_eq!(bytes, whole);
+        let restored = KeyedSnapshotEntries::<u32, i64>::read(&[&bytes], 1, groups).unwrap();
+        let mut seen = Vec::new();
+        restored
+            .for_each("v", StateKind::Value, &codec, |key, _, value| {
+                seen.push((*key, value));
+                Ok(())
+            })
+            .unwrap();
+        seen.sort_unstable();
+        let expected: Vec<(u32, u64)> = (0..20_000).map(|key| (key, u64::from(key))).collect();
+        assert_eq!(seen, expected);
     }
 
     proptest::proptest! {
