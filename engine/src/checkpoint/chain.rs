@@ -362,7 +362,7 @@ async fn store_link(
     })
     .await?;
     let file = writer.finish().await.map_err(|e| e.to_string())?;
-    Ok((file, longest))
+    Ok((file, longest.max(encoder.longest_step_elsewhere())))
 }
 
 fn encode(chain: &[(bool, StoredFile)]) -> Vec<u8> {

@@ -285,7 +285,8 @@ async fn write_file(
         .map_err(|e| e.to_string())?;
     let step = write_in_pieces(&mut writer, Some(stopping), |out| encoder.encode_next(out)).await?;
     let file = writer.finish().await.map_err(|e| e.to_string())?;
-    Ok((TaskFiles { file, referenced }, longest.max(step)))
+    let longest = longest.max(step).max(encoder.longest_step_elsewhere());
+    Ok((TaskFiles { file, referenced }, longest))
 }
 
 /// Snapshots every source's split enumerator for a checkpoint: (operator id, bytes) each.

@@ -58,6 +58,12 @@ pub(crate) const PIECE_BYTES: usize = 256 << 10;
 /// bytes to `out` and says whether more follow.
 pub(crate) trait PartEncoder {
     fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String>;
+
+    /// The longest step of the part's encoding taken outside its writer — by an operator that
+    /// writes its keys between its records — which held the shard as the writer's pieces do.
+    fn longest_step_elsewhere(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 /// A deferred part's encoder.
@@ -348,6 +354,8 @@ pub(crate) struct FileEncoder {
     /// Bytes handed out so far.
     emitted: u64,
     done: bool,
+    /// The longest step of a deferred part taken outside the writer.
+    elsewhere: Duration,
 }
 
 impl FileEncoder {
@@ -369,7 +377,13 @@ impl FileEncoder {
             encoding: None,
             emitted: 0,
             done: false,
+            elsewhere: Duration::ZERO,
         })
+    }
+
+    /// The longest step of its deferred parts' encoding taken outside the writer.
+    pub(crate) fn longest_step_elsewhere(&self) -> Duration {
+        self.elsewhere
     }
 
     /// Appends the next piece of the file to `out` — one step of a deferred part's encoding
@@ -392,6 +406,7 @@ impl FileEncoder {
             if let Some((encoder, _, _, _)) = &mut self.encoding {
                 let more = encoder.encode_next(out, PIECE_BYTES)?;
                 if !more {
+                    self.elsewhere = self.elsewhere.max(encoder.longest_step_elsewhere());
                     let (_, operator, name, began) = self.encoding.take().expect("encoding");
                     self.index.push((operator, name, began, at(out) - began));
                 }
@@ -656,10 +671,12 @@ mod tests {
         assert_eq!(job.parts_of_all("a1", "timers"), vec![(1, &b"later"[..])]);
     }
 
-    /// Steps of `sizes` bytes each (0: a step that read without writing), bytes counting up.
+    /// Steps of `sizes` bytes each (0: a step that read without writing), bytes counting up;
+    /// its operator took steps of up to `elsewhere` ms.
     struct Steps {
         sizes: Vec<usize>,
         next: u8,
+        elsewhere: u64,
     }
 
     impl PartEncoder for Steps {
@@ -671,6 +688,10 @@ mod tests {
             }
             Ok(!self.sizes.is_empty())
         }
+
+        fn longest_step_elsewhere(&self) -> Duration {
+            Duration::from_millis(self.elsewhere)
+        }
     }
 
     #[test]
@@ -681,7 +702,11 @@ mod tests {
             (
                 Arc::from("a1"),
                 PART_KEYED,
-                Part::Deferred(Box::new(Steps { sizes, next: 0 })),
+                Part::Deferred(Box::new(Steps {
+                    sizes,
+                    next: 0,
+                    elsewhere: 3,
+                })),
             ),
             (Arc::from("a1"), PART_TIMERS, Part::Bytes(Vec::new())),
             (
@@ -690,6 +715,7 @@ mod tests {
                 Part::Deferred(Box::new(Steps {
                     sizes: vec![0],
                     next: 0,
+                    elsewhere: 5,
                 })),
             ),
             (Arc::from("b2"), PART_TIMERS, Part::Bytes(vec![9])),
@@ -704,6 +730,8 @@ mod tests {
         bytes.append(&mut piece);
         // One per step of the deferred parts, and one for the part after the last.
         assert_eq!(pieces, 9);
+        // The parts' operators' longest step counts as the file's.
+        assert_eq!(encoder.longest_step_elsewhere(), Duration::from_millis(5));
         let back = decode_file(&bytes, "task-a1-0").unwrap();
         let counting: Vec<u8> = (0..total).map(|i| i as u8).collect();
         assert_eq!(

@@ -24,6 +24,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use weir_state::{StateError, StateKind, StateValueCodec, WriterState};
 
@@ -188,10 +189,13 @@ impl<K: Key, A> Changes<K, A> {
     /// Writes about `budget` bytes' worth of the keys left of the snapshot being written
     /// after its barrier, if one is.
     pub(super) fn write_some(&mut self, keys: &mut KeyMap<K, KeyState<A>>, budget: usize) {
-        let done = self
-            .pending
-            .as_ref()
-            .is_some_and(|pending| pending.borrow_mut().write_step(keys, budget));
+        let done = self.pending.as_ref().is_some_and(|pending| {
+            let started = Instant::now();
+            let mut pending = pending.borrow_mut();
+            let done = pending.write_step(keys, budget);
+            pending.longest = pending.longest.max(started.elapsed());
+            done
+        });
         if done {
             self.pending = None;
         }
@@ -257,6 +261,7 @@ impl<K: Key, A> Changes<K, A> {
             todo: todo.into_iter(),
             removed: removed.into_iter(),
             written: false,
+            longest: Duration::ZERO,
             error: None,
         }));
         self.pending = Some(Rc::clone(&pending));
@@ -320,6 +325,8 @@ struct Pending<K, A> {
     removed: std::vec::IntoIter<K>,
     /// Every key is written: the snapshot is the writer's to hand out.
     written: bool,
+    /// The longest of the operator's steps writing keys between records.
+    longest: Duration,
     /// Why the snapshot cannot be written, for its writer to report.
     error: Option<StateError>,
 }
@@ -432,6 +439,12 @@ impl<K: Key, A> PartEncoder for WrittenAfterBarrier<K, A> {
         }
         // Nothing yet: the operator writes its keys between records.
         Ok(true)
+    }
+
+    fn longest_step_elsewhere(&self) -> Duration {
+        self.pending
+            .try_borrow()
+            .map_or(Duration::ZERO, |pending| pending.longest)
     }
 }
 
