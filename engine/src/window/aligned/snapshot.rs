@@ -1,14 +1,14 @@
 //! Checkpoints of the tumbling and sliding window operator's keys: which keys changed since
-//! the last checkpoint, and full snapshots written after their barrier.
+//! the last checkpoint, and snapshots written after their barrier.
 //!
 //! **Changes.** With incremental checkpoints (`checkpoint::chain`) the operator records
 //! which keys change (or go) between checkpoints: a checkpoint writes only those, as a delta
-//! over the chain's last full link, unless it writes every key. Links are encoded while the
-//! barrier passes.
+//! over the chain's last full link, unless it writes every key.
 //!
-//! **Snapshots written after the barrier.** A snapshot (a full one or a delta) is not encoded
-//! while the barrier passes: the operator lists the keys it holds then (or takes the list of
-//! the keys changed and gone since the last link) and writes them in steps of about
+//! **Snapshots written after the barrier.** A checkpoint's snapshot (a full one or a delta) is
+//! not encoded while the barrier passes: the operator lists the keys it holds then (or takes
+//! the list of the keys changed and gone since the last link, put in about the table's order)
+//! and writes them in steps of about
 //! `task_state::PIECE_BYTES` between batches of records, on its task's processing-time turn
 //! ([`Changes::write_some`]; the operator asks for that turn while it has keys to write). The
 //! panes are not copy-on-write; instead a key is written before its first change since the
@@ -19,8 +19,11 @@
 //! the key list, and each key is encoded once, on its turn or at its first change, whichever
 //! comes first. The task's checkpoint writer then hands the snapshot out in pieces
 //! (`task_state::FileEncoder`, `checkpoint::chain`). A snapshot still being written when the
-//! next barrier comes is finished at that barrier. The operator keeps its map to itself: a
-//! record costs nothing more for the snapshot being written.
+//! next barrier comes is finished at that barrier; a savepoint, or a checkpoint after the
+//! input ended, has its keys written at the barrier (no turn may follow: the job may stop).
+//! The operator keeps its map to itself: a record costs nothing more for the snapshot being
+//! written. Its steps count in the checkpoint's `sync_pause_ms` like the writer's pieces
+//! (`PartEncoder::longest_step_elsewhere`).
 
 use std::cell::RefCell;
 use std::rc::Rc;
