@@ -254,7 +254,7 @@ impl<K: Key> KeyedStateStore<K> {
             .ok_or("internal error: keyed state neither on the heap nor in RocksDB")?;
         snapshot.add_deferred(
             PART_KEYED,
-            Box::new(weir_state::KeyedSnapshotEncoder::new(heap)),
+            Box::new(weir_state::KeyedSnapshotEncoder::new(heap).releasing()),
         );
         Ok(())
     }

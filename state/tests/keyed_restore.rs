@@ -810,14 +810,19 @@ proptest! {
     }
 }
 
-/// The snapshot's encoding in pieces of about `budget` bytes, and how many pieces.
+/// The snapshot's encoding in pieces of about `budget` bytes, and how many pieces; `release`:
+/// letting go of each key group once read.
 fn encode_in_pieces<N: weir_state::StateKey + weir_state::StateCodec>(
     backend: &LocalKeyedBackend<u64, N>,
     budget: usize,
+    release: bool,
 ) -> (Vec<u8>, usize) {
     // Each piece into a buffer of its own, as a checkpoint writer hands them out (a key
     // group's block can then become the piece itself).
     let mut encoder = KeyedSnapshotEncoder::new(backend.heap_snapshot().unwrap());
+    if release {
+        encoder = encoder.releasing();
+    }
     let (mut bytes, mut pieces, mut piece) = (Vec::new(), 0, Vec::new());
     loop {
         piece.clear();
@@ -865,12 +870,16 @@ fn encoding_in_pieces_gives_the_bytes_of_one_go() {
     let whole = checkpoint(&source);
     assert!(!source.restored_state_names().is_empty());
     for budget in [0, 1, 100, 4_096, 1 << 20] {
-        let (bytes, pieces) = encode_in_pieces(&source, budget);
-        assert_eq!(bytes, whole, "budget {budget}");
-        if budget <= 4_096 {
-            assert!(pieces > 10, "budget {budget}: {pieces} pieces");
+        for release in [false, true] {
+            let (bytes, pieces) = encode_in_pieces(&source, budget, release);
+            assert_eq!(bytes, whole, "budget {budget}, release {release}");
+            if budget <= 4_096 {
+                assert!(pieces > 10, "budget {budget}: {pieces} pieces");
+            }
         }
     }
+    // Letting go of the snapshot's key groups leaves the backend's own as they were.
+    assert_eq!(checkpoint(&source), whole);
     let contents = decode_keyed_snapshot(&whole).unwrap();
     let short = contents.states.iter().find(|s| s.name == "short").unwrap();
     assert!(short.entries.is_empty());
@@ -894,6 +903,10 @@ proptest! {
         before.iter().for_each(apply);
         let whole = checkpoint(&source.backend);
         let mut encoder = KeyedSnapshotEncoder::new(source.backend.heap_snapshot().unwrap());
+        if budget % 3 == 0 {
+            // Letting go of each key group once read, as a checkpoint does.
+            encoder = encoder.releasing();
+        }
         let (mut bytes, mut piece) = (Vec::new(), Vec::new());
         let mut later = after.iter();
         // Pieces into one buffer, or each into a buffer of its own.

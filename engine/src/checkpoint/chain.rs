@@ -358,7 +358,8 @@ async fn store_link(
         .await
         .map_err(|e| e.to_string())?;
     let longest = write_in_pieces(&mut writer, None, |out| {
-        encoder.encode_next(out, super::task_state::PIECE_BYTES)
+        let more = encoder.encode_next(out, super::task_state::PIECE_BYTES)?;
+        Ok((more, encoder.waiting()))
     })
     .await?;
     let file = writer.finish().await.map_err(|e| e.to_string())?;

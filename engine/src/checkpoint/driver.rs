@@ -283,7 +283,11 @@ async fn write_file(
     let mut writer = StateFileWriter::create(pending, name)
         .await
         .map_err(|e| e.to_string())?;
-    let step = write_in_pieces(&mut writer, Some(stopping), |out| encoder.encode_next(out)).await?;
+    let step = write_in_pieces(&mut writer, Some(stopping), |out| {
+        let more = encoder.encode_next(out)?;
+        Ok((more, encoder.waiting()))
+    })
+    .await?;
     let file = writer.finish().await.map_err(|e| e.to_string())?;
     let longest = longest.max(step).max(encoder.longest_step_elsewhere());
     Ok((TaskFiles { file, referenced }, longest))

@@ -64,6 +64,12 @@ pub(crate) trait PartEncoder {
     fn longest_step_elsewhere(&self) -> Duration {
         Duration::ZERO
     }
+
+    /// Whether the last call handed out nothing because the part waits for its operator
+    /// (rather than having worked on bytes it will hand out later).
+    fn waiting(&self) -> bool {
+        false
+    }
 }
 
 /// A deferred part's encoder.
@@ -386,6 +392,13 @@ impl FileEncoder {
         self.elsewhere
     }
 
+    /// Whether the deferred part being encoded waits for its operator.
+    pub(crate) fn waiting(&self) -> bool {
+        self.encoding
+            .as_ref()
+            .is_some_and(|(encoder, _, _, _)| encoder.waiting())
+    }
+
     /// Appends the next piece of the file to `out` — one step of a deferred part's encoding
     /// (about [`PIECE_BYTES`]), or the parts taken at the barrier up to the next deferred one,
     /// or the index — and returns whether more follow.
@@ -444,19 +457,19 @@ impl FileEncoder {
 }
 
 /// Writes a file with `writer` piece by piece, `next` appending each piece and saying whether
-/// more follow, with records flowing between pieces (unless `stopping` says the job stops);
-/// returns the longest `next` held the shard.
+/// more follow and whether it waits for an operator, with records flowing between pieces
+/// (unless `stopping` says the job stops); returns the longest `next` held the shard.
 pub(crate) async fn write_in_pieces(
     writer: &mut weir_state::checkpoint::StateFileWriter,
     stopping: Option<&std::sync::atomic::AtomicBool>,
-    mut next: impl FnMut(&mut Vec<u8>) -> Result<bool, String>,
+    mut next: impl FnMut(&mut Vec<u8>) -> Result<(bool, bool), String>,
 ) -> Result<Duration, String> {
     let mut piece = Vec::new();
     let mut longest = Duration::ZERO;
     loop {
         piece.clear();
         let started = Instant::now();
-        let more = next(&mut piece)?;
+        let (more, waiting) = next(&mut piece)?;
         longest = longest.max(started.elapsed());
         writer.write(&piece).await.map_err(|e| e.to_string())?;
         if !more {
@@ -465,8 +478,8 @@ pub(crate) async fn write_in_pieces(
         if stopping.is_some_and(|stopping| stopping.load(Ordering::Relaxed)) {
             return Err("the job is stopping".into());
         }
-        if piece.is_empty() {
-            // Nothing yet (an operator writes its snapshot between its records).
+        if waiting {
+            // The operator writes its snapshot between its records: look again shortly.
             glommio::timer::sleep(WAIT_FOR_PIECE).await;
         } else {
             // Records flow before the next piece.
@@ -475,7 +488,7 @@ pub(crate) async fn write_in_pieces(
     }
 }
 
-/// How long a writer waits when a part had nothing for it yet.
+/// How long a writer waits for a part whose operator is writing it.
 const WAIT_FOR_PIECE: Duration = Duration::from_millis(1);
 
 /// Every piece of `encoder`, in a test where its operator (if it writes the part's keys

@@ -314,6 +314,8 @@ pub struct KeyedSnapshotEncoder<K, N, S = HeapSnapshot<K, N>> {
     /// Blocks the current state's count announced, and blocks written.
     announced: u32,
     written: u32,
+    /// Let go of each key group once read ([`KeyedSnapshotEncoder::releasing`]).
+    release: bool,
 }
 
 impl<K, N, S> KeyedSnapshotEncoder<K, N, S>
@@ -333,7 +335,16 @@ where
             entries: 0,
             announced: 0,
             written: 0,
+            release: false,
         }
+    }
+
+    /// Lets go of each key group's memory as soon as it is read (the snapshot reads as empty
+    /// there after), so that the memory the snapshot held goes a key group at a time between
+    /// the pieces rather than all at once when it is dropped: for the snapshot's only reader.
+    pub fn releasing(mut self) -> Self {
+        self.release = true;
+        self
     }
 
     /// Appends the next bytes of the encoding to `out`: about `budget` bytes of entries (at
@@ -457,6 +468,9 @@ where
                         position: end,
                     };
                     return Ok(work);
+                }
+                if self.release {
+                    state.release_key_group(key_group);
                 }
                 if self.entries > 0 {
                     let len = self.block.len() - BLOCK_HEADER_LEN;

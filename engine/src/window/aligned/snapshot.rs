@@ -449,6 +449,10 @@ impl<K: Key, A> PartEncoder for WrittenAfterBarrier<K, A> {
             .try_borrow()
             .map_or(Duration::ZERO, |pending| pending.longest)
     }
+
+    fn waiting(&self) -> bool {
+        self.pieces.is_none()
+    }
 }
 
 impl<K, A> Drop for WrittenAfterBarrier<K, A> {

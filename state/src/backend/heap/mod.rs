@@ -96,7 +96,13 @@ impl<K: StateKey, N: StateKey, V: SnapshotValue> ErasedHeapTable<K, N> for HeapT
     fn snapshot(&self) -> Box<dyn TableSnapshot<K, N>> {
         Box::new(SharedGroups {
             name: Rc::clone(&self.name),
-            groups: self.data.borrow().share_groups(),
+            groups: self
+                .data
+                .borrow()
+                .share_groups()
+                .into_iter()
+                .map(RefCell::new)
+                .collect(),
         })
     }
 }

@@ -14,6 +14,7 @@
 //! [`crate::encode_keyed_snapshot`] writes them out unchanged, so they survive any number of
 //! checkpoints until an operator asks for them (as in Flink).
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
 use crate::backend::heap::restore::RestoredState;
@@ -300,6 +301,9 @@ pub(crate) trait TableSnapshot<K, N> {
     ) -> Result<(), StateError>;
     /// Whether visiting key group `group` at `now` visits anything (something not expired).
     fn has_live(&self, group: usize, now: i64) -> bool;
+    /// Lets go of key group `group` (read whole by its only reader): its memory goes now, a
+    /// little at a time, not with the whole snapshot at once. It reads as empty after.
+    fn release(&self, group: usize);
 
     fn visit_group(
         &self,
@@ -314,20 +318,29 @@ pub(crate) trait TableSnapshot<K, N> {
 /// [`TableSnapshot`] over shared key-group maps.
 pub(crate) struct SharedGroups<K, N, V> {
     pub(crate) name: Rc<str>,
-    pub(crate) groups: Vec<Rc<GroupMap<K, N, V>>>,
+    pub(crate) groups: Vec<RefCell<Rc<GroupMap<K, N, V>>>>,
 }
 
 impl<K, N, V: SnapshotValue> TableSnapshot<K, N> for SharedGroups<K, N, V> {
     fn entries(&self) -> usize {
-        self.groups.iter().map(|group| group.len()).sum()
+        self.groups.iter().map(|group| group.borrow().len()).sum()
     }
 
     fn buckets(&self, group: usize) -> usize {
-        self.groups[group].num_buckets()
+        self.groups[group].borrow().num_buckets()
     }
 
     fn has_live(&self, group: usize, now: i64) -> bool {
-        self.groups[group].values().any(|value| value.any_live(now))
+        self.groups[group]
+            .borrow()
+            .values()
+            .any(|value| value.any_live(now))
+    }
+
+    fn release(&self, group: usize) {
+        // The map the live table copied on its first write since the snapshot (or the one it
+        // still shares) goes now.
+        drop(self.groups[group].replace(Rc::default()));
     }
 
     fn visit_group_buckets(
@@ -338,7 +351,7 @@ impl<K, N, V: SnapshotValue> TableSnapshot<K, N> for SharedGroups<K, N, V> {
         visit: &mut Visitor<'_, K, N>,
     ) -> Result<(), StateError> {
         let mut scratch = Scratch::default();
-        for ((key, namespace), value) in self.groups[group].iter_buckets(positions) {
+        for ((key, namespace), value) in self.groups[group].borrow().iter_buckets(positions) {
             value.visit(
                 &self.name,
                 now,
@@ -440,6 +453,13 @@ impl<K, N> StateSnapshot<K, N> {
     pub(crate) fn has_entries_in_key_group(&self, key_group: KeyGroup) -> bool {
         self.group_index(key_group)
             .is_some_and(|group| self.table.has_live(group, self.taken_at_ms))
+    }
+
+    /// Lets go of `key_group`, read whole ([`TableSnapshot::release`]).
+    pub(crate) fn release_key_group(&self, key_group: KeyGroup) {
+        if let Some(group) = self.group_index(key_group) {
+            self.table.release(group);
+        }
     }
 
     fn group_index(&self, key_group: KeyGroup) -> Option<usize> {
