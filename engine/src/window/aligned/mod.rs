@@ -514,8 +514,8 @@ where
             .chain
             .as_ref()
             .filter(|_| !snapshot.is_savepoint());
-        let (cut, link) = match chain.map(|chain| chain.next(self.changes.keys.len(), keys)) {
-            None => (Cut::Whole, None),
+        let cut = match chain.map(|chain| chain.next(self.changes.keys.len(), keys)) {
+            None => Cut::Whole,
             Some(Link::Unchanged) => {
                 self.changes
                     .chain
@@ -525,8 +525,8 @@ where
                 self.changes.unchanged();
                 return self.firing.logic.snapshot_contents(snapshot);
             }
-            Some(Link::Full) => (Cut::Full, Some(true)),
-            Some(Link::Delta) => (Cut::Delta, Some(false)),
+            Some(Link::Full) => Cut::Full,
+            Some(Link::Delta) => Cut::Delta,
         };
         let writer = self.key_writer();
         let encoder = self.changes.write_after_barrier(&self.keys, writer, cut);
@@ -535,8 +535,10 @@ where
             // keys are written now, the snapshot handed out in pieces after.
             self.changes.finish_pending(&mut self.keys);
         }
-        match (link, &self.changes.chain) {
-            (Some(full), Some(chain)) => chain.add(snapshot, Some((full, encoder))),
+        match (cut, &self.changes.chain) {
+            (Cut::Full | Cut::Delta, Some(chain)) => {
+                chain.add(snapshot, Some((cut == Cut::Full, encoder)))
+            }
             _ => snapshot.add_deferred(part, encoder),
         }
         self.firing.logic.snapshot_contents(snapshot)
