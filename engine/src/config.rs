@@ -134,6 +134,9 @@ pub struct CheckpointConfig {
     /// `execution.checkpointing.savepoint-dir`: where savepoints go (`None`: into
     /// `<dir>/<job name>/savepoints/`).
     pub savepoint_dir: Option<PathBuf>,
+    /// `execution.checkpointing.unaligned.enabled`: checkpoints go unaligned after
+    /// `execution.checkpointing.aligned-checkpoint-timeout` (the value; zero: at once).
+    pub unaligned: Option<std::time::Duration>,
 }
 
 /// Every key Weir reads.
@@ -180,6 +183,10 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Directory savepoints go to (`<dir>/savepoint-<job>-<n>-<time>/`, self-contained, never deleted by Weir); default `<execution.checkpointing.dir>/<job name>/savepoints`."),
     option!("execution.checkpointing.mode", OptionKind::Choice(&["EXACTLY_ONCE", "AT_LEAST_ONCE"]), "EXACTLY_ONCE",
         "EXACTLY_ONCE aligns barriers (a task holds an input channel after its barrier until every channel delivered it); AT_LEAST_ONCE does not align, so records after a barrier may be counted again after a restore."),
+    option!("execution.checkpointing.unaligned.enabled", OptionKind::Bool, "false",
+        "Unaligned checkpoints (EXACTLY_ONCE only): a barrier overtakes the data queued in the channels, the task snapshots at once, and that in-flight data goes into the checkpoint and is replayed on restore, so a checkpoint completes in bounded time under backpressure. Savepoints are always aligned. Needs execution.checkpointing.max-concurrent-checkpoints 1; a checkpoint with in-flight data restores only at the parallelism it was taken at."),
+    option!("execution.checkpointing.aligned-checkpoint-timeout", OptionKind::Duration, "0",
+        "With unaligned checkpoints: how long a task's barriers align before its checkpoint goes unaligned (0: unaligned at once)."),
     option!("execution.checkpointing.timeout", OptionKind::Duration, "10 min",
         "A checkpoint not completed this long after its trigger is aborted."),
     option!("execution.checkpointing.min-pause", OptionKind::Duration, "0",
@@ -608,17 +615,46 @@ impl Configuration {
             });
         };
         let ms = |key| self.duration(key).as_millis().min(i64::MAX as u128) as i64;
+        let exactly_once =
+            self.raw("execution.checkpointing.mode").map(str::trim) != Some("AT_LEAST_ONCE");
+        let unaligned = self
+            .raw("execution.checkpointing.unaligned.enabled")
+            .map(str::trim)
+            == Some("true");
+        let max_concurrent = self
+            .count("execution.checkpointing.max-concurrent-checkpoints")
+            .expect("has a default");
+        if unaligned && !exactly_once {
+            return Err(ConfigError::InvalidValue {
+                key: "execution.checkpointing.unaligned.enabled".into(),
+                value: "true".into(),
+                expected: "false with execution.checkpointing.mode: AT_LEAST_ONCE (unaligned \
+                           checkpoints are exactly once); set the mode to EXACTLY_ONCE or turn \
+                           unaligned checkpoints off"
+                    .into(),
+            });
+        }
+        if unaligned && max_concurrent > 1 {
+            return Err(ConfigError::InvalidValue {
+                key: "execution.checkpointing.unaligned.enabled".into(),
+                value: "true".into(),
+                expected: format!(
+                    "false with execution.checkpointing.max-concurrent-checkpoints: \
+                     {max_concurrent} (a task records one checkpoint's in-flight data at a \
+                     time); set max-concurrent-checkpoints to 1"
+                ),
+            });
+        }
         Ok(Some(CheckpointConfig {
             dir: PathBuf::from(dir.trim()),
-            exactly_once: self.raw("execution.checkpointing.mode").map(str::trim)
-                != Some("AT_LEAST_ONCE"),
+            exactly_once,
+            unaligned: unaligned
+                .then(|| self.duration("execution.checkpointing.aligned-checkpoint-timeout")),
             settings: crate::checkpoint::CheckpointSettings {
                 interval_ms: ms("execution.checkpointing.interval").max(1),
                 timeout_ms: ms("execution.checkpointing.timeout").max(1),
                 min_pause_ms: ms("execution.checkpointing.min-pause"),
-                max_concurrent: self
-                    .count("execution.checkpointing.max-concurrent-checkpoints")
-                    .expect("has a default"),
+                max_concurrent,
                 tolerable_failures: self
                     .count("execution.checkpointing.tolerable-failed-checkpoints")
                     .expect("has a default") as u32,

@@ -18,7 +18,7 @@ use weir_engine::prelude::*;
 use weir_engine::state::StateValue;
 use weir_engine::JobError;
 use weir_examples::keyed_aggregation;
-use weir_examples::sequence_check::{self, problems, reports, KeyReport, SequenceSpec};
+use weir_examples::sequence_check::{self, problems, reports, KeyReport, Numbered, SequenceSpec};
 use weir_examples::window_check::{self, WindowCheckSpec, WindowReport};
 
 use common::{config_on, Notice, NoticeLog, HEAP, ROCKSDB};
@@ -138,11 +138,16 @@ fn resume_reports(config: &Configuration, spec: SequenceSpec) -> (Vec<KeyReport>
 fn resume_refused(config: &Configuration) -> String {
     let env = StreamEnvironment::new(config.clone()).expect("an environment");
     reports(&env, SPEC).sink_to(DiscardSink::new(), "discard");
+    refused_resume(&env, "sequence-check")
+}
+
+/// Resumes job `name` built in `env`, which must be refused: why.
+fn refused_resume(env: &StreamEnvironment, name: &str) -> String {
     let options = RunOptions {
         resume: true,
         ..RunOptions::default()
     };
-    env.execute_with("sequence-check", options)
+    env.execute_with(name, options)
         .expect_err("the resume is refused")
         .to_string()
 }
@@ -661,9 +666,13 @@ fn seed() -> u64 {
 /// two subtasks of one run (the injectors before and after the windows count separately, so
 /// their points may come due together) end that run once.
 fn check_restarts(result: &weir_engine::JobResult, faults: &[&Faults], seed: u64) {
+    check_restarts_of(result, faults, faults.len() == 1, seed);
+}
+
+/// [`check_restarts`]; `apart`: each failure ended its run before the next point was reached.
+fn check_restarts_of(result: &weir_engine::JobResult, faults: &[&Faults], apart: bool, seed: u64) {
     let fired: u64 = faults.iter().map(|f| f.fired()).sum();
     let restarts = result.restarts.len() as u64;
-    let apart = faults.len() == 1;
     assert!(
         if apart {
             restarts == fired
@@ -683,26 +692,41 @@ fn check_restarts(result: &weir_engine::JobResult, faults: &[&Faults], seed: u64
 }
 
 fn sequence_survives_panics(backend: &str, slots: usize) {
-    let seed = seed();
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = restarting(config_on(backend, dir.path(), slots, 1));
-    let env = StreamEnvironment::new(config).unwrap();
-    let records = SPEC.records();
+    let config = config_on(backend, dir.path(), slots, 1);
+    let (result, seed) =
+        sequence_with_panics(config, SPEC, true, |records, faults| faults.inject(records));
+    assert!(
+        result.records_out("Source: sequence") < SPEC.records(),
+        "the last run restored a checkpoint (seed {seed})"
+    );
+}
+
+/// The sequence check over `spec` with `config`, `between` (given the fault injector) between
+/// its source and its keyed step, the injector panicking at three random points: every record
+/// counted once, one restart per panic (`apart`; else at most one). The job's result, and the
+/// seed of the points.
+fn sequence_with_panics(
+    config: Configuration,
+    spec: SequenceSpec,
+    apart: bool,
+    between: impl FnOnce(DataStream<Numbered>, &Faults) -> DataStream<Numbered>,
+) -> (weir_engine::JobResult, u64) {
+    let seed = seed();
+    let env = StreamEnvironment::new(restarting(config)).unwrap();
+    let records = spec.records();
     let faults = Faults::random(seed, 3, records / 10..records * 9 / 10);
     let log = OffsetLog::<KeyReport>::default();
-    sequence_check::reports_with(&env, SPEC, |records| faults.inject(records))
+    sequence_check::reports_with(&env, spec, |records| between(records, &faults))
         .sink_to(log.clone(), "log");
     let result = env
         .execute("sequence-check")
         .unwrap_or_else(|e| panic!("the job failed (seed {seed}): {e}"));
     assert_eq!(faults.fired(), 3, "every point was reached (seed {seed})");
-    check_restarts(&result, &[&faults], seed);
-    let problems = problems(SPEC, &log.records());
+    check_restarts_of(&result, &[&faults], apart, seed);
+    let problems = problems(spec, &log.records());
     assert!(problems.is_empty(), "seed {seed}: {problems:?}");
-    assert!(
-        result.records_out("Source: sequence") < records,
-        "the last run restored a checkpoint (seed {seed})"
-    );
+    (result, seed)
 }
 
 #[test]
@@ -1207,14 +1231,7 @@ fn a_heap_checkpoint_resumes_on_rocksdb_and_backend_specific_state_is_refused() 
     stop_after_checkpoints(&heap, dir.path(), "window-check", false, 2, build);
     let env = StreamEnvironment::new(config_on(ROCKSDB, dir.path(), 1, 1)).expect("an environment");
     build(&env);
-    let options = RunOptions {
-        resume: true,
-        ..RunOptions::default()
-    };
-    let error = env
-        .execute_with("window-check", options)
-        .expect_err("refused")
-        .to_string();
+    let error = refused_resume(&env, "window-check");
     assert!(
         error.contains("layout of windows")
             && error.contains(&format!("state.backend.type: {HEAP}")),
@@ -1286,4 +1303,256 @@ fn a_bounded_job_ends_with_a_final_checkpoint_at_parallelism_2() {
 #[test]
 fn a_bounded_job_on_rocksdb_ends_with_a_final_checkpoint() {
     ends_with_a_final_checkpoint(ROCKSDB, 2);
+}
+
+/// Unaligned checkpoints (`execution.checkpointing.unaligned.enabled`), with `timeout` as the
+/// aligned-checkpoint timeout.
+fn unaligned(config: Configuration, timeout: &str) -> Configuration {
+    config
+        .with("execution.checkpointing.unaligned.enabled", "true")
+        .and_then(|c| {
+            c.with(
+                "execution.checkpointing.aligned-checkpoint-timeout",
+                timeout,
+            )
+        })
+        .expect("valid settings")
+}
+
+/// `stream` through a step that takes `per_record` for each record (spinning: it holds its
+/// shard as real work does), behind an exchange, so that data queues in the exchange.
+fn slowed<T: Record>(stream: DataStream<T>, per_record: Duration) -> DataStream<T> {
+    stream
+        .rebalance()
+        .map(move |record: T| {
+            let started = Instant::now();
+            while started.elapsed() < per_record {
+                std::hint::spin_loop();
+            }
+            record
+        })
+        .name("slow")
+}
+
+/// The bytes of in-flight data in the completed checkpoints of job `job` (read back by
+/// `weir checkpoint inspect`'s library call).
+fn in_flight_bytes(checkpoints: &Path, job: &str) -> u64 {
+    completed_of(checkpoints, job)
+        .into_iter()
+        .filter_map(|n| {
+            weir_engine::checkpoint::inspect::inspect(
+                &checkpoints.join(job).join(format!("chk-{n}")),
+            )
+            .ok()
+        })
+        .flat_map(|report| report.operators)
+        .flat_map(|operator| operator.subtasks)
+        .flat_map(|subtask| subtask.parts)
+        .map(|part| match part.content {
+            weir_engine::checkpoint::inspect::PartContent::InFlight { bytes, .. } => bytes,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The sequence check behind a slow step (data queues before it), checkpointed unaligned
+/// every 20 ms with `timeout` as the aligned-checkpoint timeout, its slow task panicking at
+/// three random points: every record counted once, and the checkpoints held in-flight data.
+fn unaligned_sequence_survives_panics(backend: &str, slots: usize, timeout: &str) {
+    const SLOWED: SequenceSpec = SequenceSpec {
+        splits: 8,
+        keys_per_split: 2,
+        per_key: 3_000,
+        rate: None,
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = unaligned(config_on(backend, dir.path(), slots, 1_000), timeout);
+    // Two subtasks run the injector behind a queue: one may reach its point before the
+    // other's failure has stopped it, ending the run once for both.
+    let (_, seed) = sequence_with_panics(config, SLOWED, slots == 1, |records, faults| {
+        faults.inject(slowed(records, Duration::from_micros(20)))
+    });
+    assert!(
+        in_flight_bytes(dir.path(), "sequence-check") > 0,
+        "no checkpoint held in-flight data (seed {seed})"
+    );
+}
+
+#[test]
+fn unaligned_checkpoints_restore_their_in_flight_data_once_at_parallelism_1() {
+    unaligned_sequence_survives_panics(HEAP, 1, "0");
+}
+
+#[test]
+fn unaligned_checkpoints_restore_their_in_flight_data_once_at_parallelism_2() {
+    unaligned_sequence_survives_panics(HEAP, 2, "0");
+}
+
+#[test]
+fn unaligned_checkpoints_on_rocksdb_restore_their_in_flight_data_once() {
+    unaligned_sequence_survives_panics(ROCKSDB, 2, "0");
+}
+
+#[test]
+fn checkpoints_that_time_out_aligning_go_unaligned_and_restore_once() {
+    unaligned_sequence_survives_panics(HEAP, 2, "5ms");
+}
+
+/// A sink that takes `per_record` for each record, waiting on its shard's timer (the shard
+/// runs its other tasks meanwhile, as a sink waiting for a slow database does).
+#[derive(Clone, Copy)]
+struct SlowSink {
+    per_record: Duration,
+}
+
+struct SlowWriter {
+    per_record: Duration,
+}
+
+impl<T: Send + 'static> Sink<T> for SlowSink {
+    fn create_writer(
+        &self,
+        _ctx: &RuntimeContext,
+    ) -> Result<Box<dyn SinkWriter<T>>, ConnectorError> {
+        Ok(Box::new(SlowWriter {
+            per_record: self.per_record,
+        }))
+    }
+}
+
+impl<T> SinkWriter<T> for SlowWriter {
+    fn write<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<T>,
+        _timestamps: &'a [i64],
+    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
+        let wait = self.per_record * batch.len() as u32;
+        batch.clear();
+        Box::pin(async move {
+            glommio::timer::sleep(wait).await;
+            Ok(())
+        })
+    }
+
+    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// An endless sequence behind an exchange into a sink taking 1 ms a record, 4 096 records
+/// queued before it (64 batches of 64).
+fn into_a_slow_sink(env: &StreamEnvironment) {
+    const ENDLESS: SequenceSpec = SequenceSpec {
+        splits: 2,
+        keys_per_split: 2,
+        per_key: 1 << 40,
+        rate: None,
+    };
+    env.from_source(
+        sequence_check::SequenceSource::new(ENDLESS),
+        WatermarkStrategy::no_watermarks(),
+        "sequence",
+    )
+    .uid("sequence")
+    .rebalance()
+    .sink_to(
+        SlowSink {
+            per_record: Duration::from_millis(1),
+        },
+        "slow",
+    );
+}
+
+/// Under backpressure — a slow sink behind a full queue — an aligned checkpoint's barrier
+/// waits behind the queue (4 s) and times out (2 s), while an unaligned one overtakes it and
+/// completes; a checkpoint holding in-flight data is not restored at another parallelism.
+#[test]
+fn under_backpressure_unaligned_checkpoints_complete_where_aligned_ones_time_out() {
+    let run = |unaligned_checkpoints: bool| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut config = config_on(HEAP, dir.path(), 1, 100)
+            .with("execution.checkpointing.interval", "200ms")
+            .and_then(|c| c.with("execution.checkpointing.timeout", "2s"))
+            .and_then(|c| {
+                c.with(
+                    "execution.checkpointing.tolerable-failed-checkpoints",
+                    "100",
+                )
+            })
+            .and_then(|c| c.with("execution.batch-size", "64"))
+            .and_then(|c| c.with("taskmanager.network.memory.buffers-per-channel", "64"))
+            .expect("valid settings");
+        if unaligned_checkpoints {
+            config = unaligned(config, "0");
+        }
+        let env = StreamEnvironment::new(config.clone()).unwrap();
+        into_a_slow_sink(&env);
+        let job = env
+            .execute_async("slow-sink", RunOptions::default())
+            .expect("started");
+        std::thread::sleep(Duration::from_secs(5));
+        job.cancel();
+        match job.wait() {
+            Err(JobError::Cancelled { .. }) => {}
+            other => panic!("expected the cancelled job, got {other:?}"),
+        }
+        let completed = completed_of(dir.path(), "slow-sink");
+        (dir, config, completed)
+    };
+    let (_, _, aligned) = run(false);
+    let (dir, config, unaligned) = run(true);
+    // The first checkpoint may be taken before the queue filled.
+    assert!(
+        aligned.iter().all(|&n| n == 1),
+        "aligned checkpoints wait behind the queue: {aligned:?} completed"
+    );
+    assert!(
+        unaligned.len() >= 5,
+        "unaligned checkpoints complete under backpressure: {unaligned:?}"
+    );
+    assert!(
+        in_flight_bytes(dir.path(), "slow-sink") > 0,
+        "the barriers overtook data"
+    );
+    // Resumed at parallelism 2, the in-flight data has no channels to go back to.
+    let rescaled = config
+        .with("taskmanager.numberOfTaskSlots", "2")
+        .expect("valid settings");
+    let env = StreamEnvironment::new(rescaled).unwrap();
+    into_a_slow_sink(&env);
+    let refused = refused_resume(&env, "slow-sink");
+    assert!(
+        refused.contains("in-flight data") && refused.contains("savepoint"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn unaligned_checkpoints_need_exactly_once_and_one_checkpoint_at_a_time() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    for (key, value, says) in [
+        (
+            "execution.checkpointing.mode",
+            "AT_LEAST_ONCE",
+            "EXACTLY_ONCE",
+        ),
+        (
+            "execution.checkpointing.max-concurrent-checkpoints",
+            "2",
+            "max-concurrent",
+        ),
+    ] {
+        let config = unaligned(config(dir.path(), 1, 1), "0")
+            .with(key, value)
+            .expect("valid settings");
+        let error = config.checkpointing().expect_err("refused").to_string();
+        assert!(
+            error.contains("execution.checkpointing.unaligned.enabled") && error.contains(says),
+            "{error}"
+        );
+    }
 }

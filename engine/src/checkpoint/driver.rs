@@ -45,6 +45,7 @@ use super::savepoint::{SavepointHandle, SavepointRequest, StopMode};
 use super::task_state::{decode_file, write_in_pieces, FileEncoder, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
+use crate::runtime::exchange::inflight::{Announcements, RestoredInFlight};
 use crate::time::now_ms;
 use weir_state::BackendType;
 
@@ -132,6 +133,9 @@ pub(crate) struct JobCheckpointing {
     pub(crate) exactly_once: bool,
     /// RocksDB checkpoints list the files earlier ones wrote (`execution.checkpointing.incremental`).
     pub(crate) incremental: bool,
+    /// Unaligned checkpoints: the aligned-checkpoint timeout, and where writers announce
+    /// barriers to the tasks they feed (`runtime::exchange::inflight`).
+    pub(crate) unaligned: Option<(Duration, Announcements)>,
     /// The job's stop flag (a task failed, or the job is cancelled): a checkpoint still being
     /// written stops at its next file (the shard, which waits for its writes before it ends,
     /// ends sooner, and the restart with it).
@@ -170,6 +174,11 @@ pub(crate) struct TaskCheckpointing {
     /// Its state file's name in each checkpoint.
     pub(crate) file_name: String,
     pub(crate) state: Rc<TaskState>,
+    /// The id of the task's first operator (the part of the task's own state goes there: its
+    /// input channels' in-flight data).
+    pub(crate) operator: Arc<str>,
+    /// The in-flight data restored for the task's input channels, with the checkpoint.
+    pub(crate) in_flight: Option<(u64, RestoredInFlight)>,
 }
 
 impl TaskCheckpointing {
@@ -320,6 +329,8 @@ pub(crate) struct DriverPlan {
     pub(crate) enumerators: EnumeratorSnapshots,
     pub(crate) exactly_once: bool,
     pub(crate) incremental: bool,
+    /// `CheckpointConfig::unaligned`.
+    pub(crate) unaligned: Option<Duration>,
     /// The first checkpoint number to use.
     pub(crate) first: u64,
     /// Where savepoints asked for come from, and where they go.
@@ -365,6 +376,9 @@ impl CheckpointDriver {
                 .collect(),
             exactly_once: plan.exactly_once,
             incremental: plan.incremental,
+            unaligned: plan
+                .unaligned
+                .map(|timeout| (timeout, Announcements::new(plan.task_subtasks.len()))),
             stopping,
         });
         let stop = Arc::new(AtomicBool::new(false));
@@ -1158,6 +1172,7 @@ mod tests {
             enumerators: Box::new(|_| Ok(Vec::new())),
             exactly_once: true,
             incremental: true,
+            unaligned: None,
             first: 1,
             savepoints: SavepointHandle::default(),
             savepoint_dir: PathBuf::new(),

@@ -1,6 +1,7 @@
 //! `weir checkpoint inspect`: what a checkpoint holds — its operators by name and id, per
 //! subtask the parts of its state file (keyed states with their types, key groups and entry
-//! counts; timers; operator states; source splits with their positions) and the split
+//! counts; timers; operator states; source splits with their positions; an unaligned
+//! checkpoint's in-flight data) and the split
 //! enumerators' pending splits — with every checksum verified: the files' against the
 //! metadata, each keyed snapshot's own. Reading needs none of the job's types.
 
@@ -15,6 +16,7 @@ use super::driver::decode_payload;
 use super::task_state::{decode_file, PART_KEYED, PART_OPERATOR_STATE, PART_OWN_KEYED};
 use super::task_state::{PART_SPLITS, PART_TIMERS};
 use crate::operator::process::read_timers;
+use crate::runtime::exchange::inflight::{decode_in_flight, PART_IN_FLIGHT};
 use crate::runtime::factories::read_splits;
 use crate::time::TimeDomain;
 
@@ -108,6 +110,16 @@ pub enum PartContent {
         sst_files: u64,
         /// Their bytes.
         sst_bytes: u64,
+    },
+    /// The data an unaligned checkpoint's barrier overtook in the task's input channels,
+    /// replayed on restore.
+    InFlight {
+        /// The task's input channels.
+        channels: u64,
+        /// Pieces of data (a segment's or a batch's worth each).
+        chunks: u64,
+        /// Their bytes.
+        bytes: u64,
     },
     /// A part this build does not know.
     Unknown,
@@ -402,6 +414,18 @@ fn describe_part(name: &str, bytes: &[u8]) -> Result<PartContent, String> {
                 sst_bytes: sst.iter().map(|(_, len)| len).sum(),
             }
         }
+        PART_IN_FLIGHT => {
+            let data = decode_in_flight(bytes, "the in-flight data")?;
+            PartContent::InFlight {
+                channels: data.channels as u64,
+                chunks: data.chunks.len() as u64,
+                bytes: data
+                    .chunks
+                    .iter()
+                    .map(|(_, chunk)| chunk.len() as u64)
+                    .sum(),
+            }
+        }
         _ => PartContent::Unknown,
     })
 }
@@ -493,6 +517,15 @@ impl std::fmt::Display for CheckpointReport {
                             f,
                             " RocksDB checkpoint of {files} files, {bytes} bytes \
                              ({sst_files} SST files, {sst_bytes} bytes, shared while live)"
+                        )?,
+                        PartContent::InFlight {
+                            channels,
+                            chunks,
+                            bytes,
+                        } => writeln!(
+                            f,
+                            " in-flight data of {channels} input channels: {chunks} chunks, \
+                             {bytes} bytes"
                         )?,
                         PartContent::Unknown => writeln!(f, " a part this build does not read")?,
                     }

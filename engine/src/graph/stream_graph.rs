@@ -16,13 +16,19 @@ use crate::connector::Boundedness;
 use crate::error::TaskResult;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{RuntimeContext, SideOutputs};
+use crate::runtime::exchange::inflight::Announcements;
 use crate::runtime::exchange::PartitionKind;
 use crate::runtime::task::{Subtask, TaskSettings};
 
 /// Builds the task of a chain that starts at an exchange: its input channels, its chain, the
-/// job's settings, and its side of checkpointing.
-pub(crate) type NetworkTaskFn =
-    fn(Vec<ReceiverEnd>, AnyOutput, &TaskSettings, Option<TaskCheckpointing>) -> Box<dyn Subtask>;
+/// job's task settings, its side of checkpointing and the job's stop flag.
+pub(crate) type NetworkTaskFn = fn(
+    Vec<ReceiverEnd>,
+    AnyOutput,
+    &TaskSettings,
+    Option<TaskCheckpointing>,
+    Arc<AtomicBool>,
+) -> Box<dyn Subtask>;
 
 /// A `Box<dyn Output<T>>` for the `T` of the edge it stands on, boxed once more so that graph
 /// code can move it without knowing `T`. Downcast once, when a task is built.
@@ -103,6 +109,9 @@ pub(crate) struct WriterParts<'a> {
     pub(crate) kind: PartitionKind,
     /// One sender per receiving channel, in channel order.
     pub(crate) senders: Vec<SenderEnd>,
+    /// With unaligned checkpoints: where barriers are announced, and each channel's receiving
+    /// task.
+    pub(crate) announce: Option<(Announcements, Vec<usize>)>,
     /// The sending slot's segment pool.
     pub(crate) pool: SegmentPool,
     pub(crate) settings: &'a TaskSettings,

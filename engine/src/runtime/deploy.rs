@@ -17,6 +17,7 @@ use futures::FutureExt;
 use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
 use weir_memory::{PoolStats, Segment, SegmentPool};
 
+use super::exchange::inflight::{decode_in_flight, holds_data, PART_IN_FLIGHT};
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::task::{Subtask, TaskSettings};
@@ -304,17 +305,40 @@ impl ChainBuilder<'_> {
     }
 
     /// The task's side of checkpointing, when the job is checkpointed.
-    fn checkpointing(&self, index: usize, head: usize) -> Option<TaskCheckpointing> {
-        let job = Arc::clone(self.shared.checkpointing.as_ref()?);
-        Some(TaskCheckpointing {
+    fn checkpointing(&self, index: usize, head: usize) -> TaskResult<Option<TaskCheckpointing>> {
+        let Some(job) = self.shared.checkpointing.as_ref().map(Arc::clone) else {
+            return Ok(None);
+        };
+        let operator = self.shared.exec.job.operator_ids[head].to_string();
+        let in_flight = match &self.shared.restored {
+            Some(restored) => {
+                // A restore at another parallelism has none (`refuse_rescaled_in_flight`).
+                let own = restored
+                    .parts_of_all(&operator, PART_IN_FLIGHT)
+                    .into_iter()
+                    .find(|(old, _)| *old == self.subtask);
+                match own {
+                    Some((_, part)) => {
+                        let what = format!("the in-flight data of subtask {}", self.subtask);
+                        let data = decode_in_flight(part, &what).map_err(|error| {
+                            TaskError::user(format!("cannot restore its input: {error}"))
+                                .in_operator(&self.shared.exec.job.graph.nodes[head].name)
+                        })?;
+                        (!data.chunks.is_empty()).then_some((restored.checkpoint, data))
+                    }
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        Ok(Some(TaskCheckpointing {
             job,
             task: index,
-            file_name: format!(
-                "task-{}-{}",
-                self.shared.exec.job.operator_ids[head], self.subtask
-            ),
+            file_name: format!("task-{operator}-{}", self.subtask),
             state: self.task.get(),
-        })
+            operator: operator.into(),
+            in_flight,
+        }))
     }
 
     fn metrics(&mut self, node: usize) -> Arc<OperatorMetrics> {
@@ -355,9 +379,32 @@ impl ChainBuilder<'_> {
             .remove(&index)
             .expect("senders of every outgoing edge");
         let consumer = &graph.nodes[edge.target_node];
+        // Unaligned checkpoints: the receiving task of each channel, to announce barriers to.
+        let announce = self
+            .shared
+            .checkpointing
+            .as_ref()
+            .and_then(|checkpointing| checkpointing.unaligned.as_ref())
+            .map(|(_, announcements)| {
+                let exec = &self.shared.exec;
+                let to = exec.job.node_vertex[edge.target_node];
+                let tasks = exec
+                    .channels(index)
+                    .into_iter()
+                    .filter(|(sender, _)| *sender == self.subtask)
+                    .map(|(_, receiver)| {
+                        exec.subtasks
+                            .iter()
+                            .position(|s| s.vertex == to && s.subtask == receiver)
+                            .expect("every receiving subtask is placed")
+                    })
+                    .collect();
+                (announcements.clone(), tasks)
+            });
         let parts = WriterParts {
             kind: edge.kind,
             senders,
+            announce,
             pool: self.pool.clone(),
             settings: &self.shared.settings,
             metrics: self.metrics(node),
@@ -431,7 +478,7 @@ impl ChainBuilder<'_> {
         let head = job.vertices[vertex].head;
         let graph = Arc::clone(&job.graph);
         let node = &graph.nodes[head];
-        let checkpointing = self.checkpointing(index, head);
+        let checkpointing = self.checkpointing(index, head)?;
         match &node.kind {
             NodeKind::Source(factory) => {
                 let chain = self.output_of_source(head)?;
@@ -451,6 +498,19 @@ impl ChainBuilder<'_> {
                 )
             }
             NodeKind::Operator(_) | NodeKind::Sink(_) => {
+                let in_flight = checkpointing.as_ref().and_then(|c| c.in_flight.as_ref());
+                if let Some((checkpoint, data)) = in_flight {
+                    if data.channels != receivers.len() {
+                        return Err(TaskError::user(format!(
+                            "checkpoint {checkpoint} holds in-flight data of {} input channels; \
+                             the task has {} now (the job's edges changed): resume the job as \
+                             it was, or from a savepoint",
+                            data.channels,
+                            receivers.len()
+                        ))
+                        .in_operator(&node.name));
+                    }
+                }
                 let chain = self.input_of(head)?;
                 let ops = node.input_ops.expect("a consuming node has an input type");
                 Ok((ops.network_task)(
@@ -458,6 +518,7 @@ impl ChainBuilder<'_> {
                     chain,
                     &self.shared.settings,
                     checkpointing,
+                    Arc::clone(&self.shared.cancel),
                 ))
             }
         }
@@ -864,6 +925,7 @@ fn run_attempt(
     }
     if let Some(restored) = &restored {
         refuse_other_backend(exec, restored, config.state_backend())?;
+        refuse_rescaled_in_flight(exec, restored)?;
     }
     let graph = &exec.job.graph;
     let mut enumerators = Vec::with_capacity(graph.nodes.len());
@@ -1115,6 +1177,50 @@ fn refuse_other_backend(
     Ok(())
 }
 
+/// Refuses to restore an unaligned checkpoint's in-flight data into a task whose input
+/// channels are not the ones it was recorded on: the task or a task feeding it runs at another
+/// parallelism than the checkpoint's (a savepoint, always aligned, rescales).
+fn refuse_rescaled_in_flight(
+    exec: &ExecutionGraph,
+    restored: &RestoredJob,
+) -> Result<(), JobError> {
+    let job = &exec.job;
+    for vertex in &job.vertices {
+        let head = vertex.head;
+        let operator = job.operator_ids[head].to_string();
+        let held = restored
+            .parts_of_all(&operator, PART_IN_FLIGHT)
+            .into_iter()
+            .any(|(_, part)| holds_data(part));
+        if !held {
+            continue;
+        }
+        let inputs = job
+            .edges
+            .iter()
+            .filter(|edge| !edge.chained && edge.target_node == head)
+            .map(|edge| edge.source_node);
+        for node in std::iter::once(head).chain(inputs) {
+            let id = job.operator_ids[node].to_string();
+            let was = restored.parallelism.get(&id).copied();
+            let now = job.node_parallelism[node];
+            if was.is_some_and(|was| was != now) {
+                return Err(JobError::InvalidJob(format!(
+                    "{} holds in-flight data of operator '{}' (an unaligned checkpoint), which \
+                     restores only at the parallelism it was taken at; '{}' ran at {} and runs \
+                     at {now} now: resume at that parallelism, or take a savepoint (savepoints \
+                     are aligned) and rescale from it",
+                    restored.dir.display(),
+                    job.graph.nodes[head].name,
+                    job.graph.nodes[node].name,
+                    was.unwrap_or(now),
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What the coordinator thread needs of the job.
 fn driver_plan(
     exec: &ExecutionGraph,
@@ -1172,6 +1278,7 @@ fn driver_plan(
         }),
         exactly_once: checkpoint_config.exactly_once,
         incremental: checkpoint_config.incremental,
+        unaligned: checkpoint_config.unaligned,
         first: start.first,
         savepoints,
         // Savepoints go beside the job's checkpoints unless configured elsewhere.

@@ -70,17 +70,28 @@ fn network_task<T: Record>(
     inputs: Vec<ReceiverEnd>,
     chain: AnyOutput,
     settings: &TaskSettings,
-    checkpointing: Option<TaskCheckpointing>,
+    mut checkpointing: Option<TaskCheckpointing>,
+    cancel: Arc<AtomicBool>,
 ) -> Box<dyn Subtask> {
     let alignment = match &checkpointing {
         Some(c) if !c.job.exactly_once => BarrierAlignment::AtLeastOnce,
         _ => BarrierAlignment::Aligned,
     };
+    let mut gate = InputGate::<T>::new(inputs, alignment);
+    if let Some(checkpointing) = &mut checkpointing {
+        if let Some((timeout, announcements)) = &checkpointing.job.unaligned {
+            gate = gate.unaligned(*timeout, announcements.clone(), checkpointing.task);
+        }
+        if let Some((checkpoint, in_flight)) = checkpointing.in_flight.take() {
+            gate = gate.restoring(checkpoint, in_flight);
+        }
+    }
     Box::new(NetworkTask {
-        gate: InputGate::<T>::new(inputs, alignment),
+        gate,
         chain: downcast_output::<T>(chain),
         settings: settings.clone(),
         checkpointing,
+        cancel,
     })
 }
 

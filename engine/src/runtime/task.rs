@@ -8,14 +8,14 @@ use std::time::{Duration, Instant};
 
 use futures::future::{self, Either, LocalBoxFuture};
 use futures::FutureExt;
-use weir_memory::Segment;
 
 use super::exchange::frame::{Entries, Entry, Event};
+use super::exchange::inflight::{RecordingPart, PART_IN_FLIGHT};
 use super::exchange::local::LocalItem;
 use super::exchange::reader::{Delivery, GateEvent, InputGate};
 use super::factories::{snapshot_reader_splits, EnumeratorCell, NextSplit};
 use crate::checkpoint::driver::{SourceCommand, SourceMailbox, TaskCheckpointing};
-use crate::checkpoint::task_state::{TaskState, PART_SPLITS};
+use crate::checkpoint::task_state::{OperatorSnapshot, TaskState, PART_SPLITS};
 use crate::checkpoint::{CheckpointBarrier, SnapshotKind, StopMode};
 use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SourceSplit};
 use crate::error::{TaskError, TaskResult};
@@ -487,6 +487,9 @@ pub(crate) struct NetworkTask<T> {
     pub(crate) chain: Box<dyn Output<T>>,
     pub(crate) settings: TaskSettings,
     pub(crate) checkpointing: Option<TaskCheckpointing>,
+    /// Set when the job stops (a subtask failed, or it is cancelled): the task stops at its
+    /// next delivery rather than working through the input queued for it.
+    pub(crate) cancel: Arc<AtomicBool>,
 }
 
 impl<T: Record> NetworkTask<T> {
@@ -503,6 +506,15 @@ impl<T: Record> NetworkTask<T> {
                 }
                 GateEvent::Barrier(barrier) => {
                     let started = Instant::now();
+                    if let (Some(checkpointing), Some(recording)) =
+                        (&self.checkpointing, self.gate.take_recording(barrier.id))
+                    {
+                        // An unaligned checkpoint: the data its barrier overtook is written
+                        // once it is all in.
+                        let mut snapshot = OperatorSnapshot::new(barrier.kind);
+                        snapshot.add_deferred(PART_IN_FLIGHT, RecordingPart::part(recording));
+                        checkpointing.state.add(&checkpointing.operator, snapshot);
+                    }
                     self.chain.event(ChainEvent::Barrier(barrier)).await?;
                     if let Some(checkpointing) = &self.checkpointing {
                         checkpointing.write_snapshot(barrier.id, started.elapsed());
@@ -547,17 +559,17 @@ impl<T: Record> NetworkTask<T> {
         self.on_gate_events(events).await
     }
 
-    /// Decodes a segment's records into `batch` and pushes them down the chain, with its
-    /// events in order.
-    async fn on_segment(
+    /// Decodes a segment's records (or in-flight data's) into `batch` and pushes them down
+    /// the chain, with its events in order.
+    async fn on_entries(
         &mut self,
         channel: usize,
-        segment: Segment,
+        filled: &[u8],
         batch: &mut Batch<T>,
         events: &mut Vec<GateEvent>,
     ) -> TaskResult {
         let mut barrier = false;
-        for entry in Entries::new(&segment) {
+        for entry in Entries::of(filled) {
             if barrier {
                 return Err(TaskError::internal(
                     "a segment holds entries after a checkpoint barrier (a barrier ends its segment)",
@@ -566,9 +578,10 @@ impl<T: Record> NetworkTask<T> {
             match entry {
                 Entry::Record(bytes, timestamp) => {
                     // SAFETY: the sender wrote these bytes with `T::encode` at a 16-byte
-                    // aligned offset of a page-aligned segment (see `frame`). Both ends of
-                    // an edge are built from one typed API call (`DataStream<T>` feeding an
-                    // operator of input `T`), so the sender's type is this task's `T`.
+                    // aligned offset of a page-aligned segment (see `frame`), or of a 16-byte
+                    // aligned chunk of in-flight data (`inflight`). Both ends of an edge are
+                    // built from one typed API call (`DataStream<T>` feeding an operator of
+                    // input `T`), so the sender's type is this task's `T`.
                     batch.push(unsafe { T::decode(bytes) }, timestamp);
                     if batch.len() >= self.settings.batch_size {
                         self.chain.push(batch).await?;
@@ -583,7 +596,6 @@ impl<T: Record> NetworkTask<T> {
                 }
             }
         }
-        drop(segment);
         if !batch.is_empty() {
             self.chain.push(batch).await?;
         }
@@ -613,6 +625,10 @@ impl<T: Record> NetworkTask<T> {
         let mut events = Vec::new();
         let mut timer = FlushTimer::new(self.settings.buffer_timeout);
         loop {
+            self.gate.poll_checkpoint(&mut events);
+            if !events.is_empty() {
+                self.on_gate_events(&mut events).await?;
+            }
             let next = match self.gate.next().now_or_never() {
                 Some(next) => next?,
                 None => {
@@ -631,7 +647,11 @@ impl<T: Record> NetworkTask<T> {
             };
             match delivery {
                 Delivery::Segment(segment) => {
-                    self.on_segment(channel, segment, &mut batch, &mut events)
+                    self.on_entries(channel, segment.filled(), &mut batch, &mut events)
+                        .await?
+                }
+                Delivery::Recorded(chunk) => {
+                    self.on_entries(channel, &chunk, &mut batch, &mut events)
                         .await?
                 }
                 Delivery::Local(LocalItem::Records(mut records)) => {
@@ -642,9 +662,15 @@ impl<T: Record> NetworkTask<T> {
                     self.on_event(channel, event, &mut events).await?
                 }
             }
+            if self.cancel.load(Ordering::Relaxed) {
+                return Err(TaskError::cancelled("the job was cancelled"));
+            }
             timer.dirty = true;
             fire_processing_timers(&mut self.chain).await?;
             timer.flush_if_due(&mut self.chain).await?;
+            // A task whose input never runs dry would otherwise keep its shard from the other
+            // tasks there: a source feeding it (and reading its mailbox), checkpoint writers.
+            glommio::yield_if_needed().await;
         }
         if self.gate.is_suspended() {
             // The job stops with a savepoint: close without finishing (see `ChainEvent`).

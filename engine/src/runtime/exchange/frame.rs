@@ -32,13 +32,58 @@ const TAG_CHECKPOINT_ABORTED: u32 = 6;
 const TAG_SAVEPOINT_BARRIER: u32 = 7;
 const TAG_SUSPEND: u32 = 8;
 const TAG_END_OF_DATA: u32 = 9;
-const HEADER: usize = 16;
+pub(crate) const HEADER: usize = 16;
 const FIRST_ENTRY: usize = 0;
 
 /// Offset of the entry after one at `pos` with a payload of `len` bytes.
 #[inline]
-fn next_entry(pos: usize, len: usize) -> usize {
+pub(crate) fn next_entry(pos: usize, len: usize) -> usize {
     (pos + HEADER + len).next_multiple_of(16)
+}
+
+/// Writes the header of an entry at `pos` of `buf` (16-byte aligned, with room for it).
+#[inline]
+pub(crate) fn write_header(buf: &mut [u8], pos: usize, len: usize, tag: u32, value: i64) {
+    buf[pos..pos + 4].copy_from_slice(&(len as u32).to_le_bytes());
+    buf[pos + 4..pos + 8].copy_from_slice(&tag.to_le_bytes());
+    buf[pos + 8..pos + 16].copy_from_slice(&value.to_le_bytes());
+}
+
+/// The record tag.
+pub(crate) const fn record_tag() -> u32 {
+    TAG_RECORD
+}
+
+/// An event's tag and value.
+pub(crate) fn event_entry(event: Event) -> (u32, i64) {
+    match event {
+        Event::Watermark(w) => (TAG_WATERMARK, w.0),
+        Event::WatermarkStatus { idle } => (TAG_WATERMARK_STATUS, i64::from(idle)),
+        Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
+        Event::EndOfData => (TAG_END_OF_DATA, 0),
+        Event::Suspend => (TAG_SUSPEND, 0),
+        Event::Barrier(barrier) => match barrier.kind {
+            SnapshotKind::Checkpoint => (TAG_BARRIER, barrier.id as i64),
+            SnapshotKind::Savepoint => (TAG_SAVEPOINT_BARRIER, barrier.id as i64),
+        },
+        Event::CheckpointComplete(checkpoint) => (TAG_CHECKPOINT_COMPLETE, checkpoint as i64),
+        Event::CheckpointAborted(checkpoint) => (TAG_CHECKPOINT_ABORTED, checkpoint as i64),
+    }
+}
+
+/// Where the filled bytes of a segment end in a barrier (its last entry, see the table):
+/// the barrier's offset, and the barrier.
+pub(crate) fn closing_barrier(bytes: &[u8]) -> Option<(usize, CheckpointBarrier)> {
+    let mut entries = Entries::of(bytes);
+    let mut last = None;
+    loop {
+        let at = entries.pos;
+        match entries.next() {
+            Some(Entry::Event(Event::Barrier(barrier))) => last = Some((at, barrier)),
+            Some(_) => last = None,
+            None => return last,
+        }
+    }
 }
 
 /// An event travelling in-band with the records of a channel.
@@ -94,9 +139,7 @@ impl SegmentBuilder {
     fn put_header(&mut self, len: usize, tag: u32, value: i64) {
         let pos = self.pos;
         let buf = self.segment.buffer_mut();
-        buf[pos..pos + 4].copy_from_slice(&(len as u32).to_le_bytes());
-        buf[pos + 4..pos + 8].copy_from_slice(&tag.to_le_bytes());
-        buf[pos + 8..pos + 16].copy_from_slice(&value.to_le_bytes());
+        write_header(buf, pos, len, tag, value);
         self.pos = next_entry(pos, len).min(buf.len());
     }
 
@@ -124,19 +167,7 @@ impl SegmentBuilder {
 
     /// Appends an event; `false` if it does not fit.
     pub(crate) fn try_event(&mut self, event: Event) -> bool {
-        let (tag, value) = match event {
-            Event::Watermark(w) => (TAG_WATERMARK, w.0),
-            Event::WatermarkStatus { idle } => (TAG_WATERMARK_STATUS, i64::from(idle)),
-            Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
-            Event::EndOfData => (TAG_END_OF_DATA, 0),
-            Event::Suspend => (TAG_SUSPEND, 0),
-            Event::Barrier(barrier) => match barrier.kind {
-                SnapshotKind::Checkpoint => (TAG_BARRIER, barrier.id as i64),
-                SnapshotKind::Savepoint => (TAG_SAVEPOINT_BARRIER, barrier.id as i64),
-            },
-            Event::CheckpointComplete(checkpoint) => (TAG_CHECKPOINT_COMPLETE, checkpoint as i64),
-            Event::CheckpointAborted(checkpoint) => (TAG_CHECKPOINT_ABORTED, checkpoint as i64),
-        };
+        let (tag, value) = event_entry(event);
         if self.pos + HEADER > self.segment.capacity() {
             return false;
         }
@@ -160,8 +191,13 @@ pub struct Entries<'a> {
 
 impl<'a> Entries<'a> {
     pub fn new(segment: &'a Segment) -> Self {
+        Entries::of(segment.filled())
+    }
+
+    /// The entries of filled segment bytes (16-byte aligned, as a segment's are).
+    pub(crate) fn of(bytes: &'a [u8]) -> Self {
         Entries {
-            bytes: segment.filled(),
+            bytes,
             pos: FIRST_ENTRY,
         }
     }

@@ -5,6 +5,7 @@
 
 #[doc(hidden)]
 pub mod frame;
+pub(crate) mod inflight;
 pub(crate) mod local;
 pub(crate) mod partitioner;
 pub(crate) mod reader;

@@ -1,21 +1,29 @@
 //! The receiving side of exchange edges: one input gate per subtask merges the channels of all
-//! its input edges, tracks each channel's watermark and end of partition, and reports a
-//! channel that closed without ending (its sender failed).
+//! its input edges, tracks each channel's watermark and end of partition, lines up checkpoint
+//! barriers (aligned, at least once, or unaligned: see `inflight.rs`), and reports a channel
+//! that closed without ending (its sender failed).
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use futures::stream::{self, LocalBoxStream, SelectAll, Stream, StreamExt};
+use rkyv::ser::allocator::Arena;
 use weir_memory::Segment;
 
+use super::frame::{closing_barrier, Event};
+use super::inflight::{
+    chunk_of, chunk_of_local, Announcements, Chunk, Recording, RestoredInFlight, SharedRecording,
+};
 use super::local::{BatchRecycler, LocalItem, LocalReceiver};
-use crate::checkpoint::CheckpointBarrier;
+use crate::checkpoint::{CheckpointBarrier, SnapshotKind};
 use crate::error::{TaskError, TaskResult};
 use crate::graph::ReceiverEnd;
 use crate::operator::Batch;
-use crate::record::Watermark;
+use crate::record::{Record, Scratch, Watermark};
 
 /// What one input channel delivered.
 pub(crate) enum Delivery<T> {
@@ -23,7 +31,12 @@ pub(crate) enum Delivery<T> {
     Segment(Segment),
     /// Records or an event from a subtask on this shard.
     Local(LocalItem<T>),
+    /// In-flight data of an unaligned checkpoint: taken off the channel early, or restored.
+    Recorded(Chunk),
 }
+
+/// A delivery and the channel it came from.
+pub(crate) type Next<T> = (usize, Delivery<T>);
 
 /// How a task's input lines up checkpoint barriers (`execution.checkpointing.mode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +53,54 @@ struct Alignment {
     barrier: CheckpointBarrier,
     /// Per channel: whether its barrier came.
     arrived: Vec<bool>,
+    /// When the first channel delivered it (or it was announced).
+    started: Instant,
+    /// The task snapshotted already: the checkpoint is unaligned, and the gate records the
+    /// channels whose barrier has not come.
+    unaligned: bool,
+}
+
+/// What the gate took off a channel early.
+enum Queued<T> {
+    /// In-flight data, or a segment read ahead (copied, so that its pool segment goes back).
+    Chunk(Chunk),
+    /// A local channel's item read ahead.
+    Local(LocalItem<T>),
+    /// The channel ended (after what is queued before it).
+    End,
+}
+
+/// How many deliveries per channel the gate reads ahead while it works through a backlog of
+/// in-flight data, so that the senders' credit keeps coming (a sender waiting for it could not
+/// take its next checkpoint) and memory stays bounded. The default credit per channel.
+const READ_AHEAD: usize = 16;
+
+/// Unaligned checkpoints at one gate.
+struct Unaligned {
+    /// `execution.checkpointing.aligned-checkpoint-timeout`: how long a checkpoint aligns
+    /// before it goes unaligned (zero: it never aligns).
+    timeout: Duration,
+    announcements: Announcements,
+    /// This task's index among the job's tasks (where its announcements are).
+    task: usize,
+    /// The checkpoint whose in-flight data is being taken, and per channel whether it still
+    /// is (its barrier has not come, and it has not ended).
+    recording: Option<(SharedRecording, Vec<bool>)>,
+    /// The recording of the checkpoint that just went unaligned, until the task takes it.
+    started: Option<SharedRecording>,
+    /// Archives local channels' records into chunks.
+    arena: Arena,
+}
+
+impl Drop for Unaligned {
+    fn drop(&mut self) {
+        if let Some((recording, _)) = self.recording.take() {
+            let checkpoint = recording.borrow().checkpoint;
+            recording.borrow_mut().fail(format!(
+                "the task ended before checkpoint {checkpoint}'s in-flight data was all in"
+            ));
+        }
+    }
 }
 
 /// Whether a channel is held for barrier alignment, shared by the gate and the channel's
@@ -99,14 +160,32 @@ pub(crate) struct InputGate<T> {
     idle_output: bool,
     alignment_mode: BarrierAlignment,
     alignment: Option<Alignment>,
+    /// The newest checkpoint (or savepoint) whose barrier reached the gate: a barrier of an
+    /// older one that comes later (in in-flight data, or replayed after a restore) is passed
+    /// over.
+    newest: u64,
     /// The newest checkpoint whose completion (abort) the task was told of.
     notified_complete: u64,
     notified_aborted: u64,
     /// A channel ended with `Event::Suspend` (the job stops with a savepoint).
     suspended: bool,
+    /// Unaligned checkpoints, when enabled.
+    unaligned: Option<Unaligned>,
+    /// Deliveries taken off their channels early (in-flight data, and what is read ahead
+    /// behind it) and restored ones, in order: delivered before anything else.
+    queued: VecDeque<(usize, Queued<T>)>,
+    /// Per channel, how many deliveries `queued` holds, and whether one of them ends in a
+    /// barrier (the channel is not read ahead past it: an aligned checkpoint holds it there).
+    queued_count: Vec<usize>,
+    queued_barrier: Vec<bool>,
+    /// Per channel, how many deliveries `queued` may hold before the channel is no longer
+    /// read ahead: [`READ_AHEAD`] more than its backlog of in-flight data, so that each one the
+    /// task takes lets one more in and the sender's credit comes at the task's pace.
+    queued_limit: Vec<usize>,
+    /// Per channel, whether its stream ended (its end may still wait in `queued`).
+    closed: Vec<bool>,
 }
-
-impl<T: 'static> InputGate<T> {
+impl<T: Record> InputGate<T> {
     pub(crate) fn new(inputs: Vec<ReceiverEnd>, alignment_mode: BarrierAlignment) -> Self {
         let count = inputs.len();
         let mut recyclers = Vec::with_capacity(count);
@@ -146,6 +225,13 @@ impl<T: 'static> InputGate<T> {
             notified_complete: 0,
             notified_aborted: 0,
             suspended: false,
+            newest: 0,
+            unaligned: None,
+            queued: VecDeque::new(),
+            queued_count: Vec::new(),
+            queued_barrier: Vec::new(),
+            queued_limit: Vec::new(),
+            closed: Vec::new(),
         }
         .with_channels(count)
     }
@@ -163,23 +249,293 @@ impl<T: 'static> InputGate<T> {
         self.data_ended = vec![false; count];
         self.idle = vec![false; count];
         self.aligned = vec![true; count];
+        self.closed = vec![false; count];
+        self.queued_count = vec![0; count];
+        self.queued_barrier = vec![false; count];
+        self.queued_limit = vec![READ_AHEAD; count];
         self
     }
 
-    /// The next delivery and its channel, or `None` once every channel has ended.
-    pub(crate) async fn next(&mut self) -> TaskResult<Option<(usize, Delivery<T>)>> {
+    /// Takes unaligned checkpoints (`execution.checkpointing.unaligned.enabled`): a
+    /// checkpoint announced in `announcements` for task `task`, or whose barriers took longer
+    /// than `timeout` to align, is snapshotted at once (see [`InputGate::poll_checkpoint`]).
+    pub(crate) fn unaligned(
+        mut self,
+        timeout: Duration,
+        announcements: Announcements,
+        task: usize,
+    ) -> Self {
+        self.unaligned = Some(Unaligned {
+            timeout,
+            announcements,
+            task,
+            recording: None,
+            started: None,
+            arena: Arena::new(),
+        });
+        self
+    }
+
+    /// Restores the in-flight data of checkpoint `checkpoint` (an unaligned one of the job's
+    /// own): it is delivered first, and the barriers and notices of that checkpoint or older
+    /// ones in it are passed over (the job's checkpoints go on with higher numbers).
+    pub(crate) fn restoring(mut self, checkpoint: u64, in_flight: RestoredInFlight) -> Self {
+        self.newest = checkpoint;
+        self.notified_complete = checkpoint;
+        self.notified_aborted = checkpoint;
+        for (channel, chunk) in in_flight.chunks {
+            self.enqueue(channel, Queued::Chunk(chunk));
+        }
+        for (limit, count) in self.queued_limit.iter_mut().zip(&self.queued_count) {
+            *limit = count + READ_AHEAD;
+        }
+        self
+    }
+
+    /// The next delivery and its channel, or `None` once every channel has ended. While an
+    /// unaligned checkpoint takes in-flight data, the channels whose barrier has not come are
+    /// emptied first (as far as they hold anything), so that their senders get their credit
+    /// back at once.
+    pub(crate) async fn next(&mut self) -> TaskResult<Option<Next<T>>> {
+        std::future::poll_fn(|cx| self.poll_next_delivery(cx)).await
+    }
+
+    fn poll_next_delivery(&mut self, cx: &mut Context<'_>) -> Poll<TaskResult<Option<Next<T>>>> {
         loop {
-            match self.channels.next().await {
-                None => return Ok(None),
-                Some((channel, Some(delivery))) => return Ok(Some((channel, delivery))),
-                Some((channel, None)) if self.ended[channel] => continue,
-                Some((_, None)) => {
-                    return Err(TaskError::cancelled(
-                        "an upstream subtask closed its channel without ending it (it failed or was cancelled)",
-                    ))
+            if self.recording_channels().is_some() {
+                self.take_in_flight(cx);
+            }
+            if !self.queued.is_empty() {
+                self.read_ahead(cx);
+            }
+            if let Some((channel, queued)) = self.queued.pop_front() {
+                self.queued_count[channel] -= 1;
+                if self.queued_count[channel] == 0 {
+                    self.queued_barrier[channel] = false;
+                    self.queued_limit[channel] = READ_AHEAD;
+                }
+                let delivery = match queued {
+                    Queued::Chunk(chunk) => Delivery::Recorded(chunk),
+                    Queued::Local(item) => Delivery::Local(item),
+                    Queued::End => match self.channel_closed(channel) {
+                        Ok(()) => continue,
+                        Err(error) => return Poll::Ready(Err(error)),
+                    },
+                };
+                return Poll::Ready(Ok(Some((channel, delivery))));
+            }
+            match self.channels.poll_next_unpin(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => return Poll::Ready(Ok(None)),
+                Poll::Ready(Some((channel, next))) if self.is_recording(channel) => {
+                    self.record(channel, next);
+                }
+                Poll::Ready(Some((channel, Some(delivery)))) => {
+                    return Poll::Ready(Ok(Some((channel, delivery))))
+                }
+                Poll::Ready(Some((channel, None))) => {
+                    self.closed[channel] = true;
+                    if let Err(error) = self.channel_closed(channel) {
+                        return Poll::Ready(Err(error));
+                    }
                 }
             }
         }
+    }
+
+    /// Queues what a channel delivered behind what the gate holds already.
+    fn enqueue(&mut self, channel: usize, queued: Queued<T>) {
+        let barrier = match &queued {
+            Queued::Chunk(chunk) => closing_barrier(chunk).is_some(),
+            Queued::Local(LocalItem::Event(event)) => matches!(event, Event::Barrier(_)),
+            Queued::Local(LocalItem::Records(_)) | Queued::End => false,
+        };
+        self.queued_barrier[channel] |= barrier;
+        self.queued_count[channel] += 1;
+        self.queued.push_back((channel, queued));
+    }
+
+    /// While the task works through queued deliveries, reads the channels on behind them (up
+    /// to each one's `queued_limit`), except channels held for alignment, recorded ones (taken by
+    /// `take_in_flight`) and channels whose queued deliveries end in a barrier.
+    fn read_ahead(&mut self, cx: &mut Context<'_>) {
+        let held: Vec<bool> = self.holds.iter().map(|hold| hold.held.get()).collect();
+        let blocked = |gate: &Self, channel: usize| {
+            held[channel]
+                || gate.is_recording(channel)
+                || gate.queued_barrier[channel]
+                || gate.queued_count[channel] >= gate.queued_limit[channel]
+        };
+        for channel in 0..held.len() {
+            self.holds[channel].held.set(blocked(self, channel));
+        }
+        while let Poll::Ready(Some((channel, next))) = self.channels.poll_next_unpin(cx) {
+            let queued = match next {
+                None => {
+                    self.closed[channel] = true;
+                    Queued::End
+                }
+                Some(Delivery::Segment(segment)) => Queued::Chunk(chunk_of(segment.filled())),
+                Some(Delivery::Local(item)) => Queued::Local(item),
+                Some(Delivery::Recorded(chunk)) => Queued::Chunk(chunk),
+            };
+            self.enqueue(channel, queued);
+            if blocked(self, channel) {
+                self.holds[channel].held.set(true);
+            }
+        }
+        for (hold, held) in self.holds.iter().zip(held) {
+            if !held {
+                hold.release();
+            }
+        }
+    }
+
+    /// A channel's stream ended: fine if its sender ended it, a failure if not.
+    fn channel_closed(&self, channel: usize) -> TaskResult {
+        if self.ended[channel] {
+            return Ok(());
+        }
+        Err(TaskError::cancelled(
+            "an upstream subtask closed its channel without ending it (it failed or was cancelled)",
+        ))
+    }
+
+    /// Per channel, whether its in-flight data is being taken (`None`: no unaligned
+    /// checkpoint takes any).
+    fn recording_channels(&self) -> Option<&[bool]> {
+        let (_, channels) = self.unaligned.as_ref()?.recording.as_ref()?;
+        Some(channels)
+    }
+
+    fn is_recording(&self, channel: usize) -> bool {
+        self.recording_channels()
+            .is_some_and(|channels| channels[channel])
+    }
+
+    /// Takes what the recorded channels hold now: the other channels are held meanwhile (a
+    /// channel too once its barrier came), so that only in-flight data is taken early. An
+    /// unaligned checkpoint holds no channel otherwise, so all are let go after.
+    fn take_in_flight(&mut self, cx: &mut Context<'_>) {
+        let Some(recording) = self.recording_channels() else {
+            return;
+        };
+        for (hold, recorded) in self.holds.iter().zip(recording) {
+            hold.held.set(!recorded);
+        }
+        while self.recording_channels().is_some() {
+            match self.channels.poll_next_unpin(cx) {
+                Poll::Ready(Some((channel, next))) => {
+                    self.record(channel, next);
+                    if !self.is_recording(channel) {
+                        self.holds[channel].held.set(true);
+                    }
+                }
+                Poll::Ready(None) | Poll::Pending => break,
+            }
+        }
+        self.release_all();
+    }
+
+    /// Records what a recorded channel delivered (`None`: it ended) as in-flight data, up to
+    /// the checkpoint's barrier, and queues it for the task.
+    fn record(&mut self, channel: usize, next: Option<Delivery<T>>) {
+        let Some((recording, _)) = self.unaligned.as_ref().and_then(|u| u.recording.as_ref())
+        else {
+            return;
+        };
+        let recording = Rc::clone(recording);
+        let checkpoint = recording.borrow().checkpoint;
+        let (chunk, arrived) = match next {
+            None => {
+                self.closed[channel] = true;
+                self.enqueue(channel, Queued::End);
+                (None, true)
+            }
+            Some(Delivery::Segment(segment)) => {
+                let bytes = segment.filled();
+                match closing_barrier(bytes) {
+                    Some((at, barrier)) if barrier.id == checkpoint => {
+                        ((at > 0).then(|| chunk_of(&bytes[..at])), true)
+                    }
+                    _ => (Some(chunk_of(bytes)), false),
+                }
+            }
+            Some(Delivery::Local(LocalItem::Event(Event::Barrier(barrier))))
+                if barrier.id == checkpoint =>
+            {
+                (None, true)
+            }
+            Some(Delivery::Local(item)) => {
+                let arena = &mut self.unaligned.as_mut().expect("recording").arena;
+                let chunk = chunk_of_local(&item, &mut Scratch::new(arena));
+                if let LocalItem::Records(batch) = item {
+                    if let Some(recycler) = &self.recyclers[channel] {
+                        recycler.recycle(batch);
+                    }
+                }
+                (Some(chunk), false)
+            }
+            Some(Delivery::Recorded(chunk)) => (Some(chunk), false),
+        };
+        if let Some(chunk) = chunk {
+            recording.borrow_mut().add(channel, Rc::clone(&chunk));
+            self.enqueue(channel, Queued::Chunk(chunk));
+        }
+        drop(recording);
+        if arrived {
+            if let Some(alignment) = &mut self.alignment {
+                alignment.arrived[channel] = true;
+            }
+            self.stop_recording(channel);
+        }
+    }
+
+    /// `channel`'s in-flight data is all in; the recording is complete once every channel's is.
+    fn stop_recording(&mut self, channel: usize) {
+        self.queued_limit[channel] = self.queued_count[channel] + READ_AHEAD;
+        let Some(unaligned) = self.unaligned.as_mut() else {
+            return;
+        };
+        let Some((recording, channels)) = &mut unaligned.recording else {
+            return;
+        };
+        channels[channel] = false;
+        if channels.iter().all(|recorded| !recorded) {
+            recording.borrow_mut().complete();
+            unaligned.recording = None;
+            self.alignment = None;
+        }
+    }
+
+    /// Looks for an unaligned checkpoint to take before the task reads on: one announced by an
+    /// upstream writer, or one whose alignment took longer than the aligned-checkpoint
+    /// timeout. Pushes [`GateEvent::Barrier`] when the task snapshots.
+    pub(crate) fn poll_checkpoint(&mut self, out: &mut Vec<GateEvent>) {
+        let Some(unaligned) = &self.unaligned else {
+            return;
+        };
+        let announced = unaligned.announcements.newest(unaligned.task);
+        let timeout = unaligned.timeout;
+        if announced > self.newest {
+            self.start(CheckpointBarrier::checkpoint(announced), out);
+        }
+        if self.alignment.as_ref().is_some_and(|alignment| {
+            !alignment.unaligned
+                && alignment.barrier.kind == SnapshotKind::Checkpoint
+                && alignment.started.elapsed() >= timeout
+        }) {
+            self.go_unaligned(out);
+        }
+    }
+
+    /// The in-flight data of unaligned checkpoint `checkpoint`, which the gate has just
+    /// started taking (it may be complete already: what the gate had queued may hold every
+    /// channel's barrier), for the task's state file; once.
+    pub(crate) fn take_recording(&mut self, checkpoint: u64) -> Option<SharedRecording> {
+        let started = self.unaligned.as_mut()?.started.take()?;
+        let matches = started.borrow().checkpoint == checkpoint;
+        matches.then_some(started)
     }
 
     /// A channel told of checkpoint `checkpoint`'s completion (`complete`) or abort: pushes
@@ -213,25 +569,31 @@ impl<T: 'static> InputGate<T> {
     /// [`GateEvent::Barrier`] once every open channel has (the task snapshots then), and stops
     /// reading `channel` until then when aligning. A barrier of a newer checkpoint while an
     /// older one aligns ends the older one: it cannot complete (an upstream task gave it up),
-    /// and the newer one covers everything it would have.
+    /// and the newer one covers everything it would have. An unaligned checkpoint pushes its
+    /// barrier when it starts instead (at the first barrier, or once it timed out aligning).
     pub(crate) fn on_barrier(
         &mut self,
         channel: usize,
         barrier: CheckpointBarrier,
         out: &mut Vec<GateEvent>,
     ) {
-        match &mut self.alignment {
-            Some(alignment) if alignment.barrier.id > barrier.id => return,
-            Some(alignment) if alignment.barrier.id == barrier.id => {
-                alignment.arrived[channel] = true;
-            }
-            _ => {
-                // A newer checkpoint ends the older one's alignment.
-                self.release_all();
-                let mut arrived = vec![false; self.ended.len()];
-                arrived[channel] = true;
-                self.alignment = Some(Alignment { barrier, arrived });
-            }
+        if barrier.id < self.newest {
+            return;
+        }
+        if barrier.id > self.newest {
+            self.start(barrier, out);
+        }
+        let Some(alignment) = &mut self.alignment else {
+            // The checkpoint ended here already.
+            return;
+        };
+        if alignment.barrier.id != barrier.id {
+            return;
+        }
+        alignment.arrived[channel] = true;
+        if alignment.unaligned {
+            self.stop_recording(channel);
+            return;
         }
         if self.alignment_mode == BarrierAlignment::Aligned {
             if let Some(hold) = self.holds.get(channel) {
@@ -239,6 +601,98 @@ impl<T: 'static> InputGate<T> {
             }
         }
         self.complete_alignment(out);
+    }
+
+    /// Starts the alignment of `barrier`, ending an older one's (and its recording); an
+    /// unaligned checkpoint without an alignment timeout goes unaligned at once.
+    fn start(&mut self, barrier: CheckpointBarrier, out: &mut Vec<GateEvent>) {
+        self.newest = barrier.id;
+        self.release_all();
+        if let Some(unaligned) = &mut self.unaligned {
+            if let Some((recording, _)) = unaligned.recording.take() {
+                let older = recording.borrow().checkpoint;
+                recording.borrow_mut().fail(format!(
+                    "checkpoint {older} was given up for checkpoint {} before its in-flight data \
+                     was all in",
+                    barrier.id
+                ));
+            }
+        }
+        self.alignment = Some(Alignment {
+            barrier,
+            arrived: vec![false; self.ended.len()],
+            started: Instant::now(),
+            unaligned: false,
+        });
+        if barrier.kind == SnapshotKind::Checkpoint
+            && self
+                .unaligned
+                .as_ref()
+                .is_some_and(|unaligned| unaligned.timeout.is_zero())
+        {
+            self.go_unaligned(out);
+        }
+    }
+
+    /// The aligning checkpoint goes unaligned: the task snapshots now, the held channels are
+    /// read again, and the data of the channels whose barrier has not come is recorded (with
+    /// what the gate had queued still, which the snapshot does not hold either).
+    fn go_unaligned(&mut self, out: &mut Vec<GateEvent>) {
+        let (Some(alignment), Some(unaligned)) = (&mut self.alignment, &mut self.unaligned) else {
+            return;
+        };
+        alignment.unaligned = true;
+        let checkpoint = alignment.barrier.id;
+        out.push(GateEvent::Barrier(alignment.barrier));
+        // What the gate holds queued is in flight too, up to a channel's barrier if one of
+        // its queued deliveries ends in it (read ahead, the task has not seen it).
+        let recording = Recording::new(checkpoint, self.ended.len());
+        for (channel, queued) in &mut self.queued {
+            let channel = *channel;
+            if alignment.arrived[channel] {
+                continue;
+            }
+            let chunk = match queued {
+                Queued::Chunk(chunk) => match closing_barrier(chunk) {
+                    Some((at, barrier)) if barrier.id == checkpoint => {
+                        alignment.arrived[channel] = true;
+                        (at > 0).then(|| chunk_of(&chunk[..at]))
+                    }
+                    _ => Some(Rc::clone(chunk)),
+                },
+                Queued::Local(LocalItem::Event(Event::Barrier(barrier)))
+                    if barrier.id == checkpoint =>
+                {
+                    alignment.arrived[channel] = true;
+                    None
+                }
+                Queued::Local(item) => Some(chunk_of_local(
+                    item,
+                    &mut Scratch::new(&mut unaligned.arena),
+                )),
+                Queued::End => None,
+            };
+            if let Some(chunk) = chunk {
+                recording.borrow_mut().add(channel, chunk);
+            }
+        }
+        let channels: Vec<bool> = (0..self.ended.len())
+            .map(|channel| {
+                !alignment.arrived[channel] && !self.ended[channel] && !self.closed[channel]
+            })
+            .collect();
+        let done = channels.iter().all(|recorded| !recorded);
+        unaligned.started = Some(Rc::clone(&recording));
+        unaligned.recording = Some((recording, channels));
+        for hold in &self.holds {
+            hold.release();
+        }
+        if done {
+            if let Some((recording, _)) = unaligned.recording.take() {
+                recording.borrow_mut().complete();
+            }
+            self.alignment = None;
+        }
     }
 
     fn release_all(&mut self) {
@@ -252,6 +706,10 @@ impl<T: 'static> InputGate<T> {
         let Some(alignment) = &self.alignment else {
             return;
         };
+        if alignment.unaligned {
+            // Its recording ends with the channels (`stop_recording`).
+            return;
+        }
         let complete =
             (0..self.ended.len()).all(|channel| alignment.arrived[channel] || self.ended[channel]);
         if complete {
@@ -410,33 +868,58 @@ mod tests {
     use super::super::local::{LocalChannel, LocalSender};
     use super::*;
 
-    /// What a task reading the gate sees, in order: records by value, and barriers passed.
+    /// What a task reading the gate sees, in order: records by value (`r` before those read
+    /// from in-flight data), and barriers passed. Looks for unaligned checkpoints before each
+    /// delivery, as the task does.
     fn drain(gate: &mut InputGate<u32>) -> Vec<String> {
         let mut seen = Vec::new();
         let mut events = Vec::new();
-        while let Some(next) = gate.next().now_or_never() {
+        loop {
+            gate.poll_checkpoint(&mut events);
+            seen.extend(passed(&mut events));
+            let Some(next) = gate.next().now_or_never() else {
+                break;
+            };
             let Some((channel, delivery)) = next.expect("no channel failed") else {
                 break;
+            };
+            let mut on_event = |gate: &mut InputGate<u32>, event| match event {
+                Event::Barrier(barrier) => gate.on_barrier(channel, barrier, &mut events),
+                Event::EndOfPartition => gate.on_end_of_partition(channel, &mut events),
+                _ => {}
             };
             match delivery {
                 Delivery::Local(LocalItem::Records(batch)) => {
                     seen.extend(batch.records.iter().map(u32::to_string));
                 }
-                Delivery::Local(LocalItem::Event(Event::Barrier(barrier))) => {
-                    gate.on_barrier(channel, barrier, &mut events);
+                Delivery::Local(LocalItem::Event(event)) => on_event(gate, event),
+                Delivery::Recorded(chunk) => {
+                    for entry in super::super::frame::Entries::of(&chunk) {
+                        match entry {
+                            super::super::frame::Entry::Record(bytes, _) => {
+                                // SAFETY: archived as `u32` by the gate, 16-byte aligned.
+                                let record = unsafe { u32::decode(bytes) };
+                                seen.push(format!("r{record}"));
+                            }
+                            super::super::frame::Entry::Event(event) => on_event(gate, event),
+                        }
+                    }
                 }
-                Delivery::Local(LocalItem::Event(Event::EndOfPartition)) => {
-                    gate.on_end_of_partition(channel, &mut events);
-                }
-                Delivery::Local(LocalItem::Event(_)) | Delivery::Segment(_) => {}
+                Delivery::Segment(_) => {}
             }
-            for event in events.drain(..) {
-                if let GateEvent::Barrier(barrier) = event {
-                    seen.push(format!("barrier {}", barrier.id));
-                }
-            }
+            seen.extend(passed(&mut events));
         }
         seen
+    }
+
+    fn passed(events: &mut Vec<GateEvent>) -> Vec<String> {
+        events
+            .drain(..)
+            .filter_map(|event| match event {
+                GateEvent::Barrier(barrier) => Some(format!("barrier {}", barrier.id)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Two local channels: `a` sends 1, barrier 7, 2; `b` sends 10, 11, barrier 7, 12 — and,
@@ -525,6 +1008,190 @@ mod tests {
             seen[..barrier].contains(&"2".to_string()),
             "channel a was read on past its barrier: {seen:?}"
         );
+    }
+
+    /// Unaligned: the barrier is announced, the gate snapshots before reading anything, and
+    /// what each channel held before its barrier is in-flight data, read from the recording
+    /// (`r…`) and recorded in arrival order; what follows a barrier is not.
+    #[test]
+    fn an_unaligned_barrier_overtakes_the_queued_data_which_is_recorded() {
+        let announcements = Announcements::new(1);
+        let mut gate = two_channels(BarrierAlignment::Aligned, false).unaligned(
+            Duration::ZERO,
+            announcements.clone(),
+            0,
+        );
+        announcements.announce(0, 7);
+        let mut events = Vec::new();
+        gate.poll_checkpoint(&mut events);
+        assert_eq!(
+            events,
+            vec![GateEvent::Barrier(CheckpointBarrier::checkpoint(7))]
+        );
+        let recording = gate.take_recording(7).expect("recording");
+        let seen = drain(&mut gate);
+        let mut in_flight: Vec<_> = seen.iter().filter(|s| s.starts_with('r')).collect();
+        in_flight.sort();
+        assert_eq!(in_flight, vec!["r1", "r10", "r11"], "{seen:?}");
+        let mut after: Vec<_> = seen.iter().filter(|s| !s.starts_with('r')).collect();
+        after.sort();
+        assert_eq!(after, vec!["12", "2"], "no second barrier: {seen:?}");
+        // The part holds the in-flight data once every barrier came, and reads back.
+        let mut part = super::super::inflight::RecordingPart::part(recording);
+        let bytes = crate::checkpoint::task_state::encode_whole(&mut part, 1 << 20);
+        let restored = super::super::inflight::decode_in_flight(&bytes, "part").unwrap();
+        assert_eq!(restored.channels, 2);
+        let channels: Vec<usize> = restored.chunks.iter().map(|(c, _)| *c).collect();
+        assert_eq!(
+            channels.iter().filter(|c| **c == 0).count(),
+            1,
+            "{channels:?}"
+        );
+        assert_eq!(
+            channels.iter().filter(|c| **c == 1).count(),
+            2,
+            "{channels:?}"
+        );
+        // Restored, it is delivered first, and the restored checkpoint's barrier in it is
+        // passed over.
+        let (a, _) = (LocalChannel::<u32>::new_erased(8), ());
+        let sender = LocalSender::<u32>::from_any(Rc::clone(&a));
+        let mut batch = Batch::with_capacity(1);
+        batch.push(99, 0);
+        assert!(sender.try_send(LocalItem::Records(batch)).is_ok());
+        std::mem::forget(sender);
+        let b = LocalChannel::<u32>::new_erased(8);
+        let mut gate = InputGate::<u32>::new(
+            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
+            BarrierAlignment::Aligned,
+        )
+        .restoring(7, restored);
+        let seen = drain(&mut gate);
+        let mut first: Vec<_> = seen[..3].to_vec();
+        first.sort();
+        assert_eq!(first, vec!["r1", "r10", "r11"], "{seen:?}");
+        assert_eq!(seen[3..], ["99".to_string()], "{seen:?}");
+    }
+
+    /// With an aligned-checkpoint timeout, a checkpoint aligns until it times out; then the
+    /// held channel is read again and the others' data up to their barrier is recorded.
+    #[test]
+    fn an_aligned_checkpoint_that_times_out_goes_unaligned() {
+        let records = |values: &[u32]| {
+            let mut batch = Batch::with_capacity(values.len());
+            for &v in values {
+                batch.push(v, 0);
+            }
+            LocalItem::Records(batch)
+        };
+        let barrier = || LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(7)));
+        let (a, b) = (
+            LocalChannel::<u32>::new_erased(8),
+            LocalChannel::<u32>::new_erased(8),
+        );
+        let to_a = LocalSender::<u32>::from_any(Rc::clone(&a));
+        let to_b = LocalSender::<u32>::from_any(Rc::clone(&b));
+        for item in [records(&[1]), barrier(), records(&[2])] {
+            assert!(to_a.try_send(item).is_ok());
+        }
+        let mut gate = InputGate::<u32>::new(
+            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
+            BarrierAlignment::Aligned,
+        )
+        .unaligned(Duration::from_millis(30), Announcements::new(1), 0);
+        // Channel a's barrier came: a is held, and b has nothing yet.
+        assert_eq!(drain(&mut gate), vec!["1"]);
+        for item in [records(&[10]), records(&[11]), barrier(), records(&[12])] {
+            assert!(to_b.try_send(item).is_ok());
+        }
+        std::thread::sleep(Duration::from_millis(40));
+        let mut events = Vec::new();
+        gate.poll_checkpoint(&mut events);
+        assert_eq!(
+            events,
+            vec![GateEvent::Barrier(CheckpointBarrier::checkpoint(7))]
+        );
+        let recording = gate.take_recording(7).expect("recording");
+        let seen = drain(&mut gate);
+        let mut in_flight: Vec<_> = seen.iter().filter(|s| s.starts_with('r')).collect();
+        in_flight.sort();
+        assert_eq!(in_flight, vec!["r10", "r11"], "{seen:?}");
+        let mut after: Vec<_> = seen.iter().filter(|s| !s.starts_with('r')).collect();
+        after.sort();
+        assert_eq!(after, vec!["12", "2"], "a is read again: {seen:?}");
+        let mut part = super::super::inflight::RecordingPart::part(recording);
+        let bytes = crate::checkpoint::task_state::encode_whole(&mut part, 1 << 20);
+        let restored = super::super::inflight::decode_in_flight(&bytes, "part").unwrap();
+        assert_eq!(restored.chunks.len(), 2, "complete, with b's two batches");
+        drop((to_a, to_b));
+    }
+
+    /// A checkpoint that goes unaligned while the gate works through a backlog (restored
+    /// in-flight data here) behind which it read every channel's barrier: complete at once,
+    /// its in-flight data is what was still queued before the barriers.
+    #[test]
+    fn a_checkpoint_going_unaligned_records_what_is_queued_before_the_barriers() {
+        let records = |values: &[u32]| {
+            let mut batch = Batch::with_capacity(values.len());
+            for &v in values {
+                batch.push(v, 0);
+            }
+            LocalItem::Records(batch)
+        };
+        let barrier = || LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(7)));
+        let (a, b) = (
+            LocalChannel::<u32>::new_erased(8),
+            LocalChannel::<u32>::new_erased(8),
+        );
+        let to_a = LocalSender::<u32>::from_any(Rc::clone(&a));
+        let to_b = LocalSender::<u32>::from_any(Rc::clone(&b));
+        for (sender, value) in [(&to_a, 2), (&to_b, 12)] {
+            assert!(sender.try_send(barrier()).is_ok());
+            assert!(sender.try_send(records(&[value])).is_ok());
+        }
+        let mut arena = Arena::new();
+        let mut chunk = |value| chunk_of_local(&records(&[value]), &mut Scratch::new(&mut arena));
+        let backlog = RestoredInFlight {
+            channels: 2,
+            chunks: vec![(0, chunk(1)), (1, chunk(10))],
+        };
+        let announcements = Announcements::new(1);
+        let mut gate = InputGate::<u32>::new(
+            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
+            BarrierAlignment::Aligned,
+        )
+        .unaligned(Duration::from_millis(30), announcements.clone(), 0)
+        .restoring(3, backlog);
+        announcements.announce(0, 7);
+        let mut events = Vec::new();
+        gate.poll_checkpoint(&mut events);
+        assert_eq!(events, vec![], "aligning");
+        // The first restored chunk; both barriers are read ahead behind the backlog.
+        let (channel, first) = gate.next().now_or_never().unwrap().unwrap().unwrap();
+        assert!(matches!((channel, first), (0, Delivery::Recorded(_))));
+        std::thread::sleep(Duration::from_millis(40));
+        gate.poll_checkpoint(&mut events);
+        assert_eq!(
+            events,
+            vec![GateEvent::Barrier(CheckpointBarrier::checkpoint(7))]
+        );
+        let recording = gate
+            .take_recording(7)
+            .expect("the recording, complete at once");
+        let mut part = super::super::inflight::RecordingPart::part(recording);
+        let bytes = crate::checkpoint::task_state::encode_whole(&mut part, 1 << 20);
+        let restored = super::super::inflight::decode_in_flight(&bytes, "part").unwrap();
+        let channels: Vec<usize> = restored.chunks.iter().map(|(c, _)| *c).collect();
+        assert_eq!(
+            channels,
+            vec![1],
+            "b's restored chunk, not yet read by the task"
+        );
+        let mut seen = drain(&mut gate);
+        assert_eq!(seen.remove(0), "r10");
+        seen.sort();
+        assert_eq!(seen, vec!["12", "2"], "no second barrier");
+        drop((to_a, to_b));
     }
 
     fn gate(channels: usize) -> InputGate<()> {

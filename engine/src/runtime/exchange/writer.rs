@@ -18,8 +18,10 @@ use rkyv::ser::allocator::Arena;
 use weir_memory::{Segment, SegmentPool};
 
 use super::frame::{Event, SegmentBuilder};
+use super::inflight::Announcements;
 use super::local::{Closed, LocalItem, LocalSender};
 use super::partitioner::Partitioner;
+use crate::checkpoint::SnapshotKind;
 use crate::error::{TaskError, TaskResult};
 use crate::graph::{SenderEnd, WriterParts};
 use crate::metrics::OperatorMetrics;
@@ -172,6 +174,9 @@ pub(crate) struct ExchangeWriter<T, P> {
     metrics: Arc<OperatorMetrics>,
     /// Set when any subtask of the job fails; ends a wait for credit that can never be granted.
     cancel: Arc<AtomicBool>,
+    /// Unaligned checkpoints: where a checkpoint's barrier is announced to each channel's
+    /// receiving task before it goes in-band, behind the data queued before it.
+    announce: Option<(Announcements, Vec<usize>)>,
     _record: PhantomData<fn(T)>,
 }
 
@@ -198,6 +203,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
             batch_size,
             metrics: parts.metrics,
             cancel: parts.cancel,
+            announce: parts.announce,
             _record: PhantomData,
         }
     }
@@ -416,7 +422,17 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
             ChainEvent::WatermarkStatus { idle } => {
                 Box::pin(self.write_event(Event::WatermarkStatus { idle }))
             }
-            ChainEvent::Barrier(barrier) => Box::pin(self.write_event(Event::Barrier(barrier))),
+            ChainEvent::Barrier(barrier) => {
+                if let Some((announcements, tasks)) = &self.announce {
+                    // Savepoints align always.
+                    if barrier.kind == SnapshotKind::Checkpoint {
+                        for &task in tasks {
+                            announcements.announce(task, barrier.id);
+                        }
+                    }
+                }
+                Box::pin(self.write_event(Event::Barrier(barrier)))
+            }
             ChainEvent::CheckpointComplete(checkpoint) => {
                 Box::pin(self.write_event(Event::CheckpointComplete(checkpoint)))
             }
