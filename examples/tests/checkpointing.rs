@@ -800,6 +800,17 @@ fn windows_checkpointed_as_deltas_restart_with_every_record_counted_once() {
     windows_survive_panics_with(deltas_config(HEAP, dir.path(), 2, 1), DELTAS, 2);
 }
 
+/// Windows and joins restarted from unaligned checkpoints (with the in-flight data of their
+/// exchanges), on both backends.
+#[test]
+fn windows_and_joins_with_unaligned_checkpoints_restart_with_every_record_counted_once() {
+    for backend in [HEAP, ROCKSDB] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let config = unaligned(config_on(backend, dir.path(), 2, 1), "0");
+        windows_survive_panics_with(config, windows_spec(backend), 2);
+    }
+}
+
 /// Stopped at parallelism `from` and resumed at `to`: key groups (state and timers) move to
 /// the subtasks that own them now and the readers' splits are shared out again, and every
 /// record is still counted once.

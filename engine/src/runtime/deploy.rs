@@ -1178,43 +1178,63 @@ fn refuse_other_backend(
 }
 
 /// Refuses to restore an unaligned checkpoint's in-flight data into a task whose input
-/// channels are not the ones it was recorded on: the task or a task feeding it runs at another
-/// parallelism than the checkpoint's (a savepoint, always aligned, rescales).
+/// channels are not the ones it was recorded on: the operator that recorded it no longer
+/// starts a task (it is chained now), or it or an operator feeding it runs at another
+/// parallelism than in the checkpoint (a savepoint, always aligned, rescales).
 fn refuse_rescaled_in_flight(
     exec: &ExecutionGraph,
     restored: &RestoredJob,
 ) -> Result<(), JobError> {
     let job = &exec.job;
-    for vertex in &job.vertices {
-        let head = vertex.head;
-        let operator = job.operator_ids[head].to_string();
-        let held = restored
-            .parts_of_all(&operator, PART_IN_FLIGHT)
-            .into_iter()
-            .any(|(_, part)| holds_data(part));
+    let refuse = |operator: &str, why: String| {
+        JobError::InvalidJob(format!(
+            "{} holds in-flight data of operator '{operator}' (an unaligned checkpoint), which \
+             restores only into the job as it was checkpointed: {why}; resume it as it was, or \
+             take a savepoint (savepoints are aligned) and change the job from there",
+            restored.dir.display(),
+        ))
+    };
+    for (id, subtasks) in &restored.parts {
+        let held = subtasks.iter().any(|(_, parts)| {
+            parts
+                .get(PART_IN_FLIGHT)
+                .is_some_and(|part| holds_data(part))
+        });
+        // An operator the job no longer has is refused (or left out) with its other state.
+        let Some(node) = job
+            .graph
+            .nodes
+            .iter()
+            .find(|node| job.operator_ids[node.id].to_string() == *id)
+        else {
+            continue;
+        };
         if !held {
             continue;
+        }
+        let name = &node.name;
+        if job.vertices[job.node_vertex[node.id]].head != node.id {
+            return Err(refuse(
+                name,
+                "it is chained to the operator before it now".into(),
+            ));
         }
         let inputs = job
             .edges
             .iter()
-            .filter(|edge| !edge.chained && edge.target_node == head)
+            .filter(|edge| !edge.chained && edge.target_node == node.id)
             .map(|edge| edge.source_node);
-        for node in std::iter::once(head).chain(inputs) {
-            let id = job.operator_ids[node].to_string();
-            let was = restored.parallelism.get(&id).copied();
-            let now = job.node_parallelism[node];
-            if was.is_some_and(|was| was != now) {
-                return Err(JobError::InvalidJob(format!(
-                    "{} holds in-flight data of operator '{}' (an unaligned checkpoint), which \
-                     restores only at the parallelism it was taken at; '{}' ran at {} and runs \
-                     at {now} now: resume at that parallelism, or take a savepoint (savepoints \
-                     are aligned) and rescale from it",
-                    restored.dir.display(),
-                    job.graph.nodes[head].name,
-                    job.graph.nodes[node].name,
-                    was.unwrap_or(now),
-                )));
+        for other in std::iter::once(node.id).chain(inputs) {
+            let was = restored
+                .parallelism
+                .get(&job.operator_ids[other].to_string());
+            let now = job.node_parallelism[other];
+            if let Some(&was) = was.filter(|&&was| was != now) {
+                let other = &job.graph.nodes[other].name;
+                return Err(refuse(
+                    name,
+                    format!("'{other}' ran at parallelism {was} and runs at {now} now"),
+                ));
             }
         }
     }

@@ -82,8 +82,8 @@ fn network_task<T: Record>(
         if let Some((timeout, announcements)) = &checkpointing.job.unaligned {
             gate = gate.unaligned(*timeout, announcements.clone(), checkpointing.task);
         }
-        if let Some((checkpoint, in_flight)) = checkpointing.in_flight.take() {
-            gate = gate.restoring(checkpoint, in_flight);
+        if let Some((_, in_flight)) = checkpointing.in_flight.take() {
+            gate = gate.restoring(in_flight);
         }
     }
     Box::new(NetworkTask {

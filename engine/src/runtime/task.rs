@@ -565,6 +565,7 @@ impl<T: Record> NetworkTask<T> {
         &mut self,
         channel: usize,
         filled: &[u8],
+        replayed: bool,
         batch: &mut Batch<T>,
         events: &mut Vec<GateEvent>,
     ) -> TaskResult {
@@ -592,7 +593,16 @@ impl<T: Record> NetworkTask<T> {
                         self.chain.push(batch).await?;
                     }
                     barrier = matches!(event, Event::Barrier(_));
-                    self.on_event(channel, event, events).await?;
+                    // Restored in-flight data holds the barriers and notices of checkpoints
+                    // before the one restored: passed over.
+                    let checkpoint_event = barrier
+                        || matches!(
+                            event,
+                            Event::CheckpointComplete(_) | Event::CheckpointAborted(_)
+                        );
+                    if !(replayed && checkpoint_event) {
+                        self.on_event(channel, event, events).await?;
+                    }
                 }
             }
         }
@@ -604,19 +614,30 @@ impl<T: Record> NetworkTask<T> {
 
     /// Waits for the next delivery, firing processing-time timers (and sending what they
     /// emit) when they come due meanwhile.
+    /// A checkpoint whose alignment times out meanwhile goes unaligned then.
     async fn wait(&mut self, timer: &mut FlushTimer) -> TaskResult<Option<(usize, Delivery<T>)>> {
+        let mut events = Vec::new();
         loop {
-            let Some(wait) = until_next_timer(&*self.chain) else {
-                return self.gate.next().await;
+            let deadline = self
+                .gate
+                .alignment_deadline()
+                .map(|deadline| deadline.saturating_duration_since(Instant::now()));
+            let wait = match (until_next_timer(&*self.chain), deadline) {
+                (None, None) => return self.gate.next().await,
+                (timer, deadline) => timer
+                    .unwrap_or(Duration::MAX)
+                    .min(deadline.unwrap_or(Duration::MAX)),
             };
             let sleep = glommio::timer::sleep(wait);
-            match future::select(Box::pin(self.gate.next()), Box::pin(sleep)).await {
-                Either::Left((next, _)) => return next,
-                Either::Right(_) => {
-                    fire_processing_timers(&mut self.chain).await?;
-                    timer.flush(&mut self.chain).await?;
-                }
+            if let Either::Left((next, _)) =
+                future::select(Box::pin(self.gate.next()), Box::pin(sleep)).await
+            {
+                return next;
             }
+            self.gate.poll_checkpoint(&mut events);
+            self.on_gate_events(&mut events).await?;
+            fire_processing_timers(&mut self.chain).await?;
+            timer.flush(&mut self.chain).await?;
         }
     }
 
@@ -647,11 +668,15 @@ impl<T: Record> NetworkTask<T> {
             };
             match delivery {
                 Delivery::Segment(segment) => {
-                    self.on_entries(channel, segment.filled(), &mut batch, &mut events)
+                    self.on_entries(channel, segment.filled(), false, &mut batch, &mut events)
                         .await?
                 }
                 Delivery::Recorded(chunk) => {
-                    self.on_entries(channel, &chunk, &mut batch, &mut events)
+                    self.on_entries(channel, &chunk, false, &mut batch, &mut events)
+                        .await?
+                }
+                Delivery::Restored(chunk) => {
+                    self.on_entries(channel, &chunk, true, &mut batch, &mut events)
                         .await?
                 }
                 Delivery::Local(LocalItem::Records(mut records)) => {

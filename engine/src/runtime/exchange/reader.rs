@@ -31,8 +31,11 @@ pub(crate) enum Delivery<T> {
     Segment(Segment),
     /// Records or an event from a subtask on this shard.
     Local(LocalItem<T>),
-    /// In-flight data of an unaligned checkpoint: taken off the channel early, or restored.
+    /// In-flight data of an unaligned checkpoint, taken off the channel early.
     Recorded(Chunk),
+    /// In-flight data restored from a checkpoint: its barriers and checkpoint notices (of the
+    /// checkpoints before it) are passed over.
+    Restored(Chunk),
 }
 
 /// A delivery and the channel it came from.
@@ -64,6 +67,8 @@ struct Alignment {
 enum Queued<T> {
     /// In-flight data, or a segment read ahead (copied, so that its pool segment goes back).
     Chunk(Chunk),
+    /// In-flight data restored from a checkpoint.
+    Restored(Chunk),
     /// A local channel's item read ahead.
     Local(LocalItem<T>),
     /// The channel ended (after what is queued before it).
@@ -72,7 +77,7 @@ enum Queued<T> {
 
 /// How many deliveries per channel the gate reads ahead while it works through a backlog of
 /// in-flight data, so that the senders' credit keeps coming (a sender waiting for it could not
-/// take its next checkpoint) and memory stays bounded. The default credit per channel.
+/// take its next checkpoint) and memory stays bounded (as many as a channel's default credit).
 const READ_AHEAD: usize = 16;
 
 /// Unaligned checkpoints at one gate.
@@ -276,15 +281,12 @@ impl<T: Record> InputGate<T> {
         self
     }
 
-    /// Restores the in-flight data of checkpoint `checkpoint` (an unaligned one of the job's
-    /// own): it is delivered first, and the barriers and notices of that checkpoint or older
-    /// ones in it are passed over (the job's checkpoints go on with higher numbers).
-    pub(crate) fn restoring(mut self, checkpoint: u64, in_flight: RestoredInFlight) -> Self {
-        self.newest = checkpoint;
-        self.notified_complete = checkpoint;
-        self.notified_aborted = checkpoint;
+    /// Restores the in-flight data of an unaligned checkpoint: it is delivered first (as
+    /// [`Delivery::Restored`]: the barriers and notices in it, of checkpoints before it, are
+    /// passed over).
+    pub(crate) fn restoring(mut self, in_flight: RestoredInFlight) -> Self {
         for (channel, chunk) in in_flight.chunks {
-            self.enqueue(channel, Queued::Chunk(chunk));
+            self.enqueue(channel, Queued::Restored(chunk));
         }
         for (limit, count) in self.queued_limit.iter_mut().zip(&self.queued_count) {
             *limit = count + READ_AHEAD;
@@ -316,6 +318,7 @@ impl<T: Record> InputGate<T> {
                 }
                 let delivery = match queued {
                     Queued::Chunk(chunk) => Delivery::Recorded(chunk),
+                    Queued::Restored(chunk) => Delivery::Restored(chunk),
                     Queued::Local(item) => Delivery::Local(item),
                     Queued::End => match self.channel_closed(channel) {
                         Ok(()) => continue,
@@ -346,11 +349,12 @@ impl<T: Record> InputGate<T> {
     /// Queues what a channel delivered behind what the gate holds already.
     fn enqueue(&mut self, channel: usize, queued: Queued<T>) {
         let barrier = match &queued {
-            Queued::Chunk(chunk) => closing_barrier(chunk).is_some(),
-            Queued::Local(LocalItem::Event(event)) => matches!(event, Event::Barrier(_)),
-            Queued::Local(LocalItem::Records(_)) | Queued::End => false,
+            Queued::Chunk(chunk) => closing_barrier(chunk).map(|(_, barrier)| barrier),
+            Queued::Local(LocalItem::Event(Event::Barrier(barrier))) => Some(*barrier),
+            Queued::Restored(_) | Queued::Local(_) | Queued::End => None,
         };
-        self.queued_barrier[channel] |= barrier;
+        // A barrier older than the newest one reached is passed over (`on_barrier`).
+        self.queued_barrier[channel] |= barrier.is_some_and(|b| b.id >= self.newest);
         self.queued_count[channel] += 1;
         self.queued.push_back((channel, queued));
     }
@@ -378,6 +382,7 @@ impl<T: Record> InputGate<T> {
                 Some(Delivery::Segment(segment)) => Queued::Chunk(chunk_of(segment.filled())),
                 Some(Delivery::Local(item)) => Queued::Local(item),
                 Some(Delivery::Recorded(chunk)) => Queued::Chunk(chunk),
+                Some(Delivery::Restored(chunk)) => Queued::Restored(chunk),
             };
             self.enqueue(channel, queued);
             if blocked(self, channel) {
@@ -406,6 +411,22 @@ impl<T: Record> InputGate<T> {
     fn recording_channels(&self) -> Option<&[bool]> {
         let (_, channels) = self.unaligned.as_ref()?.recording.as_ref()?;
         Some(channels)
+    }
+
+    /// When the checkpoint aligning now goes unaligned, if it may (see
+    /// [`InputGate::poll_checkpoint`]).
+    pub(crate) fn alignment_deadline(&self) -> Option<Instant> {
+        let timeout = self.unaligned.as_ref()?.timeout;
+        let alignment = self.alignment.as_ref()?;
+        (!alignment.unaligned && alignment.barrier.kind == SnapshotKind::Checkpoint)
+            .then(|| alignment.started + timeout)
+    }
+
+    /// The checkpoint whose in-flight data is being taken.
+    fn recording_checkpoint(&self) -> Option<u64> {
+        let (recording, _) = self.unaligned.as_ref()?.recording.as_ref()?;
+        let checkpoint = recording.borrow().checkpoint;
+        Some(checkpoint)
     }
 
     fn is_recording(&self, channel: usize) -> bool {
@@ -446,6 +467,29 @@ impl<T: Record> InputGate<T> {
         };
         let recording = Rc::clone(recording);
         let checkpoint = recording.borrow().checkpoint;
+        let newer = match &next {
+            Some(Delivery::Segment(segment)) => closing_barrier(segment.filled()),
+            Some(Delivery::Local(LocalItem::Event(Event::Barrier(barrier)))) => Some((0, *barrier)),
+            _ => None,
+        }
+        .filter(|(_, barrier)| barrier.id > checkpoint);
+        if let Some((_, barrier)) = newer {
+            // The sender gave this checkpoint up (its alignment timed out into a newer one):
+            // its barrier will not come on this channel. What came is queued as it is, and
+            // the task starts the newer checkpoint when it reaches its barrier.
+            self.give_up_recording(format!(
+                "checkpoint {checkpoint} was given up upstream for checkpoint {} before its \
+                 in-flight data was all in",
+                barrier.id
+            ));
+            let queued = match next {
+                Some(Delivery::Segment(segment)) => Queued::Chunk(chunk_of(segment.filled())),
+                Some(Delivery::Local(item)) => Queued::Local(item),
+                _ => unreachable!("a barrier came in a segment or a local event"),
+            };
+            self.enqueue(channel, queued);
+            return;
+        }
         let (chunk, arrived) = match next {
             None => {
                 self.closed[channel] = true;
@@ -476,7 +520,7 @@ impl<T: Record> InputGate<T> {
                 }
                 (Some(chunk), false)
             }
-            Some(Delivery::Recorded(chunk)) => (Some(chunk), false),
+            Some(Delivery::Recorded(chunk) | Delivery::Restored(chunk)) => (Some(chunk), false),
         };
         if let Some(chunk) = chunk {
             recording.borrow_mut().add(channel, Rc::clone(&chunk));
@@ -488,6 +532,15 @@ impl<T: Record> InputGate<T> {
                 alignment.arrived[channel] = true;
             }
             self.stop_recording(channel);
+        }
+    }
+
+    /// Gives the recording up (its checkpoint is declined at this task) and ends the
+    /// checkpoint's alignment.
+    fn give_up_recording(&mut self, reason: String) {
+        if let Some((recording, _)) = self.unaligned.as_mut().and_then(|u| u.recording.take()) {
+            recording.borrow_mut().fail(reason);
+            self.alignment = None;
         }
     }
 
@@ -516,15 +569,13 @@ impl<T: Record> InputGate<T> {
             return;
         };
         let announced = unaligned.announcements.newest(unaligned.task);
-        let timeout = unaligned.timeout;
         if announced > self.newest {
             self.start(CheckpointBarrier::checkpoint(announced), out);
         }
-        if self.alignment.as_ref().is_some_and(|alignment| {
-            !alignment.unaligned
-                && alignment.barrier.kind == SnapshotKind::Checkpoint
-                && alignment.started.elapsed() >= timeout
-        }) {
+        if self
+            .alignment_deadline()
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
             self.go_unaligned(out);
         }
     }
@@ -608,15 +659,12 @@ impl<T: Record> InputGate<T> {
     fn start(&mut self, barrier: CheckpointBarrier, out: &mut Vec<GateEvent>) {
         self.newest = barrier.id;
         self.release_all();
-        if let Some(unaligned) = &mut self.unaligned {
-            if let Some((recording, _)) = unaligned.recording.take() {
-                let older = recording.borrow().checkpoint;
-                recording.borrow_mut().fail(format!(
-                    "checkpoint {older} was given up for checkpoint {} before its in-flight data \
-                     was all in",
-                    barrier.id
-                ));
-            }
+        if let Some(older) = self.recording_checkpoint() {
+            self.give_up_recording(format!(
+                "checkpoint {older} was given up for checkpoint {} before its in-flight data \
+                 was all in",
+                barrier.id
+            ));
         }
         self.alignment = Some(Alignment {
             barrier,
@@ -638,6 +686,19 @@ impl<T: Record> InputGate<T> {
     /// read again, and the data of the channels whose barrier has not come is recorded (with
     /// what the gate had queued still, which the snapshot does not hold either).
     fn go_unaligned(&mut self, out: &mut Vec<GateEvent>) {
+        let newest = self.newest;
+        let newer_queued = self.queued.iter().any(|(_, queued)| match queued {
+            Queued::Chunk(chunk) => closing_barrier(chunk).is_some_and(|(_, b)| b.id > newest),
+            Queued::Local(LocalItem::Event(Event::Barrier(barrier))) => barrier.id > newest,
+            _ => false,
+        });
+        if newer_queued {
+            // An upstream task gave this checkpoint up for a newer one, whose barrier the
+            // task reaches first: it never completes here. The channels it held are read on.
+            self.alignment = None;
+            self.release_all();
+            return;
+        }
         let (Some(alignment), Some(unaligned)) = (&mut self.alignment, &mut self.unaligned) else {
             return;
         };
@@ -653,6 +714,7 @@ impl<T: Record> InputGate<T> {
                 continue;
             }
             let chunk = match queued {
+                Queued::Restored(chunk) => Some(Rc::clone(chunk)),
                 Queued::Chunk(chunk) => match closing_barrier(chunk) {
                     Some((at, barrier)) if barrier.id == checkpoint => {
                         alignment.arrived[channel] = true;
@@ -893,7 +955,7 @@ mod tests {
                     seen.extend(batch.records.iter().map(u32::to_string));
                 }
                 Delivery::Local(LocalItem::Event(event)) => on_event(gate, event),
-                Delivery::Recorded(chunk) => {
+                Delivery::Recorded(chunk) | Delivery::Restored(chunk) => {
                     for entry in super::super::frame::Entries::of(&chunk) {
                         match entry {
                             super::super::frame::Entry::Record(bytes, _) => {
@@ -1065,7 +1127,7 @@ mod tests {
             vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
             BarrierAlignment::Aligned,
         )
-        .restoring(7, restored);
+        .restoring(restored);
         let seen = drain(&mut gate);
         let mut first: Vec<_> = seen[..3].to_vec();
         first.sort();
@@ -1161,14 +1223,14 @@ mod tests {
             BarrierAlignment::Aligned,
         )
         .unaligned(Duration::from_millis(30), announcements.clone(), 0)
-        .restoring(3, backlog);
+        .restoring(backlog);
         announcements.announce(0, 7);
         let mut events = Vec::new();
         gate.poll_checkpoint(&mut events);
         assert_eq!(events, vec![], "aligning");
         // The first restored chunk; both barriers are read ahead behind the backlog.
         let (channel, first) = gate.next().now_or_never().unwrap().unwrap().unwrap();
-        assert!(matches!((channel, first), (0, Delivery::Recorded(_))));
+        assert!(matches!((channel, first), (0, Delivery::Restored(_))));
         std::thread::sleep(Duration::from_millis(40));
         gate.poll_checkpoint(&mut events);
         assert_eq!(
@@ -1191,6 +1253,61 @@ mod tests {
         assert_eq!(seen.remove(0), "r10");
         seen.sort();
         assert_eq!(seen, vec!["12", "2"], "no second barrier");
+        drop((to_a, to_b));
+    }
+
+    /// A recorded channel that brings a newer checkpoint's barrier instead of the recorded
+    /// one's (its sender gave that one up): the recording is given up, and what follows the
+    /// newer barrier is neither recorded nor read before the newer checkpoint's snapshot.
+    #[test]
+    fn a_newer_barrier_on_a_recorded_channel_gives_the_recording_up() {
+        let records = |values: &[u32]| {
+            let mut batch = Batch::with_capacity(values.len());
+            for &v in values {
+                batch.push(v, 0);
+            }
+            LocalItem::Records(batch)
+        };
+        let barrier = |id| LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(id)));
+        let (a, b) = (
+            LocalChannel::<u32>::new_erased(8),
+            LocalChannel::<u32>::new_erased(8),
+        );
+        let to_a = LocalSender::<u32>::from_any(Rc::clone(&a));
+        let to_b = LocalSender::<u32>::from_any(Rc::clone(&b));
+        for item in [records(&[1]), barrier(7), records(&[2])] {
+            assert!(to_a.try_send(item).is_ok());
+        }
+        for item in [records(&[10]), barrier(8), records(&[12]), records(&[13])] {
+            assert!(to_b.try_send(item).is_ok());
+        }
+        let announcements = Announcements::new(1);
+        let mut gate = InputGate::<u32>::new(
+            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
+            BarrierAlignment::Aligned,
+        )
+        .unaligned(Duration::ZERO, announcements.clone(), 0);
+        announcements.announce(0, 7);
+        let mut events = Vec::new();
+        gate.poll_checkpoint(&mut events);
+        let seven = gate.take_recording(7).expect("recording 7");
+        let seen = drain(&mut gate);
+        let eight = seen
+            .iter()
+            .position(|s| s == "barrier 8")
+            .expect("checkpoint 8 snapshotted");
+        for late in ["12", "13"] {
+            let at = seen.iter().position(|s| s == late);
+            assert!(
+                at.is_some_and(|at| at > eight),
+                "{late} after barrier 8: {seen:?}"
+            );
+        }
+        let mut part = super::super::inflight::RecordingPart::part(seven);
+        assert!(
+            part.encode_next(&mut Vec::new(), 1 << 20).is_err(),
+            "7 is given up"
+        );
         drop((to_a, to_b));
     }
 
