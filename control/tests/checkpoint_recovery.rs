@@ -229,12 +229,17 @@ fn sigkill_and_resume_at_parallelism_2_loses_and_repeats_nothing() {
 /// Unaligned checkpoints: what their barriers overtook is replayed once after the kill.
 #[test]
 fn sigkill_and_resume_with_unaligned_checkpoints_loses_and_repeats_nothing() {
-    killed_and_resumed_with(
-        "hashmap",
-        &["execution.checkpointing.unaligned.enabled=true"],
-        2,
-    );
+    for slots in [1, 2] {
+        killed_and_resumed_with("hashmap", UNALIGNED, slots);
+    }
 }
+
+#[test]
+fn sigkill_and_resume_on_rocksdb_with_unaligned_checkpoints_loses_and_repeats_nothing() {
+    killed_and_resumed_with("rocksdb", UNALIGNED, 2);
+}
+
+const UNALIGNED: &[&str] = &["execution.checkpointing.unaligned.enabled=true"];
 
 #[test]
 fn sigkill_and_resume_on_rocksdb_at_parallelism_1_loses_and_repeats_nothing() {
