@@ -1455,32 +1455,38 @@ impl<T> SinkWriter<T> for SlowWriter {
 }
 
 /// An endless sequence behind an exchange into a sink taking 1 ms a record, 4 096 records
-/// queued before it (64 batches of 64).
-fn into_a_slow_sink(env: &StreamEnvironment) {
+/// queued before it (64 batches of 64); `exchange` repartitions the sequence.
+fn into_a_slow_sink(
+    env: &StreamEnvironment,
+    exchange: impl FnOnce(DataStream<Numbered>) -> DataStream<Numbered>,
+) {
     const ENDLESS: SequenceSpec = SequenceSpec {
         splits: 2,
         keys_per_split: 2,
         per_key: 1 << 40,
         rate: None,
     };
-    env.from_source(
-        sequence_check::SequenceSource::new(ENDLESS),
-        WatermarkStrategy::no_watermarks(),
-        "sequence",
-    )
-    .uid("sequence")
-    .rebalance()
-    .sink_to(
-        SlowSink {
-            per_record: Duration::from_millis(1),
-        },
-        "slow",
-    );
+    let sequence = env
+        .from_source(
+            sequence_check::SequenceSource::new(ENDLESS),
+            WatermarkStrategy::no_watermarks(),
+            "sequence",
+        )
+        .uid("sequence");
+    exchange(sequence)
+        .sink_to(
+            SlowSink {
+                per_record: Duration::from_millis(1),
+            },
+            "slow",
+        )
+        .uid("slow");
 }
 
 /// Under backpressure — a slow sink behind a full queue — an aligned checkpoint's barrier
 /// waits behind the queue (4 s) and times out (2 s), while an unaligned one overtakes it and
-/// completes; a checkpoint holding in-flight data is not restored at another parallelism.
+/// completes; a checkpoint holding in-flight data is not restored at another parallelism, nor
+/// into channels fed by another partitioning.
 #[test]
 fn under_backpressure_unaligned_checkpoints_complete_where_aligned_ones_time_out() {
     let run = |unaligned_checkpoints: bool| {
@@ -1501,7 +1507,7 @@ fn under_backpressure_unaligned_checkpoints_complete_where_aligned_ones_time_out
             config = unaligned(config, "0");
         }
         let env = StreamEnvironment::new(config.clone()).unwrap();
-        into_a_slow_sink(&env);
+        into_a_slow_sink(&env, DataStream::rebalance);
         let job = env
             .execute_async("slow-sink", RunOptions::default())
             .expect("started");
@@ -1531,13 +1537,22 @@ fn under_backpressure_unaligned_checkpoints_complete_where_aligned_ones_time_out
     );
     // Resumed at parallelism 2, the in-flight data has no channels to go back to.
     let rescaled = config
+        .clone()
         .with("taskmanager.numberOfTaskSlots", "2")
         .expect("valid settings");
     let env = StreamEnvironment::new(rescaled).unwrap();
-    into_a_slow_sink(&env);
+    into_a_slow_sink(&env, DataStream::rebalance);
     let refused = refused_resume(&env, "slow-sink");
     assert!(
         refused.contains("in-flight data") && refused.contains("savepoint"),
+        "{refused}"
+    );
+    // Nor into channels fed otherwise at the same parallelism.
+    let env = StreamEnvironment::new(config).unwrap();
+    into_a_slow_sink(&env, DataStream::broadcast);
+    let refused = refused_resume(&env, "slow-sink");
+    assert!(
+        refused.contains("in-flight data") && refused.contains("Broadcast"),
         "{refused}"
     );
 }

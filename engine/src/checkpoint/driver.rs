@@ -45,7 +45,7 @@ use super::savepoint::{SavepointHandle, SavepointRequest, StopMode};
 use super::task_state::{decode_file, write_in_pieces, FileEncoder, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
-use crate::runtime::exchange::inflight::{Announcements, RestoredInFlight};
+use crate::runtime::exchange::inflight::{Announcements, InputLayout, RestoredInFlight};
 use crate::time::now_ms;
 use weir_state::BackendType;
 
@@ -179,6 +179,8 @@ pub(crate) struct TaskCheckpointing {
     pub(crate) operator: Arc<str>,
     /// The in-flight data restored for the task's input channels, with the checkpoint.
     pub(crate) in_flight: Option<(u64, RestoredInFlight)>,
+    /// What feeds the task's input channels (recorded with their in-flight data).
+    pub(crate) input_layout: InputLayout,
 }
 
 impl TaskCheckpointing {

@@ -17,7 +17,7 @@ use futures::FutureExt;
 use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
 use weir_memory::{PoolStats, Segment, SegmentPool};
 
-use super::exchange::inflight::{decode_in_flight, holds_data, PART_IN_FLIGHT};
+use super::exchange::inflight::{decode_in_flight, PART_IN_FLIGHT};
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::task::{Subtask, TaskSettings};
@@ -338,6 +338,7 @@ impl ChainBuilder<'_> {
             state: self.task.get(),
             operator: operator.into(),
             in_flight,
+            input_layout: input_layout(&self.shared.exec.job, head).into(),
         }))
     }
 
@@ -498,17 +499,22 @@ impl ChainBuilder<'_> {
                 )
             }
             NodeKind::Operator(_) | NodeKind::Sink(_) => {
-                let in_flight = checkpointing.as_ref().and_then(|c| c.in_flight.as_ref());
-                if let Some((checkpoint, data)) = in_flight {
-                    if data.channels != receivers.len() {
-                        return Err(TaskError::user(format!(
-                            "checkpoint {checkpoint} holds in-flight data of {} input channels; \
-                             the task has {} now (the job's edges changed): resume the job as \
-                             it was, or from a savepoint",
-                            data.channels,
-                            receivers.len()
-                        ))
-                        .in_operator(&node.name));
+                if let Some(checkpointing) = &checkpointing {
+                    if let Some((checkpoint, data)) = &checkpointing.in_flight {
+                        let layout = &*checkpointing.input_layout;
+                        if data.channels != receivers.len() || data.layout != layout {
+                            return Err(TaskError::user(format!(
+                                "checkpoint {checkpoint} holds in-flight data of the task's {} \
+                                 input channels as they were fed then ({}); they are fed \
+                                 otherwise now ({} channels: {layout}; the job's edges \
+                                 changed): resume the job as it was, or from a savepoint \
+                                 (savepoints are aligned)",
+                                data.channels,
+                                data.layout,
+                                receivers.len(),
+                            ))
+                            .in_operator(&node.name));
+                        }
                     }
                 }
                 let chain = self.input_of(head)?;
@@ -1177,6 +1183,27 @@ fn refuse_other_backend(
     Ok(())
 }
 
+/// What feeds the input channels of the task headed by `head`, in the order its gate has them
+/// ([`InputLayout`]): per input edge the producing operator's id, the input it feeds, the
+/// partitioning and both parallelisms.
+fn input_layout(job: &crate::graph::JobGraph, head: usize) -> String {
+    job.edges
+        .iter()
+        .filter(|edge| !edge.chained && edge.target_node == head)
+        .map(|edge| {
+            format!(
+                "{} to input {} by {:?}, {} to {}",
+                job.operator_ids[edge.source_node],
+                edge.input_index,
+                edge.kind,
+                job.node_parallelism[edge.source_node],
+                job.node_parallelism[head],
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Refuses to restore an unaligned checkpoint's in-flight data into a task whose input
 /// channels are not the ones it was recorded on: the operator that recorded it no longer
 /// starts a task (it is chained now), or it or an operator feeding it runs at another
@@ -1195,11 +1222,17 @@ fn refuse_rescaled_in_flight(
         ))
     };
     for (id, subtasks) in &restored.parts {
-        let held = subtasks.iter().any(|(_, parts)| {
-            parts
-                .get(PART_IN_FLIGHT)
-                .is_some_and(|part| holds_data(part))
-        });
+        // What fed the channels of each old subtask that recorded data (a part that does not
+        // read back counts too: its subtask's restore reports why).
+        let layouts: Vec<String> = subtasks
+            .iter()
+            .filter_map(|(_, parts)| parts.get(PART_IN_FLIGHT))
+            .filter_map(|part| match decode_in_flight(part, "in-flight data") {
+                Ok(data) if data.chunks.is_empty() => None,
+                Ok(data) => Some(data.layout),
+                Err(_) => Some(String::new()),
+            })
+            .collect();
         // An operator the job no longer has is refused (or left out) with its other state.
         let Some(node) = job
             .graph
@@ -1209,7 +1242,7 @@ fn refuse_rescaled_in_flight(
         else {
             continue;
         };
-        if !held {
+        if layouts.is_empty() {
             continue;
         }
         let name = &node.name;
@@ -1236,6 +1269,13 @@ fn refuse_rescaled_in_flight(
                     format!("'{other}' ran at parallelism {was} and runs at {now} now"),
                 ));
             }
+        }
+        let now = input_layout(job, node.id);
+        if let Some(then) = layouts.iter().find(|then| **then != now) {
+            return Err(refuse(
+                name,
+                format!("its inputs were fed as {then} and are fed as {now} now"),
+            ));
         }
     }
     Ok(())

@@ -80,7 +80,12 @@ fn network_task<T: Record>(
     let mut gate = InputGate::<T>::new(inputs, alignment);
     if let Some(checkpointing) = &mut checkpointing {
         if let Some((timeout, announcements)) = &checkpointing.job.unaligned {
-            gate = gate.unaligned(*timeout, announcements.clone(), checkpointing.task);
+            gate = gate.unaligned(
+                *timeout,
+                announcements.clone(),
+                checkpointing.task,
+                Arc::clone(&checkpointing.input_layout),
+            );
         }
         if let Some((_, in_flight)) = checkpointing.in_flight.take() {
             gate = gate.restoring(in_flight);

@@ -30,7 +30,7 @@ use crate::record::{Record, Scratch};
 pub(crate) const PART_IN_FLIGHT: &str = "in-flight";
 
 const MAGIC: &[u8; 8] = b"WEIRINFL";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 
 /// Entries in the segment layout, 16-byte aligned.
 pub(crate) type Chunk = Rc<AlignedVec<16>>;
@@ -108,8 +108,11 @@ impl Announcements {
 /// order they arrived, complete once every channel delivered the barrier (or ended).
 pub(crate) struct Recording {
     pub(crate) checkpoint: u64,
-    /// The gate's number of input channels (a restore checks it).
+    /// The gate's number of input channels.
     channels: usize,
+    /// What feeds the gate's channels ([`InputLayout`]): a restore into other channels is
+    /// refused.
+    layout: Arc<str>,
     chunks: Vec<(u32, Chunk)>,
     complete: bool,
     /// Why the data will never be complete (the checkpoint was given up at this task).
@@ -120,10 +123,11 @@ pub(crate) struct Recording {
 pub(crate) type SharedRecording = Rc<RefCell<Recording>>;
 
 impl Recording {
-    pub(crate) fn new(checkpoint: u64, channels: usize) -> SharedRecording {
+    pub(crate) fn new(checkpoint: u64, channels: usize, layout: Arc<str>) -> SharedRecording {
         Rc::new(RefCell::new(Recording {
             checkpoint,
             channels,
+            layout,
             chunks: Vec::new(),
             complete: false,
             failed: None,
@@ -180,6 +184,8 @@ impl PartEncoder for RecordingPart {
                 out.extend_from_slice(MAGIC);
                 out.extend_from_slice(&VERSION.to_le_bytes());
                 out.extend_from_slice(&(recording.channels as u32).to_le_bytes());
+                out.extend_from_slice(&(recording.layout.len() as u64).to_le_bytes());
+                out.extend_from_slice(recording.layout.as_bytes());
                 out.extend_from_slice(&(recording.chunks.len() as u64).to_le_bytes());
                 0
             }
@@ -205,6 +211,8 @@ impl PartEncoder for RecordingPart {
 pub(crate) struct RestoredInFlight {
     /// The gate's number of input channels when it was written.
     pub(crate) channels: usize,
+    /// What fed them ([`InputLayout`]).
+    pub(crate) layout: String,
     /// The chunks, by channel, in the order they arrived.
     pub(crate) chunks: Vec<(usize, Chunk)>,
 }
@@ -214,6 +222,7 @@ pub(crate) fn decode_in_flight(bytes: &[u8], what: &str) -> Result<RestoredInFli
     let mut reader = ByteReader::new(bytes, what);
     reader.header(MAGIC, VERSION)?;
     let channels = reader.u32()? as usize;
+    let layout = reader.text()?;
     let count = reader.count(12)?;
     let mut chunks = Vec::with_capacity(count);
     for _ in 0..count {
@@ -228,11 +237,14 @@ pub(crate) fn decode_in_flight(bytes: &[u8], what: &str) -> Result<RestoredInFli
     if !reader.is_empty() {
         return Err(format!("{what} has bytes after its last chunk"));
     }
-    Ok(RestoredInFlight { channels, chunks })
+    Ok(RestoredInFlight {
+        channels,
+        layout,
+        chunks,
+    })
 }
 
-/// Whether a part written by [`RecordingPart`] holds any data (a restore at another
-/// parallelism cannot place it); damaged parts count as holding some.
-pub(crate) fn holds_data(bytes: &[u8]) -> bool {
-    decode_in_flight(bytes, "in-flight data").map_or(true, |data| !data.chunks.is_empty())
-}
+/// What feeds a task's input channels, in the gate's channel order: per input edge the
+/// producing operator's id, which of the task's inputs it feeds, the partitioning and both
+/// parallelisms. In-flight data restores only into the same channels.
+pub(crate) type InputLayout = Arc<str>;

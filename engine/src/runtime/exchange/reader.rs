@@ -7,6 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,8 @@ use weir_memory::Segment;
 
 use super::frame::{closing_barrier, Event};
 use super::inflight::{
-    chunk_of, chunk_of_local, Announcements, Chunk, Recording, RestoredInFlight, SharedRecording,
+    chunk_of, chunk_of_local, Announcements, Chunk, InputLayout, Recording, RestoredInFlight,
+    SharedRecording,
 };
 use super::local::{BatchRecycler, LocalItem, LocalReceiver};
 use crate::checkpoint::{CheckpointBarrier, SnapshotKind};
@@ -88,6 +90,8 @@ struct Unaligned {
     announcements: Announcements,
     /// This task's index among the job's tasks (where its announcements are).
     task: usize,
+    /// What feeds the channels (recorded with the in-flight data).
+    layout: InputLayout,
     /// The checkpoint whose in-flight data is being taken, and per channel whether it still
     /// is (its barrier has not come, and it has not ended).
     recording: Option<(SharedRecording, Vec<bool>)>,
@@ -269,11 +273,13 @@ impl<T: Record> InputGate<T> {
         timeout: Duration,
         announcements: Announcements,
         task: usize,
+        layout: InputLayout,
     ) -> Self {
         self.unaligned = Some(Unaligned {
             timeout,
             announcements,
             task,
+            layout,
             recording: None,
             started: None,
             arena: Arena::new(),
@@ -707,7 +713,7 @@ impl<T: Record> InputGate<T> {
         out.push(GateEvent::Barrier(alignment.barrier));
         // What the gate holds queued is in flight too, up to a channel's barrier if one of
         // its queued deliveries ends in it (read ahead, the task has not seen it).
-        let recording = Recording::new(checkpoint, self.ended.len());
+        let recording = Recording::new(checkpoint, self.ended.len(), Arc::clone(&unaligned.layout));
         for (channel, queued) in &mut self.queued {
             let channel = *channel;
             if alignment.arrived[channel] {
@@ -1082,6 +1088,7 @@ mod tests {
             Duration::ZERO,
             announcements.clone(),
             0,
+            "test".into(),
         );
         announcements.announce(0, 7);
         let mut events = Vec::new();
@@ -1160,7 +1167,12 @@ mod tests {
             vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
             BarrierAlignment::Aligned,
         )
-        .unaligned(Duration::from_millis(30), Announcements::new(1), 0);
+        .unaligned(
+            Duration::from_millis(30),
+            Announcements::new(1),
+            0,
+            "test".into(),
+        );
         // Channel a's barrier came: a is held, and b has nothing yet.
         assert_eq!(drain(&mut gate), vec!["1"]);
         for item in [records(&[10]), records(&[11]), barrier(), records(&[12])] {
@@ -1215,6 +1227,7 @@ mod tests {
         let mut chunk = |value| chunk_of_local(&records(&[value]), &mut Scratch::new(&mut arena));
         let backlog = RestoredInFlight {
             channels: 2,
+            layout: "test".into(),
             chunks: vec![(0, chunk(1)), (1, chunk(10))],
         };
         let announcements = Announcements::new(1);
@@ -1222,7 +1235,12 @@ mod tests {
             vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
             BarrierAlignment::Aligned,
         )
-        .unaligned(Duration::from_millis(30), announcements.clone(), 0)
+        .unaligned(
+            Duration::from_millis(30),
+            announcements.clone(),
+            0,
+            "test".into(),
+        )
         .restoring(backlog);
         announcements.announce(0, 7);
         let mut events = Vec::new();
@@ -1286,7 +1304,7 @@ mod tests {
             vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
             BarrierAlignment::Aligned,
         )
-        .unaligned(Duration::ZERO, announcements.clone(), 0);
+        .unaligned(Duration::ZERO, announcements.clone(), 0, "test".into());
         announcements.announce(0, 7);
         let mut events = Vec::new();
         gate.poll_checkpoint(&mut events);
