@@ -544,9 +544,17 @@ impl<T: Record> InputGate<T> {
     /// Gives the recording up (its checkpoint is declined at this task) and ends the
     /// checkpoint's alignment.
     fn give_up_recording(&mut self, reason: String) {
-        if let Some((recording, _)) = self.unaligned.as_mut().and_then(|u| u.recording.take()) {
+        if let Some((recording, channels)) =
+            self.unaligned.as_mut().and_then(|u| u.recording.take())
+        {
             recording.borrow_mut().fail(reason);
             self.alignment = None;
+            // The channels it took data off are read on behind their backlog.
+            for (channel, recorded) in channels.into_iter().enumerate() {
+                if recorded {
+                    self.queued_limit[channel] = self.queued_count[channel] + READ_AHEAD;
+                }
+            }
         }
     }
 
