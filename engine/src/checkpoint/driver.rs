@@ -177,8 +177,8 @@ pub(crate) struct TaskCheckpointing {
     /// The id of the task's first operator (the part of the task's own state goes there: its
     /// input channels' in-flight data).
     pub(crate) operator: Arc<str>,
-    /// The in-flight data restored for the task's input channels, with the checkpoint.
-    pub(crate) in_flight: Option<(u64, RestoredInFlight)>,
+    /// The in-flight data restored for the task's input channels.
+    pub(crate) in_flight: Option<RestoredInFlight>,
     /// What feeds the task's input channels (recorded with their in-flight data).
     pub(crate) input_layout: InputLayout,
 }

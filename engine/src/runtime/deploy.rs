@@ -17,7 +17,7 @@ use futures::FutureExt;
 use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
 use weir_memory::{PoolStats, Segment, SegmentPool};
 
-use super::exchange::inflight::{decode_in_flight, PART_IN_FLIGHT};
+use super::exchange::inflight::{decode_in_flight, layout_of_data, PART_IN_FLIGHT};
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::task::{Subtask, TaskSettings};
@@ -310,24 +310,22 @@ impl ChainBuilder<'_> {
             return Ok(None);
         };
         let operator = self.shared.exec.job.operator_ids[head].to_string();
-        let in_flight = match &self.shared.restored {
-            Some(restored) => {
-                // A restore at another parallelism has none (`refuse_rescaled_in_flight`).
-                let own = restored
-                    .parts_of_all(&operator, PART_IN_FLIGHT)
-                    .into_iter()
-                    .find(|(old, _)| *old == self.subtask);
-                match own {
-                    Some((_, part)) => {
-                        let what = format!("the in-flight data of subtask {}", self.subtask);
-                        let data = decode_in_flight(part, &what).map_err(|error| {
-                            TaskError::user(format!("cannot restore its input: {error}"))
-                                .in_operator(&self.shared.exec.job.graph.nodes[head].name)
-                        })?;
-                        (!data.chunks.is_empty()).then_some((restored.checkpoint, data))
-                    }
-                    None => None,
-                }
+        // In-flight data restores only into the channels it was recorded on: anything else was
+        // refused before the job started (`refuse_rescaled_in_flight`).
+        let own = self.shared.restored.as_ref().and_then(|restored| {
+            restored
+                .parts_of_all(&operator, PART_IN_FLIGHT)
+                .into_iter()
+                .find(|(old, _)| *old == self.subtask)
+        });
+        let in_flight = match own {
+            Some((_, part)) => {
+                let what = format!("the in-flight data of subtask {}", self.subtask);
+                let data = decode_in_flight(part, &what).map_err(|error| {
+                    TaskError::user(format!("cannot restore its input: {error}"))
+                        .in_operator(&self.shared.exec.job.graph.nodes[head].name)
+                })?;
+                (!data.chunks.is_empty()).then_some(data)
             }
             None => None,
         };
@@ -499,24 +497,6 @@ impl ChainBuilder<'_> {
                 )
             }
             NodeKind::Operator(_) | NodeKind::Sink(_) => {
-                if let Some(checkpointing) = &checkpointing {
-                    if let Some((checkpoint, data)) = &checkpointing.in_flight {
-                        let layout = &*checkpointing.input_layout;
-                        if data.channels != receivers.len() || data.layout != layout {
-                            return Err(TaskError::user(format!(
-                                "checkpoint {checkpoint} holds in-flight data of the task's {} \
-                                 input channels as they were fed then ({}); they are fed \
-                                 otherwise now ({} channels: {layout}; the job's edges \
-                                 changed): resume the job as it was, or from a savepoint \
-                                 (savepoints are aligned)",
-                                data.channels,
-                                data.layout,
-                                receivers.len(),
-                            ))
-                            .in_operator(&node.name));
-                        }
-                    }
-                }
                 let chain = self.input_of(head)?;
                 let ops = node.input_ops.expect("a consuming node has an input type");
                 Ok((ops.network_task)(
@@ -1227,10 +1207,8 @@ fn refuse_rescaled_in_flight(
         let layouts: Vec<String> = subtasks
             .iter()
             .filter_map(|(_, parts)| parts.get(PART_IN_FLIGHT))
-            .filter_map(|part| match decode_in_flight(part, "in-flight data") {
-                Ok(data) if data.chunks.is_empty() => None,
-                Ok(data) => Some(data.layout),
-                Err(_) => Some(String::new()),
+            .filter_map(|part| {
+                layout_of_data(part, "in-flight data").unwrap_or(Some(String::new()))
             })
             .collect();
         // An operator the job no longer has is refused (or left out) with its other state.

@@ -87,7 +87,7 @@ fn network_task<T: Record>(
                 Arc::clone(&checkpointing.input_layout),
             );
         }
-        if let Some((_, in_flight)) = checkpointing.in_flight.take() {
+        if let Some(in_flight) = checkpointing.in_flight.take() {
             gate = gate.restoring(in_flight);
         }
     }

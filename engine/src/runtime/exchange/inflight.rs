@@ -211,19 +211,32 @@ impl PartEncoder for RecordingPart {
 pub(crate) struct RestoredInFlight {
     /// The gate's number of input channels when it was written.
     pub(crate) channels: usize,
-    /// What fed them ([`InputLayout`]).
-    pub(crate) layout: String,
     /// The chunks, by channel, in the order they arrived.
     pub(crate) chunks: Vec<(usize, Chunk)>,
+}
+
+/// Reads the header of a part written by [`RecordingPart`]: the channels, their layout and
+/// the number of chunks that follow.
+fn read_header(reader: &mut ByteReader<'_>) -> Result<(usize, String, usize), String> {
+    reader.header(MAGIC, VERSION)?;
+    let channels = reader.u32()? as usize;
+    let layout = reader.text()?;
+    let count = reader.count(12)?;
+    Ok((channels, layout, count))
+}
+
+/// What fed the channels of a part written by [`RecordingPart`], if it holds any data (its
+/// chunks are not read).
+pub(crate) fn layout_of_data(bytes: &[u8], what: &str) -> Result<Option<String>, String> {
+    let (_, layout, count) = read_header(&mut ByteReader::new(bytes, what))?;
+    Ok((count > 0).then_some(layout))
 }
 
 /// Reads a part written by [`RecordingPart`]; `what` names it in errors.
 pub(crate) fn decode_in_flight(bytes: &[u8], what: &str) -> Result<RestoredInFlight, String> {
     let mut reader = ByteReader::new(bytes, what);
-    reader.header(MAGIC, VERSION)?;
-    let channels = reader.u32()? as usize;
-    let layout = reader.text()?;
-    let count = reader.count(12)?;
+    // What fed the channels is checked before the job starts (`layout_of_data`).
+    let (channels, _layout, count) = read_header(&mut reader)?;
     let mut chunks = Vec::with_capacity(count);
     for _ in 0..count {
         let channel = reader.u32()? as usize;
@@ -237,11 +250,7 @@ pub(crate) fn decode_in_flight(bytes: &[u8], what: &str) -> Result<RestoredInFli
     if !reader.is_empty() {
         return Err(format!("{what} has bytes after its last chunk"));
     }
-    Ok(RestoredInFlight {
-        channels,
-        layout,
-        chunks,
-    })
+    Ok(RestoredInFlight { channels, chunks })
 }
 
 /// What feeds a task's input channels, in the gate's channel order: per input edge the

@@ -998,49 +998,78 @@ mod tests {
             .collect()
     }
 
-    /// Two local channels: `a` sends 1, barrier 7, 2; `b` sends 10, 11, barrier 7, 12 — and,
-    /// with `end_b`, ends instead of sending its barrier.
-    fn two_channels(alignment: BarrierAlignment, end_b: bool) -> InputGate<u32> {
+    /// A recording written as its checkpoint part and read back.
+    fn written(recording: SharedRecording) -> RestoredInFlight {
+        let mut part = super::super::inflight::RecordingPart::part(recording);
+        let bytes = crate::checkpoint::task_state::encode_whole(&mut part, 1 << 20);
+        super::super::inflight::decode_in_flight(&bytes, "part").unwrap()
+    }
+
+    /// What the task read from in-flight data (`r…`) and what it read otherwise, each sorted.
+    fn in_flight_and_after(seen: &[String]) -> (Vec<&str>, Vec<&str>) {
+        let (mut in_flight, mut after): (Vec<&str>, Vec<&str>) = seen
+            .iter()
+            .map(String::as_str)
+            .partition(|s| s.starts_with('r'));
+        in_flight.sort_unstable();
+        after.sort_unstable();
+        (in_flight, after)
+    }
+
+    /// A batch of `values` for a local channel.
+    fn records(values: &[u32]) -> LocalItem<u32> {
+        let mut batch = Batch::with_capacity(values.len());
+        for &v in values {
+            batch.push(v, 0);
+        }
+        LocalItem::Records(batch)
+    }
+
+    /// Checkpoint `id`'s barrier on a local channel.
+    fn barrier(id: u64) -> LocalItem<u32> {
+        LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(id)))
+    }
+
+    /// Queues `items` on a local channel.
+    fn send(sender: &LocalSender<u32>, items: impl IntoIterator<Item = LocalItem<u32>>) {
+        for item in items {
+            assert!(sender.try_send(item).is_ok());
+        }
+    }
+
+    /// Two local channels `a` and `b`: their senders (dropping one closes its channel
+    /// unended) and the gate's inputs.
+    fn two_senders() -> (LocalSender<u32>, LocalSender<u32>, Vec<ReceiverEnd>) {
         let (a, b) = (
             LocalChannel::<u32>::new_erased(8),
             LocalChannel::<u32>::new_erased(8),
         );
-        let send = |channel: &Rc<dyn std::any::Any>, items: Vec<LocalItem<u32>>| {
-            let sender = LocalSender::<u32>::from_any(Rc::clone(channel));
-            for item in items {
-                assert!(sender.try_send(item).is_ok());
-            }
-            // Keep the channel open: dropping the sender would close it unended.
-            std::mem::forget(sender);
-        };
-        let records = |values: &[u32]| {
-            let mut batch = Batch::with_capacity(values.len());
-            for &v in values {
-                batch.push(v, 0);
-            }
-            LocalItem::Records(batch)
-        };
-        send(
-            &a,
-            vec![
-                records(&[1]),
-                LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(7))),
-                records(&[2]),
-            ],
-        );
+        let to_a = LocalSender::<u32>::from_any(Rc::clone(&a));
+        let to_b = LocalSender::<u32>::from_any(Rc::clone(&b));
+        (
+            to_a,
+            to_b,
+            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
+        )
+    }
+
+    /// Two local channels: `a` sends 1, barrier 7, 2; `b` sends 10, 11, barrier 7, 12 — and,
+    /// with `end_b`, ends instead of sending its barrier.
+    fn two_channels(alignment: BarrierAlignment, end_b: bool) -> InputGate<u32> {
+        let (to_a, to_b, inputs) = two_senders();
+        send(&to_a, [records(&[1]), barrier(7), records(&[2])]);
         let last = if end_b {
             LocalItem::Event(Event::EndOfPartition)
         } else {
-            LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(7)))
+            barrier(7)
         };
         send(
-            &b,
-            vec![records(&[10]), records(&[11]), last, records(&[12])],
+            &to_b,
+            [records(&[10]), records(&[11]), last, records(&[12])],
         );
-        InputGate::new(
-            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
-            alignment,
-        )
+        // Keep the channels open: dropping a sender would close its channel unended.
+        std::mem::forget((to_a, to_b));
+        InputGate::new(inputs, alignment)
     }
 
     #[test]
@@ -1107,16 +1136,11 @@ mod tests {
         );
         let recording = gate.take_recording(7).expect("recording");
         let seen = drain(&mut gate);
-        let mut in_flight: Vec<_> = seen.iter().filter(|s| s.starts_with('r')).collect();
-        in_flight.sort();
+        let (in_flight, after) = in_flight_and_after(&seen);
         assert_eq!(in_flight, vec!["r1", "r10", "r11"], "{seen:?}");
-        let mut after: Vec<_> = seen.iter().filter(|s| !s.starts_with('r')).collect();
-        after.sort();
         assert_eq!(after, vec!["12", "2"], "no second barrier: {seen:?}");
         // The part holds the in-flight data once every barrier came, and reads back.
-        let mut part = super::super::inflight::RecordingPart::part(recording);
-        let bytes = crate::checkpoint::task_state::encode_whole(&mut part, 1 << 20);
-        let restored = super::super::inflight::decode_in_flight(&bytes, "part").unwrap();
+        let restored = written(recording);
         assert_eq!(restored.channels, 2);
         let channels: Vec<usize> = restored.chunks.iter().map(|(c, _)| *c).collect();
         assert_eq!(
@@ -1131,51 +1155,24 @@ mod tests {
         );
         // Restored, it is delivered first, and the restored checkpoint's barrier in it is
         // passed over.
-        let (a, _) = (LocalChannel::<u32>::new_erased(8), ());
-        let sender = LocalSender::<u32>::from_any(Rc::clone(&a));
-        let mut batch = Batch::with_capacity(1);
-        batch.push(99, 0);
-        assert!(sender.try_send(LocalItem::Records(batch)).is_ok());
-        std::mem::forget(sender);
-        let b = LocalChannel::<u32>::new_erased(8);
-        let mut gate = InputGate::<u32>::new(
-            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
-            BarrierAlignment::Aligned,
-        )
-        .restoring(restored);
+        let (to_a, to_b, inputs) = two_senders();
+        send(&to_a, [records(&[99])]);
+        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned).restoring(restored);
         let seen = drain(&mut gate);
         let mut first: Vec<_> = seen[..3].to_vec();
         first.sort();
         assert_eq!(first, vec!["r1", "r10", "r11"], "{seen:?}");
         assert_eq!(seen[3..], ["99".to_string()], "{seen:?}");
+        drop((to_a, to_b));
     }
 
     /// With an aligned-checkpoint timeout, a checkpoint aligns until it times out; then the
     /// held channel is read again and the others' data up to their barrier is recorded.
     #[test]
     fn an_aligned_checkpoint_that_times_out_goes_unaligned() {
-        let records = |values: &[u32]| {
-            let mut batch = Batch::with_capacity(values.len());
-            for &v in values {
-                batch.push(v, 0);
-            }
-            LocalItem::Records(batch)
-        };
-        let barrier = || LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(7)));
-        let (a, b) = (
-            LocalChannel::<u32>::new_erased(8),
-            LocalChannel::<u32>::new_erased(8),
-        );
-        let to_a = LocalSender::<u32>::from_any(Rc::clone(&a));
-        let to_b = LocalSender::<u32>::from_any(Rc::clone(&b));
-        for item in [records(&[1]), barrier(), records(&[2])] {
-            assert!(to_a.try_send(item).is_ok());
-        }
-        let mut gate = InputGate::<u32>::new(
-            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
-            BarrierAlignment::Aligned,
-        )
-        .unaligned(
+        let (to_a, to_b, inputs) = two_senders();
+        send(&to_a, [records(&[1]), barrier(7), records(&[2])]);
+        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned).unaligned(
             Duration::from_millis(30),
             Announcements::new(1),
             0,
@@ -1183,9 +1180,10 @@ mod tests {
         );
         // Channel a's barrier came: a is held, and b has nothing yet.
         assert_eq!(drain(&mut gate), vec!["1"]);
-        for item in [records(&[10]), records(&[11]), barrier(), records(&[12])] {
-            assert!(to_b.try_send(item).is_ok());
-        }
+        send(
+            &to_b,
+            [records(&[10]), records(&[11]), barrier(7), records(&[12])],
+        );
         std::thread::sleep(Duration::from_millis(40));
         let mut events = Vec::new();
         gate.poll_checkpoint(&mut events);
@@ -1195,15 +1193,10 @@ mod tests {
         );
         let recording = gate.take_recording(7).expect("recording");
         let seen = drain(&mut gate);
-        let mut in_flight: Vec<_> = seen.iter().filter(|s| s.starts_with('r')).collect();
-        in_flight.sort();
+        let (in_flight, after) = in_flight_and_after(&seen);
         assert_eq!(in_flight, vec!["r10", "r11"], "{seen:?}");
-        let mut after: Vec<_> = seen.iter().filter(|s| !s.starts_with('r')).collect();
-        after.sort();
         assert_eq!(after, vec!["12", "2"], "a is read again: {seen:?}");
-        let mut part = super::super::inflight::RecordingPart::part(recording);
-        let bytes = crate::checkpoint::task_state::encode_whole(&mut part, 1 << 20);
-        let restored = super::super::inflight::decode_in_flight(&bytes, "part").unwrap();
+        let restored = written(recording);
         assert_eq!(restored.chunks.len(), 2, "complete, with b's two batches");
         drop((to_a, to_b));
     }
@@ -1213,43 +1206,25 @@ mod tests {
     /// its in-flight data is what was still queued before the barriers.
     #[test]
     fn a_checkpoint_going_unaligned_records_what_is_queued_before_the_barriers() {
-        let records = |values: &[u32]| {
-            let mut batch = Batch::with_capacity(values.len());
-            for &v in values {
-                batch.push(v, 0);
-            }
-            LocalItem::Records(batch)
-        };
-        let barrier = || LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(7)));
-        let (a, b) = (
-            LocalChannel::<u32>::new_erased(8),
-            LocalChannel::<u32>::new_erased(8),
-        );
-        let to_a = LocalSender::<u32>::from_any(Rc::clone(&a));
-        let to_b = LocalSender::<u32>::from_any(Rc::clone(&b));
+        let (to_a, to_b, inputs) = two_senders();
         for (sender, value) in [(&to_a, 2), (&to_b, 12)] {
-            assert!(sender.try_send(barrier()).is_ok());
-            assert!(sender.try_send(records(&[value])).is_ok());
+            send(sender, [barrier(7), records(&[value])]);
         }
         let mut arena = Arena::new();
         let mut chunk = |value| chunk_of_local(&records(&[value]), &mut Scratch::new(&mut arena));
         let backlog = RestoredInFlight {
             channels: 2,
-            layout: "test".into(),
             chunks: vec![(0, chunk(1)), (1, chunk(10))],
         };
         let announcements = Announcements::new(1);
-        let mut gate = InputGate::<u32>::new(
-            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
-            BarrierAlignment::Aligned,
-        )
-        .unaligned(
-            Duration::from_millis(30),
-            announcements.clone(),
-            0,
-            "test".into(),
-        )
-        .restoring(backlog);
+        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned)
+            .unaligned(
+                Duration::from_millis(30),
+                announcements.clone(),
+                0,
+                "test".into(),
+            )
+            .restoring(backlog);
         announcements.announce(0, 7);
         let mut events = Vec::new();
         gate.poll_checkpoint(&mut events);
@@ -1266,9 +1241,7 @@ mod tests {
         let recording = gate
             .take_recording(7)
             .expect("the recording, complete at once");
-        let mut part = super::super::inflight::RecordingPart::part(recording);
-        let bytes = crate::checkpoint::task_state::encode_whole(&mut part, 1 << 20);
-        let restored = super::super::inflight::decode_in_flight(&bytes, "part").unwrap();
+        let restored = written(recording);
         let channels: Vec<usize> = restored.chunks.iter().map(|(c, _)| *c).collect();
         assert_eq!(
             channels,
@@ -1287,32 +1260,19 @@ mod tests {
     /// newer barrier is neither recorded nor read before the newer checkpoint's snapshot.
     #[test]
     fn a_newer_barrier_on_a_recorded_channel_gives_the_recording_up() {
-        let records = |values: &[u32]| {
-            let mut batch = Batch::with_capacity(values.len());
-            for &v in values {
-                batch.push(v, 0);
-            }
-            LocalItem::Records(batch)
-        };
-        let barrier = |id| LocalItem::Event(Event::Barrier(CheckpointBarrier::checkpoint(id)));
-        let (a, b) = (
-            LocalChannel::<u32>::new_erased(8),
-            LocalChannel::<u32>::new_erased(8),
+        let (to_a, to_b, inputs) = two_senders();
+        send(&to_a, [records(&[1]), barrier(7), records(&[2])]);
+        send(
+            &to_b,
+            [records(&[10]), barrier(8), records(&[12]), records(&[13])],
         );
-        let to_a = LocalSender::<u32>::from_any(Rc::clone(&a));
-        let to_b = LocalSender::<u32>::from_any(Rc::clone(&b));
-        for item in [records(&[1]), barrier(7), records(&[2])] {
-            assert!(to_a.try_send(item).is_ok());
-        }
-        for item in [records(&[10]), barrier(8), records(&[12]), records(&[13])] {
-            assert!(to_b.try_send(item).is_ok());
-        }
         let announcements = Announcements::new(1);
-        let mut gate = InputGate::<u32>::new(
-            vec![ReceiverEnd::Local(a), ReceiverEnd::Local(b)],
-            BarrierAlignment::Aligned,
-        )
-        .unaligned(Duration::ZERO, announcements.clone(), 0, "test".into());
+        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned).unaligned(
+            Duration::ZERO,
+            announcements.clone(),
+            0,
+            "test".into(),
+        );
         announcements.announce(0, 7);
         let mut events = Vec::new();
         gate.poll_checkpoint(&mut events);
