@@ -204,7 +204,7 @@ impl<K: Key> KeyedStateStore<K> {
             if parts.is_empty() {
                 Ok(())
             } else {
-                backend.restore(parts).map(drop)
+                backend.restore_shared(parts).map(drop)
             }
         })?;
         let store = Rc::new(KeyedStateStore {

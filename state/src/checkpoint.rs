@@ -61,10 +61,13 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use futures_lite::AsyncWriteExt;
 use glommio::io::{DmaStreamWriter, DmaStreamWriterBuilder};
+use rkyv::util::AlignedVec;
 
 use crate::checksum::{crc32, Crc32};
 use crate::error::{StateError, StateErrorKind};
@@ -332,7 +335,7 @@ pub struct CompletedCheckpoint {
     pub metadata: CheckpointMetadata,
     /// Per task state file (`metadata.files`), its contents where verifying the checkpoint
     /// read them: what a restore reads next, so that it reads each file once.
-    state_files: Vec<Option<Vec<u8>>>,
+    state_files: Vec<Option<Bytes>>,
 }
 
 impl CompletedCheckpoint {
@@ -344,7 +347,7 @@ impl CompletedCheckpoint {
     /// The contents of its task state file `index` (of `metadata.files`), checked against
     /// the length and CRC-32 the metadata says: the bytes verifying the checkpoint read,
     /// handed over once, or read now (the errors of [`read_verified`]).
-    pub fn take_state_file(&mut self, index: usize) -> Result<Vec<u8>, StateError> {
+    pub fn take_state_file(&mut self, index: usize) -> Result<Bytes, StateError> {
         match self.state_files.get_mut(index).and_then(Option::take) {
             Some(bytes) => Ok(bytes),
             None => read_verified(&self.dir, &self.metadata.files[index]),
@@ -768,12 +771,53 @@ pub fn verify_file(dir: &Path, file: &StoredFile) -> Result<(), StateError> {
 
 /// The contents of `file` of the checkpoint in `dir`, read once and checked against the length
 /// and CRC-32 its metadata says (the errors of [`verify_file`]).
-pub fn read_verified(dir: &Path, file: &StoredFile) -> Result<Vec<u8>, StateError> {
+pub fn read_verified(dir: &Path, file: &StoredFile) -> Result<Bytes, StateError> {
     let path = resolve(dir, &file.name);
     let contents =
-        fs::read(&path).map_err(|error| corrupt(&path, format!("reading it failed: {error}")))?;
+        read_whole(&path).map_err(|error| corrupt(&path, format!("reading it failed: {error}")))?;
     check_stored(&path, file, contents.len() as u64, crc32(&contents))?;
     Ok(contents)
+}
+
+/// Reads a whole file past the page cache where its file system allows (`O_DIRECT`, in large
+/// aligned reads), through it where not. A restore reads each state file once, right after
+/// it was written past the cache: through the cache, in its small read-ahead steps and with a
+/// copy out of it, 1.1 GB took 2.5 s to read on a disk that delivers it in 0.7 s.
+fn read_whole(path: &Path) -> std::io::Result<Bytes> {
+    /// The alignment `O_DIRECT` asks of the buffer, offsets and lengths (a page covers every
+    /// block size in use).
+    const ALIGN: usize = 4096;
+    /// Bytes per read: enough for the device to work on several requests at once.
+    const STEP: usize = 8 << 20;
+    let refused = |error: &std::io::Error| error.raw_os_error() == Some(libc::EINVAL);
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+    {
+        Ok(file) => file,
+        Err(error) if refused(&error) => return fs::read(path).map(Bytes::from),
+        Err(error) => return Err(error),
+    };
+    let len = usize::try_from(file.metadata()?.len())
+        .map_err(|_| std::io::Error::other("the file is larger than this machine's memory"))?;
+    let mut buffer = AlignedVec::<ALIGN>::with_capacity(len.next_multiple_of(ALIGN));
+    buffer.resize(len.next_multiple_of(ALIGN), 0);
+    let mut read = 0;
+    while read < len {
+        let end = (read + STEP).min(buffer.len());
+        match file.read_at(&mut buffer.as_mut_slice()[read..end], read as u64) {
+            // The file ended early (it shrank): its length check says so.
+            Ok(0) => break,
+            Ok(count) => read += count,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            // The file system refuses direct reads after all (or a short read left the offset
+            // unaligned): read it through the cache.
+            Err(error) if refused(&error) => return fs::read(path).map(Bytes::from),
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(Bytes::from_owner(buffer).slice(..read.min(len)))
 }
 
 fn check_stored(path: &Path, file: &StoredFile, len: u64, crc: u32) -> Result<(), StateError> {

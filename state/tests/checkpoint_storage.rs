@@ -75,18 +75,27 @@ fn a_committed_checkpoint_is_found_and_its_files_read_back() {
     let root = tempfile::tempdir().unwrap();
     let storage = CheckpointStorage::open(root.path(), JOB).unwrap();
     assert!(storage.latest().unwrap().usable.is_none(), "nothing yet");
-    let files = files();
+    let mut files = files();
+    // Files are read in large aligned steps: one of several steps, its length no multiple
+    // of a block, and one of exactly a block.
+    files.push(("op-c-0", bytes((17 << 20) + 4097 + 3, 3)));
+    files.push(("op-d-0", bytes(4096, 4)));
     write(&storage, 1, &files, false);
     assert!(!storage.has_completed(), "an attempt never committed");
     let committed = write(&storage, 2, &files, true).unwrap();
     assert!(storage.has_completed());
     let latest = storage.latest().unwrap();
     assert!(latest.skipped.is_empty(), "{:?}", latest.skipped);
-    let usable = latest.usable.expect("checkpoint 1");
+    let mut usable = latest.usable.expect("checkpoint 1");
     assert_eq!(usable.metadata, committed.metadata);
     assert_eq!(usable.metadata.payload, b"handles of 2");
-    for ((_, contents), file) in files.iter().zip(&usable.metadata.files) {
+    let stored = usable.metadata.files.clone();
+    for (index, ((_, contents), file)) in files.iter().zip(&stored).enumerate() {
         assert_eq!(&fs::read(usable.path_of(file)).unwrap(), contents);
+        // What verifying read, handed over: the same bytes.
+        assert_eq!(&usable.take_state_file(index).unwrap()[..], &contents[..]);
+        // Read again, once handed over.
+        assert_eq!(&usable.take_state_file(index).unwrap()[..], &contents[..]);
     }
     assert!(
         !usable.dir.join("_metadata.inprogress").exists(),

@@ -22,6 +22,7 @@ use std::sync::{Mutex, PoisonError};
 use super::connected::{either_key, tag_and_union};
 use super::either::Either;
 use super::function::{KeyedProcessContext, KeyedProcessFunction};
+use bytes::Bytes;
 use weir_state::{
     KeyedSnapshotEntries, KeyedSnapshotWriter, StateError, StateKind, StateValueCodec, WriterState,
 };
@@ -384,7 +385,7 @@ where
         Ok(bytes)
     }
 
-    fn restore(&mut self, scope: &KeyedScope, parts: &[&[u8]]) -> Result<(), StateError> {
+    fn restore(&mut self, scope: &KeyedScope, parts: &[Bytes]) -> Result<(), StateError> {
         let restored = scope.read::<K, i64>(parts)?;
         let buffers = self.buffers.get();
         BufferState::<A>::restore(&restored, LEFT_BUFFER, |key, timestamp, record| {

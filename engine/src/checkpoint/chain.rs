@@ -434,8 +434,10 @@ pub(crate) fn expand_parts(dir: &Path, parts: &mut FileParts) -> Result<Vec<(usi
                 weir_state::checkpoint::read_verified(dir, file).map_err(|e| e.to_string())
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let refs: Vec<&[u8]> = contents.iter().map(Vec::as_slice).collect();
-        *bytes = weir_state::merge_keyed_chain(&refs).map_err(|e| format!("{what}: {e}"))?;
+        let refs: Vec<&[u8]> = contents.iter().map(|link| &link[..]).collect();
+        *bytes = weir_state::merge_keyed_chain(&refs)
+            .map_err(|e| format!("{what}: {e}"))?
+            .into();
         expanded.push((links.len(), contents.iter().map(|c| c.len() as u64).sum()));
     }
     Ok(expanded)
@@ -527,7 +529,7 @@ mod tests {
                 "shared/3-op-0-p-3"
             ]
         );
-        let mut parts = vec![("op".to_string(), "p".to_string(), listed)];
+        let mut parts = vec![("op".to_string(), "p".to_string(), listed.into())];
         let expanded = expand_parts(&root.path().join("job/chk-3"), &mut parts).unwrap();
         assert_eq!(expanded.len(), 1);
         assert_eq!(expanded[0].0, 3);
@@ -550,7 +552,7 @@ mod tests {
         let mut parts = vec![(
             "op".to_string(),
             "p".to_string(),
-            parts_listing(&referenced),
+            parts_listing(&referenced).into(),
         )];
         let error = expand_parts(&root.path().join("job/chk-3"), &mut parts).unwrap_err();
         assert!(

@@ -3,6 +3,7 @@
 //! subtask (`weir_state::KeyedSnapshotWriter`), keyed by the operator's key, so a restore keeps
 //! the key groups a subtask owns (rescaling) and tools read it like any keyed state.
 
+use bytes::Bytes;
 use weir_state::{
     KeyGroupRange, KeyedSnapshotEntries, KeyedSnapshotWriter, StateCodec, StateError,
     StateErrorKind,
@@ -48,9 +49,9 @@ impl KeyedScope {
     /// What the parts `parts` (one per old subtask) hold for this subtask's key groups.
     pub(crate) fn read<K: Key, N: StateCodec>(
         &self,
-        parts: &[&[u8]],
+        parts: &[Bytes],
     ) -> Result<KeyedSnapshotEntries<K, N>, StateError> {
-        KeyedSnapshotEntries::read(parts, self.max_parallelism, self.key_groups)
+        KeyedSnapshotEntries::read_shared(parts, self.max_parallelism, self.key_groups)
     }
 
     /// What part `part` of the checkpoint the job resumes from holds for this subtask's key

@@ -33,6 +33,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+
 use super::bytes::{ByteReader, ByteWriter};
 
 /// An operator's keyed state (the canonical keyed-snapshot format of `weir_state`).
@@ -156,10 +158,10 @@ impl OperatorSnapshot {
 }
 
 /// The parts of one checkpoint's state file: (operator id, part name, bytes).
-pub(crate) type FileParts = Vec<(String, String, Vec<u8>)>;
+pub(crate) type FileParts = Vec<(String, String, Bytes)>;
 
 /// One old subtask's parts of one operator, by part name.
-pub(crate) type SubtaskParts = (usize, HashMap<String, Vec<u8>>);
+pub(crate) type SubtaskParts = (usize, HashMap<String, Bytes>);
 
 /// What a job restores from: per operator id, per old subtask, its parts by name.
 #[derive(Debug, Default)]
@@ -185,11 +187,20 @@ impl RestoredJob {
     /// The part `name` of every old subtask of `operator` that wrote one, with the old
     /// subtask, in old subtask order.
     pub(crate) fn parts_of_all(&self, operator: &str, name: &str) -> Vec<(usize, &[u8])> {
-        let mut parts: Vec<(usize, &[u8])> =
+        self.shared_parts_of_all(operator, name)
+            .into_iter()
+            .map(|(old, part)| (old, &part[..]))
+            .collect()
+    }
+
+    /// [`RestoredJob::parts_of_all`] as the bytes the state files were read into, for a
+    /// restore that keeps them (shares, not copies).
+    pub(crate) fn shared_parts_of_all(&self, operator: &str, name: &str) -> Vec<(usize, &Bytes)> {
+        let mut parts: Vec<(usize, &Bytes)> =
             self.parts.get(operator).map_or_else(Vec::new, |subtasks| {
                 subtasks
                     .iter()
-                    .filter_map(|(old, parts)| Some((*old, parts.get(name)?.as_slice())))
+                    .filter_map(|(old, parts)| Some((*old, parts.get(name)?)))
                     .collect()
             });
         parts.sort_by_key(|(old, _)| *old);
@@ -327,12 +338,12 @@ impl TaskState {
     }
 
     /// The part `name` of every old subtask of this operator (keyed state: each backend keeps
-    /// the key groups it owns).
-    pub(crate) fn restored_of_all(&self, operator: &str, name: &str) -> Vec<&[u8]> {
+    /// the key groups it owns), shared with the restored job.
+    pub(crate) fn restored_of_all(&self, operator: &str, name: &str) -> Vec<Bytes> {
         self.restored.as_ref().map_or_else(Vec::new, |job| {
-            job.parts_of_all(operator, name)
+            job.shared_parts_of_all(operator, name)
                 .into_iter()
-                .map(|(_, part)| part)
+                .map(|(_, part)| part.clone())
                 .collect()
         })
     }
@@ -521,10 +532,10 @@ pub(crate) fn encode_file(parts: Vec<(Arc<str>, &'static str, Part)>) -> Result<
 }
 
 /// Reads a state file written by [`encode_file`]; `what` names it in errors.
-pub(crate) fn decode_file(bytes: &[u8], what: &str) -> Result<FileParts, String> {
+pub(crate) fn decode_file(bytes: &Bytes, what: &str) -> Result<FileParts, String> {
     let mut reader = ByteReader::new(bytes, what);
     if reader.header_versions(MAGIC, 1..=VERSION)? == 1 {
-        return decode_version_1(reader, what);
+        return decode_version_1(bytes, reader, what);
     }
     let header = MAGIC.len() as u64 + 4;
     let len = bytes.len() as u64;
@@ -556,11 +567,7 @@ pub(crate) fn decode_file(bytes: &[u8], what: &str) -> Result<FileParts, String>
                 index_at - header
             ));
         };
-        parts.push((
-            operator,
-            name,
-            bytes[offset as usize..end as usize].to_vec(),
-        ));
+        parts.push((operator, name, bytes.slice(offset as usize..end as usize)));
     }
     if !index.is_empty() {
         return Err(format!("{what} has bytes after its index's last part"));
@@ -569,13 +576,17 @@ pub(crate) fn decode_file(bytes: &[u8], what: &str) -> Result<FileParts, String>
 }
 
 /// The rest of a version 1 state file, after its header.
-fn decode_version_1(mut reader: ByteReader<'_>, what: &str) -> Result<FileParts, String> {
+fn decode_version_1(
+    file: &Bytes,
+    mut reader: ByteReader<'_>,
+    what: &str,
+) -> Result<FileParts, String> {
     let count = reader.count(24)?;
     let mut parts = Vec::with_capacity(count);
     for _ in 0..count {
         let operator = reader.text()?;
         let name = reader.text()?;
-        let bytes = reader.bytes()?.to_vec();
+        let bytes = file.slice_ref(reader.bytes()?);
         parts.push((operator, name, bytes));
     }
     if !reader.is_empty() {
@@ -648,16 +659,16 @@ mod tests {
                 })),
             ),
         ];
-        let bytes = encode_file(parts).unwrap();
+        let bytes = Bytes::from(encode_file(parts).unwrap());
         let back = decode_file(&bytes, "task-a1-0").unwrap();
         assert_eq!(
             back,
             vec![
-                ("a1".to_string(), "keyed".to_string(), vec![1, 2, 3]),
-                ("a1".into(), "timers".into(), b"later".to_vec())
+                ("a1".to_string(), "keyed".to_string(), vec![1, 2, 3].into()),
+                ("a1".into(), "timers".into(), Bytes::from_static(b"later"))
             ]
         );
-        let error = decode_file(&bytes[..bytes.len() - 2], "task-a1-0").unwrap_err();
+        let error = decode_file(&bytes.slice(..bytes.len() - 2), "task-a1-0").unwrap_err();
         assert!(
             error.contains("task-a1-0 is damaged or truncated"),
             "{error}"
@@ -745,28 +756,29 @@ mod tests {
         assert_eq!(pieces, 9);
         // The parts' operators' longest step counts as the file's.
         assert_eq!(encoder.longest_step_elsewhere(), Duration::from_millis(5));
+        let bytes = Bytes::from(bytes);
         let back = decode_file(&bytes, "task-a1-0").unwrap();
         let counting: Vec<u8> = (0..total).map(|i| i as u8).collect();
         assert_eq!(
             back,
             vec![
-                ("a1".to_string(), "keyed".to_string(), counting),
-                ("a1".into(), "timers".into(), vec![]),
-                ("b2".into(), "keyed".into(), vec![]),
-                ("b2".into(), "timers".into(), vec![9]),
+                ("a1".to_string(), "keyed".to_string(), counting.into()),
+                ("a1".into(), "timers".into(), Bytes::new()),
+                ("b2".into(), "keyed".into(), Bytes::new()),
+                ("b2".into(), "timers".into(), vec![9].into()),
             ]
         );
         for cut in [bytes.len() - 1, bytes.len() - 9, 200, 15] {
             // Whatever the cut leaves as the index offset, the error names the file.
-            let error = decode_file(&bytes[..cut], "task-a1-0").unwrap_err();
+            let error = decode_file(&bytes.slice(..cut), "task-a1-0").unwrap_err();
             assert!(error.starts_with("task-a1-0 "), "{error}");
         }
         // An index that puts a part beyond the parts' bytes.
         let index_at = u64::from_le_bytes(bytes[bytes.len() - 8..].try_into().unwrap()) as usize;
-        let mut damaged = bytes.clone();
+        let mut damaged = bytes.to_vec();
         let first_len_at = index_at + 8 + (8 + 2) + (8 + 5) + 8;
         damaged[first_len_at..first_len_at + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-        let error = decode_file(&damaged, "task-a1-0").unwrap_err();
+        let error = decode_file(&damaged.into(), "task-a1-0").unwrap_err();
         assert!(
             error.contains("task-a1-0 is damaged: its index puts part 'keyed' of operator a1"),
             "{error}"
@@ -785,10 +797,14 @@ mod tests {
             v1.bytes(bytes);
         }
         assert_eq!(
-            decode_file(&v1.out, "old").unwrap(),
+            decode_file(&v1.out.into(), "old").unwrap(),
             vec![
-                ("a1".to_string(), "keyed".to_string(), b"whole".to_vec()),
-                ("a1".into(), "timers".into(), vec![]),
+                (
+                    "a1".to_string(),
+                    "keyed".to_string(),
+                    Bytes::from_static(b"whole")
+                ),
+                ("a1".into(), "timers".into(), Bytes::new()),
             ]
         );
     }

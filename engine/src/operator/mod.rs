@@ -27,6 +27,8 @@ pub(crate) mod scope;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 pub use batch::OutputTag;
 pub(crate) use batch::{Batch, Emitter, SideOutputs, Taking};
 pub(crate) use fan_out::FanOut;
@@ -114,7 +116,7 @@ impl RuntimeContext {
     pub(crate) fn with_restored_of_all<R>(
         &self,
         name: &str,
-        read: impl FnOnce(&[&[u8]]) -> R,
+        read: impl FnOnce(&[Bytes]) -> R,
     ) -> R {
         let task = self.task.get();
         read(&task.restored_of_all(&self.state.operator_id, name))

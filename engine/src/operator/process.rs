@@ -4,6 +4,7 @@
 use std::marker::PhantomData;
 use std::rc::Rc;
 
+use bytes::Bytes;
 use weir_state::{KeyGroup, KeyGroupRange, StateError};
 
 use super::{Emitter, Operator, RuntimeContext};
@@ -63,7 +64,7 @@ pub(crate) trait OwnKeyedState<K> {
     /// The state of every key of the subtask owning `scope`.
     fn snapshot(&mut self, scope: &KeyedScope) -> Result<Vec<u8>, StateError>;
     /// Takes back what `parts` (one per old subtask) hold for the key groups of `scope`.
-    fn restore(&mut self, scope: &KeyedScope, parts: &[&[u8]]) -> Result<(), StateError>;
+    fn restore(&mut self, scope: &KeyedScope, parts: &[Bytes]) -> Result<(), StateError>;
 }
 
 pub(crate) struct KeyedProcessOperator<K, KS, F> {
@@ -239,7 +240,7 @@ pub(crate) fn encode_timers<K: Key>(timers: &KeyedTimers<K>) -> Result<Vec<u8>, 
 /// keys fall in `ctx`'s key groups.
 pub(crate) fn restore_timers<K: Key>(
     timers: &mut KeyedTimers<K>,
-    parts: &[&[u8]],
+    parts: &[Bytes],
     ctx: &RuntimeContext,
 ) -> Result<(), String> {
     let max = ctx.max_parallelism as u32;

@@ -1116,7 +1116,7 @@ fn refuse_other_backend(
     restored: &RestoredJob,
     backend: BackendType,
 ) -> Result<(), JobError> {
-    let native = |parts: &HashMap<String, Vec<u8>>| parts.contains_key(PART_ROCKSDB);
+    let native = |parts: &HashMap<String, bytes::Bytes>| parts.contains_key(PART_ROCKSDB);
     let written_by = restored.backend.unwrap_or_else(|| {
         let any_native = restored
             .parts

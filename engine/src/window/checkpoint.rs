@@ -338,7 +338,7 @@ pub(crate) fn read_back<K: Key, N: StateCodec>(
         })
         .expect("a keyed part");
     KeyedScope::single(max_parallelism)
-        .read(&[&bytes])
+        .read(&[bytes.into()])
         .expect("the snapshot reads back")
 }
 

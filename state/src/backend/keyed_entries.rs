@@ -18,6 +18,7 @@
 use std::any::type_name;
 use std::marker::PhantomData;
 
+use bytes::Bytes;
 use rkyv::rancor;
 
 use crate::backend::heap::restore::{decode_with, merge_snapshots, RestoreSummary, RestoredState};
@@ -507,6 +508,20 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotEntries<K, N> {
         max_parallelism: u32,
         key_groups: KeyGroupRange,
     ) -> Result<Self, StateError> {
+        let shared: Vec<Bytes> = snapshots
+            .iter()
+            .map(|bytes| Bytes::copy_from_slice(bytes))
+            .collect();
+        Self::read_shared(&shared, max_parallelism, key_groups)
+    }
+
+    /// [`KeyedSnapshotEntries::read`] from bytes it shares instead of copying the kept
+    /// entries out of them.
+    pub fn read_shared(
+        snapshots: &[Bytes],
+        max_parallelism: u32,
+        key_groups: KeyGroupRange,
+    ) -> Result<Self, StateError> {
         let (states, summary) = merge_snapshots(
             snapshots,
             max_parallelism,
@@ -572,7 +587,7 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotEntries<K, N> {
         let mut visited = 0;
         let mut last: Option<(&[u8], K)> = None;
         for block in &state.blocks {
-            for entry in BlockEntries::new(state.block_bytes(block), block.entries, header) {
+            for entry in BlockEntries::new(&block.bytes, block.entries, header) {
                 let entry =
                     entry.map_err(|problem| corrupt(format!("state '{name}': {problem}")))?;
                 let key = match last.take() {

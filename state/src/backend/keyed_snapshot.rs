@@ -275,6 +275,9 @@ pub(crate) const BLOCK_HEADER_LEN: usize = 16;
 /// Bucket positions of a key group read in one step of [`KeyedSnapshotEncoder::encode_next`].
 const BUCKETS_PER_STEP: usize = 256;
 
+/// Entries of a key group let go of that one step frees at most.
+const ENTRIES_FREED_PER_STEP: usize = 64;
+
 /// Where a [`KeyedSnapshotEncoder`] goes on.
 #[derive(Clone, Copy, Debug)]
 enum Step {
@@ -316,6 +319,9 @@ pub struct KeyedSnapshotEncoder<K, N, S = HeapSnapshot<K, N>> {
     written: u32,
     /// Let go of each key group once read ([`KeyedSnapshotEncoder::releasing`]).
     release: bool,
+    /// What freeing one entry of the key group let go of last counts for against a step's
+    /// budget: its entries' mean encoded length.
+    release_work: usize,
 }
 
 impl<K, N, S> KeyedSnapshotEncoder<K, N, S>
@@ -336,12 +342,14 @@ where
             announced: 0,
             written: 0,
             release: false,
+            release_work: 1,
         }
     }
 
     /// Lets go of each key group's memory as soon as it is read (the snapshot reads as empty
-    /// there after), so that the memory the snapshot held goes a key group at a time between
-    /// the pieces rather than all at once when it is dropped: for the snapshot's only reader.
+    /// there after), so that the memory the snapshot held goes between the pieces, a few
+    /// entries a step, rather than all at once when it is dropped: for the snapshot's only
+    /// reader.
     pub fn releasing(mut self) -> Self {
         self.release = true;
         self
@@ -423,6 +431,14 @@ where
                 position,
             } => {
                 let state = &snapshot.states[index];
+                if self.release {
+                    // What the last key group let go of goes first, about as much at a step
+                    // as its encoding took.
+                    let freed = state.release_some(ENTRIES_FREED_PER_STEP);
+                    if freed > 0 {
+                        return Ok(freed * self.release_work);
+                    }
+                }
                 if group > state.key_groups.end {
                     if self.written != self.announced {
                         return Err(StateErrorKind::Encode {
@@ -471,6 +487,8 @@ where
                 }
                 if self.release {
                     state.release_key_group(key_group);
+                    let encoded = self.block.len().saturating_sub(BLOCK_HEADER_LEN);
+                    self.release_work = (encoded / (self.entries as usize).max(1)).max(1);
                 }
                 if self.entries > 0 {
                     let len = self.block.len() - BLOCK_HEADER_LEN;
@@ -515,12 +533,7 @@ where
                 let state = &snapshot.restored[index];
                 match state.blocks.get(block) {
                     Some(entry) => {
-                        write_block(
-                            out,
-                            entry.key_group,
-                            entry.entries,
-                            state.block_bytes(entry),
-                        );
+                        write_block(out, entry.key_group, entry.entries, &entry.bytes);
                         self.step = Step::RestoredBlock {
                             state: index,
                             block: block + 1,

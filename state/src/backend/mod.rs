@@ -19,6 +19,8 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::codec::StateCodec;
 use crate::descriptor::{
     AggregatingStateDescriptor, ListStateDescriptor, MapStateDescriptor, ReducingStateDescriptor,
@@ -465,7 +467,25 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
     /// the entries go into the instance at once and each state is recorded with its types,
     /// which its registration is then checked against
     /// ([`RocksDbInstance::load_keyed_snapshots`]).
+    ///
+    /// The heap keeps the snapshots' bytes until the states are registered: this copies them
+    /// first; [`LocalKeyedBackend::restore_shared`] takes shared bytes as they are.
     pub fn restore(&self, snapshots: &[&[u8]]) -> Result<RestoreSummary, StateError>
+    where
+        K: StateCodec,
+        N: StateCodec,
+    {
+        let shared: Vec<Bytes> = snapshots
+            .iter()
+            .map(|bytes| Bytes::copy_from_slice(bytes))
+            .collect();
+        self.restore_shared(&shared)
+    }
+
+    /// [`LocalKeyedBackend::restore`] from bytes the heap shares, not copies: a restored
+    /// state's entries stay in the snapshot's own bytes (a state file read once) until the
+    /// state is registered.
+    pub fn restore_shared(&self, snapshots: &[Bytes]) -> Result<RestoreSummary, StateError>
     where
         K: StateCodec,
         N: StateCodec,

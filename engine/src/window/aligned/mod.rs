@@ -1080,7 +1080,7 @@ mod tests {
             }
             let links: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
             let merged = weir_state::merge_keyed_chain(&links).expect("the chain merges");
-            let restored = KeyedScope::single(16).read(&[&merged]).expect("it reads back");
+            let restored = KeyedScope::single(16).read(&[merged.into()]).expect("it reads back");
             let fired = fired_after_restore(g, lateness, &restored, watermark, &input[at..], at_last)?;
             proptest::prop_assert_eq!(fired, fired_whole(g, lateness, &input));
         }
@@ -1141,7 +1141,7 @@ mod tests {
                     break;
                 }
             }
-            let restored = KeyedScope::single(16).read(&[&bytes]).expect("it reads back");
+            let restored = KeyedScope::single(16).read(&[bytes.into()]).expect("it reads back");
             let mut at_barrier = Emitter::new(0, crate::operator::SideOutputs::default());
             at_barrier.main.records = before;
             let fired = fired_after_restore(g, lateness, &restored, watermark, &input[cut..], at_barrier)?;

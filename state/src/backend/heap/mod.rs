@@ -12,6 +12,8 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use crate::backend::{CleanupProgress, StateSize};
 use crate::descriptor::StateKind;
 use crate::error::StateError;
@@ -103,6 +105,7 @@ impl<K: StateKey, N: StateKey, V: SnapshotValue> ErasedHeapTable<K, N> for HeapT
                 .into_iter()
                 .map(RefCell::new)
                 .collect(),
+            releasing: RefCell::new(None),
         })
     }
 }
@@ -184,7 +187,7 @@ impl<K: StateKey, N: StateKey> HeapStorage<K, N> {
     /// Takes over the states of `snapshots` in this backend's key groups (see [`restore`]).
     pub(crate) fn restore(
         &self,
-        snapshots: &[&[u8]],
+        snapshots: &[Bytes],
         decoder: KeyDecoder<K, N>,
     ) -> Result<RestoreSummary, StateError> {
         let invalid = |problem: String| -> StateError {

@@ -3,8 +3,8 @@
 //! States are registered lazily — an operator registers one the first time it asks for it —
 //! so a restore cannot build typed tables: it does not know the types yet. It keeps each state's
 //! entries still encoded ([`RestoredState`]: the key-group blocks of this backend's key groups,
-//! from all snapshots, copied into one buffer), and the state's table is built from them when the
-//! state is registered ([`load`], called by `HeapStorage::create_table`), after checking that
+//! from all snapshots, each a slice of its snapshot's bytes, which are shared, not copied), and
+//! the state's table is built from them when the state is registered ([`load`], called by `HeapStorage::create_table`), after checking that
 //! it is registered as the kind and types it was checkpointed with. Reads and writes never see
 //! any of this: a table is complete once registered.
 //!
@@ -21,8 +21,8 @@
 //! its unexpired entries for good. A changed TTL duration applies to writes from then on.
 
 use std::any::type_name;
-use std::ops::Range;
 
+use bytes::Bytes;
 use indexmap::IndexMap;
 use rkyv::rancor;
 
@@ -51,12 +51,13 @@ pub struct RestoreSummary {
     pub bytes: u64,
 }
 
-/// Where one key-group block lies in [`RestoredState::data`].
+/// One key-group block of a [`RestoredState`]: its entries, still encoded, in the snapshot's
+/// own bytes (shared, not copied: a restore holds each state file once).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct BlockIndex {
+pub(crate) struct RestoredBlock {
     pub(crate) key_group: u32,
     pub(crate) entries: u32,
-    range: Range<usize>,
+    pub(crate) bytes: Bytes,
 }
 
 /// A restored state not registered yet: its header and its key-group blocks, still encoded, in
@@ -64,39 +65,26 @@ pub(crate) struct BlockIndex {
 #[derive(Clone, Debug)]
 pub(crate) struct RestoredState {
     pub(crate) header: StateHeader,
-    data: Vec<u8>,
-    pub(crate) blocks: Vec<BlockIndex>,
+    pub(crate) blocks: Vec<RestoredBlock>,
 }
 
 impl RestoredState {
-    /// The encoded entries of `block`.
-    pub(crate) fn block_bytes(&self, block: &BlockIndex) -> &[u8] {
-        &self.data[block.range.clone()]
-    }
-
     /// The state without the key groups in `range`.
     pub(crate) fn without(&self, range: KeyGroupRange) -> RestoredState {
-        let mut kept = RestoredState {
+        RestoredState {
             header: self.header.clone(),
-            data: Vec::new(),
-            blocks: Vec::new(),
-        };
-        for block in &self.blocks {
-            if !range.contains(KeyGroup(block.key_group)) {
-                kept.push_block(block.key_group, block.entries, self.block_bytes(block));
-            }
+            blocks: self
+                .blocks
+                .iter()
+                .filter(|block| !range.contains(KeyGroup(block.key_group)))
+                .cloned()
+                .collect(),
         }
-        kept
     }
 
-    fn push_block(&mut self, key_group: u32, entries: u32, bytes: &[u8]) {
-        let start = self.data.len();
-        self.data.extend_from_slice(bytes);
-        self.blocks.push(BlockIndex {
-            key_group,
-            entries,
-            range: start..self.data.len(),
-        });
+    /// The bytes of its blocks.
+    pub(crate) fn len(&self) -> usize {
+        self.blocks.iter().map(|block| block.bytes.len()).sum()
     }
 }
 
@@ -109,7 +97,7 @@ pub(crate) struct KeyDecoder<K, N> {
 
 /// Reads the snapshots and keeps the blocks of `key_groups`, per state, in first-seen order.
 pub(crate) fn merge_snapshots(
-    snapshots: &[&[u8]],
+    snapshots: &[Bytes],
     max_parallelism: u32,
     key_groups: KeyGroupRange,
     key_type: &str,
@@ -167,7 +155,6 @@ pub(crate) fn merge_snapshots(
                 (
                     RestoredState {
                         header: state.header.clone(),
-                        data: Vec::new(),
                         blocks: Vec::new(),
                     },
                     vec![None; key_groups.len() as usize],
@@ -187,15 +174,6 @@ pub(crate) fn merge_snapshots(
                 }
                 .into());
             }
-            // One allocation for this snapshot's blocks of the state (a 1 GiB state copied
-            // in by doubling would be copied about twice over, into fresh memory each time).
-            let kept: usize = state
-                .blocks
-                .iter()
-                .filter(|block| key_groups.contains(KeyGroup(block.key_group)))
-                .map(|block| block.bytes.len())
-                .sum();
-            restored.data.reserve(kept);
             for block in state.blocks {
                 if !key_groups.contains(KeyGroup(block.key_group)) {
                     summary.entries_elsewhere += u64::from(block.entries);
@@ -214,28 +192,24 @@ pub(crate) fn merge_snapshots(
                 }
                 *owner = Some(index);
                 summary.entries += u64::from(block.entries);
-                restored.push_block(block.key_group, block.entries, block.bytes);
+                restored.blocks.push(RestoredBlock {
+                    key_group: block.key_group,
+                    entries: block.entries,
+                    bytes: bytes.slice_ref(block.bytes),
+                });
             }
         }
     }
     let states: Vec<RestoredState> = states
         .into_values()
         .map(|(mut state, _, _)| {
-            if state.blocks.is_sorted_by_key(|block| block.key_group) {
-                return state;
-            }
             // Snapshots handed in another order than their key groups: sort the blocks.
-            let mut order = std::mem::take(&mut state.blocks);
-            order.sort_by_key(|block| block.key_group);
-            let data = std::mem::take(&mut state.data);
-            for block in order {
-                state.push_block(block.key_group, block.entries, &data[block.range]);
-            }
+            state.blocks.sort_by_key(|block| block.key_group);
             state
         })
         .collect();
     summary.states = states.len();
-    summary.bytes = states.iter().map(|state| state.data.len() as u64).sum();
+    summary.bytes = states.iter().map(|state| state.len() as u64).sum();
     Ok((states, summary))
 }
 
@@ -286,8 +260,7 @@ pub(crate) fn load<K: StateKey, N: StateKey, V: SnapshotValue>(
     let mut last: Option<DecodedKey<'_, K, N>> = None;
     for block in &restored.blocks {
         let group = (block.key_group - key_groups.start) as usize;
-        let entries =
-            BlockEntries::new(restored.block_bytes(block), block.entries, &restored.header);
+        let entries = BlockEntries::new(&block.bytes, block.entries, &restored.header);
         for entry in entries {
             let entry =
                 entry.map_err(|problem| corrupt(format!("restored state '{name}': {problem}")))?;

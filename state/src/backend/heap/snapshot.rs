@@ -301,9 +301,13 @@ pub(crate) trait TableSnapshot<K, N> {
     ) -> Result<(), StateError>;
     /// Whether visiting key group `group` at `now` visits anything (something not expired).
     fn has_live(&self, group: usize, now: i64) -> bool;
-    /// Lets go of key group `group` (read whole by its only reader): its memory goes now, a
-    /// little at a time, not with the whole snapshot at once. It reads as empty after.
+    /// Lets go of key group `group` (read whole by its only reader): it reads as empty after,
+    /// and its memory goes over the next calls of [`TableSnapshot::release_some`] (a key
+    /// group of many entries took up to 20 ms to free at once), not with the whole snapshot.
     fn release(&self, group: usize);
+    /// Frees up to `entries` entries of the key group released last; returns how many it
+    /// freed (0: nothing is left to free).
+    fn release_some(&self, entries: usize) -> usize;
 
     fn visit_group(
         &self,
@@ -319,7 +323,13 @@ pub(crate) trait TableSnapshot<K, N> {
 pub(crate) struct SharedGroups<K, N, V> {
     pub(crate) name: Rc<str>,
     pub(crate) groups: Vec<RefCell<Rc<GroupMap<K, N, V>>>>,
+    /// The entries of the key group released last, if the snapshot held its map alone (the
+    /// live table copied it on its first write since), being freed.
+    pub(crate) releasing: RefCell<Option<GroupEntries<K, N, V>>>,
 }
+
+/// A key group's entries, taken out of its map to be freed a few at a time.
+pub(crate) type GroupEntries<K, N, V> = hashbrown::hash_table::IntoIter<((K, Option<N>), V)>;
 
 impl<K, N, V: SnapshotValue> TableSnapshot<K, N> for SharedGroups<K, N, V> {
     fn entries(&self) -> usize {
@@ -338,9 +348,25 @@ impl<K, N, V: SnapshotValue> TableSnapshot<K, N> for SharedGroups<K, N, V> {
     }
 
     fn release(&self, group: usize) {
-        // The map the live table copied on its first write since the snapshot (or the one it
-        // still shares) goes now.
-        drop(self.groups[group].replace(Rc::default()));
+        // A map the live table still shares only loses a reference; one it copied on its
+        // first write since the snapshot is the snapshot's alone, to be freed in steps.
+        let map = self.groups[group].replace(Rc::default());
+        if let Ok(map) = Rc::try_unwrap(map) {
+            *self.releasing.borrow_mut() = Some(map.into_entries());
+        }
+    }
+
+    fn release_some(&self, entries: usize) -> usize {
+        let mut releasing = self.releasing.borrow_mut();
+        let Some(left) = releasing.as_mut() else {
+            return 0;
+        };
+        let freed = left.by_ref().take(entries).count();
+        if freed < entries {
+            // The table's own memory goes with the emptied iterator.
+            *releasing = None;
+        }
+        freed
     }
 
     fn visit_group_buckets(
@@ -460,6 +486,12 @@ impl<K, N> StateSnapshot<K, N> {
         if let Some(group) = self.group_index(key_group) {
             self.table.release(group);
         }
+    }
+
+    /// Frees up to `entries` entries of the key group released last
+    /// ([`TableSnapshot::release_some`]); returns how many it freed.
+    pub(crate) fn release_some(&self, entries: usize) -> usize {
+        self.table.release_some(entries)
     }
 
     fn group_index(&self, key_group: KeyGroup) -> Option<usize> {

@@ -78,6 +78,11 @@ impl<K, N, V> GroupMap<K, N, V> {
         self.table.iter().map(|(_, value)| value)
     }
 
+    /// The entries, taken: the table's memory goes when the iterator is dropped.
+    pub(crate) fn into_entries(self) -> hashbrown::hash_table::IntoIter<((K, Option<N>), V)> {
+        self.table.into_iter()
+    }
+
     /// Bucket positions: each holds at most one entry.
     pub(crate) fn num_buckets(&self) -> usize {
         self.table.num_buckets()

@@ -20,6 +20,7 @@
 //! write-back cache, which holds nothing of a fresh instance), a list's elements gathered into
 //! one value, and each state is recorded.
 
+use bytes::Bytes;
 use rocksdb::WriteBatch;
 
 use super::key::{split_key, write_key, write_namespace, write_void_namespace};
@@ -349,7 +350,7 @@ impl RocksDbInstance {
     pub fn load_keyed_snapshots(
         &self,
         operator: &str,
-        snapshots: &[&[u8]],
+        snapshots: &[Bytes],
         shape: SnapshotShape<'_>,
     ) -> Result<u64, StateError> {
         let (states, _) = merge_snapshots(
@@ -382,7 +383,7 @@ impl RocksDbInstance {
                     })
             };
             for block in &state.blocks {
-                let entries = BlockEntries::new(state.block_bytes(block), block.entries, header);
+                let entries = BlockEntries::new(&block.bytes, block.entries, header);
                 // A list's elements follow each other: gathered into one value per key.
                 let mut pending: Option<Vec<u8>> = None;
                 for entry in entries {
