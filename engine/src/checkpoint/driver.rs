@@ -1097,6 +1097,7 @@ fn read_restored(
     for (id, bytes) in payload.enumerators {
         restored.enumerators.insert(id, bytes);
     }
+    let mut left_out = false;
     for old in &payload.operators {
         let has_state =
             restored.parts.contains_key(&old.id) || restored.enumerators.contains_key(&old.id);
@@ -1114,6 +1115,7 @@ fn read_restored(
                 );
                 restored.parts.remove(&old.id);
                 restored.enumerators.remove(&old.id);
+                left_out = true;
                 continue;
             }
             None => {
@@ -1138,6 +1140,12 @@ fn read_restored(
             Some(_) => {}
         }
         restored.parallelism.insert(old.id.clone(), old.parallelism);
+    }
+    if left_out {
+        // The parts left out share their state files' buffers with the parts kept, which
+        // the job holds for as long as it runs: the kept ones are copied out, so that the
+        // state left out goes now.
+        restored.detach_parts();
     }
     Ok(restored)
 }

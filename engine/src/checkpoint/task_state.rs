@@ -230,6 +230,15 @@ impl RestoredJob {
         }
     }
 
+    /// Copies every part out of the state file it was read with (see `read_restored`).
+    pub(crate) fn detach_parts(&mut self) {
+        for (_, parts) in self.parts.values_mut().flatten() {
+            for bytes in parts.values_mut() {
+                *bytes = Bytes::copy_from_slice(bytes);
+            }
+        }
+    }
+
     /// Adds the parts of one old subtask's state file.
     pub(crate) fn add_file(&mut self, subtask: usize, parts: FileParts) {
         for (operator, name, bytes) in parts {
@@ -782,6 +791,26 @@ mod tests {
         assert!(
             error.contains("task-a1-0 is damaged: its index puts part 'keyed' of operator a1"),
             "{error}"
+        );
+    }
+
+    /// Parts are slices of the state file read; detached, they let it go.
+    #[test]
+    fn detached_parts_let_their_state_file_go() {
+        let parts = vec![
+            (Arc::from("a1"), PART_KEYED, Part::Bytes(vec![1, 2, 3])),
+            (Arc::from("b2"), PART_KEYED, Part::Bytes(vec![4; 1000])),
+        ];
+        let file = Bytes::from(encode_file(parts).unwrap());
+        let mut job = RestoredJob::default();
+        job.add_file(0, decode_file(&file, "task-a1-0").unwrap());
+        assert!(!file.is_unique(), "the parts share the file's bytes");
+        job.parts.remove("b2");
+        job.detach_parts();
+        assert!(file.is_unique(), "no part holds the file any more");
+        assert_eq!(
+            job.parts_of_all("a1", PART_KEYED),
+            vec![(0, &[1u8, 2, 3][..])]
         );
     }
 

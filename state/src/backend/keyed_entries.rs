@@ -515,8 +515,8 @@ impl<K: StateKey + StateCodec, N: StateCodec> KeyedSnapshotEntries<K, N> {
         Self::read_shared(&shared, max_parallelism, key_groups)
     }
 
-    /// [`KeyedSnapshotEntries::read`] from bytes it shares instead of copying the kept
-    /// entries out of them.
+    /// [`KeyedSnapshotEntries::read`] from bytes it shares instead of copying
+    /// ([`KeyedSnapshotEntries::read`] copies each snapshot whole first).
     pub fn read_shared(
         snapshots: &[Bytes],
         max_parallelism: u32,

@@ -278,6 +278,11 @@ const BUCKETS_PER_STEP: usize = 256;
 /// Entries of a key group let go of that one step frees at most.
 const ENTRIES_FREED_PER_STEP: usize = 64;
 
+/// What freeing an entry counts for against a step's budget at least, whatever its encoding
+/// (an expired one was not encoded at all): so that a call's budget frees at most about
+/// `budget / FREE_WORK` entries.
+const FREE_WORK: usize = 256;
+
 /// Where a [`KeyedSnapshotEncoder`] goes on.
 #[derive(Clone, Copy, Debug)]
 enum Step {
@@ -320,7 +325,7 @@ pub struct KeyedSnapshotEncoder<K, N, S = HeapSnapshot<K, N>> {
     /// Let go of each key group once read ([`KeyedSnapshotEncoder::releasing`]).
     release: bool,
     /// What freeing one entry of the key group let go of last counts for against a step's
-    /// budget: its entries' mean encoded length.
+    /// budget: its entries' mean encoded length, at least [`FREE_WORK`].
     release_work: usize,
 }
 
@@ -342,7 +347,7 @@ where
             announced: 0,
             written: 0,
             release: false,
-            release_work: 1,
+            release_work: FREE_WORK,
         }
     }
 
@@ -486,9 +491,11 @@ where
                     return Ok(work);
                 }
                 if self.release {
-                    state.release_key_group(key_group);
+                    // Per entry of the map (a list's or map's whole value; expired ones too,
+                    // which were not encoded).
+                    let taken = state.release_key_group(key_group);
                     let encoded = self.block.len().saturating_sub(BLOCK_HEADER_LEN);
-                    self.release_work = (encoded / (self.entries as usize).max(1)).max(1);
+                    self.release_work = (encoded / taken.max(1)).max(FREE_WORK);
                 }
                 if self.entries > 0 {
                     let len = self.block.len() - BLOCK_HEADER_LEN;
@@ -1102,4 +1109,58 @@ pub fn decode_keyed_snapshot(bytes: &[u8]) -> Result<KeyedSnapshotContents, Stat
         namespace_type: parsed.namespace_type.to_string(),
         states,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::{KeyedBackendConfig, LocalKeyedBackend, ManualClock, ValueStateDescriptor};
+
+    /// A releasing encoder frees the key groups the live table copied on write since the
+    /// snapshot a few entries a step, and has freed every one of them by its end.
+    #[test]
+    fn a_releasing_encoder_frees_copied_key_groups_in_steps() {
+        let config = KeyedBackendConfig::for_subtask(4, 1, 0);
+        let backend =
+            LocalKeyedBackend::<u64, ()>::heap(config, Arc::new(ManualClock::new(0))).unwrap();
+        let value = backend
+            .value_state(&ValueStateDescriptor::<Vec<u8>>::new("v"))
+            .unwrap();
+        let keys = 0..2_000u64;
+        for key in keys.clone() {
+            backend.set_current_key(&key).unwrap();
+            value.update(vec![7; 100]).unwrap();
+        }
+        let snapshot = backend.heap_snapshot().unwrap();
+        // A write to every key group after the snapshot: the live table copies each.
+        for key in keys {
+            backend.set_current_key(&key).unwrap();
+            value.update(vec![8; 100]).unwrap();
+        }
+        let state = &snapshot.states[0];
+        let mut encoder = KeyedSnapshotEncoder::new(&snapshot).releasing();
+        let (mut piece, mut freeing_seen) = (Vec::new(), 0);
+        loop {
+            piece.clear();
+            let more = encoder.encode_next(&mut piece, 4_096).unwrap();
+            // Between pieces a copied key group may be freed in part; an emptied one is
+            // never kept.
+            if let Some(left) = state.table_releasing_len() {
+                freeing_seen += 1;
+                assert!(left > 0, "an emptied iterator is dropped");
+            }
+            if !more {
+                break;
+            }
+        }
+        assert!(freeing_seen > 4, "freed over {freeing_seen} pieces");
+        assert_eq!(
+            state.table_releasing_len(),
+            None,
+            "everything freed by the end"
+        );
+        assert_eq!(state.entries(), 0, "every key group let go of");
+    }
 }

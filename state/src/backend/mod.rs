@@ -468,8 +468,9 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
     /// which its registration is then checked against
     /// ([`RocksDbInstance::load_keyed_snapshots`]).
     ///
-    /// The heap keeps the snapshots' bytes until the states are registered: this copies them
-    /// first; [`LocalKeyedBackend::restore_shared`] takes shared bytes as they are.
+    /// The heap keeps the snapshots' bytes until the states are registered: this copies each
+    /// snapshot whole first (other subtasks' key groups too);
+    /// [`LocalKeyedBackend::restore_shared`] takes shared bytes as they are.
     pub fn restore(&self, snapshots: &[&[u8]]) -> Result<RestoreSummary, StateError>
     where
         K: StateCodec,

@@ -304,10 +304,15 @@ pub(crate) trait TableSnapshot<K, N> {
     /// Lets go of key group `group` (read whole by its only reader): it reads as empty after,
     /// and its memory goes over the next calls of [`TableSnapshot::release_some`] (a key
     /// group of many entries took up to 20 ms to free at once), not with the whole snapshot.
-    fn release(&self, group: usize);
+    /// Returns how many entries are left to free that way (0: the live table still shares the
+    /// group's map, so nothing of it is freed).
+    fn release(&self, group: usize) -> usize;
     /// Frees up to `entries` entries of the key group released last; returns how many it
     /// freed (0: nothing is left to free).
     fn release_some(&self, entries: usize) -> usize;
+    /// Entries released and not freed yet (`None`: none being freed).
+    #[cfg(test)]
+    fn releasing_len(&self) -> Option<usize>;
 
     fn visit_group(
         &self,
@@ -347,13 +352,23 @@ impl<K, N, V: SnapshotValue> TableSnapshot<K, N> for SharedGroups<K, N, V> {
             .any(|value| value.any_live(now))
     }
 
-    fn release(&self, group: usize) {
+    fn release(&self, group: usize) -> usize {
         // A map the live table still shares only loses a reference; one it copied on its
         // first write since the snapshot is the snapshot's alone, to be freed in steps.
         let map = self.groups[group].replace(Rc::default());
-        if let Ok(map) = Rc::try_unwrap(map) {
-            *self.releasing.borrow_mut() = Some(map.into_entries());
+        match Rc::try_unwrap(map) {
+            Ok(map) => {
+                let entries = map.len();
+                *self.releasing.borrow_mut() = Some(map.into_entries());
+                entries
+            }
+            Err(_) => 0,
         }
+    }
+
+    #[cfg(test)]
+    fn releasing_len(&self) -> Option<usize> {
+        self.releasing.borrow().as_ref().map(ExactSizeIterator::len)
     }
 
     fn release_some(&self, entries: usize) -> usize {
@@ -362,7 +377,7 @@ impl<K, N, V: SnapshotValue> TableSnapshot<K, N> for SharedGroups<K, N, V> {
             return 0;
         };
         let freed = left.by_ref().take(entries).count();
-        if freed < entries {
+        if left.len() == 0 {
             // The table's own memory goes with the emptied iterator.
             *releasing = None;
         }
@@ -481,11 +496,17 @@ impl<K, N> StateSnapshot<K, N> {
             .is_some_and(|group| self.table.has_live(group, self.taken_at_ms))
     }
 
-    /// Lets go of `key_group`, read whole ([`TableSnapshot::release`]).
-    pub(crate) fn release_key_group(&self, key_group: KeyGroup) {
-        if let Some(group) = self.group_index(key_group) {
-            self.table.release(group);
-        }
+    /// Lets go of `key_group`, read whole ([`TableSnapshot::release`]); returns how many
+    /// entries are left to free with [`StateSnapshot::release_some`].
+    pub(crate) fn release_key_group(&self, key_group: KeyGroup) -> usize {
+        self.group_index(key_group)
+            .map_or(0, |group| self.table.release(group))
+    }
+
+    /// Entries released and not freed yet ([`TableSnapshot::releasing_len`]).
+    #[cfg(test)]
+    pub(crate) fn table_releasing_len(&self) -> Option<usize> {
+        self.table.releasing_len()
     }
 
     /// Frees up to `entries` entries of the key group released last
