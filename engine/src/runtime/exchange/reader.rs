@@ -998,6 +998,18 @@ mod tests {
             .collect()
     }
 
+    /// Looks for an unaligned checkpoint before the next delivery, as the task does: checkpoint
+    /// `id`'s barrier passes at once, and its recording is taken.
+    fn snapshot_at_once(gate: &mut InputGate<u32>, id: u64) -> SharedRecording {
+        let mut events = Vec::new();
+        gate.poll_checkpoint(&mut events);
+        assert_eq!(
+            events,
+            vec![GateEvent::Barrier(CheckpointBarrier::checkpoint(id))]
+        );
+        gate.take_recording(id).expect("the recording")
+    }
+
     /// A recording written as its checkpoint part and read back.
     fn written(recording: SharedRecording) -> RestoredInFlight {
         let mut part = super::super::inflight::RecordingPart::part(recording);
@@ -1128,13 +1140,7 @@ mod tests {
             "test".into(),
         );
         announcements.announce(0, 7);
-        let mut events = Vec::new();
-        gate.poll_checkpoint(&mut events);
-        assert_eq!(
-            events,
-            vec![GateEvent::Barrier(CheckpointBarrier::checkpoint(7))]
-        );
-        let recording = gate.take_recording(7).expect("recording");
+        let recording = snapshot_at_once(&mut gate, 7);
         let seen = drain(&mut gate);
         let (in_flight, after) = in_flight_and_after(&seen);
         assert_eq!(in_flight, vec!["r1", "r10", "r11"], "{seen:?}");
@@ -1185,13 +1191,7 @@ mod tests {
             [records(&[10]), records(&[11]), barrier(7), records(&[12])],
         );
         std::thread::sleep(Duration::from_millis(40));
-        let mut events = Vec::new();
-        gate.poll_checkpoint(&mut events);
-        assert_eq!(
-            events,
-            vec![GateEvent::Barrier(CheckpointBarrier::checkpoint(7))]
-        );
-        let recording = gate.take_recording(7).expect("recording");
+        let recording = snapshot_at_once(&mut gate, 7);
         let seen = drain(&mut gate);
         let (in_flight, after) = in_flight_and_after(&seen);
         assert_eq!(in_flight, vec!["r10", "r11"], "{seen:?}");
@@ -1233,15 +1233,7 @@ mod tests {
         let (channel, first) = gate.next().now_or_never().unwrap().unwrap().unwrap();
         assert!(matches!((channel, first), (0, Delivery::Restored(_))));
         std::thread::sleep(Duration::from_millis(40));
-        gate.poll_checkpoint(&mut events);
-        assert_eq!(
-            events,
-            vec![GateEvent::Barrier(CheckpointBarrier::checkpoint(7))]
-        );
-        let recording = gate
-            .take_recording(7)
-            .expect("the recording, complete at once");
-        let restored = written(recording);
+        let restored = written(snapshot_at_once(&mut gate, 7));
         let channels: Vec<usize> = restored.chunks.iter().map(|(c, _)| *c).collect();
         assert_eq!(
             channels,
