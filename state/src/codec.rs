@@ -17,6 +17,7 @@ use rkyv::api::low::{LowDeserializer, LowSerializer, LowValidator};
 use rkyv::bytecheck::CheckBytes;
 use rkyv::rancor;
 use rkyv::ser::allocator::{Arena, ArenaHandle};
+use rkyv::ser::{Positional, Writer};
 use rkyv::util::AlignedVec;
 use rkyv::{Archive, Deserialize, Serialize};
 
@@ -43,51 +44,62 @@ pub trait StateCodec: Sized + 'static {
 const DECODE_ALIGN: usize = 16;
 
 thread_local! {
-    /// A reusable arena and output buffer for encoding, so a small value costs no allocation.
-    static ENCODE_SCRATCH: RefCell<(Arena, Vec<u8>)> = RefCell::new((Arena::new(), Vec::new()));
+    /// A reusable arena for encoding, so a small value costs no allocation.
+    static ENCODE_ARENA: RefCell<Arena> = RefCell::new(Arena::new());
     /// A reusable aligned buffer for decoding bytes that come unaligned (e.g. from RocksDB).
     static DECODE_SCRATCH: RefCell<AlignedVec<DECODE_ALIGN>> = RefCell::new(AlignedVec::new());
+}
+
+/// Where [`StateCodec::encode_into`] archives a value: the end of the caller's vector, with
+/// positions counted from where the archive begins. rkyv pads by position, so the bytes are
+/// those of the value archived on its own (an archive is read back from its first byte).
+pub struct Appender<'a> {
+    out: &'a mut Vec<u8>,
+    start: usize,
+}
+
+impl Positional for Appender<'_> {
+    #[inline]
+    fn pos(&self) -> usize {
+        self.out.len() - self.start
+    }
+}
+
+impl<E> Writer<E> for Appender<'_> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) -> Result<(), E> {
+        self.out.extend_from_slice(bytes);
+        Ok(())
+    }
 }
 
 impl<T> StateCodec for T
 where
     T: Archive + 'static,
-    T: for<'a> Serialize<LowSerializer<Vec<u8>, ArenaHandle<'a>, rancor::Error>>,
+    T: for<'a, 'b> Serialize<LowSerializer<Appender<'b>, ArenaHandle<'a>, rancor::Error>>,
     T::Archived: for<'a> CheckBytes<LowValidator<'a, rancor::Error>>
         + Deserialize<T, LowDeserializer<rancor::Error>>,
 {
     fn encode_into(&self, out: &mut Vec<u8>) -> Result<(), rancor::Error> {
-        ENCODE_SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
-            Ok(mut scratch) => {
-                let (arena, buffer) = &mut *scratch;
-                let mut writer = std::mem::take(buffer);
-                writer.clear();
-                let result = rkyv::api::low::to_bytes_in_with_alloc::<_, _, rancor::Error>(
-                    self,
-                    writer,
-                    arena.acquire(),
-                );
-                match result {
-                    Ok(written) => {
-                        out.extend_from_slice(&written);
-                        *buffer = written;
-                        Ok(())
-                    }
-                    Err(error) => Err(error),
-                }
-            }
-            // A Serialize impl that itself encodes state (re-entrant): use fresh buffers.
-            Err(_) => {
-                let mut arena = Arena::new();
-                let written = rkyv::api::low::to_bytes_in_with_alloc::<_, _, rancor::Error>(
-                    self,
-                    Vec::new(),
-                    arena.acquire(),
-                )?;
-                out.extend_from_slice(&written);
-                Ok(())
-            }
-        })
+        let start = out.len();
+        let archive = |out: &mut Vec<u8>, arena: &mut Arena| {
+            let writer = Appender { out, start };
+            rkyv::api::low::to_bytes_in_with_alloc::<_, _, rancor::Error>(
+                self,
+                writer,
+                arena.acquire(),
+            )
+            .map(|_| ())
+        };
+        let result = ENCODE_ARENA.with(|arena| match arena.try_borrow_mut() {
+            Ok(mut arena) => archive(out, &mut arena),
+            // A Serialize impl that itself encodes state (re-entrant): a fresh arena.
+            Err(_) => archive(out, &mut Arena::new()),
+        });
+        if result.is_err() {
+            out.truncate(start);
+        }
+        result
     }
 
     fn decode(bytes: &[u8]) -> Result<Self, rancor::Error> {
@@ -148,6 +160,32 @@ mod tests {
         assert_eq!(value.encode().unwrap(), bytes);
     }
 
+    /// What rkyv writes for `value` archived on its own, into a fresh buffer.
+    fn archived_alone<T>(value: &T) -> Vec<u8>
+    where
+        T: for<'a> Serialize<LowSerializer<Vec<u8>, ArenaHandle<'a>, rancor::Error>>,
+    {
+        let mut arena = Arena::new();
+        rkyv::api::low::to_bytes_in_with_alloc::<_, _, rancor::Error>(
+            value,
+            Vec::new(),
+            arena.acquire(),
+        )
+        .unwrap()
+    }
+
+    /// Appended after `prefix` bytes, `value`'s encoding is its archive on its own: the
+    /// padding counts from where the archive begins, not from the vector's start.
+    fn appends_as_archived_alone<T>(value: &T, prefix: usize)
+    where
+        T: StateCodec + for<'a> Serialize<LowSerializer<Vec<u8>, ArenaHandle<'a>, rancor::Error>>,
+    {
+        let mut out = vec![0xee; prefix];
+        value.encode_into(&mut out).unwrap();
+        assert_eq!(out[..prefix], vec![0xee; prefix][..]);
+        assert_eq!(out[prefix..], archived_alone(value)[..]);
+    }
+
     #[test]
     fn struct_with_padding_is_deterministic() {
         round_trip(&Window {
@@ -181,6 +219,21 @@ mod tests {
             round_trip(&(s.clone(), n));
             round_trip(&v);
             round_trip(&Some(s));
+        }
+
+        #[test]
+        fn values_append_as_archived_alone(
+            prefix in 0usize..24,
+            n in any::<u64>(),
+            s in ".{0,100}",
+            v in proptest::collection::vec(any::<i32>(), 0..50),
+            (start, end, tag) in (any::<i64>(), any::<i64>(), any::<u8>()),
+        ) {
+            appends_as_archived_alone(&n, prefix);
+            appends_as_archived_alone(&s, prefix);
+            appends_as_archived_alone(&(tag, s.clone(), n), prefix);
+            appends_as_archived_alone(&v, prefix);
+            appends_as_archived_alone(&Window { start, end, tag }, prefix);
         }
     }
 }

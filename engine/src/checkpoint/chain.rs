@@ -14,8 +14,11 @@
 //!
 //! **When a full snapshot.** The first after the operator opens (after a restore too); when at
 //! least half the keys changed (a delta would cost as much); when the deltas since the last
-//! full one add up to its size, as far as their writers have told (so a restore reads at most
-//! about twice the state); every [`MAX_DELTAS`] links; and after a link could not be written.
+//! full one add up to the size of the state as it is now — the full one's bytes per key times
+//! the keys the operator holds — as far as their writers have told (so a restore reads at
+//! most about twice the state; measured against the full one's size instead, a growing state
+//! was written whole every few checkpoints); every [`MAX_DELTAS`] links; and after a link
+//! could not be written.
 //! `execution.checkpointing.incremental: false` writes every one full, as an ordinary part.
 //!
 //! **Nothing lost on an abort.** A link belongs to the chain whether or not its checkpoint
@@ -54,14 +57,29 @@ pub(crate) struct KeyedChain {
     deltas_only: bool,
 }
 
-/// The chain since its last full link, for choosing the next link: the full link's number
-/// and size, the deltas since and their bytes (sizes as their writers learn them).
+/// The chain since its last full link, for choosing the next link: the full link's number,
+/// size and keys, the deltas since and their bytes (sizes as their writers learn them).
 #[derive(Clone, Copy, Debug)]
 struct Base {
     full: u64,
     full_bytes: u64,
+    full_keys: usize,
     deltas: u32,
     delta_bytes: u64,
+}
+
+impl Base {
+    /// About how many bytes a full link would take with `keys` keys: the last full link's
+    /// bytes per key (its own size when it had none).
+    fn full_bytes_with(&self, keys: usize) -> u64 {
+        match self.full_keys {
+            0 => self.full_bytes,
+            full_keys => {
+                let bytes = u128::from(self.full_bytes) * keys as u128 / full_keys as u128;
+                u64::try_from(bytes).unwrap_or(u64::MAX)
+            }
+        }
+    }
 }
 
 /// What the chain's writers share: the links stored, and which have been dealt with.
@@ -157,7 +175,7 @@ impl KeyedChain {
             Some(_) if changed == 0 => Link::Unchanged,
             Some(_) if self.deltas_only => Link::Delta,
             Some(base) => {
-                let grown = base.full_bytes > 0 && base.delta_bytes >= base.full_bytes;
+                let grown = base.full_bytes > 0 && base.delta_bytes >= base.full_bytes_with(keys);
                 if changed.saturating_mul(2) >= keys || grown || base.deltas >= MAX_DELTAS {
                     Link::Full
                 } else {
@@ -173,9 +191,14 @@ impl KeyedChain {
     }
 
     /// Adds the next link to `snapshot`: `new`, the encoder of a full keyed snapshot (`true`)
-    /// or of a delta, or none when nothing changed (the part lists the chain as it is). Its
-    /// writer stores it after the barrier.
-    pub(crate) fn add(&self, snapshot: &mut OperatorSnapshot, new: Option<(bool, DeferredPart)>) {
+    /// or of a delta, or none when nothing changed (the part lists the chain as it is), taken
+    /// with the operator holding `keys` keys. Its writer stores it after the barrier.
+    pub(crate) fn add(
+        &self,
+        snapshot: &mut OperatorSnapshot,
+        new: Option<(bool, DeferredPart)>,
+        keys: usize,
+    ) {
         let number = self.next.get();
         self.next.set(number + 1);
         if let Some((full, _)) = &new {
@@ -183,6 +206,7 @@ impl KeyedChain {
                 (true, _) | (false, None) => Some(Base {
                     full: number,
                     full_bytes: 0,
+                    full_keys: keys,
                     deltas: 0,
                     delta_bytes: 0,
                 }),
@@ -486,6 +510,43 @@ mod tests {
         }
     }
 
+    /// The deltas since the last full link are weighed against the state as it is now: a
+    /// growing state gets deltas until they add up to its present size, a shrinking one a
+    /// full link sooner; half the keys changed, or [`MAX_DELTAS`] deltas, make a full one.
+    #[test]
+    fn deltas_are_weighed_against_the_state_now() {
+        let chain = KeyedChain::named("op-0-p".into(), "p");
+        let add = |full: bool, keys: usize, bytes: u64| {
+            let mut snapshot = OperatorSnapshot::default();
+            chain.add(&mut snapshot, Some((full, encoded(Vec::new()))), keys);
+            chain.links.stored_len(chain.next.get() - 1, bytes);
+        };
+        assert_eq!(chain.next(0, 0), Link::Full, "the first link");
+        add(true, 100, 1000);
+        assert_eq!(chain.next(0, 100), Link::Unchanged);
+        assert_eq!(chain.next(50, 100), Link::Full, "half the keys changed");
+        assert_eq!(chain.next(40, 100), Link::Delta);
+        add(false, 200, 1500);
+        // 1500 bytes of deltas against a full link of 1000: with 200 keys now the state is
+        // about 2000 bytes.
+        assert_eq!(chain.next(40, 200), Link::Delta);
+        assert_eq!(
+            chain.next(40, 150),
+            Link::Full,
+            "shrunk to about 1500 bytes"
+        );
+        add(false, 200, 500);
+        assert_eq!(chain.next(40, 200), Link::Full, "2000 bytes of deltas");
+        assert_eq!(chain.next(40, 250), Link::Delta);
+        add(true, 250, 2500);
+        for _ in 1..MAX_DELTAS {
+            add(false, 250, 1);
+        }
+        assert_eq!(chain.next(1, 250), Link::Delta);
+        add(false, 250, 1);
+        assert_eq!(chain.next(1, 250), Link::Full, "{MAX_DELTAS} deltas");
+    }
+
     /// Links are stored in barrier order; one whose checkpoint was aborted before its writer
     /// stored it goes with the next checkpoint, before that one's own link, so the chain the
     /// next checkpoint lists still adds up to the operator's state.
@@ -499,7 +560,7 @@ mod tests {
                 let chain = KeyedChain::named("op-0-p".into(), "p");
                 let add = |(full, bytes)| {
                     let mut snapshot = OperatorSnapshot::default();
-                    chain.add(&mut snapshot, Some((full, encoded(bytes))));
+                    chain.add(&mut snapshot, Some((full, encoded(bytes))), 10);
                     the_link(snapshot)
                 };
                 let first = add((true, link(&[(1, 10), (2, 20)], &[])));
@@ -573,7 +634,7 @@ mod tests {
                 let chain = KeyedChain::named("op-0-p".into(), "p");
                 let add = |full, encoder| {
                     let mut snapshot = OperatorSnapshot::default();
-                    chain.add(&mut snapshot, Some((full, encoder)));
+                    chain.add(&mut snapshot, Some((full, encoder)), 10);
                     the_link(snapshot)
                 };
                 let failing = || -> DeferredPart {

@@ -21,6 +21,7 @@
 
 mod snapshot;
 
+use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
@@ -142,8 +143,8 @@ struct KeyState<A> {
     /// The checkpoint epoch in which the key last changed ([`Changes`]).
     changed_in: u32,
     /// The epoch of the last snapshot written after its barrier that has the key
-    /// (`snapshot.rs`).
-    written_in: u32,
+    /// (`snapshot.rs`; a cell, so that the writer can look up several keys at once).
+    written_in: Cell<u32>,
 }
 
 impl<A> Default for KeyState<A> {
@@ -152,7 +153,7 @@ impl<A> Default for KeyState<A> {
             panes: PaneList::default(),
             fire_at: NO_TIMER,
             changed_in: 0,
-            written_in: 0,
+            written_in: Cell::new(0),
         }
     }
 }
@@ -506,7 +507,7 @@ where
             snapshot.add(part, self.write_now()?);
             return self.firing.logic.snapshot_contents(snapshot);
         }
-        self.changes.finish_pending(&mut self.keys);
+        self.changes.finish_pending(&self.keys);
         self.changes.renumber_if_spent(&mut self.keys);
         let keys = self.keys.len();
         let chain = self
@@ -521,7 +522,7 @@ where
                     .chain
                     .as_ref()
                     .expect("a chain")
-                    .add(snapshot, None);
+                    .add(snapshot, None, keys);
                 self.changes.unchanged();
                 return self.firing.logic.snapshot_contents(snapshot);
             }
@@ -533,11 +534,11 @@ where
         if snapshot.is_savepoint() || self.finished {
             // No turns may follow (the job stops after a savepoint, or the input ended): the
             // keys are written now, the snapshot handed out in pieces after.
-            self.changes.finish_pending(&mut self.keys);
+            self.changes.finish_pending(&self.keys);
         }
         match (cut, &self.changes.chain) {
             (Cut::Full | Cut::Delta, Some(chain)) => {
-                chain.add(snapshot, Some((cut == Cut::Full, encoder)))
+                chain.add(snapshot, Some((cut == Cut::Full, encoder)), keys)
             }
             _ => snapshot.add_deferred(part, encoder),
         }
@@ -701,7 +702,7 @@ where
     }
 
     fn on_processing_time(&mut self, now: i64, out: &mut Emitter<O>) {
-        self.changes.write_some(&mut self.keys, STEP_BYTES);
+        self.changes.write_some(&self.keys, STEP_BYTES);
         if self.schedule.domain == TimeDomain::ProcessingTime {
             self.advance(now, out);
         }
@@ -939,7 +940,7 @@ mod tests {
     ) {
         for item in items {
             feed(op, std::slice::from_ref(item), out);
-            op.changes.write_some(&mut op.keys, budget);
+            op.changes.write_some(&op.keys, budget);
             if let Some((link, bytes)) = writing.front_mut() {
                 if !link.step(bytes, budget) {
                     let (link, bytes) = writing.pop_front().expect("a link");
@@ -1052,7 +1053,7 @@ mod tests {
                 if index == savepoint_at {
                     let mut savepoint = OperatorSnapshot::new(crate::checkpoint::SnapshotKind::Savepoint);
                     first.write_snapshot(&mut savepoint).expect("a savepoint");
-                    first.changes.finish_pending(&mut first.keys);
+                    first.changes.finish_pending(&first.keys);
                     let from_savepoint = super::super::checkpoint::read_back(savepoint, 16);
                     let mut savepoint_out = Emitter::new(0, crate::operator::SideOutputs::default());
                     savepoint_out.main.records = out.main.records.clone();
@@ -1074,7 +1075,7 @@ mod tests {
             let (watermark, mut at_last) = (first.schedule.watermark, Emitter::new(0, crate::operator::SideOutputs::default()));
             at_last.main.records = out.main.records.clone();
             feed_while_writing(&mut first, &input[at..], &mut out, &mut writing, &mut chain, budget);
-            first.changes.finish_pending(&mut first.keys);
+            first.changes.finish_pending(&first.keys);
             while let Some((link, bytes)) = writing.pop_front() {
                 finish_link(&mut chain, link, bytes);
             }
@@ -1136,7 +1137,7 @@ mod tests {
                     }
                 }
                 // The operator's turn to write some keys (between records), then the writer's.
-                first.changes.write_some(&mut first.keys, budget);
+                first.changes.write_some(&first.keys, budget);
                 if !encoder.encode_next(&mut bytes, budget).expect("it encodes") {
                     break;
                 }

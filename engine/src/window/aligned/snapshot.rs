@@ -8,7 +8,7 @@
 //! **Snapshots written after the barrier.** A checkpoint's snapshot (a full one or a delta) is
 //! not encoded while the barrier passes: the operator lists the keys it holds then (or takes
 //! the list of the keys changed and gone since the last link, put in about the table's order)
-//! and writes them in steps of about
+//! and writes them, [`LOOKUPS`] looked up at a time, in steps of about
 //! `task_state::PIECE_BYTES` between batches of records, on its task's processing-time turn
 //! ([`Changes::write_some`]; the operator asks for that turn while it has keys to write). The
 //! panes are not copy-on-write; instead a key is written before its first change since the
@@ -164,7 +164,7 @@ impl<K: Key, A> Changes<K, A> {
     /// `state` was just added: it is in no snapshot being written.
     #[inline]
     pub(super) fn added(&self, state: &mut KeyState<A>) {
-        state.written_in = self.epoch;
+        state.written_in.set(self.epoch);
     }
 
     /// `key` was just removed (after [`Changes::record`]).
@@ -178,7 +178,7 @@ impl<K: Key, A> Changes<K, A> {
     /// Writes what is left of the snapshot being written after its barrier, if one is: a
     /// barrier comes, and each snapshot cuts at its own. A failure goes to that snapshot's
     /// writer.
-    pub(super) fn finish_pending(&mut self, keys: &mut KeyMap<K, KeyState<A>>) {
+    pub(super) fn finish_pending(&mut self, keys: &KeyMap<K, KeyState<A>>) {
         if let Some(pending) = self.pending.take() {
             pending.borrow_mut().write_step(keys, usize::MAX);
         }
@@ -191,7 +191,7 @@ impl<K: Key, A> Changes<K, A> {
 
     /// Writes about `budget` bytes' worth of the keys left of the snapshot being written
     /// after its barrier, if one is.
-    pub(super) fn write_some(&mut self, keys: &mut KeyMap<K, KeyState<A>>, budget: usize) {
+    pub(super) fn write_some(&mut self, keys: &KeyMap<K, KeyState<A>>, budget: usize) {
         let done = self.pending.as_ref().is_some_and(|pending| {
             let started = Instant::now();
             let mut pending = pending.borrow_mut();
@@ -212,7 +212,7 @@ impl<K: Key, A> Changes<K, A> {
         }
         keys.values_mut().for_each(|state| {
             state.changed_in = 0;
-            state.written_in = 0;
+            state.written_in.set(0);
         });
         (self.epoch, self.since) = (1, 1);
         self.keys.clear();
@@ -341,8 +341,8 @@ impl<K: Key, A> Pending<K, A> {
         let Some(writer) = &mut self.writer else {
             return false;
         };
-        if state.written_in != self.epoch && state.changed_in >= self.since {
-            state.written_in = self.epoch;
+        if state.written_in.get() != self.epoch && state.changed_in >= self.since {
+            state.written_in.set(self.epoch);
             if let Err(error) = writer.put(key, state) {
                 self.fail(error);
                 return false;
@@ -354,7 +354,7 @@ impl<K: Key, A> Pending<K, A> {
     /// Writes keys of the lists, about `budget` bytes' worth; returns whether any are left.
     fn write_some(
         &mut self,
-        keys: &mut KeyMap<K, KeyState<A>>,
+        keys: &KeyMap<K, KeyState<A>>,
         budget: usize,
     ) -> Result<bool, StateError> {
         let Some(writer) = &mut self.writer else {
@@ -363,27 +363,39 @@ impl<K: Key, A> Pending<K, A> {
         let mut work = 0;
         while work < budget {
             let before = writer.encoded_len();
-            if let Some(key) = self.removed.next() {
+            let visited = if let Some(key) = self.removed.next() {
                 writer.removed(&key)?;
-            } else if let Some(key) = self.todo.next() {
-                match keys.get_mut(&key) {
-                    Some(state) if state.written_in != self.epoch => {
-                        state.written_in = self.epoch;
-                        writer.put(&key, state)?;
-                    }
-                    _ => {}
-                }
+                1
             } else {
-                return Ok(false);
-            }
-            work += KEY_WORK + (writer.encoded_len() - before);
+                let batch = self.todo.as_slice();
+                if batch.is_empty() {
+                    return Ok(false);
+                }
+                let batch = &batch[..batch.len().min(LOOKUPS)];
+                // All looked up first: the lookups' cache misses overlap.
+                let states: [Option<&KeyState<A>>; LOOKUPS] =
+                    std::array::from_fn(|at| batch.get(at).and_then(|key| keys.get(key)));
+                for (key, state) in batch.iter().zip(states) {
+                    match state {
+                        Some(state) if state.written_in.get() != self.epoch => {
+                            state.written_in.set(self.epoch);
+                            writer.put(key, state)?;
+                        }
+                        _ => {}
+                    }
+                }
+                let visited = batch.len();
+                self.todo.nth(visited - 1);
+                visited
+            };
+            work += visited * KEY_WORK + (writer.encoded_len() - before);
         }
         Ok(true)
     }
 
     /// Writes keys, about `budget` bytes' worth; returns whether the operator is done with
     /// the snapshot (every key written, or the snapshot failed or was given up).
-    fn write_step(&mut self, keys: &mut KeyMap<K, KeyState<A>>, budget: usize) -> bool {
+    fn write_step(&mut self, keys: &KeyMap<K, KeyState<A>>, budget: usize) -> bool {
         match self.write_some(keys, budget) {
             Ok(true) => false,
             Ok(false) => {
@@ -414,6 +426,10 @@ impl<K, A> Pending<K, A> {
 
 /// What visiting a key of the list counts for against a step's budget, besides its bytes.
 const KEY_WORK: usize = 16;
+
+/// Keys of the list looked up together, before any is written: a delta's keys lie scattered
+/// over a table too large for the cache, and one lookup at a time waits for each miss in turn.
+const LOOKUPS: usize = 16;
 
 /// The checkpoint writer's side of a snapshot written after its barrier: once the operator
 /// has written every key, it hands out the snapshot in pieces.
