@@ -279,21 +279,41 @@ fn a_second_process_on_the_same_checkpoint_directory_is_refused() {
 }
 
 /// Runs the check at parallelism 2 on `backend` until its second checkpoint completed (or
-/// it ended), then kills it.
+/// it ended), then kills it. On RocksDB it runs on until both subtasks' newest completed
+/// checkpoint lists an SST file: the first checkpoints hold the state in RocksDB's logs, and
+/// the memtables flushed after a cut show as SST files from a later checkpoint on.
 fn killed_after_checkpoints(backend: &str, checkpoints: &Path, output: &Path) {
     let job = checkpoints.join("sequence-check");
     let mut child = start_on(backend, checkpoints, output, 2, false);
     let started = Instant::now();
-    // A few checkpoints in, the readers are under way.
-    let completed = || {
-        std::fs::read_dir(&job).ok().is_some_and(|entries| {
-            entries.filter_map(Result::ok).any(|e| {
-                let number = e
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("chk-")?.parse().ok());
-                number.is_some_and(|n: u64| n >= 2) && e.path().join("_metadata").exists()
+    // The newest completed checkpoint's number.
+    let newest = || {
+        std::fs::read_dir(&job)
+            .ok()?
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join("_metadata").exists())
+            .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+            .max()
+    };
+    // Shared files are named `<checkpoint>-<operator>-<subtask>-<RocksDB's name>`; one that a
+    // completed checkpoint uploaded stays listed (compacted, by the file it was compacted into).
+    let sst_uploaded = |subtask: &str, by: u64| {
+        std::fs::read_dir(job.join("shared"))
+            .ok()
+            .is_some_and(|entries| {
+                entries.filter_map(Result::ok).any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let parts: Vec<&str> = name.splitn(4, '-').collect();
+                    matches!(parts.as_slice(), [number, _, s, file]
+                    if *s == subtask
+                        && file.ends_with(".sst")
+                        && number.parse::<u64>().is_ok_and(|n| n <= by))
+                })
             })
+    };
+    let completed = || {
+        newest().is_some_and(|n: u64| {
+            n >= 2 && (backend != "rocksdb" || (sst_uploaded("0", n) && sst_uploaded("1", n)))
         })
     };
     while !completed() && child.try_wait().expect("poll weir").is_none() {
@@ -305,7 +325,10 @@ fn killed_after_checkpoints(backend: &str, checkpoints: &Path, output: &Path) {
     }
     let _ = child.kill();
     let _ = child.wait();
-    assert!(completed(), "the job ended before its second checkpoint");
+    assert!(
+        completed(),
+        "the job ended before the checkpoints it waited for"
+    );
 }
 
 /// `weir checkpoint inspect` of `job`'s checkpoints, as text or JSON.

@@ -97,11 +97,14 @@ pub(crate) struct JobRocksDb {
 }
 
 impl JobRocksDb {
-    /// Prepares `slots` RocksDB slots under `local_dir`, each with the slot's RocksDB budget.
+    /// Prepares `slots` RocksDB slots under `local_dir`, each with the slot's RocksDB budget;
+    /// a checkpointed job's instances write RocksDB's log, so that a checkpoint cuts them
+    /// without flushing their memtables (`RocksDbInstance::cut`).
     pub(crate) fn open(
         local_dir: &Path,
         slots: usize,
         budget: RocksDbBudget,
+        checkpointed: bool,
     ) -> Result<JobRocksDb, JobError> {
         static JOBS: AtomicU64 = AtomicU64::new(0);
         let dir = local_dir.join(format!(
@@ -114,7 +117,8 @@ impl JobRocksDb {
             slots: Vec::with_capacity(slots),
         };
         for slot in 0..slots {
-            let config = RocksDbConfig::from_budget(job.dir.join(format!("slot-{slot}")), &budget);
+            let config = RocksDbConfig::from_budget(job.dir.join(format!("slot-{slot}")), &budget)
+                .with_write_ahead_log(checkpointed);
             let db = RocksDbSlot::new(config, Arc::new(SystemClock)).map_err(|error| {
                 JobError::InvalidJob(format!(
                     "cannot open the RocksDB state backend of slot {slot}: {error}; check \

@@ -65,8 +65,8 @@ pub use backend::keyed_snapshot::{
     KeyedSnapshotEncoder, KeyedStateContents, KEYED_SNAPSHOT_FORMAT_VERSION,
 };
 pub use backend::rocksdb::{
-    split_key, NativeCheckpoint, NativeFile, RawEntries, RocksDbConfig, RocksDbInstance,
-    RocksDbMemoryUsage, RocksDbSlot, SnapshotShape, StateKeyParts, WriteBackStats,
+    split_key, NativeCheckpoint, NativeFile, NativeSource, RawEntries, RocksDbConfig,
+    RocksDbInstance, RocksDbMemoryUsage, RocksDbSlot, SnapshotShape, StateKeyParts, WriteBackStats,
     MAX_PARALLELISM_LIMIT,
 };
 pub use backend::{BackendType, CleanupProgress, KeyedBackendConfig, LocalKeyedBackend, StateSize};

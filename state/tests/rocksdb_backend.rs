@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::Fixture;
 use weir_state::{
     split_key, KeyGroup, KeyedBackendConfig, ListStateDescriptor, LocalKeyedBackend, ManualClock,
-    MapStateDescriptor, RocksDbConfig, RocksDbInstance, StateErrorKind, StateTtlConfig,
-    ValueStateDescriptor,
+    MapStateDescriptor, NativeSource, RocksDbConfig, RocksDbInstance, StateErrorKind,
+    StateTtlConfig, ValueStateDescriptor,
 };
 
 fn raw_count(backend: &LocalKeyedBackend<u64>, state: &str) -> usize {
@@ -161,6 +161,145 @@ fn checkpoint_holds_the_data(f: &Fixture) {
     restored.set_current_key(&0).unwrap();
     list.add(5).unwrap();
     assert_eq!(list.get().unwrap(), [0, 1, 2, 5]);
+}
+
+/// A cut lists the files that hold the state at the cut without flushing the memtables first:
+/// the logs up to their length then. Those files stay on disk while the cut is held, although
+/// later writes and a compaction make them obsolete; copied out, they open as the state at
+/// the cut, and once the cut is dropped RocksDB deletes what is obsolete again.
+#[test]
+fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = RocksDbConfig::new(dir.path().join("db"), 16 << 20, 8 << 20)
+        .with_write_back(8 << 20)
+        .with_write_ahead_log(true);
+    let instance = RocksDbInstance::open(config, Arc::new(ManualClock::new(0))).unwrap();
+    let backend: LocalKeyedBackend<u64> =
+        LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(128), Arc::clone(&instance), "op")
+            .unwrap();
+    let value = backend
+        .value_state(&ValueStateDescriptor::<String>::new("v"))
+        .unwrap();
+    let list = backend
+        .list_state(&ListStateDescriptor::<u64>::new("l"))
+        .unwrap();
+    let write = |keys: std::ops::Range<u64>, round: u64| {
+        for key in keys {
+            backend.set_current_key(&key).unwrap();
+            value.update(format!("{key}-{round}")).unwrap();
+            list.add(round).unwrap();
+        }
+    };
+    // Round 0 in SST files, round 1 for half the keys in memtables (and the log) only.
+    write(0..500, 0);
+    instance.compact_all().unwrap();
+    write(0..250, 1);
+    let sst_files = |dir: &std::path::Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".sst"))
+            .collect();
+        names.sort();
+        names
+    };
+    let before = sst_files(instance.path());
+
+    let cut = instance.cut().unwrap();
+    let listed: Vec<&str> = cut.files.iter().map(|file| file.name.as_str()).collect();
+    let listed_sst: Vec<String> = listed
+        .iter()
+        .filter(|name| name.ends_with(".sst"))
+        .map(|name| name.to_string())
+        .collect();
+    assert_eq!(
+        listed_sst, before,
+        "the cut lists the SST files as they were: no flush"
+    );
+    assert!(
+        listed.iter().any(|name| name.ends_with(".log")),
+        "{listed:?}"
+    );
+    assert!(listed.contains(&"CURRENT"), "{listed:?}");
+
+    // Later writes, flushed and compacted, make the cut's files obsolete.
+    write(0..500, 2);
+    instance.compact_all().unwrap();
+    let copy = dir.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for file in &cut.files {
+        let bytes = match &file.source {
+            NativeSource::Bytes(bytes) => bytes.clone(),
+            NativeSource::File(path) => {
+                let mut bytes = std::fs::read(path).expect("a cut's file stays while it is held");
+                assert!(
+                    bytes.len() as u64 >= file.len,
+                    "{} is shorter than listed",
+                    file.name
+                );
+                bytes.truncate(file.len as usize);
+                bytes
+            }
+        };
+        assert_eq!(bytes.len() as u64, file.len, "{}", file.name);
+        std::fs::write(copy.join(&file.name), bytes).unwrap();
+    }
+    let sources: Vec<std::path::PathBuf> = cut
+        .files
+        .iter()
+        .filter(|file| file.is_sst())
+        .filter_map(|file| match &file.source {
+            NativeSource::File(path) => Some(path.clone()),
+            NativeSource::Bytes(_) => None,
+        })
+        .collect();
+    drop(cut);
+    assert!(
+        sources.iter().all(|path| !path.exists()),
+        "once the cut is dropped, RocksDB deletes the files compacted away"
+    );
+
+    let restored = RocksDbInstance::open(
+        RocksDbConfig::new(&copy, 8 << 20, 4 << 20),
+        Arc::new(ManualClock::new(0)),
+    )
+    .unwrap();
+    let restored: LocalKeyedBackend<u64> =
+        LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(128), restored, "op").unwrap();
+    let value = restored
+        .value_state(&ValueStateDescriptor::<String>::new("v"))
+        .unwrap();
+    let list = restored
+        .list_state(&ListStateDescriptor::<u64>::new("l"))
+        .unwrap();
+    for key in 0..500u64 {
+        restored.set_current_key(&key).unwrap();
+        let (round, rounds) = if key < 250 {
+            (1, vec![0, 1])
+        } else {
+            (0, vec![0])
+        };
+        assert_eq!(
+            value.value().unwrap(),
+            Some(format!("{key}-{round}")),
+            "key {key}"
+        );
+        assert_eq!(list.get().unwrap(), rounds, "key {key}");
+    }
+}
+
+/// Only an instance that writes its log can be cut; the error says what to do instead.
+#[test]
+fn an_instance_without_its_log_is_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let instance = RocksDbInstance::open(
+        RocksDbConfig::new(dir.path().join("db"), 8 << 20, 4 << 20),
+        Arc::new(ManualClock::new(0)),
+    )
+    .unwrap();
+    let error = instance.cut().unwrap_err().to_string();
+    assert!(error.contains("write-ahead log"), "{error}");
+    assert!(error.contains("create_checkpoint"), "{error}");
 }
 
 #[test]

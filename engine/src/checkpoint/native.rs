@@ -2,14 +2,17 @@
 //! incrementally.
 //!
 //! Each keyed operator subtask has a RocksDB instance of its own in its slot
-//! (`weir_state::RocksDbSlot`), so its state can be cut at its own barrier. At the barrier the
-//! instance writes its write-back cache back, flushes its memtables and hard-links its live
-//! files into a directory beside it (`RocksDbInstance::create_checkpoint`): that is the whole
-//! pause. The task's checkpoint writer then uploads the files through io_uring, after the
-//! barrier has moved on: an SST file (immutable) into the job's `shared/` directory, unless an
-//! earlier checkpoint of the instance uploaded it already — then the checkpoint lists that
-//! file again — and the small mutable files (manifest, options, `CURRENT`) into the
-//! checkpoint's own directory. The operator's `rocksdb` part lists every file: RocksDB's name,
+//! (`weir_state::RocksDbSlot`), so its state can be cut at its own barrier. The instances of a
+//! checkpointed job write RocksDB's write-ahead log, and at the barrier an instance writes its
+//! write-back cache back and lists its live files as they are at that moment, with RocksDB's
+//! file deletions paused (`RocksDbInstance::cut`): that is the whole pause. Its memtables are
+//! not flushed; the logs that hold them are part of the checkpoint, up to their length at the
+//! barrier. The task's checkpoint writer then uploads the files through io_uring, after the
+//! barrier has moved on, and lets RocksDB delete obsolete files again: an SST file (immutable)
+//! into the job's `shared/` directory, unless an earlier checkpoint of the instance uploaded it
+//! already — then the checkpoint lists that file again — and the others (logs, manifest,
+//! options, `CURRENT`) into the checkpoint's own directory, each up to its length at the
+//! barrier. The operator's `rocksdb` part lists every file: RocksDB's name,
 //! where it is stored, its length and CRC-32; the checkpoint's metadata lists them too, so a
 //! restore checks them and the storage's sweep keeps the shared ones that a retained
 //! checkpoint still needs. That is `execution.checkpointing.incremental: true`, the default;
@@ -45,8 +48,8 @@ use std::time::Duration;
 use glommio::io::BufferedFile;
 use weir_state::checkpoint::{PendingCheckpoint, StateFileWriter, StoredFile};
 use weir_state::{
-    KeyGroupRange, NativeCheckpoint, NativeFile, RocksDbInstance, RocksDbSlot, SnapshotShape,
-    StateError,
+    KeyGroupRange, NativeCheckpoint, NativeFile, NativeSource, RocksDbInstance, RocksDbSlot,
+    SnapshotShape, StateError,
 };
 
 use super::bytes::{ByteReader, ByteWriter};
@@ -165,15 +168,21 @@ impl NativeState {
         &self.instance
     }
 
-    /// Takes the instance's checkpoint at the barrier and adds its upload to `snapshot`.
+    /// Takes the instance's checkpoint at the barrier and adds its upload to `snapshot`: a cut
+    /// of its live files when it writes its log (a checkpointed job's instances do), else a
+    /// checkpoint directory beside it, memtables flushed.
     pub(crate) fn snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
-        let number = self.snapshots.get();
-        self.snapshots.set(number + 1);
-        let dir = self
-            .slot
-            .instance_path(&format!("{}.checkpoint-{number}", self.name));
-        remove_dir(&dir)?;
-        let native = self.instance.create_checkpoint(&dir)?;
+        let native = if self.instance.config().write_ahead_log {
+            self.instance.cut()?
+        } else {
+            let number = self.snapshots.get();
+            self.snapshots.set(number + 1);
+            let dir = self
+                .slot
+                .instance_path(&format!("{}.checkpoint-{number}", self.name));
+            remove_dir(&dir)?;
+            self.instance.create_checkpoint(&dir)?
+        };
         snapshot.add_native(
             PART_ROCKSDB,
             NativeUpload {
@@ -301,7 +310,7 @@ impl NativeUpload {
                         StateFileWriter::create(pending, &format!("rocksdb-{stored_name}")).await
                     }
                     .map_err(|e| e.to_string())?;
-                    copy_file(&self.native.dir.join(&file.name), writer).await?
+                    copy_file(file, writer).await?
                 }
             };
             if file.is_sst() {
@@ -318,11 +327,14 @@ impl NativeUpload {
 }
 
 impl Drop for NativeUpload {
-    /// Removes the checkpoint's local directory (hard links and copies): after its upload, or
-    /// when the checkpoint was aborted before it.
+    /// Removes the checkpoint's local directory (hard links and copies), if it has one: after
+    /// its upload, or when the checkpoint was aborted before it. (A cut lets RocksDB delete
+    /// obsolete files again as it goes.)
     fn drop(&mut self) {
-        if let Err(error) = remove_dir(&self.native.dir) {
-            tracing::warn!(%error, "cannot remove a RocksDB checkpoint's local files");
+        if let Some(dir) = &self.native.dir {
+            if let Err(error) = remove_dir(dir) {
+                tracing::warn!(%error, "cannot remove a RocksDB checkpoint's local files");
+            }
         }
     }
 }
@@ -344,21 +356,33 @@ impl Drop for Busy<'_> {
     }
 }
 
-/// Copies the file at `from` into `writer`, through io_uring (buffered reads: the files sit
-/// beside the instance, on whatever file system it has, which may not take direct I/O).
-async fn copy_file(from: &Path, mut writer: StateFileWriter) -> Result<StoredFile, String> {
-    let failed = |error: glommio::GlommioError<()>| format!("reading {}: {error}", from.display());
-    let file = BufferedFile::open(from).await.map_err(failed)?;
-    let mut at = 0;
-    loop {
-        let chunk = file.read_at(at, COPY_CHUNK).await.map_err(failed)?;
-        if chunk.is_empty() {
-            break;
+/// Copies `file`'s bytes — the first `file.len` bytes of its source file — into `writer`,
+/// through io_uring (buffered reads: the files sit beside the instance, on whatever file
+/// system it has, which may not take direct I/O).
+async fn copy_file(file: &NativeFile, mut writer: StateFileWriter) -> Result<StoredFile, String> {
+    match &file.source {
+        NativeSource::Bytes(bytes) => writer.write(bytes).await.map_err(|e| e.to_string())?,
+        NativeSource::File(from) => {
+            let failed =
+                |error: glommio::GlommioError<()>| format!("reading {}: {error}", from.display());
+            let source = BufferedFile::open(from).await.map_err(failed)?;
+            let mut at = 0;
+            while at < file.len {
+                let want = COPY_CHUNK.min(usize::try_from(file.len - at).unwrap_or(COPY_CHUNK));
+                let chunk = source.read_at(at, want).await.map_err(failed)?;
+                if chunk.is_empty() {
+                    return Err(format!(
+                        "{} ends after {at} bytes, before the {} bytes the checkpoint holds",
+                        from.display(),
+                        file.len
+                    ));
+                }
+                writer.write(&chunk).await.map_err(|e| e.to_string())?;
+                at += chunk.len() as u64;
+            }
+            source.close().await.map_err(failed)?;
         }
-        writer.write(&chunk).await.map_err(|e| e.to_string())?;
-        at += chunk.len() as u64;
     }
-    file.close().await.map_err(failed)?;
     writer.finish().await.map_err(|e| e.to_string())
 }
 

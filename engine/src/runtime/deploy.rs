@@ -955,6 +955,7 @@ fn run_attempt(
             &config.rocksdb_local_dir(),
             slots,
             budget.rocksdb,
+            checkpoint_config.is_some(),
         )?),
         BackendType::Heap => None,
     };

@@ -27,8 +27,8 @@ pub use cache::WriteBackStats;
 pub use canonical::SnapshotShape;
 pub use key::{split_key, StateKeyParts, MAX_PARALLELISM_LIMIT};
 pub use slot::{
-    NativeCheckpoint, NativeFile, RawEntries, RocksDbConfig, RocksDbInstance, RocksDbMemoryUsage,
-    RocksDbSlot,
+    NativeCheckpoint, NativeFile, NativeSource, RawEntries, RocksDbConfig, RocksDbInstance,
+    RocksDbMemoryUsage, RocksDbSlot,
 };
 
 use states::RocksColumn;

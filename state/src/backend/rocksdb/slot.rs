@@ -24,9 +24,14 @@
 //! entries live in memory and reach their instance's RocksDB when evicted, or when something reads RocksDB directly — a checkpoint, a
 //! key-group scan, a compaction, a size estimate — which first writes the dirty ones back.
 //!
-//! **Durability.** Writes skip the write-ahead log: a checkpoint is the unit of durability (as
-//! in Flink), and [`RocksDbInstance::create_checkpoint`] flushes memtables before it hard-links the
-//! SST files.
+//! **Durability.** A checkpoint is the unit of durability (as in Flink): nothing is synced.
+//! Without checkpoints, writes skip the write-ahead log, and
+//! [`RocksDbInstance::create_checkpoint`] flushes memtables before it hard-links the SST files.
+//! A checkpointed job's instances write the log (unsynced, so a write costs a copy into the
+//! page cache), and a checkpoint cuts them without a flush ([`RocksDbInstance::cut`]): the
+//! logs up to their length at the barrier hold what the memtables held. A flush at the barrier
+//! took hundreds of milliseconds with the shard waiting; RocksDB now flushes on its own
+//! threads, when a memtable fills or the logs pass about one memtable.
 //!
 //! **Memtables for read-modify-write.** Keyed state is read, changed and written back, again and
 //! again, on the same keys. With RocksDB's defaults a counter updated a million times leaves a
@@ -55,10 +60,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
+use librocksdb_sys as ffi;
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
     BlockBasedOptions, BottommostLevelCompaction, BoundColumnFamily, Cache, ColumnFamilyDescriptor,
-    CompactOptions, DBCompressionType, DBRawIteratorWithThreadMode, DBWithThreadMode,
+    CompactOptions, DBCompressionType, DBRawIteratorWithThreadMode, DBWithThreadMode, FlushOptions,
     MemtableFactory, MultiThreaded, Options, ReadOptions, SliceTransform, WriteBatch,
     WriteBufferManager, WriteOptions,
 };
@@ -94,6 +100,10 @@ pub struct RocksDbConfig {
     /// Capacity of the write-back cache of value states, in bytes (see the module docs), in
     /// addition to the block cache; 0 turns it off.
     pub write_back_bytes: usize,
+    /// Whether writes go through RocksDB's write-ahead log, so that a checkpoint can cut the
+    /// instance without flushing its memtables ([`RocksDbInstance::cut`]): on for the
+    /// instances of a checkpointed job.
+    pub write_ahead_log: bool,
 }
 
 impl RocksDbConfig {
@@ -110,6 +120,7 @@ impl RocksDbConfig {
             write_buffer_bytes,
             background_jobs: 2,
             write_back_bytes: 0,
+            write_ahead_log: false,
         }
     }
 
@@ -117,6 +128,14 @@ impl RocksDbConfig {
     pub fn with_write_back(self, bytes: usize) -> Self {
         RocksDbConfig {
             write_back_bytes: bytes,
+            ..self
+        }
+    }
+
+    /// The same config with the write-ahead log on or off.
+    pub fn with_write_ahead_log(self, on: bool) -> Self {
+        RocksDbConfig {
+            write_ahead_log: on,
             ..self
         }
     }
@@ -325,13 +344,18 @@ impl std::fmt::Debug for RocksDbSlot {
     }
 }
 
-/// A native checkpoint of one instance ([`RocksDbInstance::create_checkpoint`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A native checkpoint of one instance: its files as they were at a barrier
+/// ([`RocksDbInstance::create_checkpoint`], [`RocksDbInstance::cut`]).
+#[derive(Debug)]
 pub struct NativeCheckpoint {
-    /// Its directory, next to the instance's.
-    pub dir: PathBuf,
+    /// Its directory of hard links and copies, next to the instance's; `None` for a cut, whose
+    /// files are the instance's own.
+    pub dir: Option<PathBuf>,
     /// Its files, by name.
     pub files: Vec<NativeFile>,
+    /// For a cut: RocksDB deletes no obsolete file while this is held, so that the files keep
+    /// what they held at the barrier until they are copied out.
+    _deletions_paused: Option<DeletionsPaused>,
 }
 
 /// One file of a [`NativeCheckpoint`].
@@ -341,6 +365,18 @@ pub struct NativeFile {
     pub name: String,
     /// Its length in bytes.
     pub len: u64,
+    /// Where its bytes are.
+    pub source: NativeSource,
+}
+
+/// Where a [`NativeFile`]'s bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NativeSource {
+    /// The first `len` bytes of this file: a log or manifest that RocksDB goes on appending to
+    /// holds the checkpoint's part in its first `len` bytes.
+    File(PathBuf),
+    /// These bytes (`CURRENT`, which names the manifest).
+    Bytes(Vec<u8>),
 }
 
 impl NativeFile {
@@ -353,6 +389,35 @@ impl NativeFile {
     /// Whether RocksDB's file `name` is an SST file.
     pub fn is_sst_name(name: &str) -> bool {
         name.ends_with(".sst")
+    }
+}
+
+/// RocksDB's file deletions paused on an instance until this is dropped (the count is
+/// RocksDB's: every pause must end for deletions to resume).
+struct DeletionsPaused(Arc<RocksDbInstance>);
+
+impl DeletionsPaused {
+    fn new(instance: &Arc<RocksDbInstance>) -> Result<DeletionsPaused, StateError> {
+        instance.db.disable_file_deletions().map_err(|source| {
+            StateError::rocksdb(instance.path(), "*", "pausing file deletions", source)
+        })?;
+        Ok(DeletionsPaused(Arc::clone(instance)))
+    }
+}
+
+impl Drop for DeletionsPaused {
+    fn drop(&mut self) {
+        if let Err(error) = self.0.db.enable_file_deletions() {
+            tracing::warn!(db = %self.0.path().display(), %error, "cannot resume RocksDB's file deletions");
+        }
+    }
+}
+
+impl std::fmt::Debug for DeletionsPaused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("DeletionsPaused")
+            .field(&self.0.path())
+            .finish()
     }
 }
 
@@ -370,6 +435,8 @@ pub struct RocksDbInstance {
     write_back: Option<Arc<SharedWriteBack>>,
     /// The instance's id in its slot's write-back cache.
     id: u32,
+    /// Its column families by name, `default` included (flushed after a cut).
+    column_names: Mutex<Vec<String>>,
 }
 
 impl RocksDbInstance {
@@ -411,8 +478,24 @@ impl RocksDbInstance {
         db_options.set_max_background_jobs(config.background_jobs);
         db_options.set_keep_log_file_num(2);
         db_options.set_max_log_file_size(1 << 20);
+        if config.write_ahead_log {
+            // A cut copies the logs: past about one memtable of them, RocksDB flushes the
+            // column families that hold the oldest, so that it can drop it.
+            db_options.set_max_total_wal_size(config.column_write_buffer() as u64);
+            // The log is written to its file when its buffer fills and when a cut lists it,
+            // not after every write: a state written per record (a list's append) would
+            // otherwise cost a system call per record.
+            db_options.set_manual_wal_flush(true);
+        }
 
         let existing = Db::list_cf(&db_options, &config.path).unwrap_or_default();
+        let mut column_names = existing.clone();
+        if !column_names
+            .iter()
+            .any(|name| name == rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
+        {
+            column_names.push(rocksdb::DEFAULT_COLUMN_FAMILY_NAME.to_string());
+        }
         let descriptors: Vec<ColumnFamilyDescriptor> = existing
             .into_iter()
             .filter(|name| name != rocksdb::DEFAULT_COLUMN_FAMILY_NAME)
@@ -427,7 +510,7 @@ impl RocksDbInstance {
         let db = Db::open_cf_descriptors(&db_options, &config.path, descriptors)
             .map_err(|source| StateError::rocksdb(&config.path, "*", "opening", source))?;
         let mut write_options = WriteOptions::default();
-        write_options.disable_wal(true);
+        write_options.disable_wal(!config.write_ahead_log);
         tracing::debug!(
             path = %config.path.display(),
             block_cache_bytes = config.block_cache_bytes,
@@ -446,6 +529,7 @@ impl RocksDbInstance {
             read_options: ReadOptions::default(),
             write_back,
             id,
+            column_names: Mutex::new(column_names),
         });
         if let Some(shared) = &instance.write_back {
             shared
@@ -506,13 +590,56 @@ impl RocksDbInstance {
                     "RocksDB names its files in ASCII; remove foreign files from the checkpoint",
                 )
             })?;
-            files.push(NativeFile { name, len });
+            let source = NativeSource::File(dir.join(&name));
+            files.push(NativeFile { name, len, source });
         }
         files.sort_by(|a, b| a.name.cmp(&b.name));
         tracing::debug!(db = %self.path().display(), checkpoint = %dir.display(), files = files.len(), "created RocksDB checkpoint");
         Ok(NativeCheckpoint {
-            dir: dir.to_path_buf(),
+            dir: Some(dir.to_path_buf()),
             files,
+            _deletions_paused: None,
+        })
+    }
+
+    /// Cuts the instance at a barrier without flushing its memtables: the write-back cache is
+    /// written back, RocksDB's file deletions are paused, and the live files are listed as
+    /// they are now — the SST files, the manifest and the write-ahead logs up to their present
+    /// lengths (RocksDB's `GetLiveFilesStorageInfo`), `CURRENT` by its contents. RocksDB goes
+    /// on appending to the logs and the manifest and may compact the SST files away, but what
+    /// the cut lists stays on disk, unchanged, until the checkpoint is dropped. Opened again,
+    /// those files replay the logs into memtables: the state as it was at the cut. After the
+    /// listing the memtables start flushing on RocksDB's threads, not waited for, so that the
+    /// next cut's logs hold only what comes after this one.
+    ///
+    /// Only an instance that writes its log ([`RocksDbConfig::write_ahead_log`]) can be cut;
+    /// [`RocksDbInstance::create_checkpoint`] flushes instead.
+    pub fn cut(self: &Arc<Self>) -> Result<NativeCheckpoint, StateError> {
+        if !self.config.write_ahead_log {
+            return Err(StateError::invalid_config(
+                "RocksDB write-ahead log",
+                false,
+                "cut only an instance that writes its log (RocksDbConfig::with_write_ahead_log); \
+                 create_checkpoint flushes the memtables instead",
+            ));
+        }
+        self.flush_write_back()?;
+        let paused = DeletionsPaused::new(self)?;
+        let mut files = live_files(&self.db).map_err(|source| -> StateError {
+            StateErrorKind::Io {
+                path: self.path().to_path_buf(),
+                action: "listing the live files of",
+                source,
+            }
+            .into()
+        })?;
+        files.sort_by(|a, b| a.name.cmp(&b.name));
+        self.flush_in_background()?;
+        tracing::debug!(db = %self.path().display(), files = files.len(), "cut RocksDB instance");
+        Ok(NativeCheckpoint {
+            dir: None,
+            files,
+            _deletions_paused: Some(paused),
         })
     }
 
@@ -675,7 +802,44 @@ impl RocksDbInstance {
         let options = column_options(&self.config, &self.cache, &self.clock, Some(layout));
         self.db.create_cf(name, &options).map_err(|source| {
             StateError::rocksdb(self.path(), name, "creating a column family", source)
-        })
+        })?;
+        self.column_names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(name.to_string());
+        Ok(())
+    }
+
+    /// Starts flushing, on RocksDB's threads and without waiting, the memtable of every column
+    /// family that holds writes and has no older memtable still waiting for its flush (a
+    /// second one waiting would stall writes): so the next cut finds this one's writes in SST
+    /// files, and in the logs only what came since.
+    fn flush_in_background(&self) -> Result<(), StateError> {
+        let names = self
+            .column_names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let property = |cf: &Arc<BoundColumnFamily<'_>>, name: &str| {
+            self.db.property_int_value_cf(cf, name).ok().flatten()
+        };
+        let ready: Vec<Arc<BoundColumnFamily<'_>>> = names
+            .iter()
+            .filter_map(|name| self.db.cf_handle(name))
+            .filter(|cf| {
+                property(cf, "rocksdb.num-immutable-mem-table") == Some(0)
+                    && property(cf, "rocksdb.num-entries-active-mem-table").unwrap_or(0) > 0
+            })
+            .collect();
+        if ready.is_empty() {
+            return Ok(());
+        }
+        let mut options = FlushOptions::default();
+        options.set_wait(false);
+        let ready: Vec<&Arc<BoundColumnFamily<'_>>> = ready.iter().collect();
+        self.db
+            .flush_cfs_opt(&ready, &options)
+            .map_err(|source| StateError::rocksdb(self.path(), "*", "starting a flush", source))
     }
 
     /// The handle of column family `name`.
@@ -918,6 +1082,59 @@ impl std::fmt::Debug for RocksDbInstance {
 /// column family): the shared block cache, lz4, Bloom filters for point reads, in-place memtable
 /// updates; for states also the hash memtable by `(key, namespace)` prefix (see the module
 /// docs), the TTL compaction filter, and for lists the append merge operator.
+/// RocksDB's live files as they are now, without a flush (`GetLiveFilesStorageInfo` with no
+/// log size that would ask for one): each with the length that belongs to this moment.
+fn live_files(db: &Db) -> Result<Vec<NativeFile>, std::io::Error> {
+    use std::ffi::{c_char, c_void, CStr};
+
+    use rocksdb::AsRawPtr;
+
+    let text = |pointer: *const c_char| {
+        // SAFETY: RocksDB hands out NUL-terminated strings that live as long as the info.
+        unsafe { CStr::from_ptr(pointer) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    // SAFETY: the options and the info are created, read within their bounds and destroyed
+    // here; `db` outlives the call. An error string is RocksDB's to be freed with
+    // `rocksdb_free`.
+    unsafe {
+        let options = ffi::rocksdb_livefiles_storage_info_options_create();
+        ffi::rocksdb_livefiles_storage_info_options_set_wal_size_for_flush(options, u64::MAX);
+        let mut error: *mut c_char = std::ptr::null_mut();
+        let info = ffi::rocksdb_get_livefiles_storage_info(db.as_raw_ptr(), options, &mut error);
+        ffi::rocksdb_livefiles_storage_info_options_destroy(options);
+        if !error.is_null() {
+            let message = text(error);
+            ffi::rocksdb_free(error.cast::<c_void>());
+            return Err(std::io::Error::other(message));
+        }
+        let count = ffi::rocksdb_livefiles_storage_info_count(info);
+        let mut files = Vec::with_capacity(count);
+        for index in 0..count {
+            let name = text(ffi::rocksdb_livefiles_storage_info_relative_filename(
+                info, index,
+            ));
+            let name = name.trim_start_matches('/').to_string();
+            let len = ffi::rocksdb_livefiles_storage_info_size(info, index);
+            let mut size = 0;
+            let contents =
+                ffi::rocksdb_livefiles_storage_info_replacement_contents(info, index, &mut size);
+            let source = if size > 0 {
+                NativeSource::Bytes(
+                    std::slice::from_raw_parts(contents.cast::<u8>(), size).to_vec(),
+                )
+            } else {
+                let dir = text(ffi::rocksdb_livefiles_storage_info_directory(info, index));
+                NativeSource::File(Path::new(&dir).join(&name))
+            };
+            files.push(NativeFile { name, len, source });
+        }
+        ffi::rocksdb_livefiles_storage_info_destroy(info);
+        Ok(files)
+    }
+}
+
 fn column_options(
     config: &RocksDbConfig,
     cache: &Cache,
@@ -1046,11 +1263,10 @@ mod tests {
                 );
             }
         }
-        let checkpoint = a
-            .create_checkpoint(&dir.path().join("a.checkpoint"))
-            .unwrap();
+        let checkpoint = dir.path().join("a.checkpoint");
+        a.create_checkpoint(&checkpoint).unwrap();
         let restored = RocksDbInstance::open(
-            RocksDbConfig::new(&checkpoint.dir, 8 << 20, 4 << 20),
+            RocksDbConfig::new(&checkpoint, 8 << 20, 4 << 20),
             Arc::new(ManualClock::new(0)),
         )
         .unwrap();
