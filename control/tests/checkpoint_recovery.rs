@@ -279,12 +279,19 @@ fn a_second_process_on_the_same_checkpoint_directory_is_refused() {
 }
 
 /// Runs the check at parallelism 2 on `backend` until its second checkpoint completed (or
-/// it ended), then kills it. On RocksDB it runs on until both subtasks' newest completed
-/// checkpoint lists an SST file: the first checkpoints hold the state in RocksDB's logs, and
-/// the memtables flushed after a cut show as SST files from a later checkpoint on.
+/// it ended), then kills it. On RocksDB it runs without the write-back cache (which would
+/// hold this small state whole, so that checkpoints list it as held writes) and on until both
+/// subtasks' newest completed checkpoint lists an SST file: the first checkpoints hold the
+/// state in RocksDB's logs, and the memtables flushed after a cut show as SST files from a
+/// later checkpoint on.
 fn killed_after_checkpoints(backend: &str, checkpoints: &Path, output: &Path) {
     let job = checkpoints.join("sequence-check");
-    let mut child = start_on(backend, checkpoints, output, 2, false);
+    let settings: &[&str] = if backend == "rocksdb" {
+        &["state.backend.rocksdb.memory.write-back-ratio=0"]
+    } else {
+        &[]
+    };
+    let mut child = start_with(backend, settings, checkpoints, output, 2, false);
     let started = Instant::now();
     // The newest completed checkpoint's number.
     let newest = || {

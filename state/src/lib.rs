@@ -67,7 +67,7 @@ pub use backend::keyed_snapshot::{
 pub use backend::rocksdb::{
     split_key, NativeCheckpoint, NativeFile, NativeSource, RawEntries, RocksDbConfig,
     RocksDbInstance, RocksDbMemoryUsage, RocksDbSlot, SnapshotShape, StateKeyParts, WriteBackStats,
-    MAX_PARALLELISM_LIMIT,
+    HELD_WRITES_FILE, MAX_PARALLELISM_LIMIT,
 };
 pub use backend::{BackendType, CleanupProgress, KeyedBackendConfig, LocalKeyedBackend, StateSize};
 pub use codec::StateCodec;

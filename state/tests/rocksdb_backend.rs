@@ -11,7 +11,7 @@ use common::Fixture;
 use weir_state::{
     split_key, KeyGroup, KeyedBackendConfig, ListStateDescriptor, LocalKeyedBackend, ManualClock,
     MapStateDescriptor, NativeSource, RocksDbConfig, RocksDbInstance, StateErrorKind,
-    StateTtlConfig, ValueStateDescriptor,
+    StateTtlConfig, ValueStateDescriptor, HELD_WRITES_FILE,
 };
 
 fn raw_count(backend: &LocalKeyedBackend<u64>, state: &str) -> usize {
@@ -163,8 +163,9 @@ fn checkpoint_holds_the_data(f: &Fixture) {
     assert_eq!(list.get().unwrap(), [0, 1, 2, 5]);
 }
 
-/// A cut lists the files that hold the state at the cut without flushing the memtables first:
-/// the logs up to their length then. Those files stay on disk while the cut is held, although
+/// A cut lists the files that hold the state at the cut without flushing the memtables first
+/// (the logs up to their length then) and without writing the write-back cache back (its dirty
+/// entries are copied into a file of their own). Those files stay on disk while the cut is held, although
 /// later writes and a compaction make them obsolete; copied out, they open as the state at
 /// the cut, and once the cut is dropped RocksDB deletes what is obsolete again.
 #[test]
@@ -205,7 +206,13 @@ fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
     };
     let before = sst_files(instance.path());
 
+    let written = instance.write_back_stats().unwrap().written;
     let cut = instance.cut().unwrap();
+    assert_eq!(
+        instance.write_back_stats().unwrap().written,
+        written,
+        "the cut wrote nothing back"
+    );
     let listed: Vec<&str> = cut.files.iter().map(|file| file.name.as_str()).collect();
     let listed_sst: Vec<String> = listed
         .iter()
@@ -221,6 +228,7 @@ fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
         "{listed:?}"
     );
     assert!(listed.contains(&"CURRENT"), "{listed:?}");
+    assert!(listed.contains(&HELD_WRITES_FILE), "{listed:?}");
 
     // Later writes, flushed and compacted, make the cut's files obsolete.
     write(0..500, 2);
@@ -266,6 +274,10 @@ fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
     .unwrap();
     let restored: LocalKeyedBackend<u64> =
         LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(128), restored, "op").unwrap();
+    assert!(
+        !copy.join(HELD_WRITES_FILE).exists(),
+        "the held entries were written into RocksDB and their file removed"
+    );
     let value = restored
         .value_state(&ValueStateDescriptor::<String>::new("v"))
         .unwrap();

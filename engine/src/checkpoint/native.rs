@@ -3,9 +3,11 @@
 //!
 //! Each keyed operator subtask has a RocksDB instance of its own in its slot
 //! (`weir_state::RocksDbSlot`), so its state can be cut at its own barrier. The instances of a
-//! checkpointed job write RocksDB's write-ahead log, and at the barrier an instance writes its
-//! write-back cache back and lists its live files as they are at that moment, with RocksDB's
-//! file deletions paused (`RocksDbInstance::cut`): that is the whole pause. Its memtables are
+//! checkpointed job write RocksDB's write-ahead log, and at the barrier an instance copies the
+//! write-back cache's dirty entries of its states into a file of the checkpoint (held writes,
+//! which an instance opened on the checkpoint's files writes into RocksDB) and lists its live
+//! files as they are at that moment, with RocksDB's file deletions paused
+//! (`RocksDbInstance::cut`): that is the whole pause. Its memtables are
 //! not flushed; the logs that hold them are part of the checkpoint, up to their length at the
 //! barrier. The task's checkpoint writer then uploads the files through io_uring, after the
 //! barrier has moved on, and lets RocksDB delete obsolete files again: an SST file (immutable)
@@ -361,7 +363,11 @@ impl Drop for Busy<'_> {
 /// system it has, which may not take direct I/O).
 async fn copy_file(file: &NativeFile, mut writer: StateFileWriter) -> Result<StoredFile, String> {
     match &file.source {
-        NativeSource::Bytes(bytes) => writer.write(bytes).await.map_err(|e| e.to_string())?,
+        NativeSource::Bytes(bytes) => {
+            for chunk in bytes.chunks(COPY_CHUNK) {
+                writer.write(chunk).await.map_err(|e| e.to_string())?;
+            }
+        }
         NativeSource::File(from) => {
             let failed =
                 |error: glommio::GlommioError<()>| format!("reading {}: {error}", from.display());

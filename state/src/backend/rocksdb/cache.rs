@@ -5,8 +5,9 @@
 //! memtable lookup and a write per record, about 1.3 µs on this project's machine, which is
 //! what held the window operators on RocksDB to a tenth of their heap speed. With the cache a
 //! record's read-modify-write on a hot entry is a hash lookup in memory, and RocksDB sees an
-//! entry only when the cache evicts it, when too much is dirty (below), or when a snapshot or
-//! a scan needs RocksDB to hold everything. A window pane that is created, filled, fired and deleted while it is cached never
+//! entry only when the cache evicts it, when too much is dirty (below), or when a scan (or a
+//! savepoint's flushed checkpoint) needs RocksDB to hold everything. A checkpoint's cut copies
+//! the dirty entries instead and leaves them dirty (`held.rs`). A window pane that is created, filled, fired and deleted while it is cached never
 //! reaches RocksDB at all.
 //!
 //! **What an entry is.** An entry is one RocksDB key of a cached column family and what the
@@ -32,10 +33,10 @@
 //! load dirtied the whole cache.
 //!
 //! **Consistency with RocksDB.** Only cached column families go through the cache, and every
-//! access to them does; whatever reads RocksDB directly (a checkpoint, a key-group scan, a
-//! compaction, a size estimate) first has the cache write back what is dirty
-//! ([`super::RocksDbInstance`] does that), and a range deletion first drops the column family's
-//! entries. A write-back that fails fails the job (its records are gone from the cache); the job
+//! access to them does; whatever reads RocksDB directly (a flushed checkpoint, a key-group
+//! scan, a compaction, a size estimate) first has the cache write back what is dirty
+//! ([`super::RocksDbInstance`] does that), a checkpoint's cut copies what is dirty beside
+//! RocksDB's files, and a range deletion first drops the column family's entries. A write-back that fails fails the job (its records are gone from the cache); the job
 //! restarts from its last checkpoint, as after any RocksDB write error.
 //!
 //! **Layout.** An entry keeps its key and value inline when they fit [`INLINE_BYTES`] (a
@@ -58,6 +59,7 @@ use std::mem::size_of;
 
 use hashbrown::HashTable;
 
+use crate::backend::rocksdb::held::HeldWrites;
 use crate::error::StateError;
 use crate::key_group::StableHasher;
 
@@ -482,6 +484,28 @@ impl WriteBackCache {
         }
         self.dirty = 0;
         Ok(())
+    }
+
+    /// Appends the dirty entries of the columns whose cached names start with `prefix` (one
+    /// instance's: `<id>/`) to `out` in the held-writes layout (`held.rs`), leaving them
+    /// dirty, and returns how many. What a cut takes instead of writing them back.
+    pub(crate) fn capture_dirty(&self, prefix: &str, out: &mut HeldWrites) -> usize {
+        let index: Vec<Option<u32>> = self
+            .columns
+            .iter()
+            .map(|name| name.strip_prefix(prefix).map(|name| out.column(name)))
+            .collect();
+        if self.dirty == 0 || index.iter().all(Option::is_none) {
+            return 0;
+        }
+        let mut captured = 0;
+        for entry in self.table.iter().filter(|entry| entry.is_dirty()) {
+            if let Some(column) = index[entry.column() as usize] {
+                out.entry(column, entry.rocksdb_key(), entry.value());
+                captured += 1;
+            }
+        }
+        captured
     }
 
     /// Forgets every entry of column family `name` (RocksDB is about to change under them).

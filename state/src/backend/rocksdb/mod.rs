@@ -7,6 +7,7 @@
 
 pub(crate) mod cache;
 pub(crate) mod canonical;
+pub(crate) mod held;
 pub(crate) mod key;
 pub(crate) mod slot;
 pub(crate) mod states;
@@ -25,6 +26,7 @@ use crate::ttl::{is_expired, StateTtlConfig, TtlPolicy};
 
 pub use cache::WriteBackStats;
 pub use canonical::SnapshotShape;
+pub use held::HELD_WRITES_FILE;
 pub use key::{split_key, StateKeyParts, MAX_PARALLELISM_LIMIT};
 pub use slot::{
     NativeCheckpoint, NativeFile, NativeSource, RawEntries, RocksDbConfig, RocksDbInstance,

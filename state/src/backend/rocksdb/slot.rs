@@ -21,8 +21,10 @@
 //!
 //! **Write-back cache.** With `write_back_bytes` above zero, value, reducing and aggregating
 //! states go through the slot's write-back cache (`cache.rs`), shared by its instances: hot
-//! entries live in memory and reach their instance's RocksDB when evicted, or when something reads RocksDB directly — a checkpoint, a
-//! key-group scan, a compaction, a size estimate — which first writes the dirty ones back.
+//! entries live in memory and reach their instance's RocksDB when evicted, or when something
+//! reads RocksDB directly — a flushed checkpoint, a key-group scan, a compaction, a size
+//! estimate — which first writes the dirty ones back. A checkpoint's cut copies the dirty ones
+//! into a file of its own instead (`held.rs`).
 //!
 //! **Durability.** A checkpoint is the unit of durability (as in Flink): nothing is synced.
 //! Without checkpoints, writes skip the write-ahead log, and
@@ -72,6 +74,7 @@ use rocksdb::{
 use crate::backend::rocksdb::cache::{
     Backing, ColumnId, WriteBack, WriteBackCache, WriteBackStats, MIN_WRITE_BACK_BYTES,
 };
+use crate::backend::rocksdb::held::{self, HeldWrites, HELD_WRITES_FILE};
 use crate::backend::rocksdb::key::{has_state_prefix, key_group_bounds, state_prefix};
 use crate::backend::rocksdb::value::{list_append, ColumnLayout, TtlFilterFactory};
 use crate::error::{StateError, StateErrorKind};
@@ -537,6 +540,7 @@ impl RocksDbInstance {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)[id as usize] = Arc::downgrade(&instance);
         }
+        instance.write_held()?;
         Ok(instance)
     }
 
@@ -602,13 +606,16 @@ impl RocksDbInstance {
         })
     }
 
-    /// Cuts the instance at a barrier without flushing its memtables: the write-back cache is
-    /// written back, RocksDB's file deletions are paused, and the live files are listed as
-    /// they are now — the SST files, the manifest and the write-ahead logs up to their present
-    /// lengths (RocksDB's `GetLiveFilesStorageInfo`), `CURRENT` by its contents. RocksDB goes
+    /// Cuts the instance at a barrier without flushing its memtables or writing the write-back
+    /// cache back: the cache's dirty entries of this instance are copied into a file of the
+    /// checkpoint, [`crate::HELD_WRITES_FILE`] (`held.rs`), RocksDB's file deletions are
+    /// paused, and the live files are listed as they are now — the SST files, the manifest and
+    /// the write-ahead logs up to their present lengths (RocksDB's `GetLiveFilesStorageInfo`),
+    /// `CURRENT` by its contents. RocksDB goes
     /// on appending to the logs and the manifest and may compact the SST files away, but what
     /// the cut lists stays on disk, unchanged, until the checkpoint is dropped. Opened again,
-    /// those files replay the logs into memtables: the state as it was at the cut. After the
+    /// those files replay the logs into memtables and write the held entries into RocksDB
+    /// ([`RocksDbInstance::open`]): the state as it was at the cut. After the
     /// listing the memtables start flushing on RocksDB's threads, not waited for, so that the
     /// next cut's logs hold only what comes after this one.
     ///
@@ -623,7 +630,10 @@ impl RocksDbInstance {
                  create_checkpoint flushes the memtables instead",
             ));
         }
-        self.flush_write_back()?;
+        let mut held = HeldWrites::default();
+        if let Some(cache) = self.write_back() {
+            cache.capture_dirty(&self.cached_name(""), &mut held);
+        }
         let paused = DeletionsPaused::new(self)?;
         let mut files = live_files(&self.db).map_err(|source| -> StateError {
             StateErrorKind::Io {
@@ -633,6 +643,14 @@ impl RocksDbInstance {
             }
             .into()
         })?;
+        if held.entries() > 0 {
+            let bytes = held.into_bytes();
+            files.push(NativeFile {
+                name: HELD_WRITES_FILE.to_string(),
+                len: bytes.len() as u64,
+                source: NativeSource::Bytes(bytes),
+            });
+        }
         files.sort_by(|a, b| a.name.cmp(&b.name));
         self.flush_in_background()?;
         tracing::debug!(db = %self.path().display(), files = files.len(), "cut RocksDB instance");
@@ -807,6 +825,70 @@ impl RocksDbInstance {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(name.to_string());
+        Ok(())
+    }
+
+    /// Writes the entries a cut held ([`RocksDbInstance::cut`]) into RocksDB, if the directory
+    /// holds that file (a checkpoint's files copied in), and removes the file.
+    fn write_held(&self) -> Result<(), StateError> {
+        const BATCH_ENTRIES: usize = 4096;
+        let path = self.path().join(HELD_WRITES_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(StateErrorKind::Io {
+                    path,
+                    action: "reading",
+                    source,
+                }
+                .into())
+            }
+        };
+        let mut batch = WriteBatch::default();
+        let mut written = 0u64;
+        let write = |batch: &mut WriteBatch| {
+            self.db
+                .write_opt(std::mem::take(batch), &self.write_options)
+                .map_err(|source| {
+                    StateError::rocksdb(self.path(), "*", "writing held entries", source)
+                })
+        };
+        let result = held::for_each(&bytes, |column, key, value| -> Result<(), StateError> {
+            let layout = column
+                .split_once(':')
+                .and_then(|(tag, _)| ColumnLayout::from_tag(tag))
+                .ok_or_else(|| StateError::unknown_state(column))?;
+            self.ensure_column_family(column, layout)?;
+            let cf = self.column_family(column)?;
+            match value {
+                Some(value) => batch.put_cf(&cf, key, value),
+                None => batch.delete_cf(&cf, key),
+            }
+            written += 1;
+            if batch.len() >= BATCH_ENTRIES {
+                write(&mut batch)?;
+            }
+            Ok(())
+        })
+        .map_err(|problem| -> StateError {
+            StateErrorKind::CorruptSnapshot {
+                what: "RocksDB held writes",
+                problem: format!("{}: {problem}", path.display()),
+            }
+            .into()
+        })?;
+        result?;
+        write(&mut batch)?;
+        std::fs::remove_file(&path).map_err(|source| -> StateError {
+            StateErrorKind::Io {
+                path: path.clone(),
+                action: "removing",
+                source,
+            }
+            .into()
+        })?;
+        tracing::debug!(db = %self.path().display(), written, "wrote the entries a cut held");
         Ok(())
     }
 
