@@ -165,9 +165,10 @@ fn checkpoint_holds_the_data(f: &Fixture) {
 
 /// A cut lists the files that hold the state at the cut without flushing the memtables first
 /// (the logs up to their length then) and without writing the write-back cache back (its dirty
-/// entries are copied into a file of their own). Those files stay on disk while the cut is held, although
-/// later writes and a compaction make them obsolete; copied out, they open as the state at
-/// the cut, and once the cut is dropped RocksDB deletes what is obsolete again.
+/// entries are copied into a file of their own), hard-linked into its directory. Later writes
+/// and a compaction make the instance's files obsolete and RocksDB deletes them, but the
+/// cut's links keep them; copied out up to their listed lengths, they open as the state at
+/// the cut.
 #[test]
 fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
     let dir = tempfile::tempdir().unwrap();
@@ -207,7 +208,7 @@ fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
     let before = sst_files(instance.path());
 
     let written = instance.write_back_stats().unwrap().written;
-    let cut = instance.cut().unwrap();
+    let cut = instance.cut(&dir.path().join("cut")).unwrap();
     assert_eq!(
         instance.write_back_stats().unwrap().written,
         written,
@@ -239,7 +240,12 @@ fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
         let bytes = match &file.source {
             NativeSource::Bytes(bytes) => bytes.clone(),
             NativeSource::File(path) => {
-                let mut bytes = std::fs::read(path).expect("a cut's file stays while it is held");
+                assert!(
+                    path.starts_with(&cut.dir),
+                    "{} is a link in the cut",
+                    file.name
+                );
+                let mut bytes = std::fs::read(path).expect("the cut keeps its files");
                 assert!(
                     bytes.len() as u64 >= file.len,
                     "{} is shorter than listed",
@@ -252,19 +258,12 @@ fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
         assert_eq!(bytes.len() as u64, file.len, "{}", file.name);
         std::fs::write(copy.join(&file.name), bytes).unwrap();
     }
-    let sources: Vec<std::path::PathBuf> = cut
-        .files
-        .iter()
-        .filter(|file| file.is_sst())
-        .filter_map(|file| match &file.source {
-            NativeSource::File(path) => Some(path.clone()),
-            NativeSource::Bytes(_) => None,
-        })
-        .collect();
-    drop(cut);
     assert!(
-        sources.iter().all(|path| !path.exists()),
-        "once the cut is dropped, RocksDB deletes the files compacted away"
+        listed_sst
+            .iter()
+            .all(|name| !instance.path().join(name).exists()),
+        "RocksDB deleted the SST files compacted away: the cut pauses deletions only while it \
+         links"
     );
 
     let restored = RocksDbInstance::open(
@@ -309,7 +308,10 @@ fn an_instance_without_its_log_is_not_cut() {
         Arc::new(ManualClock::new(0)),
     )
     .unwrap();
-    let error = instance.cut().unwrap_err().to_string();
+    let error = instance
+        .cut(&dir.path().join("cut"))
+        .unwrap_err()
+        .to_string();
     assert!(error.contains("write-ahead log"), "{error}");
     assert!(error.contains("create_checkpoint"), "{error}");
 }

@@ -6,11 +6,11 @@
 //! checkpointed job write RocksDB's write-ahead log, and at the barrier an instance copies the
 //! write-back cache's dirty entries of its states into a file of the checkpoint (held writes,
 //! which an instance opened on the checkpoint's files writes into RocksDB) and lists its live
-//! files as they are at that moment, with RocksDB's file deletions paused
-//! (`RocksDbInstance::cut`): that is the whole pause. Its memtables are
-//! not flushed; the logs that hold them are part of the checkpoint, up to their length at the
-//! barrier. The task's checkpoint writer then uploads the files through io_uring, after the
-//! barrier has moved on, and lets RocksDB delete obsolete files again: an SST file (immutable)
+//! files as they are at that moment, hard-linking them into a directory beside it with
+//! RocksDB's file deletions paused meanwhile (`RocksDbInstance::cut`): that is the whole
+//! pause. Its memtables are not flushed; the logs that hold them are part of the checkpoint, up
+//! to their length at the barrier. The task's checkpoint writer then uploads the files through
+//! io_uring, after the barrier has moved on: an SST file (immutable)
 //! into the job's `shared/` directory, unless an earlier checkpoint of the instance uploaded it
 //! already — then the checkpoint lists that file again — and the others (logs, manifest,
 //! options, `CURRENT`) into the checkpoint's own directory, each up to its length at the
@@ -31,7 +31,8 @@
 //! files always matches what committed checkpoints list.
 //!
 //! **Savepoints** of a keyed operator's state are canonical keyed snapshots, restorable on
-//! either backend: at the barrier the instance's checkpoint is taken as for a checkpoint, and
+//! either backend: at the barrier the instance writes its cache back, flushes its memtables and
+//! hard-links its files (`RocksDbInstance::create_checkpoint`: a longer pause than a cut's), and
 //! the writer opens it as an instance of its own and reads it out
 //! (`RocksDbInstance::write_keyed_snapshot`); a job restoring that on RocksDB loads it into a
 //! fresh instance (`LocalKeyedBackend::restore`). A window operator's contents (kept by
@@ -51,7 +52,7 @@ use glommio::io::BufferedFile;
 use weir_state::checkpoint::{PendingCheckpoint, StateFileWriter, StoredFile};
 use weir_state::{
     KeyGroupRange, NativeCheckpoint, NativeFile, NativeSource, RocksDbInstance, RocksDbSlot,
-    SnapshotShape, StateError,
+    SnapshotShape, StateError, HELD_WRITES_FILE,
 };
 
 use super::bytes::{ByteReader, ByteWriter};
@@ -62,7 +63,9 @@ use crate::operator::RuntimeContext;
 pub(crate) const PART_ROCKSDB: &str = "rocksdb";
 
 const MAGIC: &[u8; 8] = b"WEIRRDB\0";
-const VERSION: u32 = 1;
+/// Version 2 lists held writes (`weir_state::HELD_WRITES_FILE`), which a build that reads only
+/// version 1 would pass over, losing them; a part without them is written as version 1.
+const VERSION: u32 = 2;
 /// Bytes read and written at a time when a file is uploaded.
 const COPY_CHUNK: usize = 256 << 10;
 
@@ -170,19 +173,19 @@ impl NativeState {
         &self.instance
     }
 
-    /// Takes the instance's checkpoint at the barrier and adds its upload to `snapshot`: a cut
-    /// of its live files when it writes its log (a checkpointed job's instances do), else a
-    /// checkpoint directory beside it, memtables flushed.
+    /// Takes the instance's checkpoint at the barrier into a directory beside it and adds its
+    /// upload to `snapshot`: a cut of its live files when it writes its log (a checkpointed
+    /// job's instances do), else a checkpoint with its memtables flushed.
     pub(crate) fn snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+        let number = self.snapshots.get();
+        self.snapshots.set(number + 1);
+        let dir = self
+            .slot
+            .instance_path(&format!("{}.checkpoint-{number}", self.name));
+        remove_dir(&dir)?;
         let native = if self.instance.config().write_ahead_log {
-            self.instance.cut()?
+            self.instance.cut(&dir)?
         } else {
-            let number = self.snapshots.get();
-            self.snapshots.set(number + 1);
-            let dir = self
-                .slot
-                .instance_path(&format!("{}.checkpoint-{number}", self.name));
-            remove_dir(&dir)?;
             self.instance.create_checkpoint(&dir)?
         };
         snapshot.add_native(
@@ -199,8 +202,8 @@ impl NativeState {
 }
 
 impl NativeState {
-    /// Takes the instance's checkpoint at a savepoint's barrier (the pause a checkpoint's
-    /// takes) for the writer to read out as a canonical keyed snapshot of the operator's state
+    /// Takes the instance's checkpoint at a savepoint's barrier (write-back, flush and hard
+    /// links: a longer pause than a cut's) for the writer to read out as a canonical keyed snapshot of the operator's state
     /// of `shape`: it opens the checkpoint as an instance of its own, so records flow
     /// meanwhile, and removes it after.
     pub(crate) fn canonical_export(
@@ -329,14 +332,11 @@ impl NativeUpload {
 }
 
 impl Drop for NativeUpload {
-    /// Removes the checkpoint's local directory (hard links and copies), if it has one: after
-    /// its upload, or when the checkpoint was aborted before it. (A cut lets RocksDB delete
-    /// obsolete files again as it goes.)
+    /// Removes the checkpoint's local directory (hard links and copies): after its upload, or
+    /// when the checkpoint was aborted before it.
     fn drop(&mut self) {
-        if let Some(dir) = &self.native.dir {
-            if let Err(error) = remove_dir(dir) {
-                tracing::warn!(%error, "cannot remove a RocksDB checkpoint's local files");
-            }
+        if let Err(error) = remove_dir(&self.native.dir) {
+            tracing::warn!(%error, "cannot remove a RocksDB checkpoint's local files");
         }
     }
 }
@@ -402,7 +402,8 @@ impl Manifest {
     fn encode(&self) -> Vec<u8> {
         let mut out = ByteWriter::default();
         out.out.extend_from_slice(MAGIC);
-        out.u32(VERSION);
+        let held = self.files.iter().any(|(name, _)| name == HELD_WRITES_FILE);
+        out.u32(if held { VERSION } else { 1 });
         out.u64(self.files.len() as u64);
         for (name, stored) in &self.files {
             out.text(name);
@@ -415,7 +416,7 @@ impl Manifest {
 
     fn decode(bytes: &[u8]) -> Result<Manifest, String> {
         let mut reader = ByteReader::new(bytes, "a RocksDB checkpoint part");
-        reader.header(MAGIC, VERSION)?;
+        reader.header_versions(MAGIC, 1..=VERSION)?;
         let count = reader.count(28)?;
         let mut files = Vec::with_capacity(count);
         for _ in 0..count {

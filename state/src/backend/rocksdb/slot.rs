@@ -31,7 +31,8 @@
 //! [`RocksDbInstance::create_checkpoint`] flushes memtables before it hard-links the SST files.
 //! A checkpointed job's instances write the log (unsynced, so a write costs a copy into the
 //! page cache), and a checkpoint cuts them without a flush ([`RocksDbInstance::cut`]): the
-//! logs up to their length at the barrier hold what the memtables held. A flush at the barrier
+//! logs up to their length at the barrier hold what the memtables held, and a file of held
+//! writes what the write-back cache held that RocksDB did not (`held.rs`). A flush at the barrier
 //! took hundreds of milliseconds with the shard waiting; RocksDB now flushes on its own
 //! threads, when a memtable fills or the logs pass about one memtable.
 //!
@@ -349,16 +350,12 @@ impl std::fmt::Debug for RocksDbSlot {
 
 /// A native checkpoint of one instance: its files as they were at a barrier
 /// ([`RocksDbInstance::create_checkpoint`], [`RocksDbInstance::cut`]).
-#[derive(Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NativeCheckpoint {
-    /// Its directory of hard links and copies, next to the instance's; `None` for a cut, whose
-    /// files are the instance's own.
-    pub dir: Option<PathBuf>,
+    /// Its directory of hard links and copies, next to the instance's.
+    pub dir: PathBuf,
     /// Its files, by name.
     pub files: Vec<NativeFile>,
-    /// For a cut: RocksDB deletes no obsolete file while this is held, so that the files keep
-    /// what they held at the barrier until they are copied out.
-    _deletions_paused: Option<DeletionsPaused>,
 }
 
 /// One file of a [`NativeCheckpoint`].
@@ -397,30 +394,22 @@ impl NativeFile {
 
 /// RocksDB's file deletions paused on an instance until this is dropped (the count is
 /// RocksDB's: every pause must end for deletions to resume).
-struct DeletionsPaused(Arc<RocksDbInstance>);
+struct DeletionsPaused<'a>(&'a RocksDbInstance);
 
-impl DeletionsPaused {
-    fn new(instance: &Arc<RocksDbInstance>) -> Result<DeletionsPaused, StateError> {
+impl DeletionsPaused<'_> {
+    fn new(instance: &RocksDbInstance) -> Result<DeletionsPaused<'_>, StateError> {
         instance.db.disable_file_deletions().map_err(|source| {
             StateError::rocksdb(instance.path(), "*", "pausing file deletions", source)
         })?;
-        Ok(DeletionsPaused(Arc::clone(instance)))
+        Ok(DeletionsPaused(instance))
     }
 }
 
-impl Drop for DeletionsPaused {
+impl Drop for DeletionsPaused<'_> {
     fn drop(&mut self) {
         if let Err(error) = self.0.db.enable_file_deletions() {
             tracing::warn!(db = %self.0.path().display(), %error, "cannot resume RocksDB's file deletions");
         }
-    }
-}
-
-impl std::fmt::Debug for DeletionsPaused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("DeletionsPaused")
-            .field(&self.0.path())
-            .finish()
     }
 }
 
@@ -600,28 +589,27 @@ impl RocksDbInstance {
         files.sort_by(|a, b| a.name.cmp(&b.name));
         tracing::debug!(db = %self.path().display(), checkpoint = %dir.display(), files = files.len(), "created RocksDB checkpoint");
         Ok(NativeCheckpoint {
-            dir: Some(dir.to_path_buf()),
+            dir: dir.to_path_buf(),
             files,
-            _deletions_paused: None,
         })
     }
 
-    /// Cuts the instance at a barrier without flushing its memtables or writing the write-back
-    /// cache back: the cache's dirty entries of this instance are copied into a file of the
-    /// checkpoint, [`crate::HELD_WRITES_FILE`] (`held.rs`), RocksDB's file deletions are
-    /// paused, and the live files are listed as they are now — the SST files, the manifest and
-    /// the write-ahead logs up to their present lengths (RocksDB's `GetLiveFilesStorageInfo`),
-    /// `CURRENT` by its contents. RocksDB goes
-    /// on appending to the logs and the manifest and may compact the SST files away, but what
-    /// the cut lists stays on disk, unchanged, until the checkpoint is dropped. Opened again,
-    /// those files replay the logs into memtables and write the held entries into RocksDB
-    /// ([`RocksDbInstance::open`]): the state as it was at the cut. After the
-    /// listing the memtables start flushing on RocksDB's threads, not waited for, so that the
-    /// next cut's logs hold only what comes after this one.
+    /// Cuts the instance at a barrier into `dir` (which must not exist, on the instance's file
+    /// system), without flushing its memtables or writing the write-back cache back: the
+    /// cache's dirty entries of this instance are copied into a file of the checkpoint,
+    /// [`crate::HELD_WRITES_FILE`] (`held.rs`); with RocksDB's file deletions paused, the live
+    /// files are listed as they are now — the SST files, the manifest and the write-ahead logs
+    /// still needed, each with its present length (RocksDB's `GetLiveFilesStorageInfo`),
+    /// `CURRENT` by its contents — and hard-linked into `dir`. RocksDB goes on appending to the
+    /// logs and the manifest (the links see it; only the listed lengths are the cut's) and may
+    /// compact the SST files away (the links keep them). Opened again, those files replay the
+    /// logs into memtables and write the held entries into RocksDB ([`RocksDbInstance::open`]):
+    /// the state as it was at the cut. Then the memtables start flushing on RocksDB's threads,
+    /// not waited for, so that the next cut's logs hold only what comes after this one.
     ///
     /// Only an instance that writes its log ([`RocksDbConfig::write_ahead_log`]) can be cut;
     /// [`RocksDbInstance::create_checkpoint`] flushes instead.
-    pub fn cut(self: &Arc<Self>) -> Result<NativeCheckpoint, StateError> {
+    pub fn cut(&self, dir: &Path) -> Result<NativeCheckpoint, StateError> {
         if !self.config.write_ahead_log {
             return Err(StateError::invalid_config(
                 "RocksDB write-ahead log",
@@ -634,15 +622,40 @@ impl RocksDbInstance {
         if let Some(cache) = self.write_back() {
             cache.capture_dirty(&self.cached_name(""), &mut held);
         }
-        let paused = DeletionsPaused::new(self)?;
-        let mut files = live_files(&self.db).map_err(|source| -> StateError {
-            StateErrorKind::Io {
-                path: self.path().to_path_buf(),
-                action: "listing the live files of",
-                source,
+        fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> StateError {
+            let path = path.to_path_buf();
+            move |source| {
+                StateErrorKind::Io {
+                    path,
+                    action,
+                    source,
+                }
+                .into()
             }
-            .into()
-        })?;
+        }
+        std::fs::create_dir_all(dir).map_err(io(dir, "creating"))?;
+        let mut files = {
+            let _paused = DeletionsPaused::new(self)?;
+            // Logs older than this hold nothing the manifest needs (it only grows); RocksDB
+            // lists every log on disk when it is not asked to flush.
+            let oldest_log = self
+                .db
+                .property_int_value("rocksdb.min-log-number-to-keep")
+                .ok()
+                .flatten()
+                .unwrap_or(0);
+            let mut files =
+                live_files(&self.db).map_err(io(self.path(), "listing the live files of"))?;
+            files.retain(|file| log_number(&file.name).is_none_or(|number| number >= oldest_log));
+            for file in &mut files {
+                if let NativeSource::File(from) = &file.source {
+                    let link = dir.join(&file.name);
+                    std::fs::hard_link(from, &link).map_err(io(from, "hard-linking"))?;
+                    file.source = NativeSource::File(link);
+                }
+            }
+            files
+        };
         if held.entries() > 0 {
             let bytes = held.into_bytes();
             files.push(NativeFile {
@@ -652,12 +665,13 @@ impl RocksDbInstance {
             });
         }
         files.sort_by(|a, b| a.name.cmp(&b.name));
-        self.flush_in_background()?;
+        if let Err(error) = self.flush_in_background() {
+            tracing::warn!(db = %self.path().display(), %error, "cannot start flushing after a cut");
+        }
         tracing::debug!(db = %self.path().display(), files = files.len(), "cut RocksDB instance");
         Ok(NativeCheckpoint {
-            dir: None,
+            dir: dir.to_path_buf(),
             files,
-            _deletions_paused: Some(paused),
         })
     }
 
@@ -1160,10 +1174,11 @@ impl std::fmt::Debug for RocksDbInstance {
     }
 }
 
-/// Options of a column family (and, with `layout = None`, of the database and its default
-/// column family): the shared block cache, lz4, Bloom filters for point reads, in-place memtable
-/// updates; for states also the hash memtable by `(key, namespace)` prefix (see the module
-/// docs), the TTL compaction filter, and for lists the append merge operator.
+/// The number of write-ahead log `name` (`000012.log`), if it is one.
+fn log_number(name: &str) -> Option<u64> {
+    name.strip_suffix(".log")?.parse().ok()
+}
+
 /// RocksDB's live files as they are now, without a flush (`GetLiveFilesStorageInfo` with no
 /// log size that would ask for one): each with the length that belongs to this moment.
 fn live_files(db: &Db) -> Result<Vec<NativeFile>, std::io::Error> {
@@ -1217,6 +1232,10 @@ fn live_files(db: &Db) -> Result<Vec<NativeFile>, std::io::Error> {
     }
 }
 
+/// Options of a column family (and, with `layout = None`, of the database and its default
+/// column family): the shared block cache, lz4, Bloom filters for point reads, in-place memtable
+/// updates; for states also the hash memtable by `(key, namespace)` prefix (see the module
+/// docs), the TTL compaction filter, and for lists the append merge operator.
 fn column_options(
     config: &RocksDbConfig,
     cache: &Cache,
