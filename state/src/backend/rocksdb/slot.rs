@@ -66,10 +66,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use librocksdb_sys as ffi;
 use rocksdb::checkpoint::Checkpoint;
 use rocksdb::{
-    BlockBasedOptions, BottommostLevelCompaction, BoundColumnFamily, Cache, ColumnFamilyDescriptor,
-    CompactOptions, DBCompressionType, DBRawIteratorWithThreadMode, DBWithThreadMode, FlushOptions,
-    MemtableFactory, MultiThreaded, Options, ReadOptions, SliceTransform, WriteBatch,
-    WriteBufferManager, WriteOptions,
+    AsColumnFamilyRef, AsRawPtr, BlockBasedOptions, BottommostLevelCompaction, BoundColumnFamily,
+    Cache, ColumnFamilyDescriptor, CompactOptions, DBCompressionType, DBRawIteratorWithThreadMode,
+    DBWithThreadMode, MemtableFactory, MultiThreaded, Options, ReadOptions, SliceTransform,
+    WriteBatch, WriteBufferManager, WriteOptions,
 };
 
 use crate::backend::rocksdb::cache::{
@@ -930,12 +930,45 @@ impl RocksDbInstance {
         if ready.is_empty() {
             return Ok(());
         }
-        let mut options = FlushOptions::default();
-        options.set_wait(false);
-        let ready: Vec<&Arc<BoundColumnFamily<'_>>> = ready.iter().collect();
-        self.db
-            .flush_cfs_opt(&ready, &options)
-            .map_err(|source| StateError::rocksdb(self.path(), "*", "starting a flush", source))
+        let mut handles: Vec<*mut ffi::rocksdb_column_family_handle_t> =
+            ready.iter().map(|cf| cf.inner()).collect();
+        // SAFETY: the options are created and destroyed here; the handles belong to the column
+        // families `ready` holds for the whole call; an error string is RocksDB's, freed with
+        // `rocksdb_free` after it is copied.
+        let error = unsafe {
+            let options = ffi::rocksdb_flushoptions_create();
+            ffi::rocksdb_flushoptions_set_wait(options, 0);
+            // Start it even where it will slow writes (L0 crowded): RocksDB's default waits
+            // for that to clear first, which would hold the barrier.
+            ffi::rocksdb_flushoptions_set_allow_write_stall(options, 1);
+            let mut error: *mut std::ffi::c_char = std::ptr::null_mut();
+            ffi::rocksdb_flush_cfs(
+                self.db.as_raw_ptr(),
+                options,
+                handles.as_mut_ptr(),
+                handles.len() as std::ffi::c_int,
+                &mut error,
+            );
+            ffi::rocksdb_flushoptions_destroy(options);
+            if error.is_null() {
+                None
+            } else {
+                let message = std::ffi::CStr::from_ptr(error)
+                    .to_string_lossy()
+                    .into_owned();
+                ffi::rocksdb_free(error.cast::<std::ffi::c_void>());
+                Some(message)
+            }
+        };
+        match error {
+            None => Ok(()),
+            Some(message) => Err(StateErrorKind::Io {
+                path: self.path().to_path_buf(),
+                action: "starting a flush of",
+                source: std::io::Error::other(message),
+            }
+            .into()),
+        }
     }
 
     /// The handle of column family `name`.
@@ -1183,8 +1216,6 @@ fn log_number(name: &str) -> Option<u64> {
 /// log size that would ask for one): each with the length that belongs to this moment.
 fn live_files(db: &Db) -> Result<Vec<NativeFile>, std::io::Error> {
     use std::ffi::{c_char, c_void, CStr};
-
-    use rocksdb::AsRawPtr;
 
     let text = |pointer: *const c_char| {
         // SAFETY: RocksDB hands out NUL-terminated strings that live as long as the info.
