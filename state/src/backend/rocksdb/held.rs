@@ -3,8 +3,8 @@
 //!
 //! A cut ([`super::RocksDbInstance::cut`]) copies them into a file of its checkpoint,
 //! [`HELD_WRITES_FILE`], instead of writing them back to RocksDB at the barrier: the copy is a
-//! scan of the cache and a memcpy per entry, where the write-back was a memtable insert and a
-//! log record per entry (0.65 µs each: 136 ms for q5's 210 K dirty entries). They stay dirty
+//! scan of the cache and a memcpy per entry, where the write-back was a memtable insert per
+//! entry (0.65 µs each: 136 ms for q5's 210 K dirty entries). They stay dirty
 //! in the cache, and reach RocksDB as they would without checkpoints (evicted, or past the
 //! dirty bound), so a window pane created, fired and deleted between two evictions still
 //! never reaches RocksDB. An instance opened on a directory that holds the file writes them
