@@ -387,7 +387,7 @@ impl CheckpointStorage {
             ));
         }
         let dir = root.join(job);
-        fs::create_dir_all(&dir).map_err(|source| io(&dir, "creating", source))?;
+        fs::create_dir_all(&dir).map_err(|source| StateError::io(&dir, "creating", source))?;
         let lock_path = dir.join(LOCK_FILE);
         let mut lock = OpenOptions::new()
             .read(true)
@@ -395,12 +395,12 @@ impl CheckpointStorage {
             .create(true)
             .truncate(false)
             .open(&lock_path)
-            .map_err(|source| io(&lock_path, "opening", source))?;
+            .map_err(|source| StateError::io(&lock_path, "opening", source))?;
         // SAFETY: `lock` owns an open descriptor for the duration of the call.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let error = std::io::Error::last_os_error();
             if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(io(&lock_path, "locking", error));
+                return Err(StateError::io(&lock_path, "locking", error));
             }
             let mut holder = String::new();
             let holder = match lock.read_to_string(&mut holder) {
@@ -411,7 +411,7 @@ impl CheckpointStorage {
         }
         lock.set_len(0)
             .and_then(|()| write!(lock, "{}", std::process::id()))
-            .map_err(|source| io(&lock_path, "writing", source))?;
+            .map_err(|source| StateError::io(&lock_path, "writing", source))?;
         Ok(CheckpointStorage {
             job: job.to_string(),
             dir,
@@ -443,9 +443,9 @@ impl CheckpointStorage {
             ));
         }
         if dir.exists() {
-            fs::remove_dir_all(&dir).map_err(|source| io(&dir, "removing", source))?;
+            fs::remove_dir_all(&dir).map_err(|source| StateError::io(&dir, "removing", source))?;
         }
-        fs::create_dir(&dir).map_err(|source| io(&dir, "creating", source))?;
+        fs::create_dir(&dir).map_err(|source| StateError::io(&dir, "creating", source))?;
         Ok(PendingCheckpoint {
             checkpoint,
             dir,
@@ -461,12 +461,12 @@ impl CheckpointStorage {
         checkpoint: u64,
         timestamp_ms: i64,
     ) -> Result<PendingCheckpoint, StateError> {
-        fs::create_dir_all(target).map_err(|source| io(target, "creating", source))?;
+        fs::create_dir_all(target).map_err(|source| StateError::io(target, "creating", source))?;
         let dir = target.join(format!(
             "savepoint-{}-{checkpoint}-{:x}",
             self.job, timestamp_ms
         ));
-        fs::create_dir(&dir).map_err(|source| io(&dir, "creating", source))?;
+        fs::create_dir(&dir).map_err(|source| StateError::io(&dir, "creating", source))?;
         Ok(PendingCheckpoint {
             checkpoint,
             dir,
@@ -478,7 +478,7 @@ impl CheckpointStorage {
     pub fn discard_savepoint(&self, pending: &PendingCheckpoint) -> Result<(), StateError> {
         if pending.savepoint && !pending.dir.join(METADATA_FILE).exists() {
             fs::remove_dir_all(&pending.dir)
-                .map_err(|source| io(&pending.dir, "removing", source))?;
+                .map_err(|source| StateError::io(&pending.dir, "removing", source))?;
         }
         Ok(())
     }
@@ -508,7 +508,7 @@ impl CheckpointStorage {
             File::create(&marker)
                 .and_then(|file| file.sync_all())
                 .and_then(|()| File::open(&self.dir)?.sync_all())
-                .map_err(|source| io(&marker, "writing", source))?;
+                .map_err(|source| StateError::io(&marker, "writing", source))?;
         }
         write_metadata(pending, metadata)
     }
@@ -549,9 +549,10 @@ impl CheckpointStorage {
     /// The job's checkpoints that are committed or were begun, by number, oldest first.
     fn numbered(&self) -> Result<Vec<(u64, PathBuf)>, StateError> {
         let mut found = Vec::new();
-        let entries = fs::read_dir(&self.dir).map_err(|source| io(&self.dir, "reading", source))?;
+        let entries = fs::read_dir(&self.dir)
+            .map_err(|source| StateError::io(&self.dir, "reading", source))?;
         for entry in entries {
-            let entry = entry.map_err(|source| io(&self.dir, "reading", source))?;
+            let entry = entry.map_err(|source| StateError::io(&self.dir, "reading", source))?;
             let name = entry.file_name();
             let number = name
                 .to_str()
@@ -575,7 +576,7 @@ impl CheckpointStorage {
     pub fn discard(&self, checkpoint: u64) -> Result<(), StateError> {
         let dir = self.checkpoint_dir(checkpoint);
         if dir.exists() && !dir.join(METADATA_FILE).exists() {
-            fs::remove_dir_all(&dir).map_err(|source| io(&dir, "removing", source))?;
+            fs::remove_dir_all(&dir).map_err(|source| StateError::io(&dir, "removing", source))?;
         }
         Ok(())
     }
@@ -642,7 +643,8 @@ impl CheckpointStorage {
                 Err(_) => committed > 0,
             };
             if remove {
-                fs::remove_dir_all(&dir).map_err(|source| io(&dir, "removing", source))?;
+                fs::remove_dir_all(&dir)
+                    .map_err(|source| StateError::io(&dir, "removing", source))?;
             }
         }
         match newest {
@@ -661,10 +663,10 @@ impl CheckpointStorage {
         let entries = match fs::read_dir(&shared) {
             Ok(entries) => entries,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(source) => return Err(io(&shared, "reading", source)),
+            Err(source) => return Err(StateError::io(&shared, "reading", source)),
         };
         for entry in entries {
-            let entry = entry.map_err(|source| io(&shared, "reading", source))?;
+            let entry = entry.map_err(|source| StateError::io(&shared, "reading", source))?;
             let Ok(name) = entry.file_name().into_string() else {
                 continue;
             };
@@ -674,7 +676,7 @@ impl CheckpointStorage {
                 match fs::remove_file(&path) {
                     Ok(()) => {}
                     Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(source) => return Err(io(&path, "removing", source)),
+                    Err(source) => return Err(StateError::io(&path, "removing", source)),
                 }
             }
         }
@@ -689,15 +691,16 @@ fn write_metadata(
     metadata: &CheckpointMetadata,
 ) -> Result<CompletedCheckpoint, StateError> {
     let temp = pending.dir.join(METADATA_TEMP);
-    let mut file = File::create(&temp).map_err(|source| io(&temp, "creating", source))?;
+    let mut file =
+        File::create(&temp).map_err(|source| StateError::io(&temp, "creating", source))?;
     file.write_all(&metadata.to_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(|source| io(&temp, "writing", source))?;
+        .map_err(|source| StateError::io(&temp, "writing", source))?;
     let path = pending.dir.join(METADATA_FILE);
-    fs::rename(&temp, &path).map_err(|source| io(&path, "renaming into", source))?;
+    fs::rename(&temp, &path).map_err(|source| StateError::io(&path, "renaming into", source))?;
     File::open(&pending.dir)
         .and_then(|dir| dir.sync_all())
-        .map_err(|source| io(&pending.dir, "syncing", source))?;
+        .map_err(|source| StateError::io(&pending.dir, "syncing", source))?;
     Ok(CompletedCheckpoint {
         dir: pending.dir,
         metadata: metadata.clone(),
@@ -871,15 +874,6 @@ fn corrupt(path: &Path, problem: String) -> StateError {
     .into()
 }
 
-fn io(path: &Path, action: &'static str, source: std::io::Error) -> StateError {
-    StateErrorKind::Io {
-        path: path.to_path_buf(),
-        action,
-        source,
-    }
-    .into()
-}
-
 /// Writes one state file of a pending checkpoint through io_uring; call on a glommio shard.
 pub struct StateFileWriter {
     name: String,
@@ -935,7 +929,7 @@ impl StateFileWriter {
             return StateFileWriter::create_at(name, path).await;
         }
         let dir = pending.shared_dir();
-        fs::create_dir_all(&dir).map_err(|source| io(&dir, "creating", source))?;
+        fs::create_dir_all(&dir).map_err(|source| StateError::io(&dir, "creating", source))?;
         let path = dir.join(&name);
         StateFileWriter::create_at(format!("{SHARED_DIR}/{name}"), path).await
     }
@@ -951,7 +945,7 @@ impl StateFileWriter {
             .truncate(true)
             .dma_open(&path)
             .await
-            .map_err(|error| io(&path, "creating", error.into()))?;
+            .map_err(|error| StateError::io(&path, "creating", error.into()))?;
         Ok(StateFileWriter {
             name,
             path,
@@ -969,7 +963,7 @@ impl StateFileWriter {
         self.writer
             .write_all(bytes)
             .await
-            .map_err(|error| io(&self.path, "writing", error))?;
+            .map_err(|error| StateError::io(&self.path, "writing", error))?;
         self.crc.update(bytes);
         self.len += bytes.len() as u64;
         Ok(())
@@ -980,7 +974,7 @@ impl StateFileWriter {
         self.writer
             .close()
             .await
-            .map_err(|error| io(&self.path, "closing", error))?;
+            .map_err(|error| StateError::io(&self.path, "closing", error))?;
         Ok(StoredFile {
             name: self.name,
             len: self.len,

@@ -319,6 +319,20 @@ impl StateError {
         .into()
     }
 
+    /// A file-system operation `action` on `path` failed with `source`.
+    pub(crate) fn io(
+        path: &std::path::Path,
+        action: &'static str,
+        source: std::io::Error,
+    ) -> StateError {
+        StateErrorKind::Io {
+            path: path.to_path_buf(),
+            action,
+            source,
+        }
+        .into()
+    }
+
     pub(crate) fn rocksdb(
         path: &std::path::Path,
         state: &str,

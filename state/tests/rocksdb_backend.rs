@@ -14,6 +14,17 @@ use weir_state::{
     StateTtlConfig, ValueStateDescriptor, HELD_WRITES_FILE,
 };
 
+/// Operator `op`'s backend over all 128 key groups, on a database opened on the checkpoint
+/// files in `dir`.
+fn restored_backend(dir: &std::path::Path) -> LocalKeyedBackend<u64> {
+    let instance = RocksDbInstance::open(
+        RocksDbConfig::new(dir, 8 << 20, 4 << 20),
+        Arc::new(ManualClock::new(0)),
+    )
+    .unwrap();
+    LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(128), instance, "op").unwrap()
+}
+
 fn raw_count(backend: &LocalKeyedBackend<u64>, state: &str) -> usize {
     let slot = backend.rocksdb_slot().unwrap();
     slot.raw_entries(&backend.column_family(state).unwrap(), backend.key_groups())
@@ -135,13 +146,7 @@ fn checkpoint_holds_the_data(f: &Fixture) {
         "{files:?}"
     );
 
-    let restored_slot = RocksDbInstance::open(
-        RocksDbConfig::new(&checkpoint, 8 << 20, 4 << 20),
-        Arc::new(ManualClock::new(0)),
-    )
-    .unwrap();
-    let restored: LocalKeyedBackend<u64> =
-        LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(128), restored_slot, "op").unwrap();
+    let restored = restored_backend(&checkpoint);
     let value = restored
         .value_state(&ValueStateDescriptor::<String>::new("v"))
         .unwrap();
@@ -266,13 +271,7 @@ fn a_cut_holds_the_state_at_the_cut_without_a_flush() {
          links"
     );
 
-    let restored = RocksDbInstance::open(
-        RocksDbConfig::new(&copy, 8 << 20, 4 << 20),
-        Arc::new(ManualClock::new(0)),
-    )
-    .unwrap();
-    let restored: LocalKeyedBackend<u64> =
-        LocalKeyedBackend::rocksdb(KeyedBackendConfig::single(128), restored, "op").unwrap();
+    let restored = restored_backend(&copy);
     assert!(
         !copy.join(HELD_WRITES_FILE).exists(),
         "the held entries were written into RocksDB and their file removed"

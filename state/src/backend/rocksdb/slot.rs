@@ -450,14 +450,8 @@ impl RocksDbInstance {
         memory: SlotMemory,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<RocksDbInstance>, StateError> {
-        std::fs::create_dir_all(&config.path).map_err(|source| -> StateError {
-            StateErrorKind::Io {
-                path: config.path.clone(),
-                action: "creating",
-                source,
-            }
-            .into()
-        })?;
+        std::fs::create_dir_all(&config.path)
+            .map_err(|source| StateError::io(&config.path, "creating", source))?;
         let SlotMemory {
             cache,
             write_buffer_manager,
@@ -564,14 +558,7 @@ impl RocksDbInstance {
         checkpoint.create_checkpoint(dir).map_err(|source| {
             StateError::rocksdb(self.path(), "*", "writing a checkpoint", source)
         })?;
-        let listing = |source| -> StateError {
-            StateErrorKind::Io {
-                path: dir.to_path_buf(),
-                action: "listing",
-                source,
-            }
-            .into()
-        };
+        let listing = |source| StateError::io(dir, "listing", source);
         let mut files = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(listing)? {
             let entry = entry.map_err(listing)?;
@@ -622,18 +609,7 @@ impl RocksDbInstance {
         if let Some(cache) = self.write_back() {
             cache.capture_dirty(&self.cached_name(""), &mut held);
         }
-        fn io(path: &Path, action: &'static str) -> impl FnOnce(std::io::Error) -> StateError {
-            let path = path.to_path_buf();
-            move |source| {
-                StateErrorKind::Io {
-                    path,
-                    action,
-                    source,
-                }
-                .into()
-            }
-        }
-        std::fs::create_dir_all(dir).map_err(io(dir, "creating"))?;
+        std::fs::create_dir_all(dir).map_err(|source| StateError::io(dir, "creating", source))?;
         let mut files = {
             let _paused = DeletionsPaused::new(self)?;
             // Logs older than this hold nothing the manifest needs (it only grows); RocksDB
@@ -644,13 +620,15 @@ impl RocksDbInstance {
                 .ok()
                 .flatten()
                 .unwrap_or(0);
-            let mut files =
-                live_files(&self.db).map_err(io(self.path(), "listing the live files of"))?;
+            let mut files = live_files(&self.db).map_err(|source| {
+                StateError::io(self.path(), "listing the live files of", source)
+            })?;
             files.retain(|file| log_number(&file.name).is_none_or(|number| number >= oldest_log));
             for file in &mut files {
                 if let NativeSource::File(from) = &file.source {
                     let link = dir.join(&file.name);
-                    std::fs::hard_link(from, &link).map_err(io(from, "hard-linking"))?;
+                    std::fs::hard_link(from, &link)
+                        .map_err(|source| StateError::io(from, "hard-linking", source))?;
                     file.source = NativeSource::File(link);
                 }
             }
@@ -850,14 +828,7 @@ impl RocksDbInstance {
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(source) => {
-                return Err(StateErrorKind::Io {
-                    path,
-                    action: "reading",
-                    source,
-                }
-                .into())
-            }
+            Err(source) => return Err(StateError::io(&path, "reading", source)),
         };
         let mut batch = WriteBatch::default();
         let mut written = 0u64;
@@ -894,14 +865,7 @@ impl RocksDbInstance {
         })?;
         result?;
         write(&mut batch)?;
-        std::fs::remove_file(&path).map_err(|source| -> StateError {
-            StateErrorKind::Io {
-                path: path.clone(),
-                action: "removing",
-                source,
-            }
-            .into()
-        })?;
+        std::fs::remove_file(&path).map_err(|source| StateError::io(&path, "removing", source))?;
         tracing::debug!(db = %self.path().display(), written, "wrote the entries a cut held");
         Ok(())
     }
@@ -933,9 +897,8 @@ impl RocksDbInstance {
         let mut handles: Vec<*mut ffi::rocksdb_column_family_handle_t> =
             ready.iter().map(|cf| cf.inner()).collect();
         // SAFETY: the options are created and destroyed here; the handles belong to the column
-        // families `ready` holds for the whole call; an error string is RocksDB's, freed with
-        // `rocksdb_free` after it is copied.
-        let error = unsafe {
+        // families `ready` holds for the whole call; the error is the call's own.
+        let started = unsafe {
             let options = ffi::rocksdb_flushoptions_create();
             ffi::rocksdb_flushoptions_set_wait(options, 0);
             // Start it even where it will slow writes (L0 crowded): RocksDB's default waits
@@ -950,25 +913,9 @@ impl RocksDbInstance {
                 &mut error,
             );
             ffi::rocksdb_flushoptions_destroy(options);
-            if error.is_null() {
-                None
-            } else {
-                let message = std::ffi::CStr::from_ptr(error)
-                    .to_string_lossy()
-                    .into_owned();
-                ffi::rocksdb_free(error.cast::<std::ffi::c_void>());
-                Some(message)
-            }
+            take_error(error)
         };
-        match error {
-            None => Ok(()),
-            Some(message) => Err(StateErrorKind::Io {
-                path: self.path().to_path_buf(),
-                action: "starting a flush of",
-                source: std::io::Error::other(message),
-            }
-            .into()),
-        }
+        started.map_err(|source| StateError::io(self.path(), "starting a flush of", source))
     }
 
     /// The handle of column family `name`.
@@ -1207,6 +1154,25 @@ impl std::fmt::Debug for RocksDbInstance {
     }
 }
 
+/// What RocksDB's C API reported through a call's error pointer: `Ok` for null, else its
+/// message as an I/O error, the string freed.
+///
+/// # Safety
+///
+/// `error` is null or a string the C API allocated for the caller and nobody freed yet.
+unsafe fn take_error(error: *mut std::ffi::c_char) -> Result<(), std::io::Error> {
+    if error.is_null() {
+        return Ok(());
+    }
+    // SAFETY: the caller's promise: a NUL-terminated string of RocksDB's, not yet freed.
+    let message = unsafe { std::ffi::CStr::from_ptr(error) }
+        .to_string_lossy()
+        .into_owned();
+    // SAFETY: the same string, copied above and freed once, here, with RocksDB's allocator.
+    unsafe { ffi::rocksdb_free(error.cast::<std::ffi::c_void>()) };
+    Err(std::io::Error::other(message))
+}
+
 /// The number of write-ahead log `name` (`000012.log`), if it is one.
 fn log_number(name: &str) -> Option<u64> {
     name.strip_suffix(".log")?.parse().ok()
@@ -1215,7 +1181,7 @@ fn log_number(name: &str) -> Option<u64> {
 /// RocksDB's live files as they are now, without a flush (`GetLiveFilesStorageInfo` with no
 /// log size that would ask for one): each with the length that belongs to this moment.
 fn live_files(db: &Db) -> Result<Vec<NativeFile>, std::io::Error> {
-    use std::ffi::{c_char, c_void, CStr};
+    use std::ffi::{c_char, CStr};
 
     let text = |pointer: *const c_char| {
         // SAFETY: RocksDB hands out NUL-terminated strings that live as long as the info.
@@ -1224,19 +1190,14 @@ fn live_files(db: &Db) -> Result<Vec<NativeFile>, std::io::Error> {
             .into_owned()
     };
     // SAFETY: the options and the info are created, read within their bounds and destroyed
-    // here; `db` outlives the call. An error string is RocksDB's to be freed with
-    // `rocksdb_free`.
+    // here; `db` outlives the call; the error is the call's own.
     unsafe {
         let options = ffi::rocksdb_livefiles_storage_info_options_create();
         ffi::rocksdb_livefiles_storage_info_options_set_wal_size_for_flush(options, u64::MAX);
         let mut error: *mut c_char = std::ptr::null_mut();
         let info = ffi::rocksdb_get_livefiles_storage_info(db.as_raw_ptr(), options, &mut error);
         ffi::rocksdb_livefiles_storage_info_options_destroy(options);
-        if !error.is_null() {
-            let message = text(error);
-            ffi::rocksdb_free(error.cast::<c_void>());
-            return Err(std::io::Error::other(message));
-        }
+        take_error(error)?;
         let count = ffi::rocksdb_livefiles_storage_info_count(info);
         let mut files = Vec::with_capacity(count);
         for index in 0..count {
