@@ -265,6 +265,20 @@ pub enum StateErrorKind {
         problem: String,
     },
 
+    /// A RocksDB cut whose held writes (the write-back cache's entries its files lack) were
+    /// not all copied: the checkpoint fails rather than hold less than the state.
+    #[error(
+        "the cut of RocksDB at {} did not copy all its held writes: {problem}; this checkpoint \
+         fails and the next one cuts again (this is a bug in Weir: please report it)",
+        path.display()
+    )]
+    CutIncomplete {
+        /// The instance's directory.
+        path: PathBuf,
+        /// What is wrong, with the counts.
+        problem: String,
+    },
+
     /// A checkpoint that a restore cannot use: never completed, or a file of it is missing,
     /// truncated or damaged, or it belongs to another job.
     #[error(

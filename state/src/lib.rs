@@ -65,7 +65,7 @@ pub use backend::keyed_snapshot::{
     KeyedSnapshotEncoder, KeyedStateContents, KEYED_SNAPSHOT_FORMAT_VERSION,
 };
 pub use backend::rocksdb::{
-    split_key, NativeCheckpoint, NativeFile, NativeSource, RawEntries, RocksDbConfig,
+    split_key, HeldCapture, NativeCheckpoint, NativeFile, NativeSource, RawEntries, RocksDbConfig,
     RocksDbInstance, RocksDbMemoryUsage, RocksDbSlot, SnapshotShape, StateKeyParts, WriteBackStats,
     HELD_WRITES_FILE, MAX_PARALLELISM_LIMIT,
 };

@@ -279,7 +279,9 @@ async fn write_file(
     for (operator, part_name, part) in parts {
         let part = match part {
             Part::Native(upload) => {
-                Part::Bytes(upload.upload(pending, &mut referenced, stopping).await?)
+                let (bytes, step) = upload.upload(pending, &mut referenced, stopping).await?;
+                longest = longest.max(step);
+                Part::Bytes(bytes)
             }
             Part::Chained(link) => {
                 let (bytes, step) = link.store(pending, &mut referenced).await?;

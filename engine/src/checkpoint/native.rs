@@ -3,14 +3,16 @@
 //!
 //! Each keyed operator subtask has a RocksDB instance of its own in its slot
 //! (`weir_state::RocksDbSlot`), so its state can be cut at its own barrier. The instances of a
-//! checkpointed job write RocksDB's write-ahead log, and at the barrier an instance copies the
-//! write-back cache's dirty entries of its states into a file of the checkpoint (held writes,
-//! which an instance opened on the checkpoint's files writes into RocksDB) and lists its live
-//! files as they are at that moment, hard-linking them into a directory beside it with
-//! RocksDB's file deletions paused meanwhile (`RocksDbInstance::cut`): that is the whole
-//! pause. Its memtables are not flushed; the logs that hold them are part of the checkpoint, up
-//! to their length at the barrier. The task's checkpoint writer then uploads the files through
-//! io_uring, after the barrier has moved on: an SST file (immutable)
+//! checkpointed job write RocksDB's write-ahead log, and at the barrier an instance marks the
+//! write-back cache's dirty entries of its states as held by the cut (held writes, which an
+//! instance opened on the checkpoint's files writes into RocksDB) and lists its live files as
+//! they are at that moment, hard-linking them into a directory beside it with RocksDB's file
+//! deletions paused meanwhile (`RocksDbInstance::cut`): that is the whole pause. Its memtables
+//! are not flushed; the logs that hold them are part of the checkpoint, up to their length at
+//! the barrier. The task's checkpoint writer then, after the barrier has moved on, first
+//! writes the held writes, copied from the cache in pieces between records (a change to an
+//! entry not yet copied copies it first), and uploads the files through io_uring: an SST file
+//! (immutable)
 //! into the job's `shared/` directory, unless an earlier checkpoint of the instance uploaded it
 //! already — then the checkpoint lists that file again — and the others (logs, manifest,
 //! options, `CURRENT`) into the checkpoint's own directory, each up to its length at the
@@ -56,7 +58,7 @@ use weir_state::{
 };
 
 use super::bytes::{ByteReader, ByteWriter};
-use super::task_state::OperatorSnapshot;
+use super::task_state::{write_in_pieces, OperatorSnapshot};
 use crate::operator::RuntimeContext;
 
 /// An operator's RocksDB files in a checkpoint (see the module docs).
@@ -267,32 +269,53 @@ pub(crate) struct NativeUpload {
 
 impl NativeUpload {
     /// Uploads the checkpoint's files into `pending` (see the module docs), adds every file it
-    /// consists of to `referenced`, and returns the part listing them — or stops before the
-    /// next file once `stopping` is set (the job fails or is cancelled: the checkpoint will
-    /// not complete). The checkpoint's directory goes with `self`, uploaded or not.
+    /// consists of to `referenced`, and returns the part listing them, with the longest step
+    /// of copying the held writes (on the shard, which processes no records meanwhile) — or
+    /// stops before the next file once `stopping` is set (the job fails or is cancelled: the
+    /// checkpoint will not complete). The checkpoint's directory goes with `self`, uploaded or
+    /// not.
     pub(crate) async fn upload(
-        self,
+        mut self,
         pending: &PendingCheckpoint,
         referenced: &mut Vec<StoredFile>,
         stopping: &AtomicBool,
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<(Vec<u8>, Duration), String> {
+        // The held writes first, before waiting for an earlier upload (they touch no file of
+        // its): until every held entry is copied, a change to one copies it first, and the
+        // instance's next cut would copy what is left at its barrier.
+        let mut longest = Duration::ZERO;
+        let mut files = Vec::with_capacity(self.native.files.len() + 1);
+        if let Some(mut held) = self.native.held.take() {
+            let stored_name = format!("rocksdb-{}-{HELD_WRITES_FILE}", self.name);
+            let mut writer = StateFileWriter::create(pending, &stored_name)
+                .await
+                .map_err(|e| e.to_string())?;
+            longest = write_in_pieces(&mut writer, Some(stopping), |piece| {
+                let more = held.next_piece(piece).map_err(|e| e.to_string())?;
+                Ok((more, false))
+            })
+            .await?;
+            let stored = writer.finish().await.map_err(|e| e.to_string())?;
+            files.push((HELD_WRITES_FILE.to_string(), stored));
+        }
         while self.uploads.busy.get() {
             glommio::timer::sleep(Duration::from_millis(1)).await;
         }
         let manifest = {
             let _busy = Busy::take(&self.uploads);
-            self.upload_files(pending, stopping).await?
+            self.upload_files(pending, files, stopping).await?
         };
         referenced.extend(manifest.files.iter().map(|(_, stored)| stored.clone()));
-        Ok(manifest.encode())
+        Ok((manifest.encode(), longest))
     }
 
+    /// Uploads the listed files after `files` (written already), into the manifest.
     async fn upload_files(
         &self,
         pending: &PendingCheckpoint,
+        mut files: Vec<(String, StoredFile)>,
         stopping: &AtomicBool,
     ) -> Result<Manifest, String> {
-        let mut files = Vec::with_capacity(self.native.files.len());
         let mut uploaded = HashMap::new();
         // A savepoint lists no file of a checkpoint, and is no base for the next one.
         let savepoint = pending.is_savepoint();

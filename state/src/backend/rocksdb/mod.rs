@@ -29,8 +29,8 @@ pub use canonical::SnapshotShape;
 pub use held::HELD_WRITES_FILE;
 pub use key::{split_key, StateKeyParts, MAX_PARALLELISM_LIMIT};
 pub use slot::{
-    NativeCheckpoint, NativeFile, NativeSource, RawEntries, RocksDbConfig, RocksDbInstance,
-    RocksDbMemoryUsage, RocksDbSlot,
+    HeldCapture, NativeCheckpoint, NativeFile, NativeSource, RawEntries, RocksDbConfig,
+    RocksDbInstance, RocksDbMemoryUsage, RocksDbSlot,
 };
 
 use states::RocksColumn;

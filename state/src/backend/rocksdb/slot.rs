@@ -73,9 +73,9 @@ use rocksdb::{
 };
 
 use crate::backend::rocksdb::cache::{
-    Backing, ColumnId, WriteBack, WriteBackCache, WriteBackStats, MIN_WRITE_BACK_BYTES,
+    Backing, CaptureStep, ColumnId, WriteBack, WriteBackCache, WriteBackStats, MIN_WRITE_BACK_BYTES,
 };
-use crate::backend::rocksdb::held::{self, HeldWrites, HELD_WRITES_FILE};
+use crate::backend::rocksdb::held::{self, HELD_WRITES_FILE};
 use crate::backend::rocksdb::key::{has_state_prefix, key_group_bounds, state_prefix};
 use crate::backend::rocksdb::value::{list_append, ColumnLayout, TtlFilterFactory};
 use crate::error::{StateError, StateErrorKind};
@@ -281,7 +281,8 @@ struct SharedWriteBack {
 impl SharedWriteBack {
     /// The cache, locked. Only the slot's shard uses it, so the lock is never contended; a
     /// panic while it was held leaves it consistent (every change to it completes before a
-    /// call out of it), so a poisoned lock is taken as it is.
+    /// call out of it, and its own checks of a broken invariant panic before the change they
+    /// guard), so a poisoned lock is taken as it is.
     fn lock(&self) -> MutexGuard<'_, WriteBackCache> {
         self.cache.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -350,12 +351,71 @@ impl std::fmt::Debug for RocksDbSlot {
 
 /// A native checkpoint of one instance: its files as they were at a barrier
 /// ([`RocksDbInstance::create_checkpoint`], [`RocksDbInstance::cut`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct NativeCheckpoint {
     /// Its directory of hard links and copies, next to the instance's.
     pub dir: PathBuf,
     /// Its files, by name.
     pub files: Vec<NativeFile>,
+    /// The write-back cache's entries that RocksDB's files lack, being captured: the file
+    /// [`HELD_WRITES_FILE`] of the checkpoint, once every piece is out (a cut's only).
+    pub held: Option<HeldCapture>,
+}
+
+/// The held writes of a cut ([`RocksDbInstance::cut`]), captured while records flow: the
+/// write-back cache's entries of the instance that were dirty at the cut, each copied by a
+/// step of the capture or, first, by a change to it (`cache.rs`, "Cuts"). Dropped before the
+/// last piece is out, the capture is given up.
+pub struct HeldCapture {
+    shared: Arc<SharedWriteBack>,
+    /// The instance's directory, for errors.
+    path: PathBuf,
+    instance: u32,
+    cut: u64,
+    done: bool,
+}
+
+impl HeldCapture {
+    /// Buckets of the cache a step looks at, at most (a step also ends once it copied
+    /// [`crate::backend::rocksdb::cache::STEP_HELD_BYTES`]): about 30 µs of work where few
+    /// entries are held.
+    const STEP_BUCKETS: usize = 4096;
+
+    /// Appends the next piece of the held-writes file to `out` (the magic and version in the
+    /// first); whether more follow. Fails when the capture lost entries.
+    pub fn next_piece(&mut self, out: &mut Vec<u8>) -> Result<bool, StateError> {
+        if self.done {
+            return Ok(false);
+        }
+        let step = self
+            .shared
+            .lock()
+            .capture_step(self.instance, self.cut, Self::STEP_BUCKETS, out)
+            .map_err(|problem| StateErrorKind::CutIncomplete {
+                path: self.path.clone(),
+                problem,
+            })?;
+        self.done = step == CaptureStep::Done;
+        Ok(!self.done)
+    }
+}
+
+impl Drop for HeldCapture {
+    fn drop(&mut self) {
+        if !self.done {
+            self.shared.lock().abandon_capture(self.instance, self.cut);
+        }
+    }
+}
+
+impl std::fmt::Debug for HeldCapture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldCapture")
+            .field("instance", &self.instance)
+            .field("cut", &self.cut)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
 }
 
 /// One file of a [`NativeCheckpoint`].
@@ -578,13 +638,15 @@ impl RocksDbInstance {
         Ok(NativeCheckpoint {
             dir: dir.to_path_buf(),
             files,
+            held: None,
         })
     }
 
     /// Cuts the instance at a barrier into `dir` (which must not exist, on the instance's file
     /// system), without flushing its memtables or writing the write-back cache back: the
-    /// cache's dirty entries of this instance are copied into a file of the checkpoint,
-    /// [`crate::HELD_WRITES_FILE`] (`held.rs`); with RocksDB's file deletions paused, the live
+    /// cache's dirty entries of this instance are held for a file of the checkpoint,
+    /// [`crate::HELD_WRITES_FILE`] (`held.rs`), copied after the barrier through
+    /// [`NativeCheckpoint::held`]; with RocksDB's file deletions paused, the live
     /// files are listed as they are now — the SST files, the manifest and the write-ahead logs
     /// still needed, each with its present length (RocksDB's `GetLiveFilesStorageInfo`),
     /// `CURRENT` by its contents — and hard-linked into `dir`. RocksDB goes on appending to the
@@ -605,10 +667,16 @@ impl RocksDbInstance {
                  create_checkpoint flushes the memtables instead",
             ));
         }
-        let mut held = HeldWrites::default();
-        if let Some(cache) = self.write_back() {
-            cache.capture_dirty(&self.cached_name(""), &mut held);
-        }
+        let held = self.write_back.as_ref().and_then(|shared| {
+            let cut = shared.lock().begin_capture(self.id)?;
+            Some(HeldCapture {
+                shared: Arc::clone(shared),
+                path: self.path().to_path_buf(),
+                instance: self.id,
+                cut,
+                done: false,
+            })
+        });
         std::fs::create_dir_all(dir).map_err(|source| StateError::io(dir, "creating", source))?;
         let mut files = {
             let _paused = DeletionsPaused::new(self)?;
@@ -634,14 +702,6 @@ impl RocksDbInstance {
             }
             files
         };
-        if held.entries() > 0 {
-            let bytes = held.into_bytes();
-            files.push(NativeFile {
-                name: HELD_WRITES_FILE.to_string(),
-                len: bytes.len() as u64,
-                source: NativeSource::Bytes(bytes),
-            });
-        }
         files.sort_by(|a, b| a.name.cmp(&b.name));
         if let Err(error) = self.flush_in_background() {
             tracing::warn!(db = %self.path().display(), %error, "cannot start flushing after a cut");
@@ -650,6 +710,7 @@ impl RocksDbInstance {
         Ok(NativeCheckpoint {
             dir: dir.to_path_buf(),
             files,
+            held,
         })
     }
 
@@ -781,7 +842,7 @@ impl RocksDbInstance {
     ) -> Result<(), StateError> {
         if let Some(mut cache) = self.write_back() {
             cache.flush(&SlotBacking { this: self })?;
-            cache.forget_column(&self.cached_name(column_family));
+            cache.forget_column(self.id, column_family);
         }
         let cf = self.column_family(column_family)?;
         let (start, end) = key_group_bounds(key_groups);
@@ -949,15 +1010,10 @@ impl RocksDbInstance {
         self.write_back.as_ref().map(|shared| shared.lock())
     }
 
-    /// The name column family `name` of this instance is cached under.
-    fn cached_name(&self, name: &str) -> String {
-        format!("{}/{name}", self.id)
-    }
-
     /// The write-back cache's id of column family `name`; `None` without a cache.
     pub(crate) fn cached_column(&self, name: &str) -> Option<ColumnId> {
-        let cached = self.cached_name(name);
-        self.write_back().map(|mut cache| cache.column(&cached))
+        self.write_back()
+            .map(|mut cache| cache.column(self.id, name))
     }
 
     /// Hands the value of `key` in cached column `column` to `read` (see `cache.rs`).
