@@ -275,6 +275,7 @@ pub(crate) struct WriteBackCache {
     max_entries: usize,
     /// Bytes of long entries' buffers.
     outside: usize,
+    /// Dirty entries.
     dirty: usize,
     /// Dirty entries of more than about this many bytes are written back at once (see
     /// [`WriteBackCache::with_dirty_limit`]).
@@ -439,6 +440,16 @@ impl WriteBackCache {
         self
     }
 
+    /// Counts an entry of `owner` that became dirty (`true`) or clean or gone (`false`).
+    fn count_dirty(&mut self, owner: u32, dirty: bool) {
+        self.cuts.dirty(owner, dirty);
+        if dirty {
+            self.dirty += 1;
+        } else {
+            self.dirty -= 1;
+        }
+    }
+
     /// Writes the dirty entries back if they hold more than the dirty limit.
     fn bound_dirty(&mut self, backing: &impl Backing) -> Result<(), StateError> {
         let entries = self.table.len();
@@ -453,7 +464,7 @@ impl WriteBackCache {
 
     /// The id of column family `family` of instance `owner`, registering it on first use.
     pub(crate) fn column(&mut self, owner: u32, family: &str) -> ColumnId {
-        let name = format!("{owner}/{family}");
+        let name = cached_name(owner, family);
         match self.columns.iter().position(|column| *column == name) {
             Some(index) => index as ColumnId,
             None => {
@@ -560,8 +571,7 @@ impl WriteBackCache {
                         let (removed, _) = found.remove();
                         self.outside -= before;
                         if removed.is_dirty() {
-                            self.dirty -= 1;
-                            self.cuts.dirty(owner, false);
+                            self.count_dirty(owner, false);
                         }
                         return Ok(());
                     }
@@ -572,8 +582,7 @@ impl WriteBackCache {
                 }
                 self.outside = self.outside - before + entry.bytes.outside();
                 if !was_dirty {
-                    self.dirty += 1;
-                    self.cuts.dirty(owner, true);
+                    self.count_dirty(owner, true);
                 }
                 if self.used() > self.capacity {
                     self.evict(backing, self.table.len())?;
@@ -602,8 +611,7 @@ impl WriteBackCache {
         // New: changed since any cut.
         entry.set_parity(self.cuts.owners[owner as usize].parity);
         if entry.is_dirty() {
-            self.dirty += 1;
-            self.cuts.dirty(owner, true);
+            self.count_dirty(owner, true);
         }
         self.table
             .insert_unique(entry.hash, entry, |entry| entry.hash);
@@ -636,8 +644,7 @@ impl WriteBackCache {
                     self.outside -= entry.bytes.outside();
                     self.stats.evicted += 1;
                     if let Some(owner) = owner {
-                        self.cuts.dirty(owner, false);
-                        self.dirty -= 1;
+                        self.count_dirty(owner, false);
                         evicted.push(entry);
                     }
                 }
@@ -812,26 +819,28 @@ impl WriteBackCache {
     /// Forgets every entry of column family `family` of `owner` (RocksDB is about to change
     /// under them). Dirty ones are dropped unwritten: flush first to keep them.
     pub(crate) fn forget_column(&mut self, owner: u32, family: &str) {
-        let name = format!("{owner}/{family}");
+        let name = cached_name(owner, family);
         let Some(column) = self.columns.iter().position(|column| *column == name) else {
             return;
         };
         let column = column as ColumnId;
-        let (mut outside, mut dirty) = (self.outside, self.dirty);
+        let (mut outside, mut dirty) = (0, 0);
         let cuts = &mut self.cuts;
         self.table.retain(|entry| {
             let keep = entry.column() != column;
             if !keep {
-                outside -= entry.bytes.outside();
+                outside += entry.bytes.outside();
                 if entry.is_dirty() {
                     cuts.hold(owner, entry);
-                    cuts.dirty(owner, false);
-                    dirty -= 1;
+                    dirty += 1;
                 }
             }
             keep
         });
-        (self.outside, self.dirty) = (outside, dirty);
+        self.outside -= outside;
+        for _ in 0..dirty {
+            self.count_dirty(owner, false);
+        }
     }
 }
 
@@ -887,6 +896,12 @@ fn sweep(
         capture.cursor += 1;
         capture.idle += 1;
     }
+}
+
+/// The name the cache knows column family `family` of instance `owner` by (what [`Backing`]
+/// gets).
+fn cached_name(owner: u32, family: &str) -> String {
+    format!("{owner}/{family}")
 }
 
 /// Writes `entries` back in one batch; how many.
@@ -1145,16 +1160,48 @@ mod tests {
                 == CaptureStep::Done;
         }
         let mut restored = open.stored;
-        held::for_each(&open.held, |_, key, value| {
+        for (key, value) in held_entries(&open.held) {
             match value {
-                Some(value) => restored.insert(key[0], value.to_vec()),
+                Some(value) => restored.insert(key[0], value),
                 None => restored.remove(&key[0]),
             };
+        }
+        assert_eq!(restored, open.expected, "cut {} of owner {owner}", open.cut);
+    }
+
+    /// Held writes by key (a capture holds a key once).
+    type Held = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
+
+    /// The entries of held-writes file `bytes`, all of column family `value:op:acc` or of the
+    /// property test's.
+    fn held_entries(bytes: &[u8]) -> Held {
+        let mut entries = BTreeMap::new();
+        held::for_each(bytes, |family, key, value| {
+            assert!(family.starts_with("value:"), "{family}");
+            let before = entries.insert(key.to_vec(), value.map(<[u8]>::to_vec));
+            assert!(before.is_none(), "{key:?} held twice");
             Ok::<(), ()>(())
         })
         .unwrap()
         .unwrap();
-        assert_eq!(restored, open.expected, "cut {} of owner {owner}", open.cut);
+        entries
+    }
+
+    /// A cache of instance `owner` whose column `value:op:acc` holds each key in `keys` (one
+    /// byte) with the value `[key]`, dirty.
+    fn dirty_cache(owner: u32, keys: std::ops::Range<u8>) -> (Model, WriteBackCache, ColumnId) {
+        let model = Model::default();
+        let mut cache = WriteBackCache::new(1 << 20);
+        let column = cache.column(owner, "value:op:acc");
+        for key in keys {
+            cache.write(&model, column, &[key], Some(&[key])).unwrap();
+        }
+        (model, cache, column)
+    }
+
+    /// `[key]` for each of `keys`: what [`dirty_cache`] wrote.
+    fn as_written(keys: std::ops::Range<u8>) -> Held {
+        keys.map(|key| (vec![key], Some(vec![key]))).collect()
     }
 
     proptest! {
@@ -1303,14 +1350,7 @@ mod tests {
     /// (a rehash moves every entry) after the sweep passed some buckets.
     #[test]
     fn a_capture_survives_the_table_growing_under_its_sweep() {
-        let model = Model::default();
-        let mut cache = WriteBackCache::new(1 << 20);
-        let column = cache.column(0, "value:op:acc");
-        for key in 0..8u32 {
-            cache
-                .write(&model, column, &key.to_be_bytes(), Some(&[1]))
-                .unwrap();
-        }
+        let (model, mut cache, column) = dirty_cache(0, 0..8);
         let buckets = cache.table.num_buckets();
         let cut = cache.begin_capture(0).expect("dirty entries");
         let mut bytes = Vec::new();
@@ -1325,29 +1365,14 @@ mod tests {
         }
         assert!(cache.table.num_buckets() > buckets, "the table grew");
         while cache.capture_step(0, cut, 2, &mut bytes).unwrap() == CaptureStep::More {}
-        let mut held = BTreeMap::new();
-        held::for_each(&bytes, |_, key, value| {
-            held.insert(key.to_vec(), value.map(<[u8]>::to_vec));
-            Ok::<(), ()>(())
-        })
-        .unwrap()
-        .unwrap();
-        let at_cut: BTreeMap<Vec<u8>, Option<Vec<u8>>> = (0..8u32)
-            .map(|key| (key.to_be_bytes().to_vec(), Some(vec![1])))
-            .collect();
-        assert_eq!(held, at_cut);
+        assert_eq!(held_entries(&bytes), as_written(0..8));
     }
 
     /// A capture that cannot find every entry it counted fails (the checkpoint with it)
     /// instead of handing out held writes that lack some.
     #[test]
     fn a_capture_missing_entries_fails() {
-        let model = Model::default();
-        let mut cache = WriteBackCache::new(1 << 20);
-        let column = cache.column(0, "value:op:acc");
-        for key in 0..8u8 {
-            cache.write(&model, column, &[key], Some(&[key])).unwrap();
-        }
+        let (_, mut cache, _) = dirty_cache(0, 0..8);
         let cut = cache.begin_capture(0).expect("dirty entries");
         cache.cuts.owners[0].capture.as_mut().unwrap().pending += 1;
         let mut bytes = Vec::new();
@@ -1371,12 +1396,7 @@ mod tests {
     /// dirty (RocksDB sees nothing of the cut).
     #[test]
     fn a_cut_holds_its_entries_as_they_were() {
-        let model = Model::default();
-        let mut cache = WriteBackCache::new(1 << 20);
-        let column = cache.column(3, "value:op:acc");
-        for key in 0..100u8 {
-            cache.write(&model, column, &[key], Some(&[key])).unwrap();
-        }
+        let (model, mut cache, column) = dirty_cache(3, 0..100);
         let cut = cache.begin_capture(3).expect("dirty entries");
         for key in 0..50u8 {
             cache
@@ -1390,17 +1410,7 @@ mod tests {
             steps += 1;
         }
         assert!(steps > 1, "captured in steps");
-        let mut entries = BTreeMap::new();
-        held::for_each(&held, |family, key, value| {
-            assert_eq!(family, "value:op:acc");
-            entries.insert(key.to_vec(), value.map(<[u8]>::to_vec));
-            Ok::<(), ()>(())
-        })
-        .unwrap()
-        .unwrap();
-        let at_cut: BTreeMap<Vec<u8>, Option<Vec<u8>>> =
-            (0..100u8).map(|key| (vec![key], Some(vec![key]))).collect();
-        assert_eq!(entries, at_cut);
+        assert_eq!(held_entries(&held), as_written(0..100));
         assert_eq!(model.writes.get(), 0);
         assert_eq!(cache.dirty, 101);
         // The next cut holds the entries changed since, and those never captured again.

@@ -411,6 +411,7 @@ impl Drop for HeldCapture {
 impl std::fmt::Debug for HeldCapture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HeldCapture")
+            .field("path", &self.path)
             .field("instance", &self.instance)
             .field("cut", &self.cut)
             .field("done", &self.done)
