@@ -49,18 +49,21 @@
 //! writer takes between records ([`WriteBackCache::capture_step`]), and, before a marked
 //! entry changes or leaves the cache (a write, a delete, an eviction, a write-back, a
 //! forgotten column family), by that change, which copies it first (copy-on-write per entry).
-//! Each owner (instance) has a parity bit, flipped by its cut; an entry carries the parity of
-//! its owner as of its last change. So at the cut every dirty entry of the owner carries the
-//! other parity: it is marked. Copying an entry, or changing it, gives it its owner's parity,
-//! and new entries get it, so an entry dirtied after the cut is never taken for a marked one.
-//! The cut counts its owner's dirty entries; the capture is done when it copied that many.
-//! The sweep goes round as often as it must (the table may move entries between its steps:
-//! it rehashes as it grows, and in place once deletions used its room up); a turn that finds
-//! none of the entries still counted is followed by a whole turn in one step, where nothing
-//! moves, and if that finds them neither the count went wrong and the checkpoint fails. A capture given up (its
-//! checkpoint aborted) stops copying; the owner's next cut first sweeps what it still marks,
-//! without copying, so that the parity means the same again; a cut that finds an earlier
-//! capture not yet done finishes it first and keeps its held writes for their holder.
+//! Each owner (instance) has an epoch (two bits, going round), advanced by its cut; an entry
+//! carries the epoch of its owner as of its last change. So at the cut every dirty entry of
+//! the owner carries another epoch: it is marked. Copying an entry, or changing it, gives it
+//! its owner's epoch, and new entries get it, so an entry dirtied after the cut is never taken
+//! for a marked one. The cut counts its owner's dirty entries; the capture is done when it
+//! copied that many. The sweep goes round as often as it must (the table may move entries
+//! between its steps: it rehashes as it grows, and in place once deletions used its room up);
+//! a turn that finds none of the entries still counted is followed by a whole turn in one
+//! step, where nothing moves, and if that finds them neither the count went wrong and the
+//! checkpoint fails. A capture given up (its checkpoint aborted) stops copying, and the
+//! owner's next cut takes over what it still marks: those entries are dirty at the new cut
+//! too, and their epoch is not the new one — for two given-up captures in a row; the cut
+//! after them sweeps what they left first (without copying), before the epochs come round.
+//! A cut that finds an earlier capture not yet done and not given up (overlapping
+//! checkpoints) copies the rest at its barrier and keeps its held writes for their holder.
 //!
 //! **Layout.** An entry keeps its key and value inline when they fit [`INLINE_BYTES`] (a
 //! window accumulator does: column id, key group, an 8-byte key, an 8-byte pane and an 8-byte
@@ -97,10 +100,16 @@ const DIRTY: u8 = 2;
 const STORED: u8 = 4;
 /// Used since the eviction hand last passed.
 const REFERENCED: u8 = 8;
-/// The entry's side of its owner's last cut: an entry that carries its owner's parity changed
-/// since that cut (or was captured); a dirty one that does not is held by the cut's capture
-/// and not yet copied (see "Cuts" in the module docs).
-const PARITY: u8 = 16;
+/// Two bits: the epoch of the entry's owner as of the entry's last change (or copy by a
+/// capture). A dirty entry whose epoch is not its owner's is held by the owner's cut and not
+/// yet copied (see "Cuts" in the module docs).
+const EPOCH: u8 = 0b11 << EPOCH_SHIFT;
+const EPOCH_SHIFT: u8 = 4;
+/// Epochs go round in two bits.
+const EPOCHS: u8 = 4;
+/// Given-up captures a cut may leave unswept in a row: an entry left marked through one
+/// more would carry the epoch the next cut starts, and pass for copied.
+const MAX_SUPERSEDED: u8 = EPOCHS - 2;
 
 /// Bytes of one table slot: an entry and its control byte.
 pub(crate) const SLOT_BYTES: usize = size_of::<Cached>() + 1;
@@ -222,16 +231,12 @@ impl Cached {
         self.flags & DIRTY != 0
     }
 
-    fn parity(&self) -> bool {
-        self.flags & PARITY != 0
+    fn epoch(&self) -> u8 {
+        (self.flags & EPOCH) >> EPOCH_SHIFT
     }
 
-    fn set_parity(&mut self, parity: bool) {
-        if parity {
-            self.flags |= PARITY;
-        } else {
-            self.flags &= !PARITY;
-        }
+    fn set_epoch(&mut self, epoch: u8) {
+        self.flags = (self.flags & !EPOCH) | (epoch << EPOCH_SHIFT);
     }
 }
 
@@ -302,8 +307,10 @@ struct Cuts {
 struct Owner {
     /// Dirty entries of the owner's column families.
     dirty: usize,
-    /// The parity of entries that changed since the owner's last cut.
-    parity: bool,
+    /// The epoch of entries that changed since the owner's last cut: the cut's.
+    epoch: u8,
+    /// Given-up captures that later cuts took over without sweeping them, in a row.
+    superseded: u8,
     /// The capture of its last cut, until its holder took the held writes.
     capture: Option<Capture>,
     /// Captures that a later cut finished before their holders took them: the held writes
@@ -350,17 +357,17 @@ impl Capture {
     }
 }
 
-/// Copies `entry` into `capture` if its owner's cut (the owner's parity now: `parity`) holds
-/// it and it is not yet copied, and gives it that parity: it counts as changed since the cut.
+/// Copies `entry` into `capture` if its owner's cut (the owner's epoch now: `epoch`) holds
+/// it and it is not yet copied, and gives it that epoch: it counts as changed since the cut.
 #[inline]
-fn settle(entry: &mut Cached, parity: bool, capture: Option<&mut Capture>) {
-    if entry.parity() != parity {
+fn settle(entry: &mut Cached, epoch: u8, capture: Option<&mut Capture>) {
+    if entry.epoch() != epoch {
         if entry.is_dirty() {
             capture
                 .expect("an entry is held only while its owner's cut is captured")
                 .take(entry);
         }
-        entry.set_parity(parity);
+        entry.set_epoch(epoch);
     }
 }
 
@@ -370,7 +377,7 @@ impl Cuts {
     #[inline]
     fn hold(&mut self, owner: u32, entry: &mut Cached) {
         let state = &mut self.owners[owner as usize];
-        settle(entry, state.parity, state.capture.as_mut());
+        settle(entry, state.epoch, state.capture.as_mut());
     }
 
     /// Whether a cut of any owner is being captured (else no entry is held).
@@ -609,7 +616,7 @@ impl WriteBackCache {
         self.outside += entry.bytes.outside();
         let owner = self.owners[entry.column() as usize];
         // New: changed since any cut.
-        entry.set_parity(self.cuts.owners[owner as usize].parity);
+        entry.set_epoch(self.cuts.owners[owner as usize].epoch);
         if entry.is_dirty() {
             self.count_dirty(owner, true);
         }
@@ -686,9 +693,18 @@ impl WriteBackCache {
     /// [`WriteBackCache::capture_step`] or, before one of them changes or leaves the cache,
     /// by that change (see "Cuts" in the module docs); they stay dirty. Returns the cut's
     /// number, or `None` when nothing of `owner`'s is dirty. An earlier cut's capture not
-    /// yet done is finished first, all at once.
+    /// yet done is finished first, all at once — unless it was given up: then this cut takes
+    /// over what it still marks, which this cut holds too (up to [`MAX_SUPERSEDED`] in a row).
     pub(crate) fn begin_capture(&mut self, owner: u32) -> Option<u64> {
-        self.finish_capture(owner);
+        let state = self.cuts.owners.get_mut(owner as usize)?;
+        match &state.capture {
+            Some(capture) if capture.held.is_none() && state.superseded < MAX_SUPERSEDED => {
+                state.capture = None;
+                state.superseded += 1;
+            }
+            Some(_) => self.finish_capture(owner),
+            None => {}
+        }
         let families: Vec<Option<&str>> = self
             .columns
             .iter()
@@ -700,6 +716,8 @@ impl WriteBackCache {
         let state = self.cuts.owners.get_mut(owner as usize)?;
         state.cuts += 1;
         if state.dirty == 0 {
+            // Nothing dirty: nothing marked.
+            state.superseded = 0;
             return None;
         }
         let mut held = HeldWrites::default();
@@ -707,7 +725,7 @@ impl WriteBackCache {
             .into_iter()
             .map(|family| family.map(|family| held.column(family)))
             .collect();
-        state.parity = !state.parity;
+        state.epoch = (state.epoch + 1) % EPOCHS;
         state.capture = Some(Capture {
             cut: state.cuts,
             held: Some(held),
@@ -751,7 +769,7 @@ impl WriteBackCache {
             &mut self.table,
             &self.owners,
             owner,
-            state.parity,
+            state.epoch,
             capture,
             (buckets, STEP_HELD_BYTES),
         );
@@ -761,12 +779,14 @@ impl WriteBackCache {
         if capture.pending > 0 {
             return Ok(CaptureStep::More);
         }
-        let (lost, parity) = (capture.lost, state.parity);
+        let (lost, epoch) = (capture.lost, state.epoch);
+        // Every entry is copied, or a whole turn found none left marked.
         state.capture = None;
+        state.superseded = 0;
         debug_assert!(
             lost > 0
                 || !self.table.iter().any(|entry| entry.is_dirty()
-                    && entry.parity() != parity
+                    && entry.epoch() != epoch
                     && self.owners[entry.column() as usize] == owner),
             "a capture ended with entries held and not copied"
         );
@@ -778,8 +798,8 @@ impl WriteBackCache {
         Ok(CaptureStep::Done)
     }
 
-    /// Gives up `owner`'s cut number `cut`: what it holds is no longer copied (the entries
-    /// still held are swept without copying, at the owner's next cut).
+    /// Gives up `owner`'s cut number `cut`: what it holds is no longer copied (the owner's
+    /// next cut takes over the entries it still marks, or sweeps them without copying).
     pub(crate) fn abandon_capture(&mut self, owner: u32, cut: u64) {
         let Some(state) = self.cuts.owners.get_mut(owner as usize) else {
             return;
@@ -804,11 +824,12 @@ impl WriteBackCache {
                 &mut self.table,
                 &self.owners,
                 owner,
-                state.parity,
+                state.epoch,
                 &mut capture,
                 (usize::MAX, usize::MAX),
             );
         }
+        state.superseded = 0;
         if let Some(mut held) = capture.held.filter(|_| capture.lost == 0) {
             let mut bytes = Vec::new();
             held.drain_into(&mut bytes);
@@ -844,7 +865,7 @@ impl WriteBackCache {
     }
 }
 
-/// Copies the entries of `owner` dirty at its cut and not yet copied (those not of `parity`)
+/// Copies the entries of `owner` dirty at its cut and not yet copied (those not of `epoch`)
 /// from at most `buckets` buckets of `table` into `capture`, from where its sweep stopped,
 /// until the capture holds `bytes` not handed out (after one bucket at least); around again
 /// if the table moved entries meanwhile (it rehashes as it grows).
@@ -852,7 +873,7 @@ fn sweep(
     table: &mut HashTable<Cached>,
     owners: &[u32],
     owner: u32,
-    parity: bool,
+    epoch: u8,
     capture: &mut Capture,
     (buckets, bytes): (usize, usize),
 ) {
@@ -862,10 +883,10 @@ fn sweep(
             let entry = bucket.get_mut();
             // The flags first: the column of a long entry is behind a pointer.
             if entry.is_dirty()
-                && entry.parity() != parity
+                && entry.epoch() != epoch
                 && owners[entry.column() as usize] == owner
             {
-                settle(entry, parity, Some(capture));
+                settle(entry, epoch, Some(capture));
             }
         }
     };
@@ -1366,6 +1387,33 @@ mod tests {
         assert!(cache.table.num_buckets() > buckets, "the table grew");
         while cache.capture_step(0, cut, 2, &mut bytes).unwrap() == CaptureStep::More {}
         assert_eq!(held_entries(&bytes), as_written(0..8));
+    }
+
+    /// A cut takes over what a given-up capture still marks, without a sweep at its barrier,
+    /// for up to [`MAX_SUPERSEDED`] in a row, and the cut after them sweeps first: however many
+    /// captures in a row are given up, the next one that runs to its end holds every dirty
+    /// entry as it is — those unchanged since before the first included.
+    #[test]
+    fn cuts_after_given_up_captures_hold_everything() {
+        let (model, mut cache, column) = dirty_cache(0, 0..40);
+        let mut expected = as_written(0..40);
+        for round in 0..7u8 {
+            let cut = cache.begin_capture(0).expect("dirty entries");
+            assert!(cache.cuts.owners[0].superseded <= MAX_SUPERSEDED);
+            // Half the keys change; the other half stay as they were before the first cut.
+            for key in 0..20u8 {
+                cache
+                    .write(&model, column, &[key], Some(&[key, round]))
+                    .unwrap();
+                expected.insert(vec![key], Some(vec![key, round]));
+            }
+            cache.abandon_capture(0, cut);
+        }
+        let cut = cache.begin_capture(0).expect("dirty entries");
+        let mut bytes = Vec::new();
+        while cache.capture_step(0, cut, 7, &mut bytes).unwrap() == CaptureStep::More {}
+        assert_eq!(held_entries(&bytes), expected);
+        assert_eq!(model.writes.get(), 0);
     }
 
     /// A capture that cannot find every entry it counted fails (the checkpoint with it)
