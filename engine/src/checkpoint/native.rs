@@ -286,10 +286,7 @@ impl NativeUpload {
         let mut longest = Duration::ZERO;
         let mut files = Vec::with_capacity(self.native.files.len() + 1);
         if let Some(mut held) = self.native.held.take() {
-            let stored_name = format!("rocksdb-{}-{HELD_WRITES_FILE}", self.name);
-            let mut writer = StateFileWriter::create(pending, &stored_name)
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut writer = self.writer(pending, HELD_WRITES_FILE).await?;
             longest = write_in_pieces(&mut writer, Some(stopping), |piece| {
                 let more = held.next_piece(piece).map_err(|e| e.to_string())?;
                 Ok((more, false))
@@ -307,6 +304,22 @@ impl NativeUpload {
         };
         referenced.extend(manifest.files.iter().map(|(_, stored)| stored.clone()));
         Ok((manifest.encode(), longest))
+    }
+
+    /// A writer of the instance's file `name` (RocksDB's name) in `pending`: an SST file into
+    /// the job's shared files, any other into the checkpoint's own directory.
+    async fn writer(
+        &self,
+        pending: &PendingCheckpoint,
+        name: &str,
+    ) -> Result<StateFileWriter, String> {
+        let stored_name = format!("{}-{name}", self.name);
+        if NativeFile::is_sst_name(name) {
+            StateFileWriter::create_shared(pending, &stored_name).await
+        } else {
+            StateFileWriter::create(pending, &format!("rocksdb-{stored_name}")).await
+        }
+        .map_err(|e| e.to_string())
     }
 
     /// Uploads the listed files after `files` (written already), into the manifest.
@@ -330,16 +343,7 @@ impl NativeUpload {
                         "the job is stopping: the rest of its files are not uploaded".into(),
                     )
                 }
-                None => {
-                    let stored_name = format!("{}-{}", self.name, file.name);
-                    let writer = if file.is_sst() {
-                        StateFileWriter::create_shared(pending, &stored_name).await
-                    } else {
-                        StateFileWriter::create(pending, &format!("rocksdb-{stored_name}")).await
-                    }
-                    .map_err(|e| e.to_string())?;
-                    copy_file(file, writer).await?
-                }
+                None => copy_file(file, self.writer(pending, &file.name).await?).await?,
             };
             if file.is_sst() {
                 uploaded.insert(file.name.clone(), stored.clone());
