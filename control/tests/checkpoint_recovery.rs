@@ -366,6 +366,7 @@ fn inspect_shows_what_a_checkpoint_holds_and_finds_damage() {
     );
     for expected in [
         "of job 'sequence-check'",
+        ", state backend hashmap)",
         "operator 'check sequence' (uid 'check-sequence', id ",
         "'sequence' ValueState<",
         "SequenceState>",
@@ -431,6 +432,7 @@ fn inspect_checks_the_shared_files_of_rocksdb_checkpoints() {
         Some(0),
         "{report}"
     );
+    assert_eq!(report["state_backend"], "rocksdb", "{report}");
     let check = report["operators"]
         .as_array()
         .expect("operators")

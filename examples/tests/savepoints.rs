@@ -1,7 +1,7 @@
 //! Savepoints in process: a job stopped with a savepoint, started again from it — moved to
 //! another directory, with its checkpoints gone — at the same or another parallelism, on the
-//! heap and on RocksDB and from one to the other, counts every record once, and its windows hold exactly their records
-//! across both runs; a savepoint taken while the job runs on restores the same way; a drained
+//! heap and on RocksDB and from one to the other, counts every record once, and its windows
+//! hold exactly their records across both runs (on the same backend or the other); a savepoint taken while the job runs on restores the same way; a drained
 //! stop fires every timer first; state of an operator the job no longer has is refused unless
 //! allowed; a job without checkpointing refuses savepoints, naming the settings.
 
@@ -176,10 +176,11 @@ const WINDOWS: WindowCheckSpec = WindowCheckSpec {
     rate: Some(4_000.0),
 };
 
-/// The window check stopped with a savepoint (without draining) and started from it: the two
-/// runs' sinks together hold every window and pair exactly once, with exactly its records —
-/// nothing after the savepoint's barrier reached the first run's sink.
-fn windows_stopped_and_restarted(backend: &str) {
+/// The window check on `backend` stopped with a savepoint (without draining) and started from
+/// it on `restores_on`: the two runs' sinks together hold every window and pair exactly once,
+/// with exactly its records — nothing after the savepoint's barrier reached the first run's
+/// sink.
+fn windows_stopped_and_restarted(backend: &str, restores_on: &str) {
     let slots = 2;
     let dir = tempfile::tempdir().expect("a temporary directory");
     let checkpoints = dir.path().join("checkpoints");
@@ -194,6 +195,7 @@ fn windows_stopped_and_restarted(backend: &str) {
     assert_self_contained(&savepoint);
     std::fs::remove_dir_all(&checkpoints).expect("the checkpoints go");
 
+    let config = config_on(restores_on, &checkpoints, slots, 1);
     let env = StreamEnvironment::new(config).expect("an environment");
     let (second_sink, second) = CollectSink::new();
     window_check::reports(&env, WINDOWS, slots).sink_to(second_sink, "collect");
@@ -215,12 +217,20 @@ fn windows_stopped_and_restarted(backend: &str) {
 
 #[test]
 fn windows_stopped_with_a_savepoint_fire_once_across_both_runs() {
-    windows_stopped_and_restarted(HEAP);
+    windows_stopped_and_restarted(HEAP, HEAP);
 }
 
 #[test]
 fn windows_on_rocksdb_stopped_with_a_savepoint_fire_once_across_both_runs() {
-    windows_stopped_and_restarted(ROCKSDB);
+    windows_stopped_and_restarted(ROCKSDB, ROCKSDB);
+}
+
+/// Windows' savepoints are canonical too (each pane's contents read out of RocksDB into the
+/// heap's layout): taken on either backend, they start the job on the other.
+#[test]
+fn windows_stopped_with_a_savepoint_start_again_on_the_other_backend() {
+    windows_stopped_and_restarted(HEAP, ROCKSDB);
+    windows_stopped_and_restarted(ROCKSDB, HEAP);
 }
 
 /// A savepoint taken while the job runs on, then the job cancelled: started from the

@@ -1076,7 +1076,6 @@ fn read_restored(
     let mut restored = RestoredJob {
         checkpoint: completed.metadata.checkpoint,
         dir: completed.dir.clone(),
-        backend: payload.backend,
         ..RestoredJob::default()
     };
     let subtasks = payload.operators.iter().map(|o| o.parallelism).max();

@@ -31,6 +31,9 @@ pub struct CheckpointReport {
     pub checkpoint: u64,
     /// When it was triggered (ms since the epoch).
     pub timestamp_ms: i64,
+    /// The state backend that wrote it (`hashmap` or `rocksdb`; `None` for checkpoints of
+    /// builds before it was recorded).
+    pub state_backend: Option<String>,
     /// The bytes of the files it consists of (its state files, and RocksDB's, some of them
     /// shared with other checkpoints).
     pub bytes: u64,
@@ -192,6 +195,9 @@ pub fn inspect(path: &Path) -> Result<CheckpointReport, String> {
         job: metadata.job.clone(),
         checkpoint: metadata.checkpoint,
         timestamp_ms: metadata.timestamp_ms,
+        state_backend: payload
+            .backend
+            .map(|backend| backend.config_name().to_string()),
         bytes: metadata.all_files().map(|file| file.len).sum(),
         operators: payload
             .operators
@@ -435,12 +441,15 @@ impl std::fmt::Display for CheckpointReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "checkpoint {} of job '{}' at {} ({} bytes, taken at {} ms)",
+            "checkpoint {} of job '{}' at {} ({} bytes, taken at {} ms{})",
             self.checkpoint,
             self.job,
             self.path.display(),
             self.bytes,
-            self.timestamp_ms
+            self.timestamp_ms,
+            self.state_backend
+                .as_ref()
+                .map_or_else(String::new, |backend| format!(", state backend {backend}"))
         )?;
         for operator in &self.operators {
             let uid = operator

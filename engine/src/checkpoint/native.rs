@@ -37,10 +37,9 @@
 //! hard-links its files (`RocksDbInstance::create_checkpoint`: a longer pause than a cut's), and
 //! the writer opens it as an instance of its own and reads it out
 //! (`RocksDbInstance::write_keyed_snapshot`); a job restoring that on RocksDB loads it into a
-//! fresh instance (`LocalKeyedBackend::restore`). A window operator's contents (kept by
-//! `window::stored` in a layout of its own) are uploaded as RocksDB's files — every one into
-//! the savepoint's own directory, leaving the record of uploaded files as it was — and so
-//! restore on RocksDB only.
+//! fresh instance (`LocalKeyedBackend::restore`). A window operator's savepoint reads its
+//! panes' contents out of the instance at the barrier into the windows' canonical layout
+//! (`window::stored`). So a savepoint holds no RocksDB file, and restores on either backend.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -179,6 +178,10 @@ impl NativeState {
     /// upload to `snapshot`: a cut of its live files when it writes its log (a checkpointed
     /// job's instances do), else a checkpoint with its memtables flushed.
     pub(crate) fn snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+        debug_assert!(
+            !snapshot.is_savepoint(),
+            "a savepoint holds the canonical layout, not RocksDB's files"
+        );
         let number = self.snapshots.get();
         self.snapshots.set(number + 1);
         let dir = self
@@ -330,10 +333,8 @@ impl NativeUpload {
         stopping: &AtomicBool,
     ) -> Result<Manifest, String> {
         let mut uploaded = HashMap::new();
-        // A savepoint lists no file of a checkpoint, and is no base for the next one.
-        let savepoint = pending.is_savepoint();
         for file in &self.native.files {
-            let known = (self.incremental && !savepoint && file.is_sst())
+            let known = (self.incremental && file.is_sst())
                 .then(|| self.uploads.uploaded.borrow().get(&file.name).cloned())
                 .flatten();
             let stored = match known {
@@ -350,10 +351,8 @@ impl NativeUpload {
             }
             files.push((file.name.clone(), stored));
         }
-        if !savepoint {
-            // Only the files still live: one compacted away is never listed again.
-            *self.uploads.uploaded.borrow_mut() = uploaded;
-        }
+        // Only the files still live: one compacted away is never listed again.
+        *self.uploads.uploaded.borrow_mut() = uploaded;
         Ok(Manifest { files })
     }
 }

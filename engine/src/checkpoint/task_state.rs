@@ -173,9 +173,6 @@ pub(crate) struct RestoredJob {
     /// It is one of the job's own checkpoints (not a savepoint): its shared files are the
     /// ones the job's next checkpoints may list again.
     pub(crate) own: bool,
-    /// The state backend that wrote it (`None`: a checkpoint of a build before this was
-    /// recorded).
-    pub(crate) backend: Option<weir_state::BackendType>,
     pub(crate) parts: HashMap<String, Vec<SubtaskParts>>,
     /// Each operator's parallelism in the checkpoint, by operator id.
     pub(crate) parallelism: HashMap<String, usize>,

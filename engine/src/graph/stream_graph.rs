@@ -46,11 +46,6 @@ pub(crate) trait OperatorFactory: Send + Sync {
     ) -> AnyOutput;
     /// What the operators this makes hold that checkpoints cannot write yet, if anything.
     fn unsupported_state(&self) -> Option<&'static str>;
-    /// Whether its checkpoint parts are laid out differently on each state backend (window
-    /// operators), so that it restores only from what the same backend wrote.
-    fn layout_per_backend(&self) -> bool {
-        false
-    }
 }
 
 /// Creates one subtask's sink writer, as an output.

@@ -1106,62 +1106,41 @@ fn start_checkpoints(
     open_checkpoints(&checkpoint_config.dir, job_name, resume, rules)
 }
 
-/// Refuses to restore state that `backend` cannot read because the other state backend wrote
-/// it in a form of its own: a RocksDB checkpoint's files (a `rocksdb` part: a RocksDB job's
-/// keyed state in a checkpoint, its windows' contents in a savepoint too), or a window
-/// operator's parts, whose layout differs by backend. Keyed state in the canonical format (any
-/// heap checkpoint, any savepoint's keyed operators), timers, operator state and join buffers
-/// restore on either backend.
+/// Refuses to restore state that `backend` cannot read: RocksDB's own files (an operator's
+/// `rocksdb` part, which RocksDB checkpoints hold) on the heap. Everything else restores on
+/// either backend: keyed state and windows in the canonical layout (any heap checkpoint, any
+/// savepoint), timers, operator state and join buffers.
 fn refuse_other_backend(
     exec: &ExecutionGraph,
     restored: &RestoredJob,
     backend: BackendType,
 ) -> Result<(), JobError> {
-    let native = |parts: &HashMap<String, bytes::Bytes>| parts.contains_key(PART_ROCKSDB);
-    let written_by = restored.backend.unwrap_or_else(|| {
-        let any_native = restored
-            .parts
-            .values()
-            .any(|subtasks| subtasks.iter().any(|(_, parts)| native(parts)));
-        if any_native {
-            BackendType::RocksDb
-        } else {
-            BackendType::Heap
-        }
-    });
-    if written_by == backend {
+    if backend == BackendType::RocksDb {
         return Ok(());
     }
-    for (operator, subtasks) in &restored.parts {
-        let node = exec
-            .job
-            .graph
-            .nodes
+    let native = restored.parts.iter().find(|(_, subtasks)| {
+        subtasks
             .iter()
-            .find(|node| exec.job.operator_ids[node.id].to_string() == *operator);
-        let form = if subtasks.iter().any(|(_, parts)| native(parts)) {
-            "RocksDB's own files"
-        } else if node.is_some_and(|node| match &node.kind {
-            NodeKind::Operator(factory) => factory.layout_per_backend(),
-            NodeKind::Source(_) | NodeKind::Sink(_) => false,
-        }) {
-            "the layout of windows on that backend"
-        } else {
-            continue;
-        };
-        let name = node.map_or(operator.as_str(), |node| node.name.as_str());
-        return Err(JobError::InvalidJob(format!(
-            "{} holds the state of operator '{name}' in {form}, written by the {} state \
-             backend, which state.backend.type: {} cannot read; restore it with \
-             state.backend.type: {} (a savepoint of a job's keyed state other than windows \
-             restores on either backend)",
-            restored.dir.display(),
-            written_by.config_name(),
-            backend.config_name(),
-            written_by.config_name(),
-        )));
-    }
-    Ok(())
+            .any(|(_, parts)| parts.contains_key(PART_ROCKSDB))
+    });
+    let Some((operator, _)) = native else {
+        return Ok(());
+    };
+    let name = exec
+        .job
+        .graph
+        .nodes
+        .iter()
+        .find(|node| exec.job.operator_ids[node.id].to_string() == *operator)
+        .map_or(operator.as_str(), |node| node.name.as_str());
+    Err(JobError::InvalidJob(format!(
+        "{} holds the state of operator '{name}' in RocksDB's own files (a checkpoint of the \
+         rocksdb state backend), which state.backend.type: {} cannot read; restore it with \
+         state.backend.type: rocksdb, or take a savepoint there, which restores on either \
+         backend",
+        restored.dir.display(),
+        backend.config_name(),
+    )))
 }
 
 /// What feeds the input channels of the task headed by `head`, in the order its gate has them

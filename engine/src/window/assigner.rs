@@ -281,15 +281,10 @@ where
     }
 
     /// Windows write their panes, sessions and timers (`window::checkpoint`), and on RocksDB
-    /// their contents as their instance's checkpoint (`window::stored`).
+    /// their contents as their instance's checkpoint, or read out of it into a savepoint
+    /// (`window::stored`).
     fn unsupported_state(&self) -> Option<&'static str> {
         None
-    }
-
-    /// On the heap the panes hold the contents; on RocksDB the instance does, in a layout of
-    /// its own (`window::stored`).
-    fn layout_per_backend(&self) -> bool {
-        true
     }
 }
 
@@ -374,8 +369,8 @@ where
         self.logic.acc_codec()
     }
 
-    fn bookkeeping_part(&self) -> &'static str {
-        self.logic.bookkeeping_part()
+    fn stored_codec(&self) -> Option<super::checkpoint::AccCodec<L::Acc>> {
+        self.logic.stored_codec()
     }
 
     fn snapshot_contents(

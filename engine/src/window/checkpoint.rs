@@ -1,4 +1,4 @@
-//! Checkpoints of the window operators' heap state.
+//! Checkpoints of the window operators' state.
 //!
 //! A window operator keeps its windows in maps of its own (`aligned.rs`, `session.rs`,
 //! `global.rs`), not in a keyed backend, and checkpoints them as keyed state
@@ -13,10 +13,12 @@
 //! - `window-cleanup-timers` (list of `i64`): sessions kept for their allowed lateness;
 //! - `window-count` (`u64`): records in the key's count window.
 //!
-//! With the RocksDB backend the contents live in the operator's RocksDB instance
-//! (`stored.rs`), checkpointed natively (`checkpoint::native`); the accumulator this part
-//! writes is then the pane number the contents are stored under, and the part is the
-//! operator's `own-keyed` one (its `keyed` part would be a heap backend's state).
+//! That is the canonical layout, the operator's `keyed` part: every heap checkpoint and every
+//! savepoint, on either backend, restorable on either. With the RocksDB backend the contents
+//! live in the operator's RocksDB instance (`stored.rs`): a checkpoint writes them as the
+//! instance's own (`checkpoint::native`), and this layout in the operator's `own-keyed` part
+//! with the pane number the contents are stored under as each accumulator; a savepoint reads
+//! the contents out of the instance into the canonical layout ([`Layout`]).
 //!
 //! Pane clean-up timers are not written: a restore sets them again from the panes. The
 //! operator's watermark is not written either: as in Flink, a restored operator starts from
@@ -59,12 +61,10 @@ pub(crate) const COUNTS: &str = "window-count";
 pub(crate) struct AccCodec<A> {
     pub(super) kind: StateKind,
     pub(super) value_type: &'static str,
-    /// How many entries `acc` is written as.
-    pub(super) entries: fn(&A) -> usize,
-    /// Appends the encoding of the `i`-th entry of `acc`.
-    pub(super) encode_entry: fn(&A, usize, &mut Vec<u8>) -> Result<(), rancor::Error>,
-    /// Folds one decoded entry into `acc` (a value state's entry replaces it).
-    pub(super) decode_entry: fn(&mut A, &[u8]) -> Result<(), rancor::Error>,
+    /// Puts each entry of `acc` (none, one, or a list's elements).
+    pub(super) encode: fn(&A, &mut Entries<'_>) -> Result<(), StateError>,
+    /// Folds one checkpointed entry into `acc` (a value state's entry replaces it).
+    pub(super) decode_entry: fn(&mut A, &[u8]) -> Result<(), StateError>,
 }
 
 impl<A> Clone for AccCodec<A> {
@@ -88,17 +88,50 @@ impl<A> AccCodec<A> {
 
     /// Folds one checkpointed entry into `acc` (a value state's entry replaces it).
     pub(crate) fn decode_into(&self, acc: &mut A, bytes: &[u8]) -> Result<(), StateError> {
-        (self.decode_entry)(acc, bytes).map_err(|error| {
-            StateErrorKind::Corrupt {
-                state: CONTENTS.to_string(),
-                what: "checkpointed window contents",
-                type_name: self.value_type,
-                len: bytes.len(),
-                reason: error.to_string(),
-            }
-            .into()
-        })
+        (self.decode_entry)(acc, bytes)
     }
+}
+
+/// Where a window operator's snapshot goes and how it writes accumulators: its `keyed` part
+/// in the canonical layout, or its `own-keyed` part beside the state backend's own checkpoint
+/// of the contents ([`super::function::WindowLogic::layout`]).
+pub(crate) struct Layout<A> {
+    pub(crate) part: &'static str,
+    pub(crate) codec: AccCodec<A>,
+}
+
+/// Where an accumulator's entries go: each is encoded into a buffer and handed on.
+pub(crate) struct Entries<'a> {
+    value: &'a mut Vec<u8>,
+    value_type: &'static str,
+    sink: &'a mut dyn FnMut(&[u8]) -> Result<(), StateError>,
+}
+
+impl Entries<'_> {
+    /// Puts the entry that `encode` appends to an empty buffer.
+    pub(crate) fn put(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<(), rancor::Error>,
+    ) -> Result<(), StateError> {
+        self.value.clear();
+        encode(self.value)
+            .map_err(|error| StateError::encoding(CONTENTS, self.value_type, error))?;
+        (self.sink)(self.value)
+    }
+}
+
+/// A checkpointed entry of window contents decoded as a `T`, or why it cannot be.
+pub(crate) fn decode_entry<T: StateCodec>(bytes: &[u8]) -> Result<T, StateError> {
+    T::decode(bytes).map_err(|error| {
+        StateErrorKind::Corrupt {
+            state: CONTENTS.to_string(),
+            what: "checkpointed window contents",
+            type_name: type_name::<T>(),
+            len: bytes.len(),
+            reason: error.to_string(),
+        }
+        .into()
+    })
 }
 
 impl<T: StateCodec> AccCodec<Option<T>> {
@@ -107,10 +140,12 @@ impl<T: StateCodec> AccCodec<Option<T>> {
         AccCodec {
             kind: StateKind::Value,
             value_type: type_name::<T>(),
-            entries: |acc| usize::from(acc.is_some()),
-            encode_entry: |acc, _, out| acc.as_ref().expect("counted").encode_into(out),
+            encode: |acc, entries| match acc {
+                Some(value) => entries.put(|out| value.encode_into(out)),
+                None => Ok(()),
+            },
             decode_entry: |acc, bytes| {
-                *acc = Some(T::decode(bytes)?);
+                *acc = Some(decode_entry(bytes)?);
                 Ok(())
             },
         }
@@ -123,10 +158,9 @@ impl<T: StateCodec> AccCodec<T> {
         AccCodec {
             kind: StateKind::Value,
             value_type: type_name::<T>(),
-            entries: |_| 1,
-            encode_entry: |acc, _, out| acc.encode_into(out),
+            encode: |acc, entries| entries.put(|out| acc.encode_into(out)),
             decode_entry: |acc, bytes| {
-                *acc = T::decode(bytes)?;
+                *acc = decode_entry(bytes)?;
                 Ok(())
             },
         }
@@ -139,10 +173,12 @@ impl<T: StateCodec> AccCodec<Vec<T>> {
         AccCodec {
             kind: StateKind::List,
             value_type: type_name::<T>(),
-            entries: Vec::len,
-            encode_entry: |acc, i, out| acc[i].encode_into(out),
+            encode: |acc, entries| {
+                acc.iter()
+                    .try_for_each(|value| entries.put(|out| value.encode_into(out)))
+            },
             decode_entry: |acc, bytes| {
-                acc.push(T::decode(bytes)?);
+                acc.push(decode_entry(bytes)?);
                 Ok(())
             },
         }
@@ -172,14 +208,13 @@ impl<K: Key, N: StateCodec + PartialEq + Copy, A> WindowSnapshot<K, N, A> {
             Some(window) => Some(self.windows.encoding(window, CONTENTS)?),
             None => None,
         };
-        for i in 0..(self.codec.entries)(acc) {
-            self.value.clear();
-            (self.codec.encode_entry)(acc, i, &mut self.value)
-                .map_err(|error| StateError::encoding(CONTENTS, self.codec.value_type, error))?;
-            self.writer
-                .put_encoded(self.contents, namespace, &self.value)?;
-        }
-        Ok(())
+        let (writer, contents) = (&mut self.writer, self.contents);
+        let mut entries = Entries {
+            value: &mut self.value,
+            value_type: self.codec.value_type,
+            sink: &mut |value| writer.put_encoded(contents, namespace, value),
+        };
+        (self.codec.encode)(acc, &mut entries)
     }
 
     /// Puts a timer of the current key at `at` into `state`.
@@ -235,8 +270,7 @@ impl<K: Key, N: StateCodec + PartialEq + Copy, A> WindowSnapshot<K, N, A> {
 }
 
 /// A snapshot of one window operator subtask whose window contents are written with
-/// `codec` (the operator adds it to its snapshot as its part
-/// [`super::function::WindowLogic::bookkeeping_part`]).
+/// `codec` (the operator adds it to its snapshot as the part its [`Layout`] names).
 pub(crate) fn snapshot<K: Key, N: StateCodec, A>(
     scope: &KeyedScope,
     codec: AccCodec<A>,

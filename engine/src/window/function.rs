@@ -9,10 +9,11 @@ use weir_state::{
     ValueState, ValueStateDescriptor,
 };
 
-use super::checkpoint::{AccCodec, CONTENTS};
+use super::checkpoint::{decode_entry, AccCodec, Entries, Layout, CONTENTS};
 
 use crate::api::Collector;
-use crate::operator::Batch;
+use crate::checkpoint::task_state::{PART_KEYED, PART_OWN_KEYED};
+use crate::operator::{Batch, RuntimeContext};
 use crate::record::Key;
 
 /// An incremental aggregation (Flink's `AggregateFunction`): records are folded into an
@@ -101,21 +102,42 @@ pub(crate) trait WindowLogic<K, W, T, O>: 'static {
         timestamp: i64,
         out: &mut Batch<O>,
     );
-    /// How a checkpoint writes an accumulator (with contents in the state backend: what
-    /// stands for them).
+    /// How the canonical layout writes an accumulator: its contents, wherever they live
+    /// (`checkpoint.rs`).
     fn acc_codec(&self) -> AccCodec<Self::Acc>;
-    /// The operator's checkpoint part its windows, timers and accumulators are written as:
-    /// its `keyed` part, or `own-keyed` when the contents live in the state backend (whose
-    /// checkpoint is the operator's state there).
-    fn bookkeeping_part(&self) -> &'static str {
-        crate::checkpoint::task_state::PART_KEYED
+    /// With the contents in the state backend: how a checkpoint writes what stands for them,
+    /// beside the backend's own checkpoint of the contents
+    /// ([`WindowLogic::snapshot_contents`]).
+    fn stored_codec(&self) -> Option<AccCodec<Self::Acc>> {
+        None
     }
-    /// Adds the contents kept in the state backend, if they are, to a checkpoint.
+    /// Adds the contents kept in the state backend to a checkpoint.
     fn snapshot_contents(
         &self,
         _snapshot: &mut crate::checkpoint::task_state::OperatorSnapshot,
     ) -> Result<(), StateError> {
         Ok(())
+    }
+    /// How a savepoint, or else a checkpoint, writes the windows: a savepoint always in the
+    /// canonical layout, restorable on either backend.
+    fn layout(&self, savepoint: bool) -> Layout<Self::Acc> {
+        match self.stored_codec() {
+            Some(codec) if !savepoint => Layout {
+                part: PART_OWN_KEYED,
+                codec,
+            },
+            _ => Layout {
+                part: PART_KEYED,
+                codec: self.acc_codec(),
+            },
+        }
+    }
+    /// How the checkpoint the job resumes from holds the windows: beside the state backend's
+    /// own checkpoint when it has the operator's `own-keyed` part, else in the canonical
+    /// layout (a savepoint, or a heap checkpoint), whichever backend wrote it.
+    fn restored_layout(&self, ctx: &RuntimeContext) -> Layout<Self::Acc> {
+        let native = ctx.with_restored_of_all(PART_OWN_KEYED, |parts| !parts.is_empty());
+        self.layout(!native)
     }
 }
 
@@ -303,27 +325,49 @@ pub(crate) trait StoredLogic<K, W, T, O>: WindowLogic<K, W, T, O> {
     ) -> Result<(), StateError>;
 }
 
-/// A state handle holding window contents: what a pane's clean-up needs of it.
+/// A state handle holding window contents: what a pane's clean-up and the canonical layout
+/// need of it. The current pane's contents are the entries the heap's accumulator of the same
+/// window function is written as (a reduced value or an accumulator, or a list of records),
+/// encoded alike.
 pub(crate) trait Contents: 'static {
     /// Removes the current pane's contents.
     fn clear(&self) -> Result<(), StateError>;
+    /// Puts each entry of the current pane's contents.
+    fn encode_entries(&self, entries: &mut Entries<'_>) -> Result<(), StateError>;
+    /// Adds one checkpointed entry to the current pane's contents.
+    fn put_entry(&self, bytes: &[u8]) -> Result<(), StateError>;
 }
 
-impl<T> Contents for ValueState<T>
-where
-    T: 'static,
-{
+impl<T: StateValue> Contents for ValueState<T> {
     fn clear(&self) -> Result<(), StateError> {
         ValueState::clear(self)
     }
+
+    fn encode_entries(&self, entries: &mut Entries<'_>) -> Result<(), StateError> {
+        match self.value()? {
+            Some(value) => entries.put(|out| value.encode_into(out)),
+            None => Ok(()),
+        }
+    }
+
+    fn put_entry(&self, bytes: &[u8]) -> Result<(), StateError> {
+        self.update(decode_entry(bytes)?)
+    }
 }
 
-impl<T> Contents for ListState<T>
-where
-    T: 'static,
-{
+impl<T: StateValue> Contents for ListState<T> {
     fn clear(&self) -> Result<(), StateError> {
         ListState::clear(self)
+    }
+
+    fn encode_entries(&self, entries: &mut Entries<'_>) -> Result<(), StateError> {
+        self.get()?
+            .iter()
+            .try_for_each(|value| entries.put(|out| value.encode_into(out)))
+    }
+
+    fn put_entry(&self, bytes: &[u8]) -> Result<(), StateError> {
+        self.add(decode_entry(bytes)?)
     }
 }
 

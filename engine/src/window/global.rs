@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
 
-use super::checkpoint::{KeyedScope, COUNTS};
+use super::checkpoint::{AccCodec, KeyedScope, Layout, COUNTS};
 use super::function::WindowLogic;
 use super::{GlobalWindow, KeyMap, Window};
 use crate::checkpoint::task_state::OperatorSnapshot;
@@ -41,28 +41,29 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
         K: Key,
     {
         let scope = self.scope.expect("opened");
-        let codec = self.logic.acc_codec();
-        let mut writer = super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, codec);
+        let layout = self.logic.layout(snapshot.is_savepoint());
+        let mut writer =
+            super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, layout.codec);
         let counts = writer.add_state::<u64>(COUNTS, StateKind::Value);
         for (key, (seen, acc)) in &self.keys {
             writer.key(key)?;
             writer.contents(None, acc)?;
             writer.put(&counts, seen)?;
         }
-        snapshot.add(self.logic.bookkeeping_part(), writer.finish()?);
+        snapshot.add(layout.part, writer.finish()?);
         self.logic.snapshot_contents(snapshot)
     }
 
     /// Takes back the windows and counts of this subtask's key groups from the checkpoint the
-    /// job resumes from.
+    /// job resumes from, its accumulators written with `codec`.
     fn restore(
         &mut self,
         restored: &KeyedSnapshotEntries<K, GlobalWindow>,
+        codec: AccCodec<L::Acc>,
     ) -> Result<(), StateError>
     where
         K: Key,
     {
-        let codec = self.logic.acc_codec();
         let (keys, logic) = (&mut self.keys, &self.logic);
         codec.restore(restored, |key, _, bytes| {
             let (_, acc) = keys
@@ -94,12 +95,10 @@ where
     L: WindowLogic<K, GlobalWindow, T, O>,
 {
     fn open(&mut self, ctx: &RuntimeContext) {
-        let scope = super::checkpoint::open(
-            ctx,
-            "count windows",
-            self.logic.bookkeeping_part(),
-            |restored| self.restore(restored),
-        );
+        let Layout { part, codec } = self.logic.restored_layout(ctx);
+        let scope = super::checkpoint::open(ctx, "count windows", part, |restored| {
+            self.restore(restored, codec)
+        });
         self.scope = Some(scope);
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
 
 use super::assigner::SessionGap;
-use super::checkpoint::{KeyedScope, CLEANUP_TIMERS, FIRE_TIMERS};
+use super::checkpoint::{AccCodec, KeyedScope, Layout, CLEANUP_TIMERS, FIRE_TIMERS};
 use super::function::WindowLogic;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
 use crate::checkpoint::task_state::OperatorSnapshot;
@@ -174,8 +174,8 @@ where
     /// Writes every key's sessions and their timers (`checkpoint.rs` has the layout).
     fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let scope = self.scope.expect("opened");
-        let codec = self.logic.acc_codec();
-        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, codec);
+        let layout = self.logic.layout(snapshot.is_savepoint());
+        let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, layout.codec);
         let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
         let cleanup_timers = writer.add_state::<i64>(CLEANUP_TIMERS, StateKind::List);
         for (key, sessions) in &self.keys {
@@ -196,17 +196,17 @@ where
             });
         }
         result?;
-        snapshot.add(self.logic.bookkeeping_part(), writer.finish()?);
+        snapshot.add(layout.part, writer.finish()?);
         self.logic.snapshot_contents(snapshot)
     }
 
     /// Takes back the sessions and timers of this subtask's key groups from the checkpoint
-    /// the job resumes from.
+    /// the job resumes from, its accumulators written with `codec`.
     fn restore(
         &mut self,
         restored: &KeyedSnapshotEntries<K, TimeWindow>,
+        codec: AccCodec<L::Acc>,
     ) -> Result<(), StateError> {
-        let codec = self.logic.acc_codec();
         let (keys, logic) = (&mut self.keys, &self.logic);
         codec.restore(restored, |key, window, bytes| {
             let window = window.ok_or_else(|| {
@@ -314,10 +314,10 @@ where
     }
 
     fn open(&mut self, ctx: &RuntimeContext) {
-        let scope =
-            super::checkpoint::open(ctx, "sessions", self.logic.bookkeeping_part(), |restored| {
-                self.restore(restored)
-            });
+        let Layout { part, codec } = self.logic.restored_layout(ctx);
+        let scope = super::checkpoint::open(ctx, "sessions", part, |restored| {
+            self.restore(restored, codec)
+        });
         self.scope = Some(scope);
     }
 

@@ -14,18 +14,23 @@
 //! A checkpoint writes the contents as the RocksDB instance's native checkpoint
 //! (`checkpoint::native`), and the bookkeeping as the operator's `own-keyed` part, with each
 //! token's pane number as its accumulator; a restore brings both back, and numbers new panes
-//! after the highest restored one.
+//! after the highest restored one. A savepoint writes the canonical layout instead, as the
+//! heap path does (`checkpoint.rs`): each pane's contents read out of the instance at the
+//! barrier, encoded as the heap's accumulator of the same function is. A restore from that
+//! layout (any savepoint, or a heap checkpoint) writes each pane's contents into the fresh
+//! instance under a new pane number. So window state moves between the backends the way
+//! keyed state does.
 
 use std::cell::Cell;
 use std::rc::Rc;
 
 use weir_state::{LocalKeyedBackend, StateCodec, StateError, StateKind};
 
-use super::checkpoint::AccCodec;
+use super::checkpoint::{decode_entry, AccCodec};
 use super::function::{Contents, StoredLogic, WindowLogic};
 use super::recycle;
 use crate::checkpoint::native::NativeState;
-use crate::checkpoint::task_state::{OperatorSnapshot, PART_OWN_KEYED};
+use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::operator::{Batch, RuntimeContext};
 use crate::record::Key;
 
@@ -206,26 +211,43 @@ where
         self.loaded = loaded;
     }
 
+    /// The contents, read from (and written into) the instance at the pane's key and number.
     fn acc_codec(&self) -> AccCodec<Self::Acc> {
+        let canonical = self.logic.acc_codec();
         AccCodec {
-            kind: StateKind::Value,
-            value_type: "pane number (u64) of window contents in RocksDB",
-            entries: |_| 1,
-            encode_entry: |acc, _, out| acc.pane.encode_into(out),
+            kind: canonical.kind,
+            value_type: canonical.value_type,
+            encode: |acc, entries| {
+                acc.store.try_select(&acc.key, acc.pane)?;
+                acc.store.contents.encode_entries(entries)
+            },
             decode_entry: |acc, bytes| {
-                acc.pane = u64::decode(bytes)?;
-                let next = &acc.store.next;
-                next.set(next.get().max(acc.pane.saturating_add(1)));
-                Ok(())
+                acc.store.try_select(&acc.key, acc.pane)?;
+                acc.store.contents.put_entry(bytes)
             },
         }
     }
 
-    fn bookkeeping_part(&self) -> &'static str {
-        PART_OWN_KEYED
+    /// The pane number, beside the instance's checkpoint.
+    fn stored_codec(&self) -> Option<AccCodec<Self::Acc>> {
+        Some(AccCodec {
+            kind: StateKind::Value,
+            value_type: "pane number (u64) of window contents in RocksDB",
+            encode: |acc, entries| entries.put(|out| acc.pane.encode_into(out)),
+            decode_entry: |acc, bytes| {
+                acc.pane = decode_entry(bytes)?;
+                let next = &acc.store.next;
+                next.set(next.get().max(acc.pane.saturating_add(1)));
+                Ok(())
+            },
+        })
     }
 
     fn snapshot_contents(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+        if snapshot.is_savepoint() {
+            // Written with the windows: a savepoint's layout is the canonical one.
+            return Ok(());
+        }
         self.store.native.snapshot(snapshot)
     }
 }

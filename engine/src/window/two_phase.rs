@@ -512,8 +512,8 @@ where
         self.inner.acc_codec()
     }
 
-    fn bookkeeping_part(&self) -> &'static str {
-        self.inner.bookkeeping_part()
+    fn stored_codec(&self) -> Option<super::checkpoint::AccCodec<L::Acc>> {
+        self.inner.stored_codec()
     }
 
     fn snapshot_contents(

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
 
 use self::snapshot::{Changes, Cut, KeyWriter, STEP_BYTES};
-use super::checkpoint::{foreign_window, KeyedScope, FIRE_TIMERS};
+use super::checkpoint::{foreign_window, AccCodec, KeyedScope, Layout, FIRE_TIMERS};
 use super::function::WindowLogic;
 use super::panes::PaneList;
 use super::recycle;
@@ -501,10 +501,10 @@ where
     /// savepoint is written whole, outside the chain (it shares nothing), so the next
     /// checkpoint's delta still goes over the chain's last link.
     fn write_snapshot(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
-        let part = self.firing.logic.bookkeeping_part();
+        let layout = self.firing.logic.layout(snapshot.is_savepoint());
         if self.changes.epoch == 0 {
             // Not checkpointed (an operator tested on its own): written now.
-            snapshot.add(part, self.write_now()?);
+            snapshot.add(layout.part, self.write_now(layout.codec)?);
             return self.firing.logic.snapshot_contents(snapshot);
         }
         self.changes.finish_pending(&self.keys);
@@ -529,7 +529,7 @@ where
             Some(Link::Full) => Cut::Full,
             Some(Link::Delta) => Cut::Delta,
         };
-        let writer = self.key_writer();
+        let writer = self.key_writer(layout.codec);
         let encoder = self.changes.write_after_barrier(&self.keys, writer, cut);
         if snapshot.is_savepoint() || self.finished {
             // No turns may follow (the job stops after a savepoint, or the input ended): the
@@ -540,20 +540,19 @@ where
             (Cut::Full | Cut::Delta, Some(chain)) => {
                 chain.add(snapshot, Some((cut == Cut::Full, encoder)), keys)
             }
-            _ => snapshot.add_deferred(part, encoder),
+            _ => snapshot.add_deferred(layout.part, encoder),
         }
         self.firing.logic.snapshot_contents(snapshot)
     }
 
-    fn key_writer(&self) -> KeyWriter<K, L::Acc> {
+    fn key_writer(&self, codec: AccCodec<L::Acc>) -> KeyWriter<K, L::Acc> {
         let scope = self.scope.expect("opened");
-        let codec = self.firing.logic.acc_codec();
         KeyWriter::new(&scope, codec, self.schedule.geometry.pane)
     }
 
     /// Encodes every key now.
-    fn write_now(&mut self) -> Result<Vec<u8>, StateError> {
-        let mut writer = self.key_writer();
+    fn write_now(&mut self, codec: AccCodec<L::Acc>) -> Result<Vec<u8>, StateError> {
+        let mut writer = self.key_writer(codec);
         for (key, state) in self.keys.iter() {
             writer.put(key, state)?;
         }
@@ -561,12 +560,13 @@ where
     }
 
     /// Takes back the panes and fire timers of this subtask's key groups from the checkpoint
-    /// the job resumes from; pane clean-ups are set again from the panes.
+    /// the job resumes from, its accumulators written with `codec`; pane clean-ups are set
+    /// again from the panes.
     fn restore(
         &mut self,
         restored: &KeyedSnapshotEntries<K, TimeWindow>,
+        codec: AccCodec<L::Acc>,
     ) -> Result<(), StateError> {
-        let codec = self.firing.logic.acc_codec();
         let geometry = self.schedule.geometry;
         let keys = &mut self.keys;
         let logic = &self.firing.logic;
@@ -636,11 +636,13 @@ where
     }
 
     fn open(&mut self, ctx: &RuntimeContext) {
-        let part = self.firing.logic.bookkeeping_part();
-        let scope =
-            super::checkpoint::open(ctx, "windows", part, |restored| self.restore(restored));
+        let Layout { part, codec } = self.firing.logic.restored_layout(ctx);
+        let scope = super::checkpoint::open(ctx, "windows", part, |restored| {
+            self.restore(restored, codec)
+        });
         self.scope = Some(scope);
         if ctx.state.checkpointed {
+            let part = self.firing.logic.layout(false).part;
             self.changes = Changes::tracked(KeyedChain::open(ctx, part));
         }
     }
@@ -910,7 +912,8 @@ mod tests {
         mut out: Emitter<(u8, i64, u64)>,
     ) -> Result<Vec<(u8, i64, u64)>, proptest::test_runner::TestCaseError> {
         let mut second = counting(g, lateness);
-        second.restore(restored).expect("restored");
+        let codec = second.firing.logic.acc_codec();
+        second.restore(restored, codec).expect("restored");
         if watermark > Watermark::MIN {
             second.on_watermark(watermark, &mut out);
         }
