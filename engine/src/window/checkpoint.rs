@@ -24,13 +24,13 @@
 //! operator's watermark is not written either: as in Flink, a restored operator starts from
 //! no watermark, and its timers fire when watermarks arrive again.
 //!
-//! Tumbling and sliding windows write their snapshot after the barrier, in pieces between
-//! records (`aligned/snapshot.rs`): the barrier lists the keys, and each is written on the
-//! checkpoint writer's turn or just before it first changes, whichever comes first. With
-//! incremental checkpoints (`checkpoint::chain`) they record which keys change, and a
-//! checkpoint writes only those (and which keys went) as a delta over the last full link.
-//! Session and count windows encode every key while the barrier passes (their maps are not
-//! copy-on-write), before the next record.
+//! Tumbling, sliding and session windows write their snapshot after the barrier, in pieces
+//! between records (`deferred.rs`): the barrier lists the keys, and each is written on the
+//! operator's turn or just before it first changes, whichever comes first. With incremental
+//! checkpoints (`checkpoint::chain`) they record which keys change, and a checkpoint writes
+//! only those (and which keys went) as a delta over the last full link. Count windows encode
+//! every key while the barrier passes (their map is not copy-on-write), before the next
+//! record.
 
 use std::any::type_name;
 
@@ -246,8 +246,9 @@ impl<K: Key, N: StateCodec + PartialEq + Copy, A> WindowSnapshot<K, N, A> {
         self.writer.put(*state, None, codec, value)
     }
 
-    /// Marks the current key as removed (a delta of a chain: `checkpoint::chain`).
-    pub(crate) fn removed(&mut self) -> Result<(), StateError> {
+    /// Marks `key` as removed (a delta of a chain: `checkpoint::chain`).
+    pub(crate) fn removed_key(&mut self, key: &K) -> Result<(), StateError> {
+        self.writer.set_key(key)?;
         self.writer.remove_key()
     }
 

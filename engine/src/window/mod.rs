@@ -16,6 +16,7 @@
 pub(crate) mod aligned;
 pub(crate) mod assigner;
 mod checkpoint;
+mod deferred;
 pub(crate) mod function;
 mod global;
 mod panes;

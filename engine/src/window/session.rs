@@ -4,16 +4,21 @@
 //! chasing a pointer), earlier ones in a `BTreeMap` by start, so finding the ones a record
 //! overlaps is O(log n + merged).
 
+use std::collections::hash_map::Entry;
 use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
+use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec, WriterState};
 
 use super::assigner::SessionGap;
-use super::checkpoint::{AccCodec, KeyedScope, Layout, CLEANUP_TIMERS, FIRE_TIMERS};
+use super::checkpoint::{
+    AccCodec, KeyedScope, Layout, WindowSnapshot, CLEANUP_TIMERS, FIRE_TIMERS,
+};
+use super::deferred::{Changes, KeyWriter, Marks, TrackedKey, STEP_BYTES};
 use super::function::WindowLogic;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
+use crate::checkpoint::chain::KeyedChain;
 use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{Emitter, Operator, OutputTag, RuntimeContext};
@@ -25,6 +30,8 @@ use crate::time::{TimeDomain, TimerQueue};
 struct Sessions<A> {
     latest: Option<(i64, (i64, A))>,
     earlier: BTreeMap<i64, (i64, A)>,
+    /// For the snapshots written after their barrier ([`Changes`]).
+    marks: Marks,
 }
 
 impl<A> Default for Sessions<A> {
@@ -32,7 +39,18 @@ impl<A> Default for Sessions<A> {
         Sessions {
             latest: None,
             earlier: BTreeMap::new(),
+            marks: Marks::default(),
         }
+    }
+}
+
+impl<A> TrackedKey for Sessions<A> {
+    fn marks(&self) -> &Marks {
+        &self.marks
+    }
+
+    fn marks_mut(&mut self) -> &mut Marks {
+        &mut self.marks
     }
 }
 
@@ -131,9 +149,65 @@ pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     fire_timers: TimerQueue<K>,
     cleanup_timers: TimerQueue<K>,
     watermark: Watermark,
+    changes: Changes<K, Sessions<L::Acc>, SessionWriter<K, L::Acc>>,
+    /// The input ended (`Operator::finish`).
+    finished: bool,
     /// Set when opened.
     scope: Option<KeyedScope>,
     _output: PhantomData<fn() -> O>,
+}
+
+/// Writes keys' sessions and their timers into a snapshot (`checkpoint.rs` has the layout),
+/// each session's timer as it stood at the barrier: its fire timer at its end, or — once
+/// fired (the watermark passed its end) and kept for its allowed lateness — its clean-up
+/// timer. (Timers are set lazily, see `advance`: one set while a session ended sooner moves on
+/// to these when it comes due, so these are what it comes to.)
+struct SessionWriter<K, A> {
+    writer: WindowSnapshot<K, TimeWindow, A>,
+    fire_timers: (WriterState, StateValueCodec<i64>),
+    cleanup_timers: (WriterState, StateValueCodec<i64>),
+    /// In event time, the watermark at the barrier: sessions ending at or before it fired.
+    fired_until: Option<i64>,
+    allowed_lateness: i64,
+}
+
+impl<K: Key, A> KeyWriter<K, Sessions<A>> for SessionWriter<K, A> {
+    fn put(&mut self, key: &K, sessions: &Sessions<A>) -> Result<(), StateError> {
+        self.writer.key(key)?;
+        for (start, (end, acc)) in sessions.iter() {
+            self.writer
+                .contents(Some(&TimeWindow::new(start, *end)), acc)?;
+        }
+        for (start, (end, _)) in sessions.iter() {
+            let max = TimeWindow::new(start, *end).max_timestamp();
+            match self.fired_until {
+                Some(watermark) if max <= watermark => {
+                    if self.allowed_lateness > 0 {
+                        let at = max.saturating_add(self.allowed_lateness);
+                        self.writer.put_timer(&self.cleanup_timers, at)?;
+                    }
+                }
+                _ => self.writer.put_timer(&self.fire_timers, max)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn removed(&mut self, key: &K) -> Result<(), StateError> {
+        self.writer.removed_key(key)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.writer.encoded_len()
+    }
+
+    fn into_pieces(self) -> weir_state::KeyedSnapshotPieces {
+        self.writer.into_pieces()
+    }
+
+    fn finish(self) -> Result<Vec<u8>, StateError> {
+        self.writer.finish()
+    }
 }
 
 impl<K, T, O, KS, L> SessionWindowOperator<K, T, O, KS, L>
@@ -166,37 +240,33 @@ where
             fire_timers: TimerQueue::default(),
             cleanup_timers: TimerQueue::default(),
             watermark: Watermark::MIN,
+            changes: Changes::untracked(),
+            finished: false,
             scope: None,
             _output: PhantomData,
         }
     }
 
-    /// Writes every key's sessions and their timers (`checkpoint.rs` has the layout).
-    fn write_snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
+    /// Writes every key's sessions and their timers (`checkpoint.rs` has the layout) — or,
+    /// checkpointing incrementally, those of the keys changed since the last checkpoint, and
+    /// which went (`checkpoint::chain`) — after the barrier, in pieces (`deferred.rs`).
+    fn write_snapshot(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let scope = self.scope.expect("opened");
         let layout = self.logic.layout(snapshot.is_savepoint());
         let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, layout.codec);
         let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
         let cleanup_timers = writer.add_state::<i64>(CLEANUP_TIMERS, StateKind::List);
-        for (key, sessions) in &self.keys {
-            writer.key(key)?;
-            for (start, (end, acc)) in sessions.iter() {
-                writer.contents(Some(&TimeWindow::new(start, *end)), acc)?;
-            }
-        }
-        let mut result = Ok(());
-        for (timers, state) in [
-            (&self.fire_timers, &fire_timers),
-            (&self.cleanup_timers, &cleanup_timers),
-        ] {
-            timers.for_each(|time, key| {
-                if result.is_ok() {
-                    result = writer.key(key).and_then(|()| writer.put_timer(state, time));
-                }
-            });
-        }
-        result?;
-        snapshot.add(layout.part, writer.finish()?);
+        let writer = SessionWriter {
+            writer,
+            fire_timers,
+            cleanup_timers,
+            fired_until: (self.domain == TimeDomain::EventTime).then_some(self.watermark.0),
+            allowed_lateness: self.allowed_lateness,
+        };
+        // No turns may follow a savepoint (the job stops) or the input's end.
+        let now = snapshot.is_savepoint() || self.finished;
+        self.changes
+            .take(&mut self.keys, writer, snapshot, layout.part, now)?;
         self.logic.snapshot_contents(snapshot)
     }
 
@@ -252,9 +322,11 @@ where
 
     fn remove_session(&mut self, key: &K, start: i64) {
         if let Some(sessions) = self.keys.get_mut(key) {
+            self.changes.record(key, sessions);
             sessions.remove(start);
             if sessions.is_empty() {
                 self.keys.remove(key);
+                self.changes.gone(key);
             }
         }
     }
@@ -276,6 +348,10 @@ where
             match self.session_at(&key, time) {
                 Some((_, end)) if end - 1 > time => self.fire_timers.register(&key, end - 1),
                 Some((start, _)) => {
+                    // Its timers change (a key's snapshot has the timers as they stand).
+                    if let Some(sessions) = self.keys.get_mut(&key) {
+                        self.changes.record(&key, sessions);
+                    }
                     self.fire(&key, start, out);
                     if self.allowed_lateness == 0 {
                         self.remove_session(&key, start);
@@ -319,6 +395,10 @@ where
             self.restore(restored, codec)
         });
         self.scope = Some(scope);
+        if ctx.state.checkpointed {
+            let part = self.logic.layout(false).part;
+            self.changes = Changes::tracked(KeyedChain::open(ctx, part));
+        }
     }
 
     fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
@@ -332,6 +412,7 @@ where
         let key = (self.key_selector)(&record);
         let mut merged = TimeWindow::new(time, time.saturating_add(gap));
         if let Some(sessions) = self.keys.get_mut(&key) {
+            self.changes.record(&key, sessions);
             // The common case: the latest session starting before the new window ends starts
             // at or before the record and reaches it. No other session overlaps then: none
             // starts later within the new window, and sessions never touch, so earlier ones
@@ -386,7 +467,15 @@ where
             return;
         }
         let mut acc = self.logic.create(&key);
-        let sessions = self.keys.entry(key.clone()).or_default();
+        let sessions = match self.keys.entry(key.clone()) {
+            Entry::Occupied(entry) => entry.into_mut(),
+            Entry::Vacant(entry) => {
+                let sessions = entry.insert(Sessions::default());
+                self.changes.added(sessions);
+                sessions
+            }
+        };
+        self.changes.record(&key, sessions);
         for start in overlapping.iter().rev() {
             let (end, old) = sessions.remove(*start).expect("found above");
             self.fire_timers.delete(&key, end - 1);
@@ -418,12 +507,18 @@ where
     }
 
     fn on_processing_time(&mut self, now: i64, out: &mut Emitter<O>) {
+        self.changes.write_some(&self.keys, STEP_BYTES);
         if self.domain == TimeDomain::ProcessingTime {
             self.advance(now, out);
         }
     }
 
+    /// While a snapshot written after its barrier has keys left, now: the task gives the
+    /// operator a turn between batches of records to write some (`deferred.rs`).
     fn next_processing_time(&self) -> Option<i64> {
+        if self.changes.writing() {
+            return Some(i64::MIN);
+        }
         match self.domain {
             TimeDomain::ProcessingTime => self.fire_timers.next_time(),
             TimeDomain::EventTime => None,
@@ -432,6 +527,7 @@ where
 
     /// Processing-time sessions still open when the input ends fire now.
     fn finish(&mut self, out: &mut Emitter<O>) {
+        self.finished = true;
         if self.domain == TimeDomain::ProcessingTime {
             self.advance(i64::MAX, out);
         }
@@ -441,6 +537,247 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::task_state::{Part, PART_KEYED};
+    use crate::checkpoint::SnapshotKind;
+    use crate::operator::SideOutputs;
+
+    type Counting = SessionWindowOperator<
+        u8,
+        (u8, u64),
+        (u8, i64, i64, u64),
+        fn(&(u8, u64)) -> u8,
+        super::super::function::ReduceLogic<
+            fn((u8, u64), (u8, u64)) -> (u8, u64),
+            fn(&u8, &TimeWindow, (u8, u64)) -> (u8, i64, i64, u64),
+        >,
+    >;
+
+    /// An event-time session operator counting each key's records per session: (key, start,
+    /// end, count) per firing.
+    fn counting(gap: i64, lateness: i64) -> Counting {
+        let logic = super::super::function::ReduceLogic {
+            reduce: (|a, b| (a.0, a.1 + b.1)) as fn((u8, u64), (u8, u64)) -> (u8, u64),
+            post: (|key: &u8, w: &TimeWindow, r: (u8, u64)| (*key, w.start, w.end, r.1))
+                as fn(&u8, &TimeWindow, (u8, u64)) -> (u8, i64, i64, u64),
+        };
+        let mut op = SessionWindowOperator::new(
+            (|r| r.0) as fn(&(u8, u64)) -> u8,
+            logic,
+            SessionGap::Static(gap),
+            TimeDomain::EventTime,
+            lateness,
+            None,
+        );
+        op.scope = Some(KeyedScope::single(16));
+        op
+    }
+
+    /// Records `Ok((key, timestamp))` and watermarks `Err(w)` from generated steps (kind, key,
+    /// jitter): time moves forward, records land up to 40 ms behind it, watermarks trail it;
+    /// the last watermark ends time.
+    fn input_of(steps: Vec<(u8, u8, i64)>) -> Vec<Result<(u8, i64), i64>> {
+        let mut now = 0;
+        let mut input = Vec::new();
+        for (kind, key, jitter) in steps {
+            now += jitter.rem_euclid(9);
+            match kind {
+                0 => input.push(Err(now + jitter / 2)),
+                _ => input.push(Ok((key, now + jitter))),
+            }
+        }
+        input.push(Err(i64::MAX));
+        input
+    }
+
+    fn feed(
+        op: &mut Counting,
+        input: &[Result<(u8, i64), i64>],
+        out: &mut Emitter<(u8, i64, i64, u64)>,
+    ) {
+        for item in input {
+            match *item {
+                Ok((key, ts)) => op.process_element((key, 1), ts, out),
+                Err(w) if w > op.watermark.0 => op.on_watermark(Watermark(w), out),
+                Err(_) => {}
+            }
+        }
+    }
+
+    fn fired_whole(
+        gap: i64,
+        lateness: i64,
+        input: &[Result<(u8, i64), i64>],
+    ) -> Vec<(u8, i64, i64, u64)> {
+        let mut op = counting(gap, lateness);
+        let mut out = Emitter::new(0, SideOutputs::default());
+        feed(&mut op, input, &mut out);
+        let mut fired = out.main.records.clone();
+        fired.sort_unstable();
+        fired
+    }
+
+    /// What a new operator restored from `restored` fires on `rest` of the input after it sees
+    /// the `watermark` the checkpointed one had again, added to `before` (the checkpointed
+    /// one's output before the checkpoint); sorted.
+    fn fired_after_restore(
+        (gap, lateness): (i64, i64),
+        restored: &KeyedSnapshotEntries<u8, TimeWindow>,
+        watermark: Watermark,
+        rest: &[Result<(u8, i64), i64>],
+        before: Vec<(u8, i64, i64, u64)>,
+    ) -> Result<Vec<(u8, i64, i64, u64)>, proptest::test_runner::TestCaseError> {
+        let mut second = counting(gap, lateness);
+        let codec = second.logic.acc_codec();
+        second.restore(restored, codec).expect("restored");
+        let mut after = Emitter::new(0, SideOutputs::default());
+        after.main.records = before;
+        if watermark > Watermark::MIN {
+            second.on_watermark(watermark, &mut after);
+        }
+        feed(&mut second, rest, &mut after);
+        proptest::prop_assert!(
+            second.keys.is_empty(),
+            "state left after the last watermark"
+        );
+        let mut fired = after.main.records;
+        fired.sort_unstable();
+        Ok(fired)
+    }
+
+    proptest::proptest! {
+        /// Sessions checkpointed incrementally — a full snapshot, then deltas of the keys whose
+        /// sessions or timers changed, or that went — at several points of the input, each
+        /// link written after its barrier while the operator goes on (a piece of `budget`
+        /// bytes after each record): an operator restored from what the chain merges into
+        /// fires, with the original's output before the last checkpoint, exactly what the
+        /// original fires.
+        #[test]
+        fn sessions_restored_from_deltas_fire_what_the_original_fires(
+            gap in 1i64..20,
+            lateness in proptest::prop_oneof![proptest::strategy::Just(0i64), 0i64..40],
+            steps in proptest::collection::vec((0u8..4, 0u8..6, -40i64..10), 1..120),
+            mut cuts in proptest::collection::vec(0usize..120, 1..6),
+            budget in 1usize..200,
+        ) {
+            use crate::checkpoint::chain::ChainLink;
+            let input = input_of(steps);
+            let mut first = counting(gap, lateness);
+            first.changes = Changes::tracked(Some(KeyedChain::deltas_only(PART_KEYED)));
+            let mut out = Emitter::new(0, SideOutputs::default());
+            cuts.iter_mut().for_each(|cut| *cut = (*cut).min(input.len()));
+            cuts.sort_unstable();
+            let mut chain: Vec<Vec<u8>> = Vec::new();
+            let mut writing: std::collections::VecDeque<(ChainLink, Vec<u8>)> = Default::default();
+            let mut feed_while_writing = |op: &mut Counting, items: &[Result<(u8, i64), i64>], out: &mut Emitter<_>, writing: &mut std::collections::VecDeque<(ChainLink, Vec<u8>)>| {
+                for item in items {
+                    feed(op, std::slice::from_ref(item), out);
+                    op.changes.write_some(&op.keys, budget);
+                    if let Some((link, bytes)) = writing.front_mut() {
+                        if !link.step(bytes, budget) {
+                            let (link, bytes) = writing.pop_front().expect("a link");
+                            finish_link(&mut chain, link, bytes);
+                        }
+                    }
+                }
+            };
+            let mut at = 0;
+            for &cut in &cuts {
+                feed_while_writing(&mut first, &input[at..cut], &mut out, &mut writing);
+                at = cut;
+                let mut snapshot = OperatorSnapshot::default();
+                first.write_snapshot(&mut snapshot).expect("a snapshot");
+                for (_, part) in snapshot.parts {
+                    let Part::Chained(link) = part else {
+                        panic!("a session part that is not a link");
+                    };
+                    writing.push_back((link, Vec::new()));
+                }
+            }
+            let (watermark, before) = (first.watermark, out.main.records.clone());
+            feed_while_writing(&mut first, &input[at..], &mut out, &mut writing);
+            first.changes.finish_pending(&first.keys);
+            while let Some((link, bytes)) = writing.pop_front() {
+                finish_link(&mut chain, link, bytes);
+            }
+            let links: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
+            let merged = weir_state::merge_keyed_chain(&links).expect("the chain merges");
+            let restored = KeyedScope::single(16).read(&[merged.into()]).expect("it reads back");
+            let fired = fired_after_restore((gap, lateness), &restored, watermark, &input[at..], before)?;
+            proptest::prop_assert_eq!(fired, fired_whole(gap, lateness, &input));
+        }
+    }
+
+    /// Adds `link` (its first `bytes` written already) to `chain`: a full link starts it again.
+    fn finish_link(
+        chain: &mut Vec<Vec<u8>>,
+        link: crate::checkpoint::chain::ChainLink,
+        mut bytes: Vec<u8>,
+    ) {
+        if let Some((full, rest)) = link.take() {
+            bytes.extend_from_slice(&rest);
+            if full {
+                *chain = vec![bytes];
+            } else {
+                chain.push(bytes);
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// A snapshot of sessions written after its barrier holds the sessions and timers at
+        /// the barrier, however the operator changes while it is written: records and
+        /// watermarks go on between the writer's pieces (sessions growing, merging, firing,
+        /// kept for their lateness and dropped), and maybe a second barrier comes before the
+        /// writer is done. An operator restored from it fires, with the original's output
+        /// before the barrier, what the original fires. A checkpoint without incremental
+        /// links, or a savepoint next to a chain.
+        #[test]
+        fn a_session_snapshot_written_after_its_barrier_holds_the_state_at_the_barrier(
+            gap in 1i64..20,
+            lateness in proptest::prop_oneof![proptest::strategy::Just(0i64), 0i64..40],
+            steps in proptest::collection::vec((0u8..4, 0u8..6, -40i64..10), 1..120),
+            cut in 0usize..120,
+            budget in 1usize..120,
+            chained in proptest::prelude::any::<bool>(),
+            second_barrier_after in proptest::option::of(0usize..40),
+        ) {
+            let input = input_of(steps);
+            let cut = cut.min(input.len());
+            let mut first = counting(gap, lateness);
+            first.changes = Changes::tracked(
+                chained.then(|| KeyedChain::deltas_only(PART_KEYED)),
+            );
+            let mut out = Emitter::new(0, SideOutputs::default());
+            feed(&mut first, &input[..cut], &mut out);
+            let kind = if chained { SnapshotKind::Savepoint } else { SnapshotKind::Checkpoint };
+            let mut snapshot = OperatorSnapshot::new(kind);
+            first.write_snapshot(&mut snapshot).expect("a snapshot");
+            let (watermark, before) = (first.watermark, out.main.records.clone());
+            let mut encoder = match snapshot.parts.pop() {
+                Some((PART_KEYED, Part::Deferred(encoder))) => encoder,
+                _ => panic!("the keyed part is written after the barrier"),
+            };
+            let mut bytes = Vec::new();
+            let mut rest = input[cut..].iter().enumerate();
+            loop {
+                if let Some((at, item)) = rest.next() {
+                    feed(&mut first, std::slice::from_ref(item), &mut out);
+                    if second_barrier_after == Some(at) {
+                        let mut next = OperatorSnapshot::new(kind);
+                        first.write_snapshot(&mut next).expect("the next snapshot");
+                    }
+                }
+                // The operator's turn to write some keys (between records), then the writer's.
+                first.changes.write_some(&first.keys, budget);
+                if !encoder.encode_next(&mut bytes, budget).expect("it encodes") {
+                    break;
+                }
+            }
+            let restored = KeyedScope::single(16).read(&[bytes.into()]).expect("it reads back");
+            let fired = fired_after_restore((gap, lateness), &restored, watermark, &input[cut..], before)?;
+            proptest::prop_assert_eq!(fired, fired_whole(gap, lateness, &input));
+        }
+    }
 
     #[test]
     fn the_latest_session_stays_inline_whatever_the_order() {

@@ -19,21 +19,20 @@
 //! away from is skipped when its bucket comes due. With allowed lateness each pane also gets
 //! a clean-up timer, at `max_timestamp() + lateness` of the last window holding it.
 
-mod snapshot;
-
-use std::cell::Cell;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec};
+use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec, WriterState};
 
-use self::snapshot::{Changes, Cut, KeyWriter, STEP_BYTES};
-use super::checkpoint::{foreign_window, AccCodec, KeyedScope, Layout, FIRE_TIMERS};
+use super::checkpoint::{
+    foreign_window, AccCodec, KeyedScope, Layout, WindowSnapshot, FIRE_TIMERS,
+};
+use super::deferred::{Changes, KeyWriter, Marks, TrackedKey, STEP_BYTES};
 use super::function::WindowLogic;
 use super::panes::PaneList;
 use super::recycle;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
-use crate::checkpoint::chain::{KeyedChain, Link};
+use crate::checkpoint::chain::KeyedChain;
 use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{Batch, Emitter, Operator, OutputTag, RuntimeContext};
@@ -140,11 +139,8 @@ impl Geometry {
 struct KeyState<A> {
     panes: PaneList<A>,
     fire_at: i64,
-    /// The checkpoint epoch in which the key last changed ([`Changes`]).
-    changed_in: u32,
-    /// The epoch of the last snapshot written after its barrier that has the key
-    /// (`snapshot.rs`; a cell, so that the writer can look up several keys at once).
-    written_in: Cell<u32>,
+    /// For the snapshots written after their barrier ([`Changes`]).
+    marks: Marks,
 }
 
 impl<A> Default for KeyState<A> {
@@ -152,9 +148,69 @@ impl<A> Default for KeyState<A> {
         KeyState {
             panes: PaneList::default(),
             fire_at: NO_TIMER,
-            changed_in: 0,
-            written_in: Cell::new(0),
+            marks: Marks::default(),
         }
+    }
+}
+
+impl<A> TrackedKey for KeyState<A> {
+    fn marks(&self) -> &Marks {
+        &self.marks
+    }
+
+    fn marks_mut(&mut self) -> &mut Marks {
+        &mut self.marks
+    }
+}
+
+/// Writes keys' panes and fire timers into a snapshot (`checkpoint.rs` has the layout).
+struct PaneWriter<K, A> {
+    writer: WindowSnapshot<K, TimeWindow, A>,
+    fire_timers: (WriterState, StateValueCodec<i64>),
+    /// The panes' length (ms).
+    pane: i64,
+}
+
+impl<K: Key, A> PaneWriter<K, A> {
+    fn new(scope: &KeyedScope, codec: AccCodec<A>, pane: i64) -> Self {
+        let mut writer = super::checkpoint::snapshot(scope, codec);
+        let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
+        PaneWriter {
+            writer,
+            fire_timers,
+            pane,
+        }
+    }
+}
+
+impl<K: Key, A> KeyWriter<K, KeyState<A>> for PaneWriter<K, A> {
+    /// Writes `key`'s panes and fire timer.
+    fn put(&mut self, key: &K, state: &KeyState<A>) -> Result<(), StateError> {
+        self.writer.key(key)?;
+        for (start, acc) in state.panes.iter() {
+            let window = TimeWindow::new(*start, start.saturating_add(self.pane));
+            self.writer.contents(Some(&window), acc)?;
+        }
+        if state.fire_at != NO_TIMER {
+            self.writer.put_timer(&self.fire_timers, state.fire_at)?;
+        }
+        Ok(())
+    }
+
+    fn removed(&mut self, key: &K) -> Result<(), StateError> {
+        self.writer.removed_key(key)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.writer.encoded_len()
+    }
+
+    fn into_pieces(self) -> weir_state::KeyedSnapshotPieces {
+        self.writer.into_pieces()
+    }
+
+    fn finish(self) -> Result<Vec<u8>, StateError> {
+        self.writer.finish()
     }
 }
 
@@ -315,7 +371,7 @@ pub(crate) struct AlignedWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     late: LateData<T>,
     operator: Arc<str>,
     keys: KeyMap<K, KeyState<L::Acc>>,
-    changes: Changes<K, L::Acc>,
+    changes: Changes<K, KeyState<L::Acc>, PaneWriter<K, L::Acc>>,
     recent: RecentPane,
     /// The input ended (`Operator::finish`).
     finished: bool,
@@ -497,66 +553,18 @@ where
 {
     /// Writes every key's panes and its fire timer (`checkpoint.rs` has the layout) — or,
     /// checkpointing incrementally, those of the keys changed since the last checkpoint, and
-    /// which went (`checkpoint::chain`) — after the barrier, in pieces (`snapshot.rs`). A
+    /// which went (`checkpoint::chain`) — after the barrier, in pieces (`deferred.rs`). A
     /// savepoint is written whole, outside the chain (it shares nothing), so the next
     /// checkpoint's delta still goes over the chain's last link.
     fn write_snapshot(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let layout = self.firing.logic.layout(snapshot.is_savepoint());
-        if self.changes.epoch == 0 {
-            // Not checkpointed (an operator tested on its own): written now.
-            snapshot.add(layout.part, self.write_now(layout.codec)?);
-            return self.firing.logic.snapshot_contents(snapshot);
-        }
-        self.changes.finish_pending(&self.keys);
-        self.changes.renumber_if_spent(&mut self.keys);
-        let keys = self.keys.len();
-        let chain = self
-            .changes
-            .chain
-            .as_ref()
-            .filter(|_| !snapshot.is_savepoint());
-        let cut = match chain.map(|chain| chain.next(self.changes.keys.len(), keys)) {
-            None => Cut::Whole,
-            Some(Link::Unchanged) => {
-                self.changes
-                    .chain
-                    .as_ref()
-                    .expect("a chain")
-                    .add(snapshot, None, keys);
-                self.changes.unchanged();
-                return self.firing.logic.snapshot_contents(snapshot);
-            }
-            Some(Link::Full) => Cut::Full,
-            Some(Link::Delta) => Cut::Delta,
-        };
-        let writer = self.key_writer(layout.codec);
-        let encoder = self.changes.write_after_barrier(&self.keys, writer, cut);
-        if snapshot.is_savepoint() || self.finished {
-            // No turns may follow (the job stops after a savepoint, or the input ended): the
-            // keys are written now, the snapshot handed out in pieces after.
-            self.changes.finish_pending(&self.keys);
-        }
-        match (cut, &self.changes.chain) {
-            (Cut::Full | Cut::Delta, Some(chain)) => {
-                chain.add(snapshot, Some((cut == Cut::Full, encoder)), keys)
-            }
-            _ => snapshot.add_deferred(layout.part, encoder),
-        }
-        self.firing.logic.snapshot_contents(snapshot)
-    }
-
-    fn key_writer(&self, codec: AccCodec<L::Acc>) -> KeyWriter<K, L::Acc> {
         let scope = self.scope.expect("opened");
-        KeyWriter::new(&scope, codec, self.schedule.geometry.pane)
-    }
-
-    /// Encodes every key now.
-    fn write_now(&mut self, codec: AccCodec<L::Acc>) -> Result<Vec<u8>, StateError> {
-        let mut writer = self.key_writer(codec);
-        for (key, state) in self.keys.iter() {
-            writer.put(key, state)?;
-        }
-        writer.finish()
+        let writer = PaneWriter::new(&scope, layout.codec, self.schedule.geometry.pane);
+        // No turns may follow a savepoint (the job stops) or the input's end.
+        let now = snapshot.is_savepoint() || self.finished;
+        self.changes
+            .take(&mut self.keys, writer, snapshot, layout.part, now)?;
+        self.firing.logic.snapshot_contents(snapshot)
     }
 
     /// Takes back the panes and fire timers of this subtask's key groups from the checkpoint
@@ -711,7 +719,7 @@ where
     }
 
     /// While a snapshot written after its barrier has keys left, now: the task gives the
-    /// operator a turn between batches of records to write some (`snapshot.rs`).
+    /// operator a turn between batches of records to write some (`deferred.rs`).
     fn next_processing_time(&self) -> Option<i64> {
         if self.changes.writing() {
             return Some(i64::MIN);

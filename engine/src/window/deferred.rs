@@ -1,9 +1,10 @@
-//! Checkpoints of the tumbling and sliding window operator's keys: which keys changed since
-//! the last checkpoint, and snapshots written after their barrier.
+//! Window snapshots written after their barrier, and which keys changed since the last
+//! checkpoint: the tumbling and sliding window operator's (`aligned`), and the session
+//! operator's (`session.rs`).
 //!
-//! **Changes.** With incremental checkpoints (`checkpoint::chain`) the operator records
-//! which keys change (or go) between checkpoints: a checkpoint writes only those, as a delta
-//! over the chain's last full link, unless it writes every key.
+//! **Changes.** With incremental checkpoints (`checkpoint::chain`) an operator records which
+//! keys change (or go) between checkpoints: a checkpoint writes only those, as a delta over
+//! the chain's last full link, unless it writes every key.
 //!
 //! **Snapshots written after the barrier.** A checkpoint's snapshot (a full one or a delta) is
 //! not encoded while the barrier passes: the operator lists the keys it holds then (or takes
@@ -11,13 +12,15 @@
 //! and writes them, [`LOOKUPS`] looked up at a time, in steps of about
 //! `task_state::PIECE_BYTES` between batches of records, on its task's processing-time turn
 //! ([`Changes::write_some`]; the operator asks for that turn while it has keys to write). The
-//! panes are not copy-on-write; instead a key is written before its first change since the
-//! barrier: every change goes through [`Changes::record`], which on a key's first change of
-//! an epoch writes the key into the snapshot if it has it and it is not written yet. A key
-//! added after the barrier is marked written as it is added (nothing of it to write), and a
-//! key that went after the barrier was written before it went. So the barrier costs a copy of
-//! the key list, and each key is encoded once, on its turn or at its first change, whichever
-//! comes first. The task's checkpoint writer then hands the snapshot out in pieces
+//! operator's state is not copy-on-write; instead a key is written before its first change
+//! since the barrier: every change goes through [`Changes::record`], which on a key's first
+//! change of an epoch writes the key into the snapshot if it has it and it is not written yet.
+//! A key added after the barrier is marked written as it is added (nothing of it to write),
+//! and a key that went after the barrier was written before it went. So the barrier costs a
+//! copy of the key list, and each key is encoded once, on its turn or at its first change,
+//! whichever comes first. What a key's snapshot holds is its state's ([`TrackedKey`]), written by the
+//! operator's [`KeyWriter`] (everything it must write of the key as it was at the barrier,
+//! timers included). The task's checkpoint writer then hands the snapshot out in pieces
 //! (`task_state::FileEncoder`, `checkpoint::chain`). A snapshot still being written when the
 //! next barrier comes is finished at that barrier; a savepoint, or a checkpoint after the
 //! input ended, has its keys written at the barrier (no turn may follow: the job may stop).
@@ -25,87 +28,70 @@
 //! written. Its steps count in the checkpoint's `sync_pause_ms` like the writer's pieces
 //! (`PartEncoder::longest_step_elsewhere`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use weir_state::{StateError, StateKind, StateValueCodec, WriterState};
+use weir_state::{KeyedSnapshotPieces, StateError};
 
-use super::super::checkpoint::{AccCodec, KeyedScope, WindowSnapshot, FIRE_TIMERS};
-use super::super::{KeyMap, TimeWindow};
-use super::{KeyState, NO_TIMER};
-use crate::checkpoint::chain::KeyedChain;
-use crate::checkpoint::task_state::{DeferredPart, PartEncoder, PIECE_BYTES};
+use super::KeyMap;
+use crate::checkpoint::chain::{KeyedChain, Link};
+use crate::checkpoint::task_state::{DeferredPart, OperatorSnapshot, PartEncoder, PIECE_BYTES};
 use crate::record::Key;
 
-/// Writes keys' panes and fire timers into a snapshot (`checkpoint.rs` has the layout).
-pub(super) struct KeyWriter<K, A> {
-    writer: WindowSnapshot<K, TimeWindow, A>,
-    fire_timers: (WriterState, StateValueCodec<i64>),
-    /// The panes' length (ms).
-    pane: i64,
+/// What the snapshots written after their barrier need of a key's state: when it last
+/// changed, and which snapshot has it.
+#[derive(Default)]
+pub(crate) struct Marks {
+    /// The checkpoint epoch in which the key last changed.
+    changed_in: u32,
+    /// The epoch of the last snapshot written after its barrier that has the key (a cell, so
+    /// that the writer can look up several keys at once).
+    written_in: Cell<u32>,
 }
 
-impl<K: Key, A> KeyWriter<K, A> {
-    pub(super) fn new(scope: &KeyedScope, codec: AccCodec<A>, pane: i64) -> Self {
-        let mut writer = super::super::checkpoint::snapshot(scope, codec);
-        let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
-        KeyWriter {
-            writer,
-            fire_timers,
-            pane,
-        }
-    }
+/// A key's state in an operator whose snapshots are written after their barrier.
+pub(crate) trait TrackedKey {
+    fn marks(&self) -> &Marks;
+    fn marks_mut(&mut self) -> &mut Marks;
+}
 
-    /// Writes `key`'s panes and fire timer.
-    pub(super) fn put(&mut self, key: &K, state: &KeyState<A>) -> Result<(), StateError> {
-        self.writer.key(key)?;
-        for (start, acc) in state.panes.iter() {
-            let window = TimeWindow::new(*start, start.saturating_add(self.pane));
-            self.writer.contents(Some(&window), acc)?;
-        }
-        if state.fire_at != NO_TIMER {
-            self.writer.put_timer(&self.fire_timers, state.fire_at)?;
-        }
-        Ok(())
-    }
-
+/// Writes keys' states into a snapshot, each as it was at the barrier.
+pub(crate) trait KeyWriter<K, S> {
+    /// Writes `key`'s state.
+    fn put(&mut self, key: &K, state: &S) -> Result<(), StateError>;
     /// Marks `key` as gone (a delta).
-    pub(super) fn removed(&mut self, key: &K) -> Result<(), StateError> {
-        self.writer.key(key)?;
-        self.writer.removed()
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.writer.encoded_len()
-    }
-
-    pub(super) fn finish(self) -> Result<Vec<u8>, StateError> {
-        self.writer.finish()
-    }
+    fn removed(&mut self, key: &K) -> Result<(), StateError>;
+    /// About how many bytes the snapshot holds so far.
+    fn encoded_len(&self) -> usize;
+    /// The snapshot, to be handed out in pieces.
+    fn into_pieces(self) -> KeyedSnapshotPieces;
+    /// The snapshot, encoded.
+    fn finish(self) -> Result<Vec<u8>, StateError>;
 }
 
 /// The keys that changed (or went) since the last checkpoint, and the snapshot being written
 /// after its barrier, if one is (see the module docs).
-pub(super) struct Changes<K, A> {
+pub(crate) struct Changes<K, S, W> {
     /// The current epoch (one per barrier), from 1; 0 while the operator is not checkpointed:
     /// a key changed in epoch 0 is never recorded.
-    pub(super) epoch: u32,
+    pub(crate) epoch: u32,
     /// The first epoch the next delta covers: the one the last link's barrier began.
     since: u32,
     /// With incremental checkpoints, the keys changed since the last link, in the order they
     /// first changed in each epoch (a key may be here more than once; a delta writes it once).
-    pub(super) keys: Vec<K>,
+    keys: Vec<K>,
     /// With incremental checkpoints, the keys that went since the last link.
     removed: Vec<K>,
-    pub(super) chain: Option<KeyedChain>,
+    chain: Option<KeyedChain>,
     /// The snapshot being written after its barrier.
-    pending: Option<Rc<RefCell<Pending<K, A>>>>,
+    pending: Option<Rc<RefCell<Pending<K, S, W>>>>,
 }
 
 /// What a barrier writes of the keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Cut {
+enum Cut {
     /// Every key, the changes kept for the next link: a savepoint, or a checkpoint without a
     /// chain.
     Whole,
@@ -115,9 +101,9 @@ pub(super) enum Cut {
     Delta,
 }
 
-impl<K, A> Changes<K, A> {
+impl<K, S, W> Changes<K, S, W> {
     /// Changes of an operator that is not checkpointed.
-    pub(super) fn untracked() -> Self {
+    pub(crate) fn untracked() -> Self {
         Changes {
             epoch: 0,
             since: 0,
@@ -129,7 +115,7 @@ impl<K, A> Changes<K, A> {
     }
 
     /// Changes of a checkpointed operator, incremental with `chain`.
-    pub(super) fn tracked(chain: Option<KeyedChain>) -> Self {
+    pub(crate) fn tracked(chain: Option<KeyedChain>) -> Self {
         Changes {
             epoch: 1,
             since: 1,
@@ -139,23 +125,23 @@ impl<K, A> Changes<K, A> {
     }
 }
 
-impl<K: Key, A> Changes<K, A> {
+impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> Changes<K, S, W> {
     /// Records that `key` changes now: call it before changing `state` (or removing it).
     #[inline]
-    pub(super) fn record(&mut self, key: &K, state: &mut KeyState<A>) {
-        if state.changed_in != self.epoch {
+    pub(crate) fn record(&mut self, key: &K, state: &mut S) {
+        if state.marks().changed_in != self.epoch {
             self.first_change(key, state);
         }
     }
 
     /// The key's first change in this epoch.
-    fn first_change(&mut self, key: &K, state: &mut KeyState<A>) {
+    fn first_change(&mut self, key: &K, state: &mut S) {
         if let Some(pending) = &self.pending {
             if !pending.borrow_mut().write_before_change(key, state) {
                 self.pending = None;
             }
         }
-        state.changed_in = self.epoch;
+        state.marks_mut().changed_in = self.epoch;
         if self.chain.is_some() {
             self.keys.push(key.clone());
         }
@@ -163,35 +149,93 @@ impl<K: Key, A> Changes<K, A> {
 
     /// `state` was just added: it is in no snapshot being written.
     #[inline]
-    pub(super) fn added(&self, state: &mut KeyState<A>) {
-        state.written_in.set(self.epoch);
+    pub(crate) fn added(&self, state: &mut S) {
+        state.marks().written_in.set(self.epoch);
     }
 
     /// `key` was just removed (after [`Changes::record`]).
     #[inline]
-    pub(super) fn gone(&mut self, key: &K) {
+    pub(crate) fn gone(&mut self, key: &K) {
         if self.chain.is_some() {
             self.removed.push(key.clone());
         }
     }
 
+    /// Takes a snapshot of `keys` at this barrier into `snapshot`'s part `part` (or its
+    /// chain's next link), written after the barrier with `writer` — at once when `now` (no
+    /// turn may follow: a savepoint, or the input ended), or when the operator is not
+    /// checkpointed (tested on its own). A savepoint is written whole, outside the chain (it
+    /// shares nothing), so the next checkpoint's delta still goes over the chain's last link.
+    pub(crate) fn take(
+        &mut self,
+        keys: &mut KeyMap<K, S>,
+        mut writer: W,
+        snapshot: &mut OperatorSnapshot,
+        part: &'static str,
+        now: bool,
+    ) -> Result<(), StateError>
+    where
+        K: 'static,
+        S: 'static,
+        W: 'static,
+    {
+        if self.epoch == 0 {
+            for (key, state) in keys.iter() {
+                writer.put(key, state)?;
+            }
+            snapshot.add(part, writer.finish()?);
+            return Ok(());
+        }
+        self.finish_pending(keys);
+        self.renumber_if_spent(keys);
+        let count = keys.len();
+        let chain = self.chain.as_ref().filter(|_| !snapshot.is_savepoint());
+        let cut = match chain.map(|chain| (chain, chain.next(self.keys.len(), count))) {
+            None => Cut::Whole,
+            Some((chain, Link::Unchanged)) => {
+                chain.add(snapshot, None, count);
+                self.unchanged();
+                return Ok(());
+            }
+            Some((_, Link::Full)) => Cut::Full,
+            Some((_, Link::Delta)) => Cut::Delta,
+        };
+        tracing::debug!(
+            ?cut,
+            keys = count,
+            changed = self.keys.len(),
+            "window snapshot"
+        );
+        let encoder = self.write_after_barrier(keys, writer, cut);
+        if now {
+            self.finish_pending(keys);
+        }
+        match (cut, &self.chain) {
+            (Cut::Full | Cut::Delta, Some(chain)) => {
+                chain.add(snapshot, Some((cut == Cut::Full, encoder)), count)
+            }
+            _ => snapshot.add_deferred(part, encoder),
+        }
+        Ok(())
+    }
+
     /// Writes what is left of the snapshot being written after its barrier, if one is: a
     /// barrier comes, and each snapshot cuts at its own. A failure goes to that snapshot's
     /// writer.
-    pub(super) fn finish_pending(&mut self, keys: &KeyMap<K, KeyState<A>>) {
+    pub(crate) fn finish_pending(&mut self, keys: &KeyMap<K, S>) {
         if let Some(pending) = self.pending.take() {
             pending.borrow_mut().write_step(keys, usize::MAX);
         }
     }
 
     /// Whether a snapshot written after its barrier has keys left to write.
-    pub(super) fn writing(&self) -> bool {
+    pub(crate) fn writing(&self) -> bool {
         self.pending.is_some()
     }
 
     /// Writes about `budget` bytes' worth of the keys left of the snapshot being written
     /// after its barrier, if one is.
-    pub(super) fn write_some(&mut self, keys: &KeyMap<K, KeyState<A>>, budget: usize) {
+    pub(crate) fn write_some(&mut self, keys: &KeyMap<K, S>, budget: usize) {
         let done = self.pending.as_ref().is_some_and(|pending| {
             let started = Instant::now();
             let mut pending = pending.borrow_mut();
@@ -206,14 +250,12 @@ impl<K: Key, A> Changes<K, A> {
 
     /// Before a barrier: when the epochs' numbers are about to run out, numbers them again
     /// from 1 (every key unchanged and unwritten), and the chain starts again with a full link.
-    pub(super) fn renumber_if_spent(&mut self, keys: &mut KeyMap<K, KeyState<A>>) {
+    fn renumber_if_spent(&mut self, keys: &mut KeyMap<K, S>) {
         if self.epoch < LAST_EPOCH {
             return;
         }
-        keys.values_mut().for_each(|state| {
-            state.changed_in = 0;
-            state.written_in.set(0);
-        });
+        keys.values_mut()
+            .for_each(|state| *state.marks_mut() = Marks::default());
         (self.epoch, self.since) = (1, 1);
         self.keys.clear();
         self.removed.clear();
@@ -221,22 +263,18 @@ impl<K: Key, A> Changes<K, A> {
     }
 
     /// A checkpoint's barrier passed with nothing changed since the last link.
-    pub(super) fn unchanged(&mut self) {
+    fn unchanged(&mut self) {
         self.epoch += 1;
         self.since = self.epoch;
     }
 
     /// Takes `cut` of `keys` at this barrier, to be written after it with `writer` (see the
     /// module docs).
-    pub(super) fn write_after_barrier(
-        &mut self,
-        keys: &KeyMap<K, KeyState<A>>,
-        writer: KeyWriter<K, A>,
-        cut: Cut,
-    ) -> DeferredPart
+    fn write_after_barrier(&mut self, keys: &KeyMap<K, S>, writer: W, cut: Cut) -> DeferredPart
     where
         K: 'static,
-        A: 'static,
+        S: 'static,
+        W: 'static,
     {
         debug_assert!(self.pending.is_none(), "finish_pending first");
         let every_key = || Todo::Listed(keys.keys().cloned().collect::<Vec<K>>().into_iter());
@@ -266,6 +304,7 @@ impl<K: Key, A> Changes<K, A> {
             written: false,
             longest: Duration::ZERO,
             error: None,
+            _states: PhantomData,
         }));
         self.pending = Some(Rc::clone(&pending));
         Box::new(WrittenAfterBarrier {
@@ -421,14 +460,14 @@ impl<K: Key> KeySort<K> {
 const LAST_EPOCH: u32 = u32::MAX - 1;
 
 /// A snapshot being written after its barrier.
-struct Pending<K, A> {
+struct Pending<K, S, W> {
     /// The epoch the barrier began: a key whose `written_in` is this is in the snapshot (or
     /// was added after the barrier).
     epoch: u32,
     /// A delta's: a key last changed before this epoch is not in it (0: every key is).
     since: u32,
     /// `None` once every key is written (or the snapshot was given up).
-    writer: Option<KeyWriter<K, A>>,
+    writer: Option<W>,
     /// The keys the writer has not come to yet: every key at the barrier, or a delta's keys
     /// changed before it (those gone since are skipped: they were written before they went).
     todo: Todo<K>,
@@ -441,17 +480,19 @@ struct Pending<K, A> {
     longest: Duration,
     /// Why the snapshot cannot be written, for its writer to report.
     error: Option<StateError>,
+    _states: PhantomData<fn(&S)>,
 }
 
-impl<K: Key, A> Pending<K, A> {
+impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> Pending<K, S, W> {
     /// Writes `key` as it is before its first change since the barrier, if the snapshot has
     /// it and it is not written already; returns whether the snapshot is still being written.
-    fn write_before_change(&mut self, key: &K, state: &mut KeyState<A>) -> bool {
+    fn write_before_change(&mut self, key: &K, state: &mut S) -> bool {
         let Some(writer) = &mut self.writer else {
             return false;
         };
-        if state.written_in.get() != self.epoch && state.changed_in >= self.since {
-            state.written_in.set(self.epoch);
+        let marks = state.marks();
+        if marks.written_in.get() != self.epoch && marks.changed_in >= self.since {
+            marks.written_in.set(self.epoch);
             if let Err(error) = writer.put(key, state) {
                 self.fail(error);
                 return false;
@@ -461,11 +502,7 @@ impl<K: Key, A> Pending<K, A> {
     }
 
     /// Writes keys of the lists, about `budget` bytes' worth; returns whether any are left.
-    fn write_some(
-        &mut self,
-        keys: &KeyMap<K, KeyState<A>>,
-        budget: usize,
-    ) -> Result<bool, StateError> {
+    fn write_some(&mut self, keys: &KeyMap<K, S>, budget: usize) -> Result<bool, StateError> {
         let Some(writer) = &mut self.writer else {
             return Ok(false);
         };
@@ -496,7 +533,7 @@ impl<K: Key, A> Pending<K, A> {
 
     /// Writes keys, about `budget` bytes' worth; returns whether the operator is done with
     /// the snapshot (every key written, or the snapshot failed or was given up).
-    fn write_step(&mut self, keys: &KeyMap<K, KeyState<A>>, budget: usize) -> bool {
+    fn write_step(&mut self, keys: &KeyMap<K, S>, budget: usize) -> bool {
         match self.write_some(keys, budget) {
             Ok(true) => false,
             Ok(false) => {
@@ -516,7 +553,7 @@ impl<K: Key, A> Pending<K, A> {
     }
 }
 
-impl<K, A> Pending<K, A> {
+impl<K, S, W> Pending<K, S, W> {
     /// No more keys are written.
     fn give_up(&mut self) {
         self.writer = None;
@@ -528,20 +565,20 @@ impl<K, A> Pending<K, A> {
 /// Writes those of the next [`LOOKUPS`] keys of `todo` that `keys` holds unwritten in
 /// `epoch`, all looked up before any is written (their cache misses overlap); returns how
 /// many keys it visited.
-fn write_batch<K: Key, A>(
-    writer: &mut KeyWriter<K, A>,
+fn write_batch<K: Key, S: TrackedKey, W: KeyWriter<K, S>>(
+    writer: &mut W,
     todo: &mut std::vec::IntoIter<K>,
-    keys: &KeyMap<K, KeyState<A>>,
+    keys: &KeyMap<K, S>,
     epoch: u32,
 ) -> Result<usize, StateError> {
     let batch = todo.as_slice();
     let batch = &batch[..batch.len().min(LOOKUPS)];
-    let states: [Option<&KeyState<A>>; LOOKUPS] =
+    let states: [Option<&S>; LOOKUPS] =
         std::array::from_fn(|at| batch.get(at).and_then(|key| keys.get(key)));
     for (key, state) in batch.iter().zip(states) {
         match state {
-            Some(state) if state.written_in.get() != epoch => {
-                state.written_in.set(epoch);
+            Some(state) if state.marks().written_in.get() != epoch => {
+                state.marks().written_in.set(epoch);
                 writer.put(key, state)?;
             }
             _ => {}
@@ -563,12 +600,12 @@ const LOOKUPS: usize = 16;
 
 /// The checkpoint writer's side of a snapshot written after its barrier: once the operator
 /// has written every key, it hands out the snapshot in pieces.
-struct WrittenAfterBarrier<K, A> {
-    pending: Rc<RefCell<Pending<K, A>>>,
-    pieces: Option<weir_state::KeyedSnapshotPieces>,
+struct WrittenAfterBarrier<K, S, W> {
+    pending: Rc<RefCell<Pending<K, S, W>>>,
+    pieces: Option<KeyedSnapshotPieces>,
 }
 
-impl<K: Key, A> PartEncoder for WrittenAfterBarrier<K, A> {
+impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> PartEncoder for WrittenAfterBarrier<K, S, W> {
     fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
         if let Some(pieces) = &mut self.pieces {
             return pieces
@@ -582,7 +619,7 @@ impl<K: Key, A> PartEncoder for WrittenAfterBarrier<K, A> {
         if pending.written {
             let writer = pending.writer.take();
             let writer = writer.ok_or("internal error: a window snapshot was given up")?;
-            self.pieces = Some(writer.writer.into_pieces());
+            self.pieces = Some(writer.into_pieces());
         } else if Rc::strong_count(&self.pending) == 1 {
             return Err("the window operator closed before its snapshot was written".into());
         }
@@ -601,7 +638,7 @@ impl<K: Key, A> PartEncoder for WrittenAfterBarrier<K, A> {
     }
 }
 
-impl<K, A> Drop for WrittenAfterBarrier<K, A> {
+impl<K, S, W> Drop for WrittenAfterBarrier<K, S, W> {
     /// A snapshot its writer gave up (its checkpoint was aborted) is no longer written.
     fn drop(&mut self) {
         if let Ok(mut pending) = self.pending.try_borrow_mut() {
@@ -611,7 +648,7 @@ impl<K, A> Drop for WrittenAfterBarrier<K, A> {
 }
 
 /// About how many bytes of keys the operator writes on each processing-time turn.
-pub(super) const STEP_BYTES: usize = PIECE_BYTES;
+pub(crate) const STEP_BYTES: usize = PIECE_BYTES;
 
 #[cfg(test)]
 mod tests {
