@@ -198,7 +198,7 @@ pub const OPTIONS: &[ConfigOption] = &[
     option!("execution.checkpointing.num-retained", OptionKind::Count(1), "1",
         "Completed checkpoints kept on disk; older ones are deleted."),
     option!("execution.checkpointing.incremental", OptionKind::Bool, "true",
-        "A checkpoint writes only what changed since the last one and lists the rest again (shared files, deleted once no retained checkpoint lists them): RocksDB the SST files no earlier checkpoint of the instance wrote; tumbling, sliding and session windows (either backend) the keys that changed, as a delta over a full snapshot written now and then. false writes everything each time. Other heap state is always written whole."),
+        "A checkpoint writes only what changed since the last one and lists the rest again (shared files, deleted once no retained checkpoint lists them): RocksDB the SST files no earlier checkpoint of the instance wrote; tumbling, sliding, session and count windows (either backend) the keys that changed, as a delta over a full snapshot written now and then. false writes everything each time. Other heap state is always written whole."),
     option!("restart-strategy.type", OptionKind::Choice(&["none", "off", "disable", "fixed-delay", "fixeddelay", "failure-rate", "failurerate", "exponential-delay", "exponentialdelay"]), "",
         "What happens when a task fails (Flink's strategies): the job's tasks restart from the latest completed checkpoint (from the start without checkpointing) after a delay, until the strategy gives up and the job fails. Default: exponential-delay when checkpointing is on, none otherwise."),
     option!("restart-strategy.fixed-delay.attempts", OptionKind::Count(0), "1",

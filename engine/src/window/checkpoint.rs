@@ -24,13 +24,11 @@
 //! operator's watermark is not written either: as in Flink, a restored operator starts from
 //! no watermark, and its timers fire when watermarks arrive again.
 //!
-//! Tumbling, sliding and session windows write their snapshot after the barrier, in pieces
-//! between records (`deferred.rs`): the barrier lists the keys, and each is written on the
-//! operator's turn or just before it first changes, whichever comes first. With incremental
-//! checkpoints (`checkpoint::chain`) they record which keys change, and a checkpoint writes
-//! only those (and which keys went) as a delta over the last full link. Count windows encode
-//! every key while the barrier passes (their map is not copy-on-write), before the next
-//! record.
+//! Window operators write their snapshot after the barrier, in pieces between records
+//! (`deferred.rs`): the barrier lists the keys, and each is written on the operator's turn or
+//! just before it first changes, whichever comes first. With incremental checkpoints
+//! (`checkpoint::chain`) they record which keys change, and a checkpoint writes only those
+//! (and which keys went) as a delta over the last full link.
 
 use std::any::type_name;
 

@@ -1,6 +1,6 @@
 //! Window snapshots written after their barrier, and which keys changed since the last
-//! checkpoint: the tumbling and sliding window operator's (`aligned`), and the session
-//! operator's (`session.rs`).
+//! checkpoint: the tumbling and sliding window operator's (`aligned`), the session
+//! operator's (`session.rs`) and the count window operator's (`global.rs`).
 //!
 //! **Changes.** With incremental checkpoints (`checkpoint::chain`) an operator records which
 //! keys change (or go) between checkpoints: a checkpoint writes only those, as a delta over
