@@ -19,7 +19,7 @@
 //! and a key that went after the barrier was written before it went. So the barrier costs a
 //! copy of the key list, and each key is encoded once, on its turn or at its first change,
 //! whichever comes first. What a key's snapshot holds is its state's ([`TrackedKey`]), written by the
-//! operator's [`KeyWriter`] (everything it must write of the key as it was at the barrier,
+//! operator's [`KeyContents`] (everything it must write of the key as it was at the barrier,
 //! timers included). The task's checkpoint writer then hands the snapshot out in pieces
 //! (`task_state::FileEncoder`, `checkpoint::chain`). A snapshot still being written when the
 //! next barrier comes is finished at that barrier; a savepoint, or a checkpoint after the
@@ -33,32 +33,55 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use weir_state::{KeyedSnapshotPieces, StateError};
+use weir_state::{KeyedSnapshotPieces, StateCodec, StateError};
 
+use super::checkpoint::WindowSnapshot;
 use super::KeyMap;
 use crate::checkpoint::chain::{KeyedChain, Link};
 use crate::checkpoint::task_state::{DeferredPart, OperatorSnapshot, PartEncoder, PIECE_BYTES};
 use crate::record::Key;
 
 /// What the snapshots written after their barrier need of a key's state: when it last
-/// changed, and which snapshot has it.
+/// changed, and which snapshot has it (cells, so that the writer can look up several keys at
+/// once).
 #[derive(Default)]
 pub(crate) struct Marks {
     /// The checkpoint epoch in which the key last changed.
-    changed_in: u32,
-    /// The epoch of the last snapshot written after its barrier that has the key (a cell, so
-    /// that the writer can look up several keys at once).
+    changed_in: Cell<u32>,
+    /// The epoch of the last snapshot written after its barrier that has the key.
     written_in: Cell<u32>,
 }
 
 /// A key's state in an operator whose snapshots are written after their barrier.
 pub(crate) trait TrackedKey {
     fn marks(&self) -> &Marks;
-    fn marks_mut(&mut self) -> &mut Marks;
 }
 
-/// Writes keys' states into a snapshot, each as it was at the barrier.
-pub(crate) trait KeyWriter<K, S> {
+/// What an operator writes of a key's state into its snapshot: everything of the key as it
+/// was at the barrier (its windows' contents, and its timers as they stood then).
+pub(crate) trait KeyContents<K, S, N, A> {
+    fn put(
+        &self,
+        snapshot: &mut WindowSnapshot<K, N, A>,
+        key: &K,
+        state: &S,
+    ) -> Result<(), StateError>;
+}
+
+/// Writes keys' states into a window snapshot with the operator's [`KeyContents`].
+pub(crate) struct KeyWriter<K, N, A, C> {
+    snapshot: WindowSnapshot<K, N, A>,
+    contents: C,
+}
+
+impl<K, N, A, C> KeyWriter<K, N, A, C> {
+    pub(crate) fn new(snapshot: WindowSnapshot<K, N, A>, contents: C) -> Self {
+        KeyWriter { snapshot, contents }
+    }
+}
+
+/// What [`Changes`] needs of a [`KeyWriter`].
+pub(crate) trait WriteKeys<K, S> {
     /// Writes `key`'s state.
     fn put(&mut self, key: &K, state: &S) -> Result<(), StateError>;
     /// Marks `key` as gone (a delta).
@@ -69,6 +92,33 @@ pub(crate) trait KeyWriter<K, S> {
     fn into_pieces(self) -> KeyedSnapshotPieces;
     /// The snapshot, encoded.
     fn finish(self) -> Result<Vec<u8>, StateError>;
+}
+
+impl<K, S, N, A, C> WriteKeys<K, S> for KeyWriter<K, N, A, C>
+where
+    K: Key,
+    N: StateCodec + PartialEq + Copy,
+    C: KeyContents<K, S, N, A>,
+{
+    fn put(&mut self, key: &K, state: &S) -> Result<(), StateError> {
+        self.contents.put(&mut self.snapshot, key, state)
+    }
+
+    fn removed(&mut self, key: &K) -> Result<(), StateError> {
+        self.snapshot.removed_key(key)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.snapshot.encoded_len()
+    }
+
+    fn into_pieces(self) -> KeyedSnapshotPieces {
+        self.snapshot.into_pieces()
+    }
+
+    fn finish(self) -> Result<Vec<u8>, StateError> {
+        self.snapshot.finish()
+    }
 }
 
 /// The keys that changed (or went) since the last checkpoint, and the snapshot being written
@@ -125,11 +175,11 @@ impl<K, S, W> Changes<K, S, W> {
     }
 }
 
-impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> Changes<K, S, W> {
+impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Changes<K, S, W> {
     /// Records that `key` changes now: call it before changing `state` (or removing it).
     #[inline]
     pub(crate) fn record(&mut self, key: &K, state: &mut S) {
-        if state.marks().changed_in != self.epoch {
+        if state.marks().changed_in.get() != self.epoch {
             self.first_change(key, state);
         }
     }
@@ -141,7 +191,7 @@ impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> Changes<K, S, W> {
                 self.pending = None;
             }
         }
-        state.marks_mut().changed_in = self.epoch;
+        state.marks().changed_in.set(self.epoch);
         if self.chain.is_some() {
             self.keys.push(key.clone());
         }
@@ -168,7 +218,7 @@ impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> Changes<K, S, W> {
     /// shares nothing), so the next checkpoint's delta still goes over the chain's last link.
     pub(crate) fn take(
         &mut self,
-        keys: &mut KeyMap<K, S>,
+        keys: &KeyMap<K, S>,
         mut writer: W,
         snapshot: &mut OperatorSnapshot,
         part: &'static str,
@@ -250,12 +300,15 @@ impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> Changes<K, S, W> {
 
     /// Before a barrier: when the epochs' numbers are about to run out, numbers them again
     /// from 1 (every key unchanged and unwritten), and the chain starts again with a full link.
-    fn renumber_if_spent(&mut self, keys: &mut KeyMap<K, S>) {
+    fn renumber_if_spent(&mut self, keys: &KeyMap<K, S>) {
         if self.epoch < LAST_EPOCH {
             return;
         }
-        keys.values_mut()
-            .for_each(|state| *state.marks_mut() = Marks::default());
+        keys.values().for_each(|state| {
+            let marks = state.marks();
+            marks.changed_in.set(0);
+            marks.written_in.set(0);
+        });
         (self.epoch, self.since) = (1, 1);
         self.keys.clear();
         self.removed.clear();
@@ -483,7 +536,7 @@ struct Pending<K, S, W> {
     _states: PhantomData<fn(&S)>,
 }
 
-impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> Pending<K, S, W> {
+impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Pending<K, S, W> {
     /// Writes `key` as it is before its first change since the barrier, if the snapshot has
     /// it and it is not written already; returns whether the snapshot is still being written.
     fn write_before_change(&mut self, key: &K, state: &mut S) -> bool {
@@ -491,7 +544,7 @@ impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> Pending<K, S, W> {
             return false;
         };
         let marks = state.marks();
-        if marks.written_in.get() != self.epoch && marks.changed_in >= self.since {
+        if marks.written_in.get() != self.epoch && marks.changed_in.get() >= self.since {
             marks.written_in.set(self.epoch);
             if let Err(error) = writer.put(key, state) {
                 self.fail(error);
@@ -565,7 +618,7 @@ impl<K, S, W> Pending<K, S, W> {
 /// Writes those of the next [`LOOKUPS`] keys of `todo` that `keys` holds unwritten in
 /// `epoch`, all looked up before any is written (their cache misses overlap); returns how
 /// many keys it visited.
-fn write_batch<K: Key, S: TrackedKey, W: KeyWriter<K, S>>(
+fn write_batch<K: Key, S: TrackedKey, W: WriteKeys<K, S>>(
     writer: &mut W,
     todo: &mut std::vec::IntoIter<K>,
     keys: &KeyMap<K, S>,
@@ -605,7 +658,7 @@ struct WrittenAfterBarrier<K, S, W> {
     pieces: Option<KeyedSnapshotPieces>,
 }
 
-impl<K: Key, S: TrackedKey, W: KeyWriter<K, S>> PartEncoder for WrittenAfterBarrier<K, S, W> {
+impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> PartEncoder for WrittenAfterBarrier<K, S, W> {
     fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
         if let Some(pieces) = &mut self.pieces {
             return pieces

@@ -10,7 +10,7 @@ use std::collections::hash_map::Entry;
 use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec, WriterState};
 
 use super::checkpoint::{AccCodec, KeyedScope, Layout, WindowSnapshot, COUNTS};
-use super::deferred::{Changes, KeyWriter, Marks, TrackedKey, STEP_BYTES};
+use super::deferred::{Changes, KeyContents, KeyWriter, Marks, TrackedKey, STEP_BYTES};
 use super::function::WindowLogic;
 use super::{GlobalWindow, KeyMap, Window};
 use crate::checkpoint::chain::KeyedChain;
@@ -43,39 +43,26 @@ impl<A> TrackedKey for CountKey<A> {
     fn marks(&self) -> &Marks {
         &self.marks
     }
-
-    fn marks_mut(&mut self) -> &mut Marks {
-        &mut self.marks
-    }
 }
 
-/// Writes keys' windows and counts into a snapshot (`checkpoint.rs` has the layout).
-struct CountWriter<K, A> {
-    writer: WindowSnapshot<K, GlobalWindow, A>,
+/// What a snapshot holds of a key: its window and count (`checkpoint.rs` has the layout).
+struct CountContents {
     counts: (WriterState, StateValueCodec<u64>),
 }
 
-impl<K: Key, A> KeyWriter<K, CountKey<A>> for CountWriter<K, A> {
-    fn put(&mut self, key: &K, state: &CountKey<A>) -> Result<(), StateError> {
-        self.writer.key(key)?;
-        self.writer.contents(None, &state.acc)?;
-        self.writer.put(&self.counts, &state.seen)
-    }
+/// The snapshots' writer.
+type CountWriter<K, A> = KeyWriter<K, GlobalWindow, A, CountContents>;
 
-    fn removed(&mut self, key: &K) -> Result<(), StateError> {
-        self.writer.removed_key(key)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.writer.encoded_len()
-    }
-
-    fn into_pieces(self) -> weir_state::KeyedSnapshotPieces {
-        self.writer.into_pieces()
-    }
-
-    fn finish(self) -> Result<Vec<u8>, StateError> {
-        self.writer.finish()
+impl<K: Key, A> KeyContents<K, CountKey<A>, GlobalWindow, A> for CountContents {
+    fn put(
+        &self,
+        snapshot: &mut WindowSnapshot<K, GlobalWindow, A>,
+        key: &K,
+        state: &CountKey<A>,
+    ) -> Result<(), StateError> {
+        snapshot.key(key)?;
+        snapshot.contents(None, &state.acc)?;
+        snapshot.put(&self.counts, &state.seen)
     }
 }
 
@@ -106,11 +93,11 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
         let mut writer =
             super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, layout.codec);
         let counts = writer.add_state::<u64>(COUNTS, StateKind::Value);
-        let writer = CountWriter { writer, counts };
+        let writer = KeyWriter::new(writer, CountContents { counts });
         // No turns may follow a savepoint (the job stops) or the input's end.
         let now = snapshot.is_savepoint() || self.finished;
         self.changes
-            .take(&mut self.keys, writer, snapshot, layout.part, now)?;
+            .take(&self.keys, writer, snapshot, layout.part, now)?;
         self.logic.snapshot_contents(snapshot)
     }
 

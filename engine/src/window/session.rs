@@ -15,7 +15,7 @@ use super::assigner::SessionGap;
 use super::checkpoint::{
     AccCodec, KeyedScope, Layout, WindowSnapshot, CLEANUP_TIMERS, FIRE_TIMERS,
 };
-use super::deferred::{Changes, KeyWriter, Marks, TrackedKey, STEP_BYTES};
+use super::deferred::{Changes, KeyContents, KeyWriter, Marks, TrackedKey, STEP_BYTES};
 use super::function::WindowLogic;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
 use crate::checkpoint::chain::KeyedChain;
@@ -47,10 +47,6 @@ impl<A> Default for Sessions<A> {
 impl<A> TrackedKey for Sessions<A> {
     fn marks(&self) -> &Marks {
         &self.marks
-    }
-
-    fn marks_mut(&mut self) -> &mut Marks {
-        &mut self.marks
     }
 }
 
@@ -157,13 +153,12 @@ pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     _output: PhantomData<fn() -> O>,
 }
 
-/// Writes keys' sessions and their timers into a snapshot (`checkpoint.rs` has the layout),
-/// each session's timer as it stood at the barrier: its fire timer at its end, or — once
-/// fired (the watermark passed its end) and kept for its allowed lateness — its clean-up
+/// What a snapshot holds of a key: its sessions and their timers (`checkpoint.rs` has the
+/// layout), each session's timer as it stood at the barrier: its fire timer at its end, or —
+/// once fired (the watermark passed its end) and kept for its allowed lateness — its clean-up
 /// timer. (Timers are set lazily, see `advance`: one set while a session ended sooner moves on
 /// to these when it comes due, so these are what it comes to.)
-struct SessionWriter<K, A> {
-    writer: WindowSnapshot<K, TimeWindow, A>,
+struct SessionContents {
     fire_timers: (WriterState, StateValueCodec<i64>),
     cleanup_timers: (WriterState, StateValueCodec<i64>),
     /// In event time, the watermark at the barrier: sessions ending at or before it fired.
@@ -171,12 +166,19 @@ struct SessionWriter<K, A> {
     allowed_lateness: i64,
 }
 
-impl<K: Key, A> KeyWriter<K, Sessions<A>> for SessionWriter<K, A> {
-    fn put(&mut self, key: &K, sessions: &Sessions<A>) -> Result<(), StateError> {
-        self.writer.key(key)?;
+/// The snapshots' writer.
+type SessionWriter<K, A> = KeyWriter<K, TimeWindow, A, SessionContents>;
+
+impl<K: Key, A> KeyContents<K, Sessions<A>, TimeWindow, A> for SessionContents {
+    fn put(
+        &self,
+        snapshot: &mut WindowSnapshot<K, TimeWindow, A>,
+        key: &K,
+        sessions: &Sessions<A>,
+    ) -> Result<(), StateError> {
+        snapshot.key(key)?;
         for (start, (end, acc)) in sessions.iter() {
-            self.writer
-                .contents(Some(&TimeWindow::new(start, *end)), acc)?;
+            snapshot.contents(Some(&TimeWindow::new(start, *end)), acc)?;
         }
         for (start, (end, _)) in sessions.iter() {
             let max = TimeWindow::new(start, *end).max_timestamp();
@@ -184,29 +186,13 @@ impl<K: Key, A> KeyWriter<K, Sessions<A>> for SessionWriter<K, A> {
                 Some(watermark) if max <= watermark => {
                     if self.allowed_lateness > 0 {
                         let at = max.saturating_add(self.allowed_lateness);
-                        self.writer.put_timer(&self.cleanup_timers, at)?;
+                        snapshot.put_timer(&self.cleanup_timers, at)?;
                     }
                 }
-                _ => self.writer.put_timer(&self.fire_timers, max)?,
+                _ => snapshot.put_timer(&self.fire_timers, max)?,
             }
         }
         Ok(())
-    }
-
-    fn removed(&mut self, key: &K) -> Result<(), StateError> {
-        self.writer.removed_key(key)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.writer.encoded_len()
-    }
-
-    fn into_pieces(self) -> weir_state::KeyedSnapshotPieces {
-        self.writer.into_pieces()
-    }
-
-    fn finish(self) -> Result<Vec<u8>, StateError> {
-        self.writer.finish()
     }
 }
 
@@ -256,17 +242,17 @@ where
         let mut writer = super::checkpoint::snapshot::<K, TimeWindow, L::Acc>(&scope, layout.codec);
         let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
         let cleanup_timers = writer.add_state::<i64>(CLEANUP_TIMERS, StateKind::List);
-        let writer = SessionWriter {
-            writer,
+        let contents = SessionContents {
             fire_timers,
             cleanup_timers,
             fired_until: (self.domain == TimeDomain::EventTime).then_some(self.watermark.0),
             allowed_lateness: self.allowed_lateness,
         };
+        let writer = KeyWriter::new(writer, contents);
         // No turns may follow a savepoint (the job stops) or the input's end.
         let now = snapshot.is_savepoint() || self.finished;
         self.changes
-            .take(&mut self.keys, writer, snapshot, layout.part, now)?;
+            .take(&self.keys, writer, snapshot, layout.part, now)?;
         self.logic.snapshot_contents(snapshot)
     }
 

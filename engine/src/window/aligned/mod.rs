@@ -27,7 +27,7 @@ use weir_state::{KeyedSnapshotEntries, StateError, StateKind, StateValueCodec, W
 use super::checkpoint::{
     foreign_window, AccCodec, KeyedScope, Layout, WindowSnapshot, FIRE_TIMERS,
 };
-use super::deferred::{Changes, KeyWriter, Marks, TrackedKey, STEP_BYTES};
+use super::deferred::{Changes, KeyContents, KeyWriter, Marks, TrackedKey, STEP_BYTES};
 use super::function::WindowLogic;
 use super::panes::PaneList;
 use super::recycle;
@@ -157,60 +157,42 @@ impl<A> TrackedKey for KeyState<A> {
     fn marks(&self) -> &Marks {
         &self.marks
     }
-
-    fn marks_mut(&mut self) -> &mut Marks {
-        &mut self.marks
-    }
 }
 
-/// Writes keys' panes and fire timers into a snapshot (`checkpoint.rs` has the layout).
-struct PaneWriter<K, A> {
-    writer: WindowSnapshot<K, TimeWindow, A>,
+/// What a snapshot holds of a key: its panes and fire timer (`checkpoint.rs` has the layout).
+struct PaneContents {
     fire_timers: (WriterState, StateValueCodec<i64>),
     /// The panes' length (ms).
     pane: i64,
 }
 
-impl<K: Key, A> PaneWriter<K, A> {
-    fn new(scope: &KeyedScope, codec: AccCodec<A>, pane: i64) -> Self {
-        let mut writer = super::checkpoint::snapshot(scope, codec);
-        let fire_timers = writer.add_state::<i64>(FIRE_TIMERS, StateKind::List);
-        PaneWriter {
-            writer,
-            fire_timers,
-            pane,
-        }
+/// The snapshots' writer.
+type PaneWriter<K, A> = KeyWriter<K, TimeWindow, A, PaneContents>;
+
+impl PaneContents {
+    fn writer<K: Key, A>(scope: &KeyedScope, codec: AccCodec<A>, pane: i64) -> PaneWriter<K, A> {
+        let mut snapshot = super::checkpoint::snapshot(scope, codec);
+        let fire_timers = snapshot.add_state::<i64>(FIRE_TIMERS, StateKind::List);
+        KeyWriter::new(snapshot, PaneContents { fire_timers, pane })
     }
 }
 
-impl<K: Key, A> KeyWriter<K, KeyState<A>> for PaneWriter<K, A> {
-    /// Writes `key`'s panes and fire timer.
-    fn put(&mut self, key: &K, state: &KeyState<A>) -> Result<(), StateError> {
-        self.writer.key(key)?;
+impl<K: Key, A> KeyContents<K, KeyState<A>, TimeWindow, A> for PaneContents {
+    fn put(
+        &self,
+        snapshot: &mut WindowSnapshot<K, TimeWindow, A>,
+        key: &K,
+        state: &KeyState<A>,
+    ) -> Result<(), StateError> {
+        snapshot.key(key)?;
         for (start, acc) in state.panes.iter() {
             let window = TimeWindow::new(*start, start.saturating_add(self.pane));
-            self.writer.contents(Some(&window), acc)?;
+            snapshot.contents(Some(&window), acc)?;
         }
         if state.fire_at != NO_TIMER {
-            self.writer.put_timer(&self.fire_timers, state.fire_at)?;
+            snapshot.put_timer(&self.fire_timers, state.fire_at)?;
         }
         Ok(())
-    }
-
-    fn removed(&mut self, key: &K) -> Result<(), StateError> {
-        self.writer.removed_key(key)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.writer.encoded_len()
-    }
-
-    fn into_pieces(self) -> weir_state::KeyedSnapshotPieces {
-        self.writer.into_pieces()
-    }
-
-    fn finish(self) -> Result<Vec<u8>, StateError> {
-        self.writer.finish()
     }
 }
 
@@ -559,11 +541,11 @@ where
     fn write_snapshot(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
         let layout = self.firing.logic.layout(snapshot.is_savepoint());
         let scope = self.scope.expect("opened");
-        let writer = PaneWriter::new(&scope, layout.codec, self.schedule.geometry.pane);
+        let writer = PaneContents::writer(&scope, layout.codec, self.schedule.geometry.pane);
         // No turns may follow a savepoint (the job stops) or the input's end.
         let now = snapshot.is_savepoint() || self.finished;
         self.changes
-            .take(&mut self.keys, writer, snapshot, layout.part, now)?;
+            .take(&self.keys, writer, snapshot, layout.part, now)?;
         self.firing.logic.snapshot_contents(snapshot)
     }
 
