@@ -178,9 +178,11 @@ impl NativeState {
     /// upload to `snapshot`: a cut of its live files when it writes its log (a checkpointed
     /// job's instances do), else a checkpoint with its memtables flushed.
     pub(crate) fn snapshot(&self, snapshot: &mut OperatorSnapshot) -> Result<(), StateError> {
-        debug_assert!(
+        // Both callers write savepoints canonical; uploading RocksDB's files into one would
+        // also take them as the base of the next checkpoint.
+        assert!(
             !snapshot.is_savepoint(),
-            "a savepoint holds the canonical layout, not RocksDB's files"
+            "internal error: a savepoint holds the canonical layout, not RocksDB's files"
         );
         let number = self.snapshots.get();
         self.snapshots.set(number + 1);

@@ -1134,8 +1134,9 @@ fn refuse_other_backend(
         .find(|node| exec.job.operator_ids[node.id].to_string() == *operator)
         .map_or(operator.as_str(), |node| node.name.as_str());
     Err(JobError::InvalidJob(format!(
-        "{} holds the state of operator '{name}' in RocksDB's own files (a checkpoint of the \
-         rocksdb state backend), which state.backend.type: {} cannot read; restore it with \
+        "{} holds the state of operator '{name}' in RocksDB's own files (written by the \
+         rocksdb state backend: a checkpoint, or a savepoint of a build before savepoints of \
+         windows were canonical), which state.backend.type: {} cannot read; restore it with \
          state.backend.type: rocksdb, or take a savepoint there, which restores on either \
          backend",
         restored.dir.display(),

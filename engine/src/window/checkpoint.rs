@@ -9,7 +9,7 @@
 //!   `process` (list state); the namespace is the pane `[start, start + pane)` of tumbling and
 //!   sliding windows, the session `[start, end)`, none for count windows;
 //! - `window-fire-timers` (list of `i64`): the key's window-firing timers — the one live timer
-//!   of an aligned window's key, every timer of a key's sessions;
+//!   of an aligned window's key, one at the end of each of a key's sessions not fired yet;
 //! - `window-cleanup-timers` (list of `i64`): sessions kept for their allowed lateness;
 //! - `window-count` (`u64`): records in the key's count window.
 //!

@@ -42,8 +42,8 @@ use crate::checkpoint::task_state::{DeferredPart, OperatorSnapshot, PartEncoder,
 use crate::record::Key;
 
 /// What the snapshots written after their barrier need of a key's state: when it last
-/// changed, and which snapshot has it (cells, so that the writer can look up several keys at
-/// once).
+/// changed, and which snapshot has it (cells: the writer looks up several keys at once, and
+/// renumbering goes through a shared map).
 #[derive(Default)]
 pub(crate) struct Marks {
     /// The checkpoint epoch in which the key last changed.
@@ -178,14 +178,14 @@ impl<K, S, W> Changes<K, S, W> {
 impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Changes<K, S, W> {
     /// Records that `key` changes now: call it before changing `state` (or removing it).
     #[inline]
-    pub(crate) fn record(&mut self, key: &K, state: &mut S) {
+    pub(crate) fn record(&mut self, key: &K, state: &S) {
         if state.marks().changed_in.get() != self.epoch {
             self.first_change(key, state);
         }
     }
 
     /// The key's first change in this epoch.
-    fn first_change(&mut self, key: &K, state: &mut S) {
+    fn first_change(&mut self, key: &K, state: &S) {
         if let Some(pending) = &self.pending {
             if !pending.borrow_mut().write_before_change(key, state) {
                 self.pending = None;
@@ -199,7 +199,7 @@ impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Changes<K, S, W> {
 
     /// `state` was just added: it is in no snapshot being written.
     #[inline]
-    pub(crate) fn added(&self, state: &mut S) {
+    pub(crate) fn added(&self, state: &S) {
         state.marks().written_in.set(self.epoch);
     }
 
@@ -539,7 +539,7 @@ struct Pending<K, S, W> {
 impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Pending<K, S, W> {
     /// Writes `key` as it is before its first change since the barrier, if the snapshot has
     /// it and it is not written already; returns whether the snapshot is still being written.
-    fn write_before_change(&mut self, key: &K, state: &mut S) -> bool {
+    fn write_before_change(&mut self, key: &K, state: &S) -> bool {
         let Some(writer) = &mut self.writer else {
             return false;
         };

@@ -137,7 +137,16 @@ pub(crate) trait WindowLogic<K, W, T, O>: 'static {
     /// layout (a savepoint, or a heap checkpoint), whichever backend wrote it.
     fn restored_layout(&self, ctx: &RuntimeContext) -> Layout<Self::Acc> {
         let native = ctx.with_restored_of_all(PART_OWN_KEYED, |parts| !parts.is_empty());
-        self.layout(!native)
+        match self.stored_codec() {
+            Some(codec) if native => Layout {
+                part: PART_OWN_KEYED,
+                codec,
+            },
+            _ => Layout {
+                part: PART_KEYED,
+                codec: self.acc_codec(),
+            },
+        }
     }
 }
 

@@ -145,6 +145,10 @@ pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     fire_timers: TimerQueue<K>,
     cleanup_timers: TimerQueue<K>,
     watermark: Watermark,
+    /// The latest end (`max_timestamp()`) of a session the restored checkpoint says fired (it
+    /// held the session's clean-up timer): every session ending at or before it fired. The
+    /// watermark is not restored, so until it passes this, it alone would not tell.
+    restored_fired: i64,
     changes: Changes<K, Sessions<L::Acc>, SessionWriter<K, L::Acc>>,
     /// The input ended (`Operator::finish`).
     finished: bool,
@@ -161,7 +165,8 @@ pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
 struct SessionContents {
     fire_timers: (WriterState, StateValueCodec<i64>),
     cleanup_timers: (WriterState, StateValueCodec<i64>),
-    /// In event time, the watermark at the barrier: sessions ending at or before it fired.
+    /// In event time, the watermark at the barrier (or, restored, what the checkpoint said
+    /// fired): sessions ending at or before it fired.
     fired_until: Option<i64>,
     allowed_lateness: i64,
 }
@@ -226,6 +231,7 @@ where
             fire_timers: TimerQueue::default(),
             cleanup_timers: TimerQueue::default(),
             watermark: Watermark::MIN,
+            restored_fired: i64::MIN,
             changes: Changes::untracked(),
             finished: false,
             scope: None,
@@ -245,7 +251,8 @@ where
         let contents = SessionContents {
             fire_timers,
             cleanup_timers,
-            fired_until: (self.domain == TimeDomain::EventTime).then_some(self.watermark.0),
+            fired_until: (self.domain == TimeDomain::EventTime)
+                .then_some(self.watermark.0.max(self.restored_fired)),
             allowed_lateness: self.allowed_lateness,
         };
         let writer = KeyWriter::new(writer, contents);
@@ -279,15 +286,16 @@ where
             codec.decode_into(acc, bytes)
         })?;
         let times = StateValueCodec::<i64>::of();
-        for (name, timers) in [
-            (FIRE_TIMERS, &mut self.fire_timers),
-            (CLEANUP_TIMERS, &mut self.cleanup_timers),
-        ] {
-            restored.for_each(name, StateKind::List, &times, |key, _, time| {
-                timers.register(key, time);
-                Ok(())
-            })?;
-        }
+        restored.for_each(FIRE_TIMERS, StateKind::List, &times, |key, _, time| {
+            self.fire_timers.register(key, time);
+            Ok(())
+        })?;
+        let (cleanup_timers, fired) = (&mut self.cleanup_timers, &mut self.restored_fired);
+        restored.for_each(CLEANUP_TIMERS, StateKind::List, &times, |key, _, time| {
+            cleanup_timers.register(key, time);
+            *fired = (*fired).max(time.saturating_sub(self.allowed_lateness));
+            Ok(())
+        })?;
         Ok(())
     }
 
@@ -612,9 +620,16 @@ mod tests {
         rest: &[Result<(u8, i64), i64>],
         before: Vec<(u8, i64, i64, u64)>,
     ) -> Result<Vec<(u8, i64, i64, u64)>, proptest::test_runner::TestCaseError> {
+        let mut restarted = counting(gap, lateness);
+        let codec = restarted.logic.acc_codec();
+        restarted.restore(restored, codec).expect("restored");
+        // Checkpointed again before any watermark (as after a restart whose inputs have not
+        // all sent one), and restored from that.
+        let mut again = OperatorSnapshot::new(SnapshotKind::Checkpoint);
+        restarted.write_snapshot(&mut again).expect("a snapshot");
+        let again = super::super::checkpoint::read_back(again, 16);
         let mut second = counting(gap, lateness);
-        let codec = second.logic.acc_codec();
-        second.restore(restored, codec).expect("restored");
+        second.restore(&again, codec).expect("restored again");
         let mut after = Emitter::new(0, SideOutputs::default());
         after.main.records = before;
         if watermark > Watermark::MIN {
