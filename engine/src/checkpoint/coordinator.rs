@@ -17,12 +17,14 @@
 //!   (a due trigger waits);
 //! - `execution.checkpointing.timeout`: a pending checkpoint older than this is aborted;
 //! - a task that declines aborts the checkpoint;
-//! - a checkpoint completes when every task has acknowledged it; pending checkpoints older than
-//!   a completed one are aborted as subsumed (the newer one supersedes them), and
-//!   acknowledgements of checkpoints no longer pending are ignored;
+//! - a checkpoint completes when every task has acknowledged it and its metadata is committed
+//!   ([`Coordinator::committed`]; only then do the tasks hear it completed — a checkpoint
+//!   whose commit failed, [`Coordinator::not_committed`], is aborted instead); pending
+//!   checkpoints older than one every task acknowledged are aborted as subsumed (the newer one
+//!   supersedes them), and acknowledgements of checkpoints no longer pending are ignored;
 //! - `execution.checkpointing.tolerable-failed-checkpoints`: the job fails when more than this
-//!   many checkpoints in a row were aborted by a timeout or a decline (a subsumed one is not a
-//!   failure); a completed checkpoint resets the count.
+//!   many checkpoints in a row were aborted by a timeout, a decline or a failed commit (a
+//!   subsumed one is not a failure); a completed checkpoint resets the count.
 //!
 //! Savepoints ([`Coordinator::trigger_savepoint`]) are numbered with the checkpoints and
 //! complete and abort the same way, but are triggered on request, at once, whatever the
@@ -83,6 +85,11 @@ pub enum AbortReason {
         /// The newer checkpoint.
         by: u64,
     },
+    /// Every task acknowledged it, but its metadata could not be committed.
+    NotCommitted {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl AbortReason {
@@ -103,7 +110,8 @@ pub enum Command<H> {
         timestamp_ms: i64,
     },
     /// Every task acknowledged `checkpoint`: persist its metadata from these handles (by task),
-    /// then tell the tasks ([`Command::NotifyComplete`] follows).
+    /// then say how that went ([`Coordinator::committed`], which tells the tasks it completed,
+    /// or [`Coordinator::not_committed`], which aborts it).
     Persist {
         /// The checkpoint.
         checkpoint: u64,
@@ -158,6 +166,9 @@ pub struct Coordinator<H> {
     input_ended: bool,
     /// The final checkpoint, while it is pending or once it completed.
     final_checkpoint: Option<u64>,
+    /// Checkpoints acknowledged by every task whose metadata is being committed, and whether
+    /// each is a savepoint.
+    persisting: BTreeMap<u64, bool>,
 }
 
 impl<H> Coordinator<H> {
@@ -175,6 +186,7 @@ impl<H> Coordinator<H> {
             failed: false,
             input_ended: false,
             final_checkpoint: None,
+            persisting: BTreeMap::new(),
         }
     }
 
@@ -328,9 +340,9 @@ impl<H> Coordinator<H> {
                     &mut commands,
                 );
             }
-            self.failures_in_a_row = 0;
             self.last_end_ms = Some(now_ms);
         }
+        self.persisting.insert(checkpoint, pending.savepoint);
         commands.push(Command::Persist {
             checkpoint,
             timestamp_ms: pending.timestamp_ms,
@@ -340,7 +352,41 @@ impl<H> Coordinator<H> {
                 .map(|h| h.expect("acked"))
                 .collect(),
         });
-        commands.push(Command::NotifyComplete { checkpoint });
+        commands
+    }
+
+    /// `checkpoint`'s metadata is committed: it completed, and every task hears so.
+    pub fn committed(&mut self, checkpoint: u64) -> Vec<Command<H>> {
+        if self.persisting.remove(&checkpoint) == Some(false) {
+            self.failures_in_a_row = 0;
+        }
+        vec![Command::NotifyComplete { checkpoint }]
+    }
+
+    /// `checkpoint`'s metadata could not be committed, at `now_ms`: it did not complete, and
+    /// no task may hear it did (a sink would commit output no checkpoint holds). It is
+    /// aborted, and counted as a failure unless it is a savepoint; the final checkpoint is
+    /// triggered again.
+    pub fn not_committed(
+        &mut self,
+        checkpoint: u64,
+        reason: String,
+        now_ms: i64,
+    ) -> Vec<Command<H>> {
+        let mut commands = Vec::new();
+        let Some(savepoint) = self.persisting.remove(&checkpoint) else {
+            return commands;
+        };
+        if self.final_checkpoint == Some(checkpoint) {
+            self.final_checkpoint = None;
+        }
+        commands.push(Command::NotifyAborted {
+            checkpoint,
+            reason: AbortReason::NotCommitted { reason },
+        });
+        if !savepoint {
+            self.count_failure(checkpoint, now_ms, &mut commands);
+        }
         commands
     }
 
@@ -377,23 +423,27 @@ impl<H> Coordinator<H> {
         if self.final_checkpoint == Some(checkpoint) {
             self.final_checkpoint = None;
         }
-        if failure {
-            self.last_end_ms = Some(now_ms);
-        }
         commands.push(Command::NotifyAborted { checkpoint, reason });
         if failure {
-            self.failures_in_a_row += 1;
-            if self.failures_in_a_row > self.settings.tolerable_failures && !self.failed {
-                self.failed = true;
-                commands.push(Command::FailJob {
-                    reason: format!(
-                        "{} checkpoint(s) in a row failed, more than \
-                         execution.checkpointing.tolerable-failed-checkpoints = {}; raise it \
-                         to ride out more, or see why checkpoint {checkpoint} failed",
-                        self.failures_in_a_row, self.settings.tolerable_failures
-                    ),
-                });
-            }
+            self.count_failure(checkpoint, now_ms, commands);
+        }
+    }
+
+    /// `checkpoint` failed at `now_ms`: one more failure in a row, which fails the job past
+    /// the tolerated number.
+    fn count_failure(&mut self, checkpoint: u64, now_ms: i64, commands: &mut Vec<Command<H>>) {
+        self.last_end_ms = Some(now_ms);
+        self.failures_in_a_row += 1;
+        if self.failures_in_a_row > self.settings.tolerable_failures && !self.failed {
+            self.failed = true;
+            commands.push(Command::FailJob {
+                reason: format!(
+                    "{} checkpoint(s) in a row failed, more than \
+                     execution.checkpointing.tolerable-failed-checkpoints = {}; raise it to \
+                     ride out more, or see why checkpoint {checkpoint} failed",
+                    self.failures_in_a_row, self.settings.tolerable_failures
+                ),
+            });
         }
     }
 }
@@ -431,15 +481,13 @@ mod tests {
         );
         assert_eq!(
             c.acknowledge(1, 0, "a1", 700),
-            [
-                Command::Persist {
-                    checkpoint: 1,
-                    timestamp_ms: 0,
-                    handles: vec!["a1", "b1 again"]
-                },
-                Command::NotifyComplete { checkpoint: 1 }
-            ]
+            [Command::Persist {
+                checkpoint: 1,
+                timestamp_ms: 0,
+                handles: vec!["a1", "b1 again"]
+            },]
         );
+        assert_eq!(c.committed(1), [Command::NotifyComplete { checkpoint: 1 }]);
         assert!(
             c.tick(999).is_empty(),
             "the interval counts from the trigger"
@@ -536,6 +584,7 @@ mod tests {
             c.acknowledge(2, 0, 22, 31).is_empty(),
             "a late ack is ignored"
         );
+        c.committed(3);
         // One failure before the completion was forgiven: one more is tolerated.
         c.tick(40);
         let commands = c.decline(4, 0, "busy", 41);
@@ -561,8 +610,9 @@ mod tests {
         let done = c.acknowledge(1, 0, "a1", 20);
         assert!(matches!(
             done.last(),
-            Some(Command::NotifyComplete { checkpoint: 1 })
+            Some(Command::Persist { checkpoint: 1, .. })
         ));
+        c.committed(1);
         // Not the interval: the final checkpoint goes at the next tick after the pending ended.
         assert_eq!(triggers(&c.tick(21)), [2]);
         assert_eq!(c.final_checkpoint(), Some(2));
@@ -582,8 +632,9 @@ mod tests {
         let done = c.acknowledge(3, 0, "a3", 5003);
         assert!(matches!(
             done.last(),
-            Some(Command::NotifyComplete { checkpoint: 3 })
+            Some(Command::Persist { checkpoint: 3, .. })
         ));
+        assert_eq!(c.committed(3), [Command::NotifyComplete { checkpoint: 3 }]);
         assert!(
             triggers(&c.tick(99_999)).is_empty(),
             "nothing after the final checkpoint"
@@ -591,8 +642,61 @@ mod tests {
         assert_eq!(c.final_checkpoint(), Some(3));
         // With nothing pending, the end of the input triggers at once.
         let mut idle: Coordinator<&str> = Coordinator::new(CheckpointSettings::every(60_000), 1, 7);
-        assert!(triggers(&idle.tick(0)).len() == 1 && idle.acknowledge(7, 0, "x", 1).len() == 2);
+        assert!(triggers(&idle.tick(0)).len() == 1 && idle.acknowledge(7, 0, "x", 1).len() == 1);
+        idle.committed(7);
         assert_eq!(triggers(&idle.end_of_input(2)), [8]);
+    }
+
+    /// Every task acknowledged, but the metadata could not be committed: no task hears the
+    /// checkpoint completed (a sink would commit output no checkpoint holds); it is aborted and
+    /// counted as a failure, and the final checkpoint goes again. A savepoint's is no
+    /// checkpoint failure.
+    #[test]
+    fn a_checkpoint_whose_metadata_is_not_committed_is_aborted_not_completed() {
+        let settings = CheckpointSettings {
+            tolerable_failures: 1,
+            ..CheckpointSettings::every(100)
+        };
+        let mut c: Coordinator<&str> = Coordinator::new(settings, 1, 1);
+        assert_eq!(triggers(&c.end_of_input(0)), [1]);
+        assert_eq!(c.final_checkpoint(), Some(1));
+        assert!(matches!(
+            c.acknowledge(1, 0, "a1", 10)[..],
+            [Command::Persist { checkpoint: 1, .. }]
+        ));
+        assert_eq!(
+            c.not_committed(1, "disk full".into(), 11),
+            [Command::NotifyAborted {
+                checkpoint: 1,
+                reason: AbortReason::NotCommitted {
+                    reason: "disk full".into()
+                }
+            }]
+        );
+        assert_eq!(c.final_checkpoint(), None);
+        assert_eq!(
+            triggers(&c.tick(12)),
+            [2],
+            "the final checkpoint goes again"
+        );
+        c.acknowledge(2, 0, "a2", 13);
+        let failed = c.not_committed(2, "disk full".into(), 14);
+        assert!(
+            matches!(failed.last(), Some(Command::FailJob { .. })),
+            "two failures in a row, one tolerated: {failed:?}"
+        );
+        // A savepoint's commit failing is no checkpoint failure.
+        let mut c: Coordinator<&str> = Coordinator::new(CheckpointSettings::every(100), 1, 1);
+        assert_eq!(c.trigger_savepoint(0), Ok(1));
+        c.acknowledge(1, 0, "s1", 1);
+        assert!(matches!(
+            c.not_committed(1, "disk full".into(), 2)[..],
+            [Command::NotifyAborted { checkpoint: 1, .. }]
+        ));
+        assert!(
+            c.not_committed(1, "again".into(), 3).is_empty(),
+            "ended once"
+        );
     }
 
     #[test]
@@ -620,7 +724,8 @@ mod tests {
             commands[0],
             Command::Persist { checkpoint: 2, .. }
         ));
-        assert_eq!(commands.len(), 2, "{commands:?}");
+        assert_eq!(commands.len(), 1, "{commands:?}");
+        c.committed(2);
         assert_eq!(c.pending().collect::<Vec<_>>(), [1]);
         assert_eq!(triggers(&c.tick(210)), [3]);
         // A later savepoint is not subsumed by a completed checkpoint, and its failure is no
@@ -650,7 +755,7 @@ mod tests {
     proptest! {
         /// Whatever happens, in any order: every checkpoint is triggered once, in increasing
         /// order, ends at most once (completed or aborted), never completes without every
-        /// task's ack, and the pending ones respect the limit.
+        /// task's ack and its commit, and the pending ones respect the limit.
         #[test]
         fn any_schedule_keeps_the_invariants(
             events in proptest::collection::vec((0u8..4, 0u64..12, 0usize..3, 0i64..400), 1..120)
@@ -683,7 +788,8 @@ mod tests {
                     }
                     _ => c.decline(checkpoint, task, "no", now),
                 };
-                for command in commands {
+                let mut commands: std::collections::VecDeque<_> = commands.into();
+                while let Some(command) = commands.pop_front() {
                     match command {
                         Command::Trigger { checkpoint, .. } => {
                             prop_assert!(triggered.last().is_none_or(|&l| l < checkpoint));
@@ -693,12 +799,18 @@ mod tests {
                         Command::Persist { checkpoint, handles, .. } => {
                             prop_assert_eq!(handles.len(), tasks);
                             prop_assert_eq!(acked.get(&checkpoint).map_or(0, |a| a.len()), tasks);
+                            // Its commit fails now and then.
+                            if (checkpoint + task as u64).is_multiple_of(5) {
+                                commands.extend(c.not_committed(checkpoint, "no".into(), now));
+                            } else {
+                                commands.extend(c.committed(checkpoint));
+                            }
+                        }
+                        Command::NotifyAborted { checkpoint, .. }
+                        | Command::NotifyComplete { checkpoint } => {
                             prop_assert!(ended.insert(checkpoint), "ended twice");
                         }
-                        Command::NotifyAborted { checkpoint, .. } => {
-                            prop_assert!(ended.insert(checkpoint), "ended twice");
-                        }
-                        Command::NotifyComplete { .. } | Command::FailJob { .. } => {}
+                        Command::FailJob { .. } => {}
                     }
                 }
                 prop_assert!(c.pending().count() <= 2);

@@ -630,17 +630,22 @@ impl Host {
                 checkpoint,
                 timestamp_ms,
                 handles,
-            } => match self.persist(checkpoint, timestamp_ms, handles) {
-                Ok(dir) => self.answer_savepoint(checkpoint, Ok(dir)),
-                Err(reason) => {
-                    tracing::warn!(job = %self.plan.job, checkpoint, "checkpoint not committed: {reason}");
-                    self.answer_savepoint(
-                        checkpoint,
-                        Err(format!("it could not be committed: {reason}")),
-                    );
-                    self.forget(checkpoint);
+            } => {
+                // Completed only once committed: the tasks hear of it after that (or of its
+                // abort, the coordinator counting the failure).
+                let commands = match self.persist(checkpoint, timestamp_ms, handles) {
+                    Ok(dir) => {
+                        self.answer_savepoint(checkpoint, Ok(dir));
+                        self.coordinator.committed(checkpoint)
+                    }
+                    Err(reason) => self.coordinator.not_committed(checkpoint, reason, now_ms()),
+                };
+                for command in commands {
+                    if let Some(failure) = self.execute(command) {
+                        return Some(failure);
+                    }
                 }
-            },
+            }
             // The notices go to the sources, which pass them through their chains and
             // downstream in-band, so that every task hears of them after the data before them
             // (and without a channel of its own to the coordinator).
@@ -835,6 +840,9 @@ fn describe_abort(reason: &super::AbortReason) -> String {
             format!("task {task} could not write its state: {reason}")
         }
         super::AbortReason::Subsumed { by } => format!("checkpoint {by} subsumed it"),
+        super::AbortReason::NotCommitted { reason } => {
+            format!("it could not be committed: {reason}")
+        }
     }
 }
 
