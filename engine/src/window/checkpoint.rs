@@ -98,6 +98,24 @@ pub(crate) struct Layout<A> {
     pub(crate) codec: AccCodec<A>,
 }
 
+impl<A> Layout<A> {
+    /// Beside the state backend's own checkpoint, accumulators written with `stored`, if
+    /// given; else the canonical layout, accumulators written with `canonical`.
+    pub(crate) fn of(stored: Option<AccCodec<A>>, canonical: AccCodec<A>) -> Self {
+        use crate::checkpoint::task_state::{PART_KEYED, PART_OWN_KEYED};
+        match stored {
+            Some(codec) => Layout {
+                part: PART_OWN_KEYED,
+                codec,
+            },
+            None => Layout {
+                part: PART_KEYED,
+                codec: canonical,
+            },
+        }
+    }
+}
+
 /// Where an accumulator's entries go: each is encoded into a buffer and handed on.
 pub(crate) struct Entries<'a> {
     value: &'a mut Vec<u8>,

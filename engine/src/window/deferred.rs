@@ -700,6 +700,24 @@ impl<K, S, W> Drop for WrittenAfterBarrier<K, S, W> {
     }
 }
 
+/// Encodes `encoder`'s part in pieces of `budget` bytes, each after `between` (records for the
+/// operator and its turn to write keys): a snapshot written after its barrier while the
+/// operator goes on, for the window operators' tests.
+#[cfg(test)]
+pub(crate) fn encode_between(
+    mut encoder: DeferredPart,
+    budget: usize,
+    mut between: impl FnMut(),
+) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    loop {
+        between();
+        if !encoder.encode_next(&mut bytes, budget).expect("it encodes") {
+            return bytes;
+        }
+    }
+}
+
 /// About how many bytes of keys the operator writes on each processing-time turn.
 pub(crate) const STEP_BYTES: usize = PIECE_BYTES;
 

@@ -12,7 +12,7 @@ use weir_state::{
 use super::checkpoint::{decode_entry, AccCodec, Entries, Layout, CONTENTS};
 
 use crate::api::Collector;
-use crate::checkpoint::task_state::{PART_KEYED, PART_OWN_KEYED};
+use crate::checkpoint::task_state::PART_OWN_KEYED;
 use crate::operator::{Batch, RuntimeContext};
 use crate::record::Key;
 
@@ -121,32 +121,14 @@ pub(crate) trait WindowLogic<K, W, T, O>: 'static {
     /// How a savepoint, or else a checkpoint, writes the windows: a savepoint always in the
     /// canonical layout, restorable on either backend.
     fn layout(&self, savepoint: bool) -> Layout<Self::Acc> {
-        match self.stored_codec() {
-            Some(codec) if !savepoint => Layout {
-                part: PART_OWN_KEYED,
-                codec,
-            },
-            _ => Layout {
-                part: PART_KEYED,
-                codec: self.acc_codec(),
-            },
-        }
+        Layout::of(self.stored_codec().filter(|_| !savepoint), self.acc_codec())
     }
     /// How the checkpoint the job resumes from holds the windows: beside the state backend's
     /// own checkpoint when it has the operator's `own-keyed` part, else in the canonical
     /// layout (a savepoint, or a heap checkpoint), whichever backend wrote it.
     fn restored_layout(&self, ctx: &RuntimeContext) -> Layout<Self::Acc> {
         let native = ctx.with_restored_of_all(PART_OWN_KEYED, |parts| !parts.is_empty());
-        match self.stored_codec() {
-            Some(codec) if native => Layout {
-                part: PART_OWN_KEYED,
-                codec,
-            },
-            _ => Layout {
-                part: PART_KEYED,
-                codec: self.acc_codec(),
-            },
-        }
+        Layout::of(self.stored_codec().filter(|_| native), self.acc_codec())
     }
 }
 

@@ -534,6 +534,7 @@ mod tests {
     use crate::checkpoint::task_state::{Part, PART_KEYED};
     use crate::checkpoint::SnapshotKind;
     use crate::operator::SideOutputs;
+    use crate::window::deferred::encode_between;
 
     type Counting = SessionWindowOperator<
         u8,
@@ -754,13 +755,12 @@ mod tests {
             let mut snapshot = OperatorSnapshot::new(kind);
             first.write_snapshot(&mut snapshot).expect("a snapshot");
             let (watermark, before) = (first.watermark, out.main.records.clone());
-            let mut encoder = match snapshot.parts.pop() {
+            let encoder = match snapshot.parts.pop() {
                 Some((PART_KEYED, Part::Deferred(encoder))) => encoder,
                 _ => panic!("the keyed part is written after the barrier"),
             };
-            let mut bytes = Vec::new();
             let mut rest = input[cut..].iter().enumerate();
-            loop {
+            let bytes = encode_between(encoder, budget, || {
                 if let Some((at, item)) = rest.next() {
                     feed(&mut first, std::slice::from_ref(item), &mut out);
                     if second_barrier_after == Some(at) {
@@ -768,12 +768,9 @@ mod tests {
                         first.write_snapshot(&mut next).expect("the next snapshot");
                     }
                 }
-                // The operator's turn to write some keys (between records), then the writer's.
+                // The operator's turn to write some keys (between records).
                 first.changes.write_some(&first.keys, budget);
-                if !encoder.encode_next(&mut bytes, budget).expect("it encodes") {
-                    break;
-                }
-            }
+            });
             let restored = KeyedScope::single(16).read(&[bytes.into()]).expect("it reads back");
             let fired = fired_after_restore((gap, lateness), &restored, watermark, &input[cut..], before)?;
             proptest::prop_assert_eq!(fired, fired_whole(gap, lateness, &input));
