@@ -41,6 +41,22 @@ impl KeyedScope {
         }
     }
 
+    /// Subtask `subtask` of `parallelism`, outside a job (tests of operators on their own).
+    #[cfg(test)]
+    pub(crate) fn subtask(max_parallelism: u32, parallelism: u32, subtask: u32) -> Self {
+        KeyedScope {
+            max_parallelism,
+            key_groups: KeyGroupRange::for_subtask(max_parallelism, parallelism, subtask),
+        }
+    }
+
+    /// Whether `key` is in this subtask's key groups.
+    #[cfg(test)]
+    pub(crate) fn holds<K: std::hash::Hash>(&self, key: &K) -> bool {
+        self.key_groups
+            .contains(weir_state::KeyGroup::of(key, self.max_parallelism))
+    }
+
     /// A writer of a snapshot of this subtask's keys, stamped now.
     pub(crate) fn writer<K: Key, N: StateCodec>(&self) -> KeyedSnapshotWriter<K, N> {
         KeyedSnapshotWriter::new(self.max_parallelism, self.key_groups, crate::time::now_ms())

@@ -30,6 +30,11 @@ use crate::time::{TimeDomain, TimerQueue};
 struct Sessions<A> {
     latest: Option<(i64, (i64, A))>,
     earlier: BTreeMap<i64, (i64, A)>,
+    /// The latest end (`max_timestamp()`) of a session of the key that the restored
+    /// checkpoint says fired (it held the session's clean-up timer): the key's sessions ending
+    /// at or before it fired. The watermark is not restored, so until it passes this, it alone
+    /// would not tell (and another old subtask's watermark says nothing of this key's).
+    restored_fired: i64,
     /// For the snapshots written after their barrier ([`Changes`]).
     marks: Marks,
 }
@@ -39,6 +44,7 @@ impl<A> Default for Sessions<A> {
         Sessions {
             latest: None,
             earlier: BTreeMap::new(),
+            restored_fired: i64::MIN,
             marks: Marks::default(),
         }
     }
@@ -145,10 +151,6 @@ pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
     fire_timers: TimerQueue<K>,
     cleanup_timers: TimerQueue<K>,
     watermark: Watermark,
-    /// The latest end (`max_timestamp()`) of a session the restored checkpoint says fired (it
-    /// held the session's clean-up timer): every session ending at or before it fired. The
-    /// watermark is not restored, so until it passes this, it alone would not tell.
-    restored_fired: i64,
     changes: Changes<K, Sessions<L::Acc>, SessionWriter<K, L::Acc>>,
     /// The input ended (`Operator::finish`).
     finished: bool,
@@ -165,8 +167,7 @@ pub(crate) struct SessionWindowOperator<K, T, O, KS, L: WindowLogic<K, TimeWindo
 struct SessionContents {
     fire_timers: (WriterState, StateValueCodec<i64>),
     cleanup_timers: (WriterState, StateValueCodec<i64>),
-    /// In event time, the watermark at the barrier (or, restored, what the checkpoint said
-    /// fired): sessions ending at or before it fired.
+    /// In event time, the watermark at the barrier: sessions ending at or before it fired.
     fired_until: Option<i64>,
     allowed_lateness: i64,
 }
@@ -185,10 +186,15 @@ impl<K: Key, A> KeyContents<K, Sessions<A>, TimeWindow, A> for SessionContents {
         for (start, (end, acc)) in sessions.iter() {
             snapshot.contents(Some(&TimeWindow::new(start, *end)), acc)?;
         }
+        // In event time, sessions the watermark at the barrier passed fired, and so did those
+        // the restored checkpoint says fired.
+        let fired_until = self
+            .fired_until
+            .map(|watermark| watermark.max(sessions.restored_fired));
         for (start, (end, _)) in sessions.iter() {
             let max = TimeWindow::new(start, *end).max_timestamp();
-            match self.fired_until {
-                Some(watermark) if max <= watermark => {
+            match fired_until {
+                Some(fired_until) if max <= fired_until => {
                     if self.allowed_lateness > 0 {
                         let at = max.saturating_add(self.allowed_lateness);
                         snapshot.put_timer(&self.cleanup_timers, at)?;
@@ -231,7 +237,6 @@ where
             fire_timers: TimerQueue::default(),
             cleanup_timers: TimerQueue::default(),
             watermark: Watermark::MIN,
-            restored_fired: i64::MIN,
             changes: Changes::untracked(),
             finished: false,
             scope: None,
@@ -251,8 +256,7 @@ where
         let contents = SessionContents {
             fire_timers,
             cleanup_timers,
-            fired_until: (self.domain == TimeDomain::EventTime)
-                .then_some(self.watermark.0.max(self.restored_fired)),
+            fired_until: (self.domain == TimeDomain::EventTime).then_some(self.watermark.0),
             allowed_lateness: self.allowed_lateness,
         };
         let writer = KeyWriter::new(writer, contents);
@@ -290,10 +294,13 @@ where
             self.fire_timers.register(key, time);
             Ok(())
         })?;
-        let (cleanup_timers, fired) = (&mut self.cleanup_timers, &mut self.restored_fired);
+        let (cleanup_timers, keys) = (&mut self.cleanup_timers, &mut self.keys);
         restored.for_each(CLEANUP_TIMERS, StateKind::List, &times, |key, _, time| {
             cleanup_timers.register(key, time);
-            *fired = (*fired).max(time.saturating_sub(self.allowed_lateness));
+            if let Some(sessions) = keys.get_mut(key) {
+                let fired = time.saturating_sub(self.allowed_lateness);
+                sessions.restored_fired = sessions.restored_fired.max(fired);
+            }
             Ok(())
         })?;
         Ok(())
@@ -707,6 +714,51 @@ mod tests {
             let fired = fired_after_restore((gap, lateness), &restored, watermark, &input[at..], before)?;
             proptest::prop_assert_eq!(fired, fired_whole(gap, lateness, &input));
         }
+    }
+
+    /// Restored from two old subtasks whose watermarks differ, then checkpointed again before
+    /// any watermark: a session one of them had fired (kept for its lateness) is written as
+    /// fired, and one the other had not fired — ending earlier than the first — as not fired,
+    /// so restored once more, the operator fires the second and not the first again.
+    #[test]
+    fn what_fired_is_told_per_key_after_a_restore_from_subtasks_with_other_watermarks() {
+        let (gap, lateness) = (10, 100);
+        let scopes = [KeyedScope::subtask(16, 2, 0), KeyedScope::subtask(16, 2, 1)];
+        let key_of = |scope: &KeyedScope| (0u8..=255).find(|key| scope.holds(key)).expect("a key");
+        let (fired_key, open_key) = (key_of(&scopes[0]), key_of(&scopes[1]));
+        let mut parts = Vec::new();
+        // The first subtask's session [0, 20) fired at watermark 30; the second's [0, 10) has
+        // not, at watermark 5.
+        for (scope, key, ts, watermark) in
+            [(scopes[0], fired_key, 10, 30), (scopes[1], open_key, 0, 5)]
+        {
+            let mut op = counting(gap, lateness);
+            op.scope = Some(scope);
+            let mut out = Emitter::new(0, SideOutputs::default());
+            feed(&mut op, &[Ok((key, ts)), Err(watermark)], &mut out);
+            let fired = out.main.records.len();
+            assert_eq!(fired, usize::from(key == fired_key), "as set up");
+            let mut snapshot = OperatorSnapshot::new(SnapshotKind::Checkpoint);
+            op.write_snapshot(&mut snapshot).expect("a snapshot");
+            let Some((_, Part::Bytes(bytes))) = snapshot.parts.pop() else {
+                panic!("written at once");
+            };
+            parts.push(bytes::Bytes::from(bytes));
+        }
+        let restored = KeyedScope::single(16).read(&parts).expect("both read back");
+        let mut first = counting(gap, lateness);
+        let codec = first.logic.acc_codec();
+        first.restore(&restored, codec).expect("restored");
+        let mut again = OperatorSnapshot::new(SnapshotKind::Checkpoint);
+        first
+            .write_snapshot(&mut again)
+            .expect("a snapshot before any watermark");
+        let again = super::super::checkpoint::read_back(again, 16);
+        let mut second = counting(gap, lateness);
+        second.restore(&again, codec).expect("restored again");
+        let mut out = Emitter::new(0, SideOutputs::default());
+        second.on_watermark(Watermark(i64::MAX), &mut out);
+        assert_eq!(out.main.records, [(open_key, 0, 10, 1)]);
     }
 
     /// Adds `link` (its first `bytes` written already) to `chain`: a full link starts it again.
