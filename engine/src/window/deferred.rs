@@ -700,6 +700,42 @@ impl<K, S, W> Drop for WrittenAfterBarrier<K, S, W> {
     }
 }
 
+/// Records `Ok((key, timestamp))` and watermarks `Err(w)` from generated steps (kind, key,
+/// jitter), for the window operators' tests: time moves forward by up to `advance - 1` ms a
+/// step, records land up to 40 ms behind it, watermarks trail it; the last watermark ends
+/// time.
+#[cfg(test)]
+pub(crate) fn timed_input(steps: Vec<(u8, u8, i64)>, advance: i64) -> Vec<Result<(u8, i64), i64>> {
+    let mut now = 0;
+    let mut input = Vec::new();
+    for (kind, key, jitter) in steps {
+        now += jitter.rem_euclid(advance);
+        match kind {
+            0 => input.push(Err(now + jitter / 2)),
+            _ => input.push(Ok((key, now + jitter))),
+        }
+    }
+    input.push(Err(i64::MAX));
+    input
+}
+
+/// Adds `link` (its first `bytes` written already) to `chain`: a full link starts it again.
+#[cfg(test)]
+pub(crate) fn finish_link(
+    chain: &mut Vec<Vec<u8>>,
+    link: crate::checkpoint::chain::ChainLink,
+    mut bytes: Vec<u8>,
+) {
+    if let Some((full, rest)) = link.take() {
+        bytes.extend_from_slice(&rest);
+        if full {
+            *chain = vec![bytes];
+        } else {
+            chain.push(bytes);
+        }
+    }
+}
+
 /// Encodes `encoder`'s part in pieces of `budget` bytes, each after `between` (records for the
 /// operator and its turn to write keys): a snapshot written after its barrier while the
 /// operator goes on, for the window operators' tests.

@@ -541,7 +541,7 @@ mod tests {
     use crate::checkpoint::task_state::{Part, PART_KEYED};
     use crate::checkpoint::SnapshotKind;
     use crate::operator::SideOutputs;
-    use crate::window::deferred::encode_between;
+    use crate::window::deferred::{encode_between, finish_link, timed_input};
 
     type Counting = SessionWindowOperator<
         u8,
@@ -572,23 +572,6 @@ mod tests {
         );
         op.scope = Some(KeyedScope::single(16));
         op
-    }
-
-    /// Records `Ok((key, timestamp))` and watermarks `Err(w)` from generated steps (kind, key,
-    /// jitter): time moves forward, records land up to 40 ms behind it, watermarks trail it;
-    /// the last watermark ends time.
-    fn input_of(steps: Vec<(u8, u8, i64)>) -> Vec<Result<(u8, i64), i64>> {
-        let mut now = 0;
-        let mut input = Vec::new();
-        for (kind, key, jitter) in steps {
-            now += jitter.rem_euclid(9);
-            match kind {
-                0 => input.push(Err(now + jitter / 2)),
-                _ => input.push(Ok((key, now + jitter))),
-            }
-        }
-        input.push(Err(i64::MAX));
-        input
     }
 
     fn feed(
@@ -669,7 +652,7 @@ mod tests {
             budget in 1usize..200,
         ) {
             use crate::checkpoint::chain::ChainLink;
-            let input = input_of(steps);
+            let input = timed_input(steps, 9);
             let mut first = counting(gap, lateness);
             first.changes = Changes::tracked(Some(KeyedChain::deltas_only(PART_KEYED)));
             let mut out = Emitter::new(0, SideOutputs::default());
@@ -761,22 +744,6 @@ mod tests {
         assert_eq!(out.main.records, [(open_key, 0, 10, 1)]);
     }
 
-    /// Adds `link` (its first `bytes` written already) to `chain`: a full link starts it again.
-    fn finish_link(
-        chain: &mut Vec<Vec<u8>>,
-        link: crate::checkpoint::chain::ChainLink,
-        mut bytes: Vec<u8>,
-    ) {
-        if let Some((full, rest)) = link.take() {
-            bytes.extend_from_slice(&rest);
-            if full {
-                *chain = vec![bytes];
-            } else {
-                chain.push(bytes);
-            }
-        }
-    }
-
     proptest::proptest! {
         /// A snapshot of sessions written after its barrier holds the sessions and timers at
         /// the barrier, however the operator changes while it is written: records and
@@ -795,7 +762,7 @@ mod tests {
             chained in proptest::prelude::any::<bool>(),
             second_barrier_after in proptest::option::of(0usize..40),
         ) {
-            let input = input_of(steps);
+            let input = timed_input(steps, 9);
             let cut = cut.min(input.len());
             let mut first = counting(gap, lateness);
             first.changes = Changes::tracked(

@@ -726,7 +726,7 @@ where
 mod tests {
     use super::*;
     use crate::checkpoint::chain::ChainLink;
-    use crate::window::deferred::encode_between;
+    use crate::window::deferred::{encode_between, finish_link, timed_input};
     use std::collections::VecDeque;
 
     #[test]
@@ -799,24 +799,7 @@ mod tests {
         op
     }
 
-    /// Records `Ok((key, timestamp))` and watermarks `Err(w)` from generated steps (kind, key,
-    /// jitter): time moves forward, records land up to 40 ms behind it, watermarks trail it;
-    /// the last watermark ends time.
-    fn input_of(steps: Vec<(u8, u8, i64)>) -> Vec<Result<(u8, i64), i64>> {
-        let mut now = 0;
-        let mut input = Vec::new();
-        for (kind, key, jitter) in steps {
-            now += jitter.rem_euclid(7);
-            match kind {
-                0 => input.push(Err(now + jitter / 2)),
-                _ => input.push(Ok((key, now + jitter))),
-            }
-        }
-        input.push(Err(i64::MAX));
-        input
-    }
-
-    /// Feeds `input` (see [`input_of`]) to `op`, skipping watermarks that do not advance.
+    /// Feeds `input` (see `deferred::timed_input`) to `op`, skipping watermarks that do not advance.
     fn feed(
         op: &mut Counting,
         input: &[Result<(u8, i64), i64>],
@@ -944,18 +927,6 @@ mod tests {
         }
     }
 
-    /// Adds `link` (its first `bytes` written already) to `chain`: a full link starts it again.
-    fn finish_link(chain: &mut Vec<Vec<u8>>, link: ChainLink, mut bytes: Vec<u8>) {
-        if let Some((full, rest)) = link.take() {
-            bytes.extend_from_slice(&rest);
-            if full {
-                *chain = vec![bytes];
-            } else {
-                chain.push(bytes);
-            }
-        }
-    }
-
     proptest::proptest! {
         /// Tumbling and sliding windows, out of order, with and without lateness: the pane
         /// operator emits what Flink's per-window operator would.
@@ -969,7 +940,7 @@ mod tests {
         ) {
             let slide = slide_part.min(size);
             let g = Geometry::new(size, slide, offset_part % slide);
-            let input = input_of(steps);
+            let input = timed_input(steps, 7);
             let mut op = counting(g, lateness);
             let mut out = Emitter::new(0, crate::operator::SideOutputs::default());
             feed(&mut op, &input, &mut out);
@@ -994,7 +965,7 @@ mod tests {
         ) {
             let slide = slide_part.min(size);
             let g = Geometry::new(size, slide, 0);
-            let input = input_of(steps);
+            let input = timed_input(steps, 7);
             let cut = cut.min(input.len());
             let mut first = counting(g, lateness);
             let mut out = Emitter::new(0, crate::operator::SideOutputs::default());
@@ -1029,7 +1000,7 @@ mod tests {
         ) {
             let slide = slide_part.min(size);
             let g = Geometry::new(size, slide, 0);
-            let input = input_of(steps);
+            let input = timed_input(steps, 7);
             let mut first = counting(g, lateness);
             first.changes = Changes::tracked(Some(KeyedChain::deltas_only(
                 crate::checkpoint::task_state::PART_KEYED,
@@ -1102,7 +1073,7 @@ mod tests {
             use crate::checkpoint::task_state::{Part, PART_KEYED};
             let slide = slide_part.min(size);
             let g = Geometry::new(size, slide, 0);
-            let input = input_of(steps);
+            let input = timed_input(steps, 7);
             let cut = cut.min(input.len());
             let mut first = counting(g, lateness);
             first.changes = Changes::tracked(chained.then(|| KeyedChain::deltas_only(PART_KEYED)));
