@@ -164,6 +164,16 @@ impl<K, S, W> Changes<K, S, W> {
         }
     }
 
+    /// Changes of the operator opened with `ctx`: tracked if the job is checkpointed,
+    /// incrementally (its part `part` a chain) if its checkpoints are.
+    pub(crate) fn opened(ctx: &crate::operator::RuntimeContext, part: &'static str) -> Self {
+        if ctx.state.checkpointed {
+            Changes::tracked(KeyedChain::open(ctx, part))
+        } else {
+            Changes::untracked()
+        }
+    }
+
     /// Changes of a checkpointed operator, incremental with `chain`.
     pub(crate) fn tracked(chain: Option<KeyedChain>) -> Self {
         Changes {
@@ -212,9 +222,9 @@ impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Changes<K, S, W> {
     }
 
     /// Takes a snapshot of `keys` at this barrier into `snapshot`'s part `part` (or its
-    /// chain's next link), written after the barrier with `writer` — at once when `now` (no
-    /// turn may follow: a savepoint, or the input ended), or when the operator is not
-    /// checkpointed (tested on its own). A savepoint is written whole, outside the chain (it
+    /// chain's next link), written after the barrier with `writer` — at once when no turn may
+    /// follow (a savepoint: the job stops; or the operator's input has `finished`), or when
+    /// the operator is not checkpointed (tested on its own). A savepoint is written whole, outside the chain (it
     /// shares nothing), so the next checkpoint's delta still goes over the chain's last link.
     pub(crate) fn take(
         &mut self,
@@ -222,7 +232,7 @@ impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Changes<K, S, W> {
         mut writer: W,
         snapshot: &mut OperatorSnapshot,
         part: &'static str,
-        now: bool,
+        finished: bool,
     ) -> Result<(), StateError>
     where
         K: 'static,
@@ -257,7 +267,7 @@ impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Changes<K, S, W> {
             "window snapshot"
         );
         let encoder = self.write_after_barrier(keys, writer, cut);
-        if now {
+        if finished || snapshot.is_savepoint() {
             self.finish_pending(keys);
         }
         match (cut, &self.chain) {

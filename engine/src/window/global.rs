@@ -13,7 +13,6 @@ use super::checkpoint::{AccCodec, KeyedScope, Layout, WindowSnapshot, COUNTS};
 use super::deferred::{Changes, KeyContents, KeyWriter, Marks, TrackedKey, STEP_BYTES};
 use super::function::WindowLogic;
 use super::{GlobalWindow, KeyMap, Window};
-use crate::checkpoint::chain::KeyedChain;
 use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::operator::{Emitter, Operator, RuntimeContext};
 use crate::record::Key;
@@ -94,10 +93,8 @@ impl<K, T, O, KS, L: WindowLogic<K, GlobalWindow, T, O>> CountWindowOperator<K, 
             super::checkpoint::snapshot::<K, GlobalWindow, L::Acc>(&scope, layout.codec);
         let counts = writer.add_state::<u64>(COUNTS, StateKind::Value);
         let writer = KeyWriter::new(writer, CountContents { counts });
-        // No turns may follow a savepoint (the job stops) or the input's end.
-        let now = snapshot.is_savepoint() || self.finished;
         self.changes
-            .take(&self.keys, writer, snapshot, layout.part, now)?;
+            .take(&self.keys, writer, snapshot, layout.part, self.finished)?;
         self.logic.snapshot_contents(snapshot)
     }
 
@@ -149,10 +146,7 @@ where
             self.restore(restored, codec)
         });
         self.scope = Some(scope);
-        if ctx.state.checkpointed {
-            let part = self.logic.layout(false).part;
-            self.changes = Changes::tracked(KeyedChain::open(ctx, part));
-        }
+        self.changes = Changes::opened(ctx, self.logic.layout(false).part);
     }
 
     fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
@@ -209,6 +203,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::chain::KeyedChain;
     use crate::checkpoint::task_state::{Part, PART_KEYED};
     use crate::checkpoint::SnapshotKind;
     use crate::operator::SideOutputs;

@@ -18,7 +18,6 @@ use super::checkpoint::{
 use super::deferred::{Changes, KeyContents, KeyWriter, Marks, TrackedKey, STEP_BYTES};
 use super::function::WindowLogic;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
-use crate::checkpoint::chain::KeyedChain;
 use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{Emitter, Operator, OutputTag, RuntimeContext};
@@ -260,10 +259,8 @@ where
             allowed_lateness: self.allowed_lateness,
         };
         let writer = KeyWriter::new(writer, contents);
-        // No turns may follow a savepoint (the job stops) or the input's end.
-        let now = snapshot.is_savepoint() || self.finished;
         self.changes
-            .take(&self.keys, writer, snapshot, layout.part, now)?;
+            .take(&self.keys, writer, snapshot, layout.part, self.finished)?;
         self.logic.snapshot_contents(snapshot)
     }
 
@@ -396,10 +393,7 @@ where
             self.restore(restored, codec)
         });
         self.scope = Some(scope);
-        if ctx.state.checkpointed {
-            let part = self.logic.layout(false).part;
-            self.changes = Changes::tracked(KeyedChain::open(ctx, part));
-        }
+        self.changes = Changes::opened(ctx, self.logic.layout(false).part);
     }
 
     fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
@@ -538,6 +532,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::chain::KeyedChain;
     use crate::checkpoint::task_state::{Part, PART_KEYED};
     use crate::checkpoint::SnapshotKind;
     use crate::operator::SideOutputs;

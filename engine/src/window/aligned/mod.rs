@@ -32,7 +32,6 @@ use super::function::WindowLogic;
 use super::panes::PaneList;
 use super::recycle;
 use super::{element_time, KeyMap, LateData, TimeWindow, Window};
-use crate::checkpoint::chain::KeyedChain;
 use crate::checkpoint::task_state::OperatorSnapshot;
 use crate::metrics::OperatorMetrics;
 use crate::operator::{Batch, Emitter, Operator, OutputTag, RuntimeContext};
@@ -542,10 +541,8 @@ where
         let layout = self.firing.logic.layout(snapshot.is_savepoint());
         let scope = self.scope.expect("opened");
         let writer = PaneContents::writer(&scope, layout.codec, self.schedule.geometry.pane);
-        // No turns may follow a savepoint (the job stops) or the input's end.
-        let now = snapshot.is_savepoint() || self.finished;
         self.changes
-            .take(&self.keys, writer, snapshot, layout.part, now)?;
+            .take(&self.keys, writer, snapshot, layout.part, self.finished)?;
         self.firing.logic.snapshot_contents(snapshot)
     }
 
@@ -631,10 +628,7 @@ where
             self.restore(restored, codec)
         });
         self.scope = Some(scope);
-        if ctx.state.checkpointed {
-            let part = self.firing.logic.layout(false).part;
-            self.changes = Changes::tracked(KeyedChain::open(ctx, part));
-        }
+        self.changes = Changes::opened(ctx, self.firing.logic.layout(false).part);
     }
 
     fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
@@ -726,6 +720,7 @@ where
 mod tests {
     use super::*;
     use crate::checkpoint::chain::ChainLink;
+    use crate::checkpoint::chain::KeyedChain;
     use crate::window::deferred::{encode_between, finish_link, timed_input};
     use std::collections::VecDeque;
 
