@@ -1299,6 +1299,49 @@ fn ends_with_a_final_checkpoint(backend: &str, slots: usize) {
     );
 }
 
+/// Window operators, and the interval join's timers, whose snapshot of a checkpoint is still
+/// being written after its barrier when their input ends (here at once: a run resumed from
+/// the final checkpoint reads nothing) write it as they finish — a source task's chain gets
+/// no turn after its input ended, and the final checkpoint waits for the one before it.
+#[test]
+fn windows_whose_input_ends_behind_a_barrier_still_end_with_a_final_checkpoint() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = config_on(HEAP, dir.path(), 1, 1)
+        // Checkpoint 1 at the start, then none but the final one.
+        .with("execution.checkpointing.interval", "1 h")
+        .expect("a valid setting");
+    let spec = WindowCheckSpec {
+        rate: None,
+        ..WINDOWS
+    };
+    let log = OffsetLog::<WindowReport>::default();
+    let build = |env: &StreamEnvironment| {
+        window_check::reports(env, spec, 1).sink_to(log.clone(), "log");
+    };
+    let env = StreamEnvironment::new(config.clone()).expect("an environment");
+    build(&env);
+    env.execute("window-check").expect("the job");
+    let problems = window_check::problems(spec, 1, &[log.records()]);
+    assert!(problems.is_empty(), "{problems:?}");
+    let completed = || completed_of(dir.path(), "window-check");
+    let last = *completed().last().expect("a completed checkpoint");
+
+    let env = StreamEnvironment::new(config).expect("an environment");
+    build(&env);
+    let options = RunOptions {
+        resume: true,
+        ..RunOptions::default()
+    };
+    let result = env
+        .execute_with("window-check", options)
+        .expect("the resumed job");
+    assert_eq!(result.records_out("Source: numbers"), 0, "nothing to read");
+    assert!(
+        *completed().last().expect("a checkpoint") > last,
+        "the resumed run ended with a final checkpoint of its own"
+    );
+}
+
 #[test]
 fn a_bounded_job_ends_with_a_final_checkpoint_at_parallelism_1() {
     ends_with_a_final_checkpoint(HEAP, 1);

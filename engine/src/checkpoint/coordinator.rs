@@ -30,7 +30,10 @@
 //! complete and abort the same way, but are triggered on request, at once, whatever the
 //! interval, pause and concurrency say; while one is pending no checkpoint is triggered; a
 //! completed savepoint subsumes no checkpoint and is subsumed by none; and a failed one is
-//! no checkpoint failure (Flink's rules).
+//! no checkpoint failure (Flink's rules). A savepoint that stops the job stops the periodic
+//! checkpoints too, as Flink stops its checkpoint scheduler for a stop-with-savepoint: none is
+//! triggered once it was (its tasks close once it completed, and a checkpoint cut after its
+//! barrier could not be written), unless it is aborted or not committed.
 //!
 //! The final checkpoint ([`Coordinator::end_of_input`], Flink's checkpoint after tasks
 //! finish): once every source's input ended and the operators finished, no periodic checkpoint
@@ -169,6 +172,9 @@ pub struct Coordinator<H> {
     /// Checkpoints acknowledged by every task whose metadata is being committed, and whether
     /// each is a savepoint.
     persisting: BTreeMap<u64, bool>,
+    /// The savepoint that stops the job, once triggered, unless it was aborted or not
+    /// committed: no periodic checkpoint is triggered meanwhile.
+    stopping: Option<u64>,
 }
 
 impl<H> Coordinator<H> {
@@ -187,6 +193,7 @@ impl<H> Coordinator<H> {
             input_ended: false,
             final_checkpoint: None,
             persisting: BTreeMap::new(),
+            stopping: None,
         }
     }
 
@@ -238,16 +245,21 @@ impl<H> Coordinator<H> {
         commands
     }
 
-    /// Triggers a savepoint stamped `now_ms` at once (see the module docs): its number, to be
-    /// triggered like a checkpoint's, or why none can be taken.
-    pub fn trigger_savepoint(&mut self, now_ms: i64) -> Result<u64, String> {
+    /// Triggers a savepoint stamped `now_ms` at once, one that `stops` the job or not (see
+    /// the module docs): its number, to be triggered like a checkpoint's, or why none can be
+    /// taken.
+    pub fn trigger_savepoint(&mut self, now_ms: i64, stops: bool) -> Result<u64, String> {
         if self.failed {
             return Err("the job is failing (too many checkpoints failed)".into());
         }
         if let Some((savepoint, _)) = self.pending.iter().find(|(_, p)| p.savepoint) {
             return Err(format!("savepoint {savepoint} is still in progress"));
         }
-        Ok(self.begin(now_ms, true))
+        let savepoint = self.begin(now_ms, true);
+        if stops {
+            self.stopping = Some(savepoint);
+        }
+        Ok(savepoint)
     }
 
     /// Makes the next checkpoint (or savepoint) pending: its number.
@@ -287,6 +299,9 @@ impl<H> Coordinator<H> {
     }
 
     fn trigger_due(&self, now_ms: i64) -> bool {
+        if self.stopping.is_some() {
+            return false;
+        }
         if self.input_ended {
             // The final checkpoint: once, after every other pending one ended.
             return self.final_checkpoint.is_none() && self.pending.is_empty();
@@ -377,9 +392,7 @@ impl<H> Coordinator<H> {
         let Some(savepoint) = self.persisting.remove(&checkpoint) else {
             return commands;
         };
-        if self.final_checkpoint == Some(checkpoint) {
-            self.final_checkpoint = None;
-        }
+        self.ended_without_completing(checkpoint);
         commands.push(Command::NotifyAborted {
             checkpoint,
             reason: AbortReason::NotCommitted { reason },
@@ -420,12 +433,21 @@ impl<H> Coordinator<H> {
             return;
         };
         let failure = reason.is_failure() && !pending.savepoint;
-        if self.final_checkpoint == Some(checkpoint) {
-            self.final_checkpoint = None;
-        }
+        self.ended_without_completing(checkpoint);
         commands.push(Command::NotifyAborted { checkpoint, reason });
         if failure {
             self.count_failure(checkpoint, now_ms, commands);
+        }
+    }
+
+    /// `checkpoint` was aborted or not committed: a final checkpoint is triggered again, and
+    /// a stopping savepoint no longer stops the periodic checkpoints.
+    fn ended_without_completing(&mut self, checkpoint: u64) {
+        if self.final_checkpoint == Some(checkpoint) {
+            self.final_checkpoint = None;
+        }
+        if self.stopping == Some(checkpoint) {
+            self.stopping = None;
         }
     }
 
@@ -687,7 +709,7 @@ mod tests {
         );
         // A savepoint's commit failing is no checkpoint failure.
         let mut c: Coordinator<&str> = Coordinator::new(CheckpointSettings::every(100), 1, 1);
-        assert_eq!(c.trigger_savepoint(0), Ok(1));
+        assert_eq!(c.trigger_savepoint(0, false), Ok(1));
         c.acknowledge(1, 0, "s1", 1);
         assert!(matches!(
             c.not_committed(1, "disk full".into(), 2)[..],
@@ -709,9 +731,9 @@ mod tests {
         let mut c: Coordinator<u64> = Coordinator::new(settings, 1, 1);
         assert_eq!(triggers(&c.tick(0)), [1]);
         // Whatever the interval says.
-        assert_eq!(c.trigger_savepoint(5), Ok(2));
+        assert_eq!(c.trigger_savepoint(5, false), Ok(2));
         assert_eq!(
-            c.trigger_savepoint(6),
+            c.trigger_savepoint(6, false),
             Err("savepoint 2 is still in progress".to_string())
         );
         assert!(
@@ -730,7 +752,7 @@ mod tests {
         assert_eq!(triggers(&c.tick(210)), [3]);
         // A later savepoint is not subsumed by a completed checkpoint, and its failure is no
         // checkpoint failure (the job tolerates none).
-        assert_eq!(c.trigger_savepoint(220), Ok(4));
+        assert_eq!(c.trigger_savepoint(220, false), Ok(4));
         let commands = c.acknowledge(3, 0, 33, 230);
         assert!(
             !commands
@@ -749,7 +771,43 @@ mod tests {
                 }
             }]
         );
-        assert!(c.trigger_savepoint(250).is_ok(), "the job is not failing");
+        assert!(
+            c.trigger_savepoint(250, false).is_ok(),
+            "the job is not failing"
+        );
+    }
+
+    /// A savepoint that stops the job stops the periodic checkpoints (a checkpoint cut after
+    /// its barrier could not be written once its tasks close), while pending, being committed
+    /// and once completed; aborted, it stops nothing.
+    #[test]
+    fn a_stopping_savepoint_stops_the_periodic_checkpoints_unless_it_fails() {
+        let settings = CheckpointSettings {
+            max_concurrent: 2,
+            ..CheckpointSettings::every(100)
+        };
+        let mut c: Coordinator<u64> = Coordinator::new(settings, 1, 1);
+        assert_eq!(triggers(&c.tick(0)), [1]);
+        assert_eq!(c.trigger_savepoint(5, true), Ok(2));
+        assert!(c.tick(200).is_empty(), "none while it is pending");
+        c.acknowledge(1, 0, 11, 210);
+        c.committed(1);
+        c.acknowledge(2, 0, 22, 220);
+        assert!(c.tick(300).is_empty(), "none while it is committed");
+        c.committed(2);
+        assert!(c.tick(400).is_empty(), "none once it completed");
+        assert_eq!(c.next_expiry(), None);
+
+        let mut c: Coordinator<u64> = Coordinator::new(settings, 1, 1);
+        assert_eq!(c.trigger_savepoint(0, true), Ok(1));
+        c.decline(1, 0, "busy", 10);
+        assert_eq!(triggers(&c.tick(200)), [2], "a failed one stops nothing");
+        assert_eq!(c.trigger_savepoint(210, true), Ok(3));
+        c.acknowledge(2, 0, 22, 220);
+        c.committed(2);
+        c.acknowledge(3, 0, 33, 230);
+        c.not_committed(3, "disk full".into(), 240);
+        assert_eq!(triggers(&c.tick(400)), [4], "nor one not committed");
     }
 
     proptest! {

@@ -534,7 +534,10 @@ impl Host {
             return Vec::new();
         };
         let now = now_ms();
-        match self.coordinator.trigger_savepoint(now) {
+        match self
+            .coordinator
+            .trigger_savepoint(now, request.stop.is_some())
+        {
             Ok(checkpoint) => {
                 self.savepoint = Some((checkpoint, request));
                 vec![Command::Trigger {

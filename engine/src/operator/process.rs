@@ -1,8 +1,10 @@
 //! `process`: user functions with a context that emits records (main and side outputs), tells
 //! the current key and event time, and — on keyed streams — sets timers.
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use weir_state::{KeyGroup, KeyGroupRange, StateError};
@@ -12,7 +14,9 @@ use crate::api::function::KeyedTimers;
 use crate::api::{KeyedProcessContext, KeyedProcessFunction, ProcessContext, ProcessFunction};
 use crate::checkpoint::bytes::{ByteReader, ByteWriter};
 use crate::checkpoint::keyed::KeyedScope;
-use crate::checkpoint::task_state::{OperatorSnapshot, PART_OWN_KEYED, PART_TIMERS};
+use crate::checkpoint::task_state::{
+    OperatorSnapshot, PartEncoder, PART_OWN_KEYED, PART_TIMERS, PIECE_BYTES,
+};
 use crate::record::{Key, Watermark, NO_TIMESTAMP};
 use crate::state::KeyedStateStore;
 use crate::time::TimeDomain;
@@ -73,6 +77,12 @@ pub(crate) struct KeyedProcessOperator<K, KS, F> {
     runtime: Option<RuntimeContext>,
     state: Option<Rc<KeyedStateStore<K>>>,
     timers: KeyedTimers<K>,
+    /// The timers of a checkpoint being written after its barrier.
+    timers_written: Option<Rc<RefCell<TimersWrite>>>,
+    /// Whether the job is checkpointed: else a snapshot (in a test) is written at once.
+    checkpointed: bool,
+    /// The input ended: no turn may follow a barrier, so snapshots are written at it.
+    finished: bool,
     watermark: Watermark,
     _key: PhantomData<fn() -> K>,
 }
@@ -85,6 +95,9 @@ impl<K, KS, F> KeyedProcessOperator<K, KS, F> {
             runtime: None,
             state: None,
             timers: KeyedTimers::default(),
+            timers_written: None,
+            checkpointed: false,
+            finished: false,
             watermark: Watermark::MIN,
             _key: PhantomData,
         }
@@ -128,6 +141,36 @@ impl<K: Key, KS, F> KeyedProcessOperator<K, KS, F> {
             );
         }
     }
+
+    /// Writes about `budget` bytes more of the timers of the checkpoint being written after
+    /// its barrier, if one is.
+    fn write_timers_some(&mut self, budget: usize) {
+        let Some(written) = &self.timers_written else {
+            return;
+        };
+        if Rc::strong_count(written) == 1 {
+            // The checkpoint was given up.
+            self.timers.end_cut();
+            self.timers_written = None;
+            return;
+        }
+        let started = Instant::now();
+        let mut write = written.borrow_mut();
+        let result = write.step(&mut self.timers, budget);
+        write.longest = write.longest.max(started.elapsed());
+        let done = match result {
+            Ok(done) => done,
+            Err(error) => {
+                write.error = Some(error);
+                self.timers.end_cut();
+                true
+            }
+        };
+        drop(write);
+        if done {
+            self.timers_written = None;
+        }
+    }
 }
 
 impl<K, I, O, KS, F> Operator<I, O> for KeyedProcessOperator<K, KS, F>
@@ -154,6 +197,7 @@ where
             });
         }
         self.state = Some(state);
+        self.checkpointed = ctx.state.checkpointed;
         self.function.open(ctx);
         self.runtime = Some(ctx.clone());
     }
@@ -185,17 +229,39 @@ where
     }
 
     fn on_processing_time(&mut self, now: i64, out: &mut Emitter<O>) {
+        self.write_timers_some(PIECE_BYTES);
         self.fire(TimeDomain::ProcessingTime, now, out);
     }
 
+    /// While the timers of a checkpoint are being written after its barrier, now: the task
+    /// gives the operator a turn between batches of records to write some.
     fn next_processing_time(&self) -> Option<i64> {
+        if self.timers_written.is_some() {
+            return Some(i64::MIN);
+        }
         self.timers.processing.next_time()
     }
 
+    fn finish(&mut self, _out: &mut Emitter<O>) {
+        self.finished = true;
+        // No turn need follow the input's end (a source task's chain gets none).
+        self.write_timers_some(usize::MAX);
+    }
+
+    /// The timers are cut at the barrier and written after it (`TimerQueue::cut`), unless no
+    /// turn may follow (a savepoint: the job may stop; or the input ended).
     fn snapshot_state(&mut self, snapshot: &mut OperatorSnapshot) -> Result<(), String> {
         let state = self.state.as_deref().expect("opened");
         state.snapshot_into(snapshot)?;
-        snapshot.add(PART_TIMERS, encode_timers(&self.timers)?);
+        // Each snapshot cuts at its own barrier.
+        self.write_timers_some(usize::MAX);
+        if self.checkpointed && !self.finished && !snapshot.is_savepoint() {
+            let written = Rc::new(RefCell::new(TimersWrite::cut(&mut self.timers)));
+            self.timers_written = Some(Rc::clone(&written));
+            snapshot.add_deferred(PART_TIMERS, Box::new(TimersPart { written, handed: 0 }));
+        } else {
+            snapshot.add(PART_TIMERS, encode_timers(&mut self.timers)?);
+        }
         if let Some(own) = self.function.own_keyed_state() {
             let scope = KeyedScope::of(self.runtime.as_ref().expect("opened"));
             let bytes = own.snapshot(&scope).map_err(|error| error.to_string())?;
@@ -209,39 +275,148 @@ where
     }
 }
 
-/// A keyed operator's timers as a checkpoint part: per timer its domain (`u8`: 0 event time,
-/// 1 processing time), time and encoded key, in the order they fire.
-pub(crate) fn encode_timers<K: Key>(timers: &KeyedTimers<K>) -> Result<Vec<u8>, String> {
-    // Written in place: the count and each key's length are filled in once known (a buffer
-    // per key cost an allocation per timer while the barrier passes).
-    let mut out = ByteWriter::default();
+/// A keyed operator's timers as a checkpoint part: their count, then per timer its domain
+/// (`u8`: 0 event time, 1 processing time), time and length-prefixed encoded key, in the
+/// order they fire.
+pub(crate) fn encode_timers<K: Key>(timers: &mut KeyedTimers<K>) -> Result<Vec<u8>, String> {
+    let mut write = TimersWrite::cut(timers);
+    if let Err(error) = write.step(timers, usize::MAX) {
+        timers.end_cut();
+        return Err(error);
+    }
+    Ok(write.out.out)
+}
+
+impl<K: Key> KeyedTimers<K> {
+    /// Gives up the cut being written, if one is.
+    fn end_cut(&mut self) {
+        self.event.end_cut();
+        self.processing.end_cut();
+    }
+}
+
+/// A keyed operator's timers as they stood at a barrier, being written in steps.
+struct TimersWrite {
+    /// The part so far.
+    out: ByteWriter,
+    /// Timers at the barrier, and written so far.
+    count: u64,
+    written: u64,
+    /// The queue being written: 0 event time, 1 processing time, 2 once both are.
+    domain: u8,
+    /// Why the timers cannot be written, for the checkpoint writer to report.
+    error: Option<String>,
+    /// The longest of the operator's steps.
+    longest: Duration,
+}
+
+/// The fewest bytes a timer takes in a timers part (its domain, time and key length).
+const TIMER_BYTES: usize = 1 + 8 + 8;
+
+impl TimersWrite {
+    /// Cuts `timers` at a barrier.
+    fn cut<K: Key>(timers: &mut KeyedTimers<K>) -> TimersWrite {
+        let count = (timers.event.cut() + timers.processing.cut()) as u64;
+        let mut out = ByteWriter::default();
+        out.u64(count);
+        TimersWrite {
+            out,
+            count,
+            written: 0,
+            domain: 0,
+            error: None,
+            longest: Duration::ZERO,
+        }
+    }
+
+    /// Writes about `budget` bytes more; returns whether every timer of the cut is written.
+    fn step<K: Key>(&mut self, timers: &mut KeyedTimers<K>, budget: usize) -> Result<bool, String> {
+        let start = self.out.out.len();
+        while self.out.out.len() - start < budget {
+            let queue = match self.domain {
+                0 => &mut timers.event,
+                1 => &mut timers.processing,
+                _ => break,
+            };
+            let left = budget - (self.out.out.len() - start);
+            let (domain, out, written) = (self.domain, &mut self.out, &mut self.written);
+            let done = queue.write_cut(left.div_ceil(TIMER_BYTES), |time, key| {
+                put_timer(out, domain, time, key)?;
+                *written += 1;
+                Ok::<(), String>(())
+            })?;
+            if done {
+                self.domain += 1;
+            }
+        }
+        if self.domain < 2 {
+            return Ok(false);
+        }
+        if self.written != self.count {
+            return Err(format!(
+                "internal error: {} timers written of the {} a barrier cut",
+                self.written, self.count
+            ));
+        }
+        Ok(true)
+    }
+}
+
+/// Appends one timer to a timers part.
+fn put_timer<K: Key>(out: &mut ByteWriter, domain: u8, time: i64, key: &K) -> Result<(), String> {
+    out.u8(domain);
+    out.i64(time);
+    // The key's length is filled in once it is written (no buffer per key).
+    let len_at = out.out.len();
     out.u64(0);
-    let mut count = 0u64;
-    let mut failure = None;
-    for (domain, queue) in [(0u8, &timers.event), (1, &timers.processing)] {
-        queue.for_each(|time, key| {
-            if failure.is_some() {
-                return;
+    key.encode_into(&mut out.out)
+        .map_err(|error| format!("cannot encode a timer's key: {error}"))?;
+    let len = (out.out.len() - len_at - 8) as u64;
+    out.out[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
+    Ok(())
+}
+
+/// The checkpoint writer's side of timers written after their barrier: once the operator has
+/// written them, it hands them out in pieces.
+struct TimersPart {
+    written: Rc<RefCell<TimersWrite>>,
+    /// Bytes handed out so far.
+    handed: usize,
+}
+
+impl PartEncoder for TimersPart {
+    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
+        let mut write = self.written.borrow_mut();
+        if let Some(error) = write.error.take() {
+            return Err(error);
+        }
+        if write.domain < 2 {
+            if Rc::strong_count(&self.written) == 1 {
+                return Err(
+                    "the keyed process operator closed before its timers were written".into(),
+                );
             }
-            out.u8(domain);
-            out.i64(time);
-            let len_at = out.out.len();
-            out.u64(0);
-            match key.encode_into(&mut out.out) {
-                Ok(()) => {
-                    let len = (out.out.len() - len_at - 8) as u64;
-                    out.out[len_at..len_at + 8].copy_from_slice(&len.to_le_bytes());
-                    count += 1;
-                }
-                Err(error) => failure = Some(format!("cannot encode a timer's key: {error}")),
-            }
-        });
+            // Nothing yet: the operator writes its timers between records.
+            return Ok(true);
+        }
+        let left = &write.out.out[self.handed..];
+        let piece = &left[..left.len().min(budget)];
+        out.extend_from_slice(piece);
+        self.handed += piece.len();
+        Ok(self.handed < write.out.out.len())
     }
-    if let Some(failure) = failure {
-        return Err(failure);
+
+    fn longest_step_elsewhere(&self) -> Duration {
+        self.written
+            .try_borrow()
+            .map_or(Duration::ZERO, |write| write.longest)
     }
-    out.out[..8].copy_from_slice(&count.to_le_bytes());
-    Ok(out.out)
+
+    fn waiting(&self) -> bool {
+        self.written
+            .try_borrow()
+            .is_ok_and(|write| write.domain < 2 && write.error.is_none())
+    }
 }
 
 /// Registers the timers of `parts` (written by [`encode_timers`], one per old subtask) whose
@@ -332,7 +507,7 @@ mod tests {
             reference.i64(*time);
             reference.bytes(&key.encode().expect("a key encodes"));
         }
-        let encoded = encode_timers(&timers).expect("timers encode");
+        let encoded = encode_timers(&mut timers).expect("timers encode");
         assert_eq!(encoded, reference.out);
         let read: Vec<(u8, i64, String)> = read_timers(&encoded)
             .expect("they read back")
@@ -347,6 +522,62 @@ mod tests {
             })
             .collect();
         assert_eq!(read, expected);
-        assert!(encode_timers(&KeyedTimers::<u64>::default()).is_ok_and(|b| b == [0; 8]));
+        assert!(encode_timers(&mut KeyedTimers::<u64>::default()).is_ok_and(|b| b == [0; 8]));
+    }
+
+    /// Timers cut at a barrier and written in small steps while timers of both domains are
+    /// registered, deleted and fired hand the checkpoint writer the bytes they would have been
+    /// encoded into at the barrier; the writer waits until the operator has written them.
+    #[test]
+    fn timers_written_after_their_barrier_are_the_timers_at_it() {
+        let mut timers: KeyedTimers<u64> = KeyedTimers::default();
+        for key in 0..500u64 {
+            timers.event.register(&key, (key % 37) as i64 * 10);
+            if key % 4 == 0 {
+                timers.processing.register(&key, (key % 11) as i64);
+            }
+        }
+        let mut reference = ByteWriter::default();
+        reference.u64((timers.event.len() + timers.processing.len()) as u64);
+        for (domain, queue) in [(0u8, &timers.event), (1, &timers.processing)] {
+            queue.for_each(|time, key| {
+                put_timer(&mut reference, domain, time, key).expect("a key encodes")
+            });
+        }
+        let written = Rc::new(RefCell::new(TimersWrite::cut(&mut timers)));
+        let mut part = TimersPart {
+            written: Rc::clone(&written),
+            handed: 0,
+        };
+        let mut handed = Vec::new();
+        assert!(part
+            .encode_next(&mut handed, PIECE_BYTES)
+            .expect("no error"));
+        assert!(
+            handed.is_empty() && part.waiting(),
+            "nothing before the operator wrote it"
+        );
+        let mut step = 0u64;
+        while !written
+            .borrow_mut()
+            .step(&mut timers, 64)
+            .expect("the timers are written")
+        {
+            // Changes between steps, before and behind the writer.
+            step += 1;
+            timers
+                .event
+                .register(&(1_000 + step), (step % 40) as i64 * 10 + 5);
+            timers.event.delete(&step, (step % 37) as i64 * 10);
+            timers.processing.register(&step, (step % 13) as i64);
+            if step.is_multiple_of(3) {
+                timers.event.pop_due(i64::MAX);
+                timers.processing.pop_due(i64::MAX);
+            }
+        }
+        assert!(step > 10, "written in {step} steps");
+        while part.encode_next(&mut handed, 1000).expect("no error") {}
+        assert_eq!(handed, reference.out);
+        assert!(!part.waiting());
     }
 }

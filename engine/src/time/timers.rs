@@ -4,6 +4,14 @@
 //! Two kinds: [`TimerQueue`], general (any time per payload, deletable), and [`TimerBuckets`],
 //! for timers that many payloads share the times of (every key's aligned window ends at the same
 //! instants): one bucket of payloads per time, which the owner keeps live or stale itself.
+//!
+//! **Cuts.** A [`TimerQueue`]'s timers as they stand at a checkpoint's barrier are written after
+//! it, in steps between records ([`TimerQueue::cut`], [`TimerQueue::write_cut`]): the barrier
+//! costs nothing, and the queue is copy-on-write per time instead — a bucket the writer has not
+//! come to yet keeps its timers as they were at the cut aside on its first change after it
+//! (a registration, a deletion or a timer firing), and a bucket made after the cut is marked so
+//! that the writer passes it over. A step writes whole buckets in time order, so a step costs
+//! about its budget plus one bucket.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hash};
@@ -29,13 +37,43 @@ pub enum TimeDomain {
 /// bucket (a short scan in a small one).
 pub(crate) struct TimerQueue<T> {
     by_time: BTreeMap<i64, Bucket<T>>,
+    /// Registered timers.
+    len: usize,
+    /// Cuts taken so far; the last one's number while it is being written.
+    cuts: u64,
+    /// The cut being written, if one is.
+    cut: Option<Box<Cut<T>>>,
 }
 
 impl<T> Default for TimerQueue<T> {
     fn default() -> Self {
         TimerQueue {
             by_time: BTreeMap::new(),
+            len: 0,
+            cuts: 0,
+            cut: None,
         }
+    }
+}
+
+/// What is left to write of a cut (see the module docs).
+struct Cut<T> {
+    /// The cut's buckets up to this time are written.
+    written_to: Option<i64>,
+    /// The cut's buckets that changed before the writer came to them, as they were at the cut.
+    kept: BTreeMap<i64, Vec<T>>,
+}
+
+impl<T: Hash + Eq + Clone> Cut<T> {
+    /// Before `bucket` at `time` changes: keeps what the cut `cut` holds of it, unless the
+    /// writer is past it, or the bucket is the cut's already (kept, or made after the cut).
+    #[inline]
+    fn keep(&mut self, cut: u64, time: i64, bucket: &mut Bucket<T>) {
+        if bucket.cut == cut || self.written_to.is_some_and(|written| time <= written) {
+            return;
+        }
+        bucket.cut = cut;
+        self.kept.insert(time, bucket.payloads().cloned().collect());
     }
 }
 
@@ -51,14 +89,19 @@ struct Bucket<T> {
     /// deleted and registered again fires at its new place, once).
     live: Option<HashMap<T, u64, BuildHasherDefault<StableHasher>>>,
     registered: u64,
+    /// The last cut whose writer does not read this bucket from the tree: made after that
+    /// cut, or kept aside for it.
+    cut: u64,
 }
 
 impl<T: Hash + Eq + Clone> Bucket<T> {
-    fn new() -> Self {
+    /// A bucket made after the cut numbered `cut`.
+    fn new(cut: u64) -> Self {
         Bucket {
             order: VecDeque::new(),
             live: None,
             registered: 0,
+            cut,
         }
     }
 
@@ -66,19 +109,20 @@ impl<T: Hash + Eq + Clone> Bucket<T> {
         self.live.as_ref().map_or(self.order.len(), HashMap::len)
     }
 
-    fn register(&mut self, payload: &T) {
+    /// Registers `payload`; returns whether it was not registered already.
+    fn register(&mut self, payload: &T) -> bool {
         let number = self.registered;
         match &mut self.live {
             Some(live) => {
                 let std::collections::hash_map::Entry::Vacant(slot) = live.entry(payload.clone())
                 else {
-                    return;
+                    return false;
                 };
                 slot.insert(number);
             }
             None => {
                 if self.order.iter().any(|(queued, _)| queued == payload) {
-                    return;
+                    return false;
                 }
                 if self.order.len() == SMALL_BUCKET {
                     let mut live = HashMap::default();
@@ -90,24 +134,39 @@ impl<T: Hash + Eq + Clone> Bucket<T> {
         }
         self.registered += 1;
         self.order.push_back((payload.clone(), number));
+        true
     }
 
-    fn delete(&mut self, payload: &T) {
+    /// Deletes `payload`; returns whether it was registered.
+    fn delete(&mut self, payload: &T) -> bool {
         match &mut self.live {
             Some(live) => {
-                if live.remove(payload).is_some()
-                    && self.order.len() > 2 * live.len() + SMALL_BUCKET
-                {
+                let removed = live.remove(payload).is_some();
+                if removed && self.order.len() > 2 * live.len() + SMALL_BUCKET {
                     self.order
                         .retain(|(queued, number)| live.get(queued) == Some(number));
                 }
+                removed
             }
-            None => {
-                if let Some(at) = self.order.iter().position(|(queued, _)| queued == payload) {
+            None => match self.order.iter().position(|(queued, _)| queued == payload) {
+                Some(at) => {
                     self.order.remove(at);
+                    true
                 }
-            }
+                None => false,
+            },
         }
+    }
+
+    /// Every live payload, in registration order.
+    fn payloads(&self) -> impl Iterator<Item = &T> {
+        self.order.iter().filter_map(|(payload, number)| {
+            let live = self
+                .live
+                .as_ref()
+                .is_none_or(|live| live.get(payload) == Some(number));
+            live.then_some(payload)
+        })
     }
 
     /// The earliest live registration, removed.
@@ -128,10 +187,19 @@ impl<T: Hash + Eq + Clone> Bucket<T> {
 impl<T: Hash + Eq + Clone> TimerQueue<T> {
     /// Registers a timer; a second registration of the same (payload, time) is a no-op.
     pub(crate) fn register(&mut self, payload: &T, time: i64) {
-        self.by_time
-            .entry(time)
-            .or_insert_with(Bucket::new)
-            .register(payload);
+        let bucket = match self.by_time.entry(time) {
+            std::collections::btree_map::Entry::Occupied(bucket) => {
+                let bucket = bucket.into_mut();
+                if let Some(cut) = &mut self.cut {
+                    cut.keep(self.cuts, time, bucket);
+                }
+                bucket
+            }
+            std::collections::btree_map::Entry::Vacant(slot) => slot.insert(Bucket::new(self.cuts)),
+        };
+        if bucket.register(payload) {
+            self.len += 1;
+        }
     }
 
     /// Removes a timer if it is registered.
@@ -140,7 +208,12 @@ impl<T: Hash + Eq + Clone> TimerQueue<T> {
         else {
             return;
         };
-        bucket.get_mut().delete(payload);
+        if let Some(cut) = &mut self.cut {
+            cut.keep(self.cuts, time, bucket.get_mut());
+        }
+        if bucket.get_mut().delete(payload) {
+            self.len -= 1;
+        }
         if bucket.get().len() == 0 {
             bucket.remove();
         }
@@ -158,37 +231,96 @@ impl<T: Hash + Eq + Clone> TimerQueue<T> {
         if time > limit {
             return None;
         }
+        if let Some(cut) = &mut self.cut {
+            cut.keep(self.cuts, time, bucket.get_mut());
+        }
         // A bucket in the tree holds a live timer.
         let payload = bucket
             .get_mut()
             .pop()
             .expect("a bucket in the queue is not empty");
+        self.len -= 1;
         if bucket.get().len() == 0 {
             bucket.remove();
         }
         Some((time, payload))
     }
 
-    /// Every registered timer, in the order they would fire: what a checkpoint writes, and
-    /// registering them again in this order into an empty queue gives the same queue.
-    pub(crate) fn for_each(&self, mut visit: impl FnMut(i64, &T)) {
-        for (&time, bucket) in &self.by_time {
-            for (payload, number) in &bucket.order {
-                let live = bucket
-                    .live
-                    .as_ref()
-                    .is_none_or(|live| live.get(payload) == Some(number));
-                if live {
-                    visit(time, payload);
-                }
-            }
-        }
-    }
-
     /// Number of registered timers.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.by_time.values().map(Bucket::len).sum()
+        self.len
+    }
+
+    /// Cuts the queue: its timers as they are now, to be written with
+    /// [`TimerQueue::write_cut`] while it changes (see the module docs); returns how many
+    /// there are. A cut still being written is given up.
+    pub(crate) fn cut(&mut self) -> usize {
+        self.cuts += 1;
+        self.cut = Some(Box::new(Cut {
+            written_to: None,
+            kept: BTreeMap::new(),
+        }));
+        self.len
+    }
+
+    /// Gives up the cut being written, if one is.
+    pub(crate) fn end_cut(&mut self) {
+        self.cut = None;
+    }
+
+    /// Writes the cut's timers on from where the last call stopped, in the order they would
+    /// fire (registering them in this order into an empty queue gives the queue as it was at
+    /// the cut), whole buckets until about `budget` timers are written; returns whether the
+    /// cut is written (it ends then; so does a queue without one).
+    pub(crate) fn write_cut<E>(
+        &mut self,
+        budget: usize,
+        mut write: impl FnMut(i64, &T) -> Result<(), E>,
+    ) -> Result<bool, E> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        let Some(cut) = &mut self.cut else {
+            return Ok(true);
+        };
+        let mut work = 0;
+        while work < budget {
+            let after = cut.written_to.map_or(Unbounded, Excluded);
+            let live = self.by_time.range((after, Unbounded)).next();
+            let kept = cut.kept.first_key_value().map(|(time, _)| *time);
+            match (live, kept) {
+                (None, None) => {
+                    self.cut = None;
+                    return Ok(true);
+                }
+                (live, Some(kept)) if live.is_none_or(|(&time, _)| kept <= time) => {
+                    let (time, timers) = cut.kept.pop_first().expect("a kept bucket");
+                    for payload in &timers {
+                        write(time, payload)?;
+                    }
+                    work += timers.len().max(1);
+                    cut.written_to = Some(time);
+                }
+                (Some((&time, bucket)), _) => {
+                    if bucket.cut != self.cuts {
+                        for payload in bucket.payloads() {
+                            write(time, payload)?;
+                        }
+                    }
+                    work += bucket.len().max(1);
+                    cut.written_to = Some(time);
+                }
+                (None, Some(_)) => unreachable!("guarded above"),
+            }
+        }
+        Ok(false)
+    }
+
+    /// Every registered timer, in the order they would fire.
+    #[cfg(test)]
+    pub(crate) fn for_each(&self, mut visit: impl FnMut(i64, &T)) {
+        for (&time, bucket) in &self.by_time {
+            bucket.payloads().for_each(|payload| visit(time, payload));
+        }
     }
 }
 
@@ -364,6 +496,67 @@ mod tests {
             }
             let expected: Vec<(i64, u8)> = model.into_iter().map(|(t, _, k)| (t, k)).collect();
             prop_assert_eq!(fired, expected);
+        }
+
+        /// A cut written in steps while the queue changes (registrations, deletions,
+        /// timers firing, at times the writer has and has not come to) writes the timers the
+        /// queue held at the cut, in firing order; a new cut gives up one still being written.
+        #[test]
+        fn a_cut_written_while_the_queue_changes_holds_the_timers_at_the_cut(
+            before in proptest::collection::vec((0u8..8, 0u8..24, 0i64..12), 0..200),
+            after in proptest::collection::vec((0u8..10, 0u8..24, 0i64..12, 0usize..4), 0..300),
+            spread in prop_oneof![Just(1i64), Just(25)],
+        ) {
+            let mut q = TimerQueue::default();
+            let change = |q: &mut TimerQueue<u8>, op: u8, key: u8, time: i64| match op {
+                0..=4 => q.register(&key, time),
+                5 | 6 => q.delete(&key, time),
+                _ => {
+                    q.pop_due(time);
+                }
+            };
+            for (op, key, time) in before {
+                change(&mut q, op, key, time * spread);
+            }
+            let at_cut = |q: &TimerQueue<u8>| {
+                let mut timers = Vec::new();
+                q.for_each(|time, &key| timers.push((time, key)));
+                timers
+            };
+            let mut expected = at_cut(&q);
+            prop_assert_eq!(q.cut(), expected.len());
+            let mut written = Vec::new();
+            let mut done = false;
+            for (op, key, time, budget) in after {
+                match op {
+                    8 => {
+                        // Another barrier: the cut being written is given up.
+                        expected = at_cut(&q);
+                        prop_assert_eq!(q.cut(), expected.len());
+                        written.clear();
+                        done = false;
+                    }
+                    9 if !done => {
+                        done = q
+                            .write_cut(budget, |time, &key| {
+                                written.push((time, key));
+                                Ok::<(), ()>(())
+                            })
+                            .expect("writes");
+                    }
+                    _ => change(&mut q, op, key, time * spread),
+                }
+            }
+            while !done {
+                done = q
+                    .write_cut(1, |time, &key| {
+                        written.push((time, key));
+                        Ok::<(), ()>(())
+                    })
+                    .expect("writes");
+            }
+            prop_assert_eq!(written, expected);
+            prop_assert!(q.cut.is_none(), "a written cut ends");
         }
     }
 }

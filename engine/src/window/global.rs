@@ -197,6 +197,8 @@ where
 
     fn finish(&mut self, _out: &mut Emitter<O>) {
         self.finished = true;
+        // No turn need follow the input's end (a source task's chain gets none).
+        self.changes.finish_pending(&self.keys);
     }
 }
 

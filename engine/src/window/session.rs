@@ -523,6 +523,8 @@ where
     /// Processing-time sessions still open when the input ends fire now.
     fn finish(&mut self, out: &mut Emitter<O>) {
         self.finished = true;
+        // No turn need follow the input's end (a source task's chain gets none).
+        self.changes.finish_pending(&self.keys);
         if self.domain == TimeDomain::ProcessingTime {
             self.advance(i64::MAX, out);
         }

@@ -710,6 +710,8 @@ where
     /// have already fired on the final watermark).
     fn finish(&mut self, out: &mut Emitter<O>) {
         self.finished = true;
+        // No turn need follow the input's end (a source task's chain gets none).
+        self.changes.finish_pending(&self.keys);
         if self.schedule.domain == TimeDomain::ProcessingTime {
             self.advance(i64::MAX, out);
         }
