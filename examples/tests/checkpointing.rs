@@ -380,15 +380,7 @@ fn windows_resumed_to_end(
     log: &OffsetLog<WindowReport>,
     build: impl Fn(&StreamEnvironment),
 ) {
-    let env = StreamEnvironment::new(config).expect("an environment");
-    build(&env);
-    let options = RunOptions {
-        resume: true,
-        ..RunOptions::default()
-    };
-    let result = env
-        .execute_with("window-check", options)
-        .expect("the resumed job");
+    let result = window_check_resumed(config, build);
     let total = u64::from(spec.keys_per_split) * readers as u64 * spec.per_key;
     assert!(
         result.records_out("Source: numbers") < total,
@@ -396,6 +388,21 @@ fn windows_resumed_to_end(
     );
     let problems = window_check::problems(spec, readers, &[log.records()]);
     assert!(problems.is_empty(), "{problems:?}");
+}
+
+/// The window check built by `build`, resumed with `config` and run to its end.
+fn window_check_resumed(
+    config: Configuration,
+    build: impl Fn(&StreamEnvironment),
+) -> weir_engine::JobResult {
+    let env = StreamEnvironment::new(config).expect("an environment");
+    build(&env);
+    let options = RunOptions {
+        resume: true,
+        ..RunOptions::default()
+    };
+    env.execute_with("window-check", options)
+        .expect("the resumed job")
 }
 
 #[test]
@@ -1326,15 +1333,7 @@ fn windows_whose_input_ends_behind_a_barrier_still_end_with_a_final_checkpoint()
     let completed = || completed_of(dir.path(), "window-check");
     let last = *completed().last().expect("a completed checkpoint");
 
-    let env = StreamEnvironment::new(config).expect("an environment");
-    build(&env);
-    let options = RunOptions {
-        resume: true,
-        ..RunOptions::default()
-    };
-    let result = env
-        .execute_with("window-check", options)
-        .expect("the resumed job");
+    let result = window_check_resumed(config, build);
     assert_eq!(result.records_out("Source: numbers"), 0, "nothing to read");
     assert!(
         *completed().last().expect("a checkpoint") > last,
