@@ -1263,16 +1263,21 @@ const SMALL: SequenceSpec = SequenceSpec {
     rate: None,
 };
 
+/// [`config_on`] checkpointing at the start (checkpoint 1), then not before the final
+/// checkpoint.
+fn start_and_end_only(backend: &str, checkpoints: &Path, slots: usize) -> Configuration {
+    config_on(backend, checkpoints, slots, 1)
+        .with("execution.checkpointing.interval", "1 h")
+        .expect("a valid setting")
+}
+
 /// A bounded job ends with a final checkpoint taken after its operators finished: every sink
 /// subtask hears of it last, after its input ended (where a transactional sink commits its
 /// last transaction), and a job resumed from it reads and reports nothing again — its end is
 /// in the checkpoint.
 fn ends_with_a_final_checkpoint(backend: &str, slots: usize) {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = config_on(backend, dir.path(), slots, 1)
-        // Checkpoint 1 at the start, then none but the final one.
-        .with("execution.checkpointing.interval", "1 h")
-        .expect("a valid setting");
+    let config = start_and_end_only(backend, dir.path(), slots);
     let env = StreamEnvironment::new(config.clone()).expect("an environment");
     let log = NoticeLog::default();
     let (sink, collected) = CollectSink::new();
@@ -1313,10 +1318,7 @@ fn ends_with_a_final_checkpoint(backend: &str, slots: usize) {
 #[test]
 fn windows_whose_input_ends_behind_a_barrier_still_end_with_a_final_checkpoint() {
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let config = config_on(HEAP, dir.path(), 1, 1)
-        // Checkpoint 1 at the start, then none but the final one.
-        .with("execution.checkpointing.interval", "1 h")
-        .expect("a valid setting");
+    let config = start_and_end_only(HEAP, dir.path(), 1);
     let spec = WindowCheckSpec {
         rate: None,
         ..WINDOWS

@@ -79,8 +79,6 @@ pub(crate) struct KeyedProcessOperator<K, KS, F> {
     timers: KeyedTimers<K>,
     /// The timers of a checkpoint being written after its barrier.
     timers_written: Option<Rc<RefCell<TimersWrite>>>,
-    /// Whether the job is checkpointed: else a snapshot (in a test) is written at once.
-    checkpointed: bool,
     /// The input ended: no turn may follow a barrier, so snapshots are written at it.
     finished: bool,
     watermark: Watermark,
@@ -96,7 +94,6 @@ impl<K, KS, F> KeyedProcessOperator<K, KS, F> {
             state: None,
             timers: KeyedTimers::default(),
             timers_written: None,
-            checkpointed: false,
             finished: false,
             watermark: Watermark::MIN,
             _key: PhantomData,
@@ -197,7 +194,6 @@ where
             });
         }
         self.state = Some(state);
-        self.checkpointed = ctx.state.checkpointed;
         self.function.open(ctx);
         self.runtime = Some(ctx.clone());
     }
@@ -255,7 +251,8 @@ where
         state.snapshot_into(snapshot)?;
         // Each snapshot cuts at its own barrier.
         self.write_timers_some(usize::MAX);
-        if self.checkpointed && !self.finished && !snapshot.is_savepoint() {
+        let checkpointed = self.runtime.as_ref().expect("opened").state.checkpointed;
+        if checkpointed && !self.finished && !snapshot.is_savepoint() {
             let written = Rc::new(RefCell::new(TimersWrite::cut(&mut self.timers)));
             self.timers_written = Some(Rc::clone(&written));
             snapshot.add_deferred(PART_TIMERS, Box::new(TimersPart { written, handed: 0 }));

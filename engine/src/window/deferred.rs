@@ -746,15 +746,21 @@ pub(crate) fn finish_link(
     }
 }
 
-/// Encodes `encoder`'s part in pieces of `budget` bytes, each after `between` (records for the
-/// operator and its turn to write keys): a snapshot written after its barrier while the
-/// operator goes on, for the window operators' tests.
+/// Encodes the keyed part of `snapshot` (its last, written after its barrier) in pieces of
+/// `budget` bytes, each after `between` (records for the operator and its turn to write keys):
+/// a snapshot written after its barrier while the operator goes on, for the window operators'
+/// tests.
 #[cfg(test)]
 pub(crate) fn encode_between(
-    mut encoder: DeferredPart,
+    mut snapshot: OperatorSnapshot,
     budget: usize,
     mut between: impl FnMut(),
 ) -> Vec<u8> {
+    use crate::checkpoint::task_state::{Part, PART_KEYED};
+    let mut encoder = match snapshot.parts.pop() {
+        Some((PART_KEYED, Part::Deferred(encoder))) => encoder,
+        _ => panic!("the keyed part is written after the barrier"),
+    };
     let mut bytes = Vec::new();
     loop {
         between();

@@ -206,7 +206,7 @@ where
 mod tests {
     use super::*;
     use crate::checkpoint::chain::KeyedChain;
-    use crate::checkpoint::task_state::{Part, PART_KEYED};
+    use crate::checkpoint::task_state::PART_KEYED;
     use crate::checkpoint::SnapshotKind;
     use crate::operator::SideOutputs;
     use crate::window::deferred::encode_between;
@@ -271,12 +271,8 @@ mod tests {
             let mut snapshot = OperatorSnapshot::new(kind);
             first.write_snapshot(&mut snapshot).expect("a snapshot");
             let before = out.main.records.clone();
-            let encoder = match snapshot.parts.pop() {
-                Some((PART_KEYED, Part::Deferred(encoder))) => encoder,
-                _ => panic!("the keyed part is written after the barrier"),
-            };
             let mut rest = input[cut..].iter().enumerate();
-            let bytes = encode_between(encoder, budget, || {
+            let bytes = encode_between(snapshot, budget, || {
                 if let Some((at, &record)) = rest.next() {
                     feed(&mut first, &[record], &mut out);
                     if second_barrier_after == Some(at) {

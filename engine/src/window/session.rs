@@ -771,12 +771,8 @@ mod tests {
             let mut snapshot = OperatorSnapshot::new(kind);
             first.write_snapshot(&mut snapshot).expect("a snapshot");
             let (watermark, before) = (first.watermark, out.main.records.clone());
-            let encoder = match snapshot.parts.pop() {
-                Some((PART_KEYED, Part::Deferred(encoder))) => encoder,
-                _ => panic!("the keyed part is written after the barrier"),
-            };
             let mut rest = input[cut..].iter().enumerate();
-            let bytes = encode_between(encoder, budget, || {
+            let bytes = encode_between(snapshot, budget, || {
                 if let Some((at, item)) = rest.next() {
                     feed(&mut first, std::slice::from_ref(item), &mut out);
                     if second_barrier_after == Some(at) {

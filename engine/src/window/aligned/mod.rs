@@ -1067,7 +1067,7 @@ mod tests {
             chained in proptest::prelude::any::<bool>(),
             second_barrier_after in proptest::option::of(0usize..40),
         ) {
-            use crate::checkpoint::task_state::{Part, PART_KEYED};
+            use crate::checkpoint::task_state::PART_KEYED;
             let slide = slide_part.min(size);
             let g = Geometry::new(size, slide, 0);
             let input = timed_input(steps, 7);
@@ -1084,12 +1084,8 @@ mod tests {
             let mut snapshot = OperatorSnapshot::new(kind);
             first.write_snapshot(&mut snapshot).expect("a snapshot");
             let (watermark, before) = (first.schedule.watermark, out.main.records.clone());
-            let encoder = match snapshot.parts.pop() {
-                Some((PART_KEYED, Part::Deferred(encoder))) => encoder,
-                _ => panic!("the keyed part is written after the barrier"),
-            };
             let mut rest = input[cut..].iter().enumerate();
-            let bytes = encode_between(encoder, budget, || {
+            let bytes = encode_between(snapshot, budget, || {
                 if let Some((at, item)) = rest.next() {
                     feed(&mut first, std::slice::from_ref(item), &mut out);
                     if second_barrier_after == Some(at) {
