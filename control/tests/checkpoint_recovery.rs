@@ -63,7 +63,8 @@ fn spawn(mut command: Command) -> Child {
 }
 
 /// The command line of the check on `backend`, checkpointing into `checkpoints`, writing to
-/// `output`, on `slots` shards.
+/// `output`, on `slots` shards, with RocksDB's working files beside `checkpoints` (in
+/// [`rocksdb_local_dir`]), so that what a killed run leaves goes with the test's directory.
 fn command_on(backend: &str, checkpoints: &Path, output: &Path, slots: usize) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
     command.args([
@@ -89,8 +90,18 @@ fn command_on(backend: &str, checkpoints: &Path, output: &Path, slots: usize) ->
         &format!("taskmanager.numberOfTaskSlots={slots}"),
         "-D",
         &format!("state.backend.type={backend}"),
+        "-D",
+        &format!(
+            "state.backend.rocksdb.localdir={}",
+            rocksdb_local_dir(checkpoints).display()
+        ),
     ]);
     command
+}
+
+/// Where the runs checkpointing into `checkpoints` keep RocksDB's working files.
+fn rocksdb_local_dir(checkpoints: &Path) -> std::path::PathBuf {
+    checkpoints.with_file_name("rocksdb")
 }
 
 /// The key reports in an output directory's part files.
@@ -174,6 +185,16 @@ fn killed_and_resumed_with(backend: &str, settings: &[&str], slots: usize) {
     assert!(
         stderr.contains("resumes from checkpoint"),
         "the last run (seed {seed}) did not resume from a checkpoint:\n{stderr}"
+    );
+    // Each killed run left its RocksDB working files; the run after it removed them.
+    let left: Vec<_> = std::fs::read_dir(rocksdb_local_dir(&checkpoints))
+        .into_iter()
+        .flatten()
+        .map(|entry| entry.expect("an entry").file_name())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "RocksDB working files of ended runs are left (seed {seed}): {left:?}"
     );
     let reported = match &finished {
         Some(ended) => {

@@ -226,7 +226,7 @@ pub const OPTIONS: &[ConfigOption] = &[
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
         "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or RocksDB, one instance per keyed operator subtask in its slot's memory ('rocksdb')."),
     option!("state.backend.rocksdb.localdir", OptionKind::Path, "",
-        "Directory for the slots' RocksDB working files (a job's files are removed when it ends). Default: the system temp directory."),
+        "Directory for the slots' RocksDB working files (a job's files are removed when it ends; those a killed process left, by the next job opening RocksDB there). Default: the system temp directory."),
     option!("state.backend.rocksdb.memory.write-buffer-ratio", OptionKind::Fraction, "0.5",
         "Share of a slot's managed memory RocksDB's memtables may take (charged to its block cache)."),
     option!("state.backend.rocksdb.memory.write-back-ratio", OptionKind::Fraction, "0.25",

@@ -91,10 +91,20 @@ impl Default for StateEnv {
 }
 
 /// The slots' RocksDB of one job, in a directory removed when the job ends.
+///
+/// The directory, `<localdir>/weir-<pid>-<n>`, holds an `owner.lock` its process keeps
+/// `flock`ed; a process killed before removing its directory leaves the lock free, and the
+/// next job to open RocksDB under the same local directory removes what was left
+/// ([`remove_abandoned`]), as Flink's task managers clear their local working directories.
 pub(crate) struct JobRocksDb {
     dir: PathBuf,
     pub(crate) slots: Vec<Arc<RocksDbSlot>>,
+    /// Holds the directory's `flock` while the job runs.
+    _owner: std::fs::File,
 }
+
+/// The file in a job's RocksDB directory whose `flock` says that its process is alive.
+const OWNER_LOCK: &str = "owner.lock";
 
 impl JobRocksDb {
     /// Prepares `slots` RocksDB slots under `local_dir`, each with the slot's RocksDB budget;
@@ -107,14 +117,30 @@ impl JobRocksDb {
         checkpointed: bool,
     ) -> Result<JobRocksDb, JobError> {
         static JOBS: AtomicU64 = AtomicU64::new(0);
+        remove_abandoned(local_dir);
         let dir = local_dir.join(format!(
             "weir-{}-{}",
             std::process::id(),
             JOBS.fetch_add(1, Ordering::Relaxed)
         ));
+        let cannot = |what: &str, path: &Path, error: std::io::Error| {
+            JobError::InvalidJob(format!(
+                "cannot {what} {}: {error}; check state.backend.rocksdb.localdir ({}): it must \
+                 be a writable local directory",
+                path.display(),
+                local_dir.display()
+            ))
+        };
+        std::fs::create_dir_all(&dir).map_err(|error| cannot("create", &dir, error))?;
+        let lock_path = dir.join(OWNER_LOCK);
+        let owner = std::fs::File::create(&lock_path)
+            .map_err(|error| cannot("create", &lock_path, error))?;
+        weir_state::lock::try_lock_exclusive(&owner)
+            .map_err(|error| cannot("lock", &lock_path, error))?;
         let mut job = JobRocksDb {
             dir,
             slots: Vec::with_capacity(slots),
+            _owner: owner,
         };
         for slot in 0..slots {
             let config = RocksDbConfig::from_budget(job.dir.join(format!("slot-{slot}")), &budget)
@@ -143,6 +169,64 @@ impl Drop for JobRocksDb {
             }
         }
     }
+}
+
+/// Removes the RocksDB directories under `local_dir` that a process left behind when it was
+/// killed: those named `weir-<pid>-<n>` after a process that is gone and whose `owner.lock` no
+/// one holds. A directory whose process still runs (this one included) is never touched, nor
+/// one whose lock is held (its owner runs in another PID namespace). What cannot be removed is
+/// logged and left; the job starts either way.
+fn remove_abandoned(local_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(local_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(job_dir_pid) else {
+            continue;
+        };
+        let dir = entry.path();
+        if process_alive(pid) || !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            continue;
+        }
+        let lock_free = match std::fs::File::open(dir.join(OWNER_LOCK)) {
+            Ok(lock) => weir_state::lock::try_lock_exclusive(&lock).unwrap_or(false),
+            Err(error) => error.kind() == std::io::ErrorKind::NotFound,
+        };
+        if !lock_free {
+            continue;
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => tracing::info!(
+                dir = %dir.display(),
+                pid,
+                "removed the RocksDB working files of a process that ended without removing them"
+            ),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => tracing::warn!(
+                dir = %dir.display(),
+                %error,
+                "cannot remove the RocksDB working files of a process that ended"
+            ),
+        }
+    }
+}
+
+/// The pid in a job's RocksDB directory name, `weir-<pid>-<n>`.
+fn job_dir_pid(name: &str) -> Option<u32> {
+    let (pid, job) = name.strip_prefix("weir-")?.split_once('-')?;
+    job.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
+/// Whether a process with this pid exists (one this process may not signal exists too).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 sends nothing; it only asks whether the process exists.
+    let signalled = unsafe { libc::kill(pid, 0) } == 0;
+    signalled || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// A registered state's handle, type-erased, with the state's name and the id of the
@@ -429,4 +513,69 @@ pub(crate) fn clear_shard_states() {
     crate::checkpoint::task_state::clear_shard_task_states();
     SHARD_HEAP_STATES.with(|states| states.borrow_mut().clear());
     SHARD_OPERATOR_STATES.with(|stores| stores.borrow_mut().clear());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pid no process has: a child that has been waited for.
+    fn ended_pid() -> u32 {
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let pid = child.id();
+        child.wait().expect("wait for true");
+        pid
+    }
+
+    fn job_dir(local: &Path, pid: u32, job: u64) -> PathBuf {
+        let dir = local.join(format!("weir-{pid}-{job}"));
+        std::fs::create_dir_all(dir.join("slot-0")).expect("create a job directory");
+        std::fs::write(dir.join("slot-0").join("000004.log"), b"data").expect("write a file");
+        dir
+    }
+
+    #[test]
+    fn only_the_directories_of_ended_processes_that_no_one_locks_are_removed() {
+        let local = tempfile::tempdir().expect("a temporary directory");
+        let ended = ended_pid();
+        let killed = job_dir(local.path(), ended, 0);
+        std::fs::File::create(killed.join(OWNER_LOCK)).expect("create a lock file");
+        let without_lock = job_dir(local.path(), ended, 1);
+        let locked = job_dir(local.path(), ended, 2);
+        let held = std::fs::File::create(locked.join(OWNER_LOCK)).expect("create a lock file");
+        assert!(weir_state::lock::try_lock_exclusive(&held).expect("lock"));
+        let running = job_dir(local.path(), std::process::id(), 3);
+        let unrelated = local.path().join(format!("weir-{ended}-x"));
+        std::fs::create_dir(&unrelated).expect("create a directory");
+        let not_a_directory = local.path().join(format!("weir-{ended}-4"));
+        std::fs::write(&not_a_directory, b"").expect("write a file");
+
+        remove_abandoned(local.path());
+
+        assert!(!killed.exists(), "a killed process's directory is removed");
+        assert!(
+            !without_lock.exists(),
+            "one without a lock file (an older build's) too"
+        );
+        assert!(locked.exists(), "a directory whose lock is held is kept");
+        assert!(running.exists(), "a running process's directory is kept");
+        assert!(
+            unrelated.exists() && not_a_directory.exists(),
+            "other names are left alone"
+        );
+    }
+
+    #[test]
+    fn a_job_locks_its_directory_and_removes_it_when_it_ends() {
+        let local = tempfile::tempdir().expect("a temporary directory");
+        let budget = RocksDbBudget::new(64 << 20, weir_memory::RocksDbMemoryRatios::default());
+        let job = JobRocksDb::open(local.path(), 1, budget, false).expect("open RocksDB");
+        let lock = std::fs::File::open(job.dir.join(OWNER_LOCK)).expect("the owner lock");
+        assert!(!weir_state::lock::try_lock_exclusive(&lock).expect("try the lock"));
+        let dir = job.dir.clone();
+        drop(job);
+        assert!(!dir.exists());
+    }
 }

@@ -60,7 +60,6 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -396,12 +395,9 @@ impl CheckpointStorage {
             .truncate(false)
             .open(&lock_path)
             .map_err(|source| StateError::io(&lock_path, "opening", source))?;
-        // SAFETY: `lock` owns an open descriptor for the duration of the call.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            let error = std::io::Error::last_os_error();
-            if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(StateError::io(&lock_path, "locking", error));
-            }
+        let locked = crate::lock::try_lock_exclusive(&lock)
+            .map_err(|source| StateError::io(&lock_path, "locking", source))?;
+        if !locked {
             let mut holder = String::new();
             let holder = match lock.read_to_string(&mut holder) {
                 Ok(_) if !holder.trim().is_empty() => format!("pid {}", holder.trim()),

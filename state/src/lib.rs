@@ -51,6 +51,7 @@ pub mod descriptor;
 pub mod error;
 pub mod handle;
 pub mod key_group;
+pub mod lock;
 pub mod operator;
 pub mod ttl;
 
