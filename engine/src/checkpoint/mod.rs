@@ -36,6 +36,12 @@ pub struct CheckpointBarrier {
     pub id: u64,
     /// What the barrier cuts.
     pub kind: SnapshotKind,
+    /// The job's final checkpoint, taken once every source's input ended: it aligns whatever
+    /// the checkpointing mode, so that it holds every record and nothing in flight, as Flink's
+    /// final checkpoint does (its tasks have finished). Were its barrier to overtake data, the
+    /// operators' snapshots would come before their input's end, and a job resumed from it
+    /// would process that data again, past its end.
+    pub is_final: bool,
 }
 
 impl CheckpointBarrier {
@@ -44,7 +50,31 @@ impl CheckpointBarrier {
         CheckpointBarrier {
             id,
             kind: SnapshotKind::Checkpoint,
+            is_final: false,
         }
+    }
+
+    /// The barrier of the job's final checkpoint `id`.
+    pub fn final_checkpoint(id: u64) -> CheckpointBarrier {
+        CheckpointBarrier {
+            is_final: true,
+            ..CheckpointBarrier::checkpoint(id)
+        }
+    }
+
+    /// The barrier of savepoint `id`.
+    pub fn savepoint(id: u64) -> CheckpointBarrier {
+        CheckpointBarrier {
+            id,
+            kind: SnapshotKind::Savepoint,
+            is_final: false,
+        }
+    }
+
+    /// Whether the barrier may overtake data (an unaligned checkpoint, when they are enabled):
+    /// savepoints and the final checkpoint align always.
+    pub fn may_overtake(&self) -> bool {
+        self.kind == SnapshotKind::Checkpoint && !self.is_final
     }
 }
 

@@ -98,6 +98,102 @@ impl<F: FnOnce(&mut Vec<u8>) -> Result<(), String>> PartEncoder for Whole<F> {
     }
 }
 
+/// A part its operator writes between records after the barrier: shared between the
+/// operator, which writes it in steps on its turns, and the checkpoint writer
+/// ([`AfterBarrier`]), which hands it out once the operator is done.
+pub(crate) trait WrittenBetweenRecords {
+    /// What the writer hands out once the operator has written the part.
+    type Written: PartEncoder;
+    /// The error when the operator closed before it wrote the part.
+    const UNWRITTEN: &'static str;
+    /// The part once the operator has written it (taken); `None` while it writes; an error
+    /// when it cannot.
+    fn take_written(&mut self) -> Result<Option<Self::Written>, String>;
+    /// The longest of the operator's steps.
+    fn longest_step(&self) -> Duration;
+    /// The checkpoint was given up: the operator writes no more of the part.
+    fn give_up(&mut self);
+}
+
+/// The checkpoint writer's side of a [`WrittenBetweenRecords`] part.
+pub(crate) struct AfterBarrier<W: WrittenBetweenRecords> {
+    shared: Rc<RefCell<W>>,
+    written: Option<W::Written>,
+}
+
+impl<W: WrittenBetweenRecords + 'static> AfterBarrier<W> {
+    pub(crate) fn part(shared: Rc<RefCell<W>>) -> DeferredPart {
+        Box::new(AfterBarrier {
+            shared,
+            written: None,
+        })
+    }
+}
+
+impl<W: WrittenBetweenRecords> PartEncoder for AfterBarrier<W> {
+    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
+        if self.written.is_none() {
+            let written = self.shared.borrow_mut().take_written()?;
+            match written {
+                Some(written) => self.written = Some(written),
+                None if Rc::strong_count(&self.shared) == 1 => return Err(W::UNWRITTEN.into()),
+                // Nothing yet: the operator writes the part between records.
+                None => return Ok(true),
+            }
+        }
+        let written = self.written.as_mut().expect("taken above");
+        written.encode_next(out, budget)
+    }
+
+    fn longest_step_elsewhere(&self) -> Duration {
+        self.shared
+            .try_borrow()
+            .map_or(Duration::ZERO, |shared| shared.longest_step())
+    }
+
+    fn waiting(&self) -> bool {
+        self.written.is_none()
+    }
+}
+
+impl<W: WrittenBetweenRecords> Drop for AfterBarrier<W> {
+    /// A part whose checkpoint was given up (its writer dropped it) is no longer written.
+    fn drop(&mut self) {
+        if let Ok(mut shared) = self.shared.try_borrow_mut() {
+            shared.give_up();
+        }
+    }
+}
+
+/// Bytes written whole, handed out in pieces of the writer's budget.
+pub(crate) struct InPieces {
+    bytes: Vec<u8>,
+    handed: usize,
+}
+
+impl InPieces {
+    pub(crate) fn of(bytes: Vec<u8>) -> InPieces {
+        InPieces { bytes, handed: 0 }
+    }
+}
+
+impl PartEncoder for InPieces {
+    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
+        let left = &self.bytes[self.handed..];
+        let piece = &left[..left.len().min(budget)];
+        out.extend_from_slice(piece);
+        self.handed += piece.len();
+        Ok(self.handed < self.bytes.len())
+    }
+}
+
+/// A keyed snapshot written whole, handed out in pieces.
+impl PartEncoder for weir_state::KeyedSnapshotPieces {
+    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
+        weir_state::KeyedSnapshotPieces::encode_next(self, out, budget).map_err(|e| e.to_string())
+    }
+}
+
 /// A heap backend's keyed state, encoded in pieces.
 impl<K, N, S> PartEncoder for weir_state::KeyedSnapshotEncoder<K, N, S>
 where

@@ -15,7 +15,8 @@ use crate::api::{KeyedProcessContext, KeyedProcessFunction, ProcessContext, Proc
 use crate::checkpoint::bytes::{ByteReader, ByteWriter};
 use crate::checkpoint::keyed::KeyedScope;
 use crate::checkpoint::task_state::{
-    OperatorSnapshot, PartEncoder, PART_OWN_KEYED, PART_TIMERS, PIECE_BYTES,
+    AfterBarrier, InPieces, OperatorSnapshot, WrittenBetweenRecords, PART_OWN_KEYED, PART_TIMERS,
+    PIECE_BYTES,
 };
 use crate::record::{Key, Watermark, NO_TIMESTAMP};
 use crate::state::KeyedStateStore;
@@ -255,7 +256,7 @@ where
         if checkpointed && !self.finished && !snapshot.is_savepoint() {
             let written = Rc::new(RefCell::new(TimersWrite::cut(&mut self.timers)));
             self.timers_written = Some(Rc::clone(&written));
-            snapshot.add_deferred(PART_TIMERS, Box::new(TimersPart { written, handed: 0 }));
+            snapshot.add_deferred(PART_TIMERS, AfterBarrier::part(written));
         } else {
             snapshot.add(PART_TIMERS, encode_timers(&mut self.timers)?);
         }
@@ -373,47 +374,26 @@ fn put_timer<K: Key>(out: &mut ByteWriter, domain: u8, time: i64, key: &K) -> Re
     Ok(())
 }
 
-/// The checkpoint writer's side of timers written after their barrier: once the operator has
-/// written them, it hands them out in pieces.
-struct TimersPart {
-    written: Rc<RefCell<TimersWrite>>,
-    /// Bytes handed out so far.
-    handed: usize,
-}
+/// Timers written after their barrier: once the operator has written them, the checkpoint
+/// writer hands them out in pieces.
+impl WrittenBetweenRecords for TimersWrite {
+    type Written = InPieces;
+    const UNWRITTEN: &'static str =
+        "the keyed process operator closed before its timers were written";
 
-impl PartEncoder for TimersPart {
-    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
-        let mut write = self.written.borrow_mut();
-        if let Some(error) = write.error.take() {
+    fn take_written(&mut self) -> Result<Option<InPieces>, String> {
+        if let Some(error) = self.error.take() {
             return Err(error);
         }
-        if write.domain < 2 {
-            if Rc::strong_count(&self.written) == 1 {
-                return Err(
-                    "the keyed process operator closed before its timers were written".into(),
-                );
-            }
-            // Nothing yet: the operator writes its timers between records.
-            return Ok(true);
-        }
-        let left = &write.out.out[self.handed..];
-        let piece = &left[..left.len().min(budget)];
-        out.extend_from_slice(piece);
-        self.handed += piece.len();
-        Ok(self.handed < write.out.out.len())
+        Ok((self.domain == 2).then(|| InPieces::of(std::mem::take(&mut self.out.out))))
     }
 
-    fn longest_step_elsewhere(&self) -> Duration {
-        self.written
-            .try_borrow()
-            .map_or(Duration::ZERO, |write| write.longest)
+    fn longest_step(&self) -> Duration {
+        self.longest
     }
 
-    fn waiting(&self) -> bool {
-        self.written
-            .try_borrow()
-            .is_ok_and(|write| write.domain < 2 && write.error.is_none())
-    }
+    /// The operator sees its checkpoint given up by the writer's side gone.
+    fn give_up(&mut self) {}
 }
 
 /// Registers the timers of `parts` (written by [`encode_timers`], one per old subtask) whose
@@ -542,10 +522,7 @@ mod tests {
             });
         }
         let written = Rc::new(RefCell::new(TimersWrite::cut(&mut timers)));
-        let mut part = TimersPart {
-            written: Rc::clone(&written),
-            handed: 0,
-        };
+        let mut part = AfterBarrier::part(Rc::clone(&written));
         let mut handed = Vec::new();
         assert!(part
             .encode_next(&mut handed, PIECE_BYTES)

@@ -16,7 +16,7 @@ use super::exchange::reader::{Delivery, GateEvent, InputGate};
 use super::factories::{snapshot_reader_splits, EnumeratorCell, NextSplit};
 use crate::checkpoint::driver::{SourceCommand, SourceMailbox, TaskCheckpointing};
 use crate::checkpoint::task_state::{OperatorSnapshot, TaskState, PART_SPLITS};
-use crate::checkpoint::{CheckpointBarrier, SnapshotKind, StopMode};
+use crate::checkpoint::{CheckpointBarrier, StopMode};
 use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SourceSplit};
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
@@ -169,7 +169,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                         .await?
                 }
                 SourceCommand::TriggerFinalCheckpoint(checkpoint) => {
-                    self.checkpoint(CheckpointBarrier::checkpoint(checkpoint))
+                    self.checkpoint(CheckpointBarrier::final_checkpoint(checkpoint))
                         .await?;
                     self.final_checkpoint = Some((checkpoint, false));
                 }
@@ -180,11 +180,8 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                         // (Flink's stop --drain).
                         self.finish_chain().await?;
                     }
-                    let barrier = CheckpointBarrier {
-                        id: savepoint,
-                        kind: SnapshotKind::Savepoint,
-                    };
-                    self.checkpoint(barrier).await?;
+                    self.checkpoint(CheckpointBarrier::savepoint(savepoint))
+                        .await?;
                     self.stopping = stop.map(|mode| Stopping {
                         savepoint,
                         mode,

@@ -38,7 +38,9 @@ use weir_state::{KeyedSnapshotPieces, StateCodec, StateError};
 use super::checkpoint::WindowSnapshot;
 use super::KeyMap;
 use crate::checkpoint::chain::{KeyedChain, Link};
-use crate::checkpoint::task_state::{DeferredPart, OperatorSnapshot, PartEncoder, PIECE_BYTES};
+use crate::checkpoint::task_state::{
+    AfterBarrier, DeferredPart, OperatorSnapshot, WrittenBetweenRecords, PIECE_BYTES,
+};
 use crate::record::Key;
 
 /// What the snapshots written after their barrier need of a key's state: when it last
@@ -370,10 +372,7 @@ impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Changes<K, S, W> {
             _states: PhantomData,
         }));
         self.pending = Some(Rc::clone(&pending));
-        Box::new(WrittenAfterBarrier {
-            pending,
-            pieces: None,
-        })
+        AfterBarrier::part(pending)
     }
 }
 
@@ -612,13 +611,13 @@ impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> Pending<K, S, W> {
 
     fn fail(&mut self, error: StateError) {
         self.error.get_or_insert(error);
-        self.give_up();
+        self.stop();
     }
 }
 
 impl<K, S, W> Pending<K, S, W> {
     /// No more keys are written.
-    fn give_up(&mut self) {
+    fn stop(&mut self) {
         self.writer = None;
         self.todo = Todo::Listed(Vec::new().into_iter());
         self.removed = Vec::new().into_iter();
@@ -661,52 +660,30 @@ const KEY_WORK: usize = 16;
 /// over a table too large for the cache, and one lookup at a time waits for each miss in turn.
 const LOOKUPS: usize = 16;
 
-/// The checkpoint writer's side of a snapshot written after its barrier: once the operator
-/// has written every key, it hands out the snapshot in pieces.
-struct WrittenAfterBarrier<K, S, W> {
-    pending: Rc<RefCell<Pending<K, S, W>>>,
-    pieces: Option<KeyedSnapshotPieces>,
-}
+/// A snapshot written after its barrier: once the operator has written every key, the
+/// checkpoint writer hands it out in pieces.
+impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> WrittenBetweenRecords for Pending<K, S, W> {
+    type Written = KeyedSnapshotPieces;
+    const UNWRITTEN: &'static str = "the window operator closed before its snapshot was written";
 
-impl<K: Key, S: TrackedKey, W: WriteKeys<K, S>> PartEncoder for WrittenAfterBarrier<K, S, W> {
-    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
-        if let Some(pieces) = &mut self.pieces {
-            return pieces
-                .encode_next(out, budget)
-                .map_err(|error| error.to_string());
-        }
-        let mut pending = self.pending.borrow_mut();
-        if let Some(error) = pending.error.take() {
+    fn take_written(&mut self) -> Result<Option<KeyedSnapshotPieces>, String> {
+        if let Some(error) = self.error.take() {
             return Err(error.to_string());
         }
-        if pending.written {
-            let writer = pending.writer.take();
-            let writer = writer.ok_or("internal error: a window snapshot was given up")?;
-            self.pieces = Some(writer.into_pieces());
-        } else if Rc::strong_count(&self.pending) == 1 {
-            return Err("the window operator closed before its snapshot was written".into());
+        if !self.written {
+            return Ok(None);
         }
-        // Nothing yet: the operator writes its keys between records.
-        Ok(true)
+        let writer = self.writer.take();
+        let writer = writer.ok_or("internal error: a window snapshot was given up")?;
+        Ok(Some(writer.into_pieces()))
     }
 
-    fn longest_step_elsewhere(&self) -> Duration {
-        self.pending
-            .try_borrow()
-            .map_or(Duration::ZERO, |pending| pending.longest)
+    fn longest_step(&self) -> Duration {
+        self.longest
     }
 
-    fn waiting(&self) -> bool {
-        self.pieces.is_none()
-    }
-}
-
-impl<K, S, W> Drop for WrittenAfterBarrier<K, S, W> {
-    /// A snapshot its writer gave up (its checkpoint was aborted) is no longer written.
-    fn drop(&mut self) {
-        if let Ok(mut pending) = self.pending.try_borrow_mut() {
-            pending.give_up();
-        }
+    fn give_up(&mut self) {
+        self.stop();
     }
 }
 

@@ -32,6 +32,7 @@ const TAG_CHECKPOINT_ABORTED: u32 = 6;
 const TAG_SAVEPOINT_BARRIER: u32 = 7;
 const TAG_SUSPEND: u32 = 8;
 const TAG_END_OF_DATA: u32 = 9;
+const TAG_FINAL_BARRIER: u32 = 10;
 pub(crate) const HEADER: usize = 16;
 const FIRST_ENTRY: usize = 0;
 
@@ -62,9 +63,10 @@ pub(crate) fn event_entry(event: Event) -> (u32, i64) {
         Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
         Event::EndOfData => (TAG_END_OF_DATA, 0),
         Event::Suspend => (TAG_SUSPEND, 0),
-        Event::Barrier(barrier) => match barrier.kind {
-            SnapshotKind::Checkpoint => (TAG_BARRIER, barrier.id as i64),
-            SnapshotKind::Savepoint => (TAG_SAVEPOINT_BARRIER, barrier.id as i64),
+        Event::Barrier(barrier) => match (barrier.kind, barrier.is_final) {
+            (SnapshotKind::Checkpoint, false) => (TAG_BARRIER, barrier.id as i64),
+            (SnapshotKind::Checkpoint, true) => (TAG_FINAL_BARRIER, barrier.id as i64),
+            (SnapshotKind::Savepoint, _) => (TAG_SAVEPOINT_BARRIER, barrier.id as i64),
         },
         Event::CheckpointComplete(checkpoint) => (TAG_CHECKPOINT_COMPLETE, checkpoint as i64),
         Event::CheckpointAborted(checkpoint) => (TAG_CHECKPOINT_ABORTED, checkpoint as i64),
@@ -228,10 +230,12 @@ impl<'a> Iterator for Entries<'a> {
             TAG_BARRIER => {
                 Entry::Event(Event::Barrier(CheckpointBarrier::checkpoint(value as u64)))
             }
-            TAG_SAVEPOINT_BARRIER => Entry::Event(Event::Barrier(CheckpointBarrier {
-                id: value as u64,
-                kind: SnapshotKind::Savepoint,
-            })),
+            TAG_SAVEPOINT_BARRIER => {
+                Entry::Event(Event::Barrier(CheckpointBarrier::savepoint(value as u64)))
+            }
+            TAG_FINAL_BARRIER => Entry::Event(Event::Barrier(CheckpointBarrier::final_checkpoint(
+                value as u64,
+            ))),
             TAG_CHECKPOINT_COMPLETE => Entry::Event(Event::CheckpointComplete(value as u64)),
             TAG_CHECKPOINT_ABORTED => Entry::Event(Event::CheckpointAborted(value as u64)),
             other => panic!("corrupt segment: unknown entry tag {other} at offset {pos}"),
@@ -278,7 +282,7 @@ mod tests {
                 }
             }
             let wm = Event::Watermark(Watermark(-17));
-            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier { id: 12, kind: SnapshotKind::Savepoint }), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::Suspend, Event::EndOfData, Event::EndOfPartition];
+            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier::savepoint(12)), Event::Barrier(CheckpointBarrier::final_checkpoint(13)), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::Suspend, Event::EndOfData, Event::EndOfPartition];
             for event in events {
                 if !builder.try_event(event) {
                     segments.push(builder.finish());

@@ -21,7 +21,7 @@ use super::inflight::{
     SharedRecording,
 };
 use super::local::{BatchRecycler, LocalItem, LocalReceiver};
-use crate::checkpoint::{CheckpointBarrier, SnapshotKind};
+use crate::checkpoint::CheckpointBarrier;
 use crate::error::{TaskError, TaskResult};
 use crate::graph::ReceiverEnd;
 use crate::operator::Batch;
@@ -424,7 +424,7 @@ impl<T: Record> InputGate<T> {
     pub(crate) fn alignment_deadline(&self) -> Option<Instant> {
         let timeout = self.unaligned.as_ref()?.timeout;
         let alignment = self.alignment.as_ref()?;
-        (!alignment.unaligned && alignment.barrier.kind == SnapshotKind::Checkpoint)
+        (!alignment.unaligned && alignment.barrier.may_overtake())
             .then(|| alignment.started + timeout)
     }
 
@@ -686,7 +686,7 @@ impl<T: Record> InputGate<T> {
             started: Instant::now(),
             unaligned: false,
         });
-        if barrier.kind == SnapshotKind::Checkpoint
+        if barrier.may_overtake()
             && self
                 .unaligned
                 .as_ref()

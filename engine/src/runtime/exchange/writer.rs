@@ -21,7 +21,6 @@ use super::frame::{Event, SegmentBuilder};
 use super::inflight::Announcements;
 use super::local::{Closed, LocalItem, LocalSender};
 use super::partitioner::Partitioner;
-use crate::checkpoint::SnapshotKind;
 use crate::error::{TaskError, TaskResult};
 use crate::graph::{SenderEnd, WriterParts};
 use crate::metrics::OperatorMetrics;
@@ -424,8 +423,8 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
             }
             ChainEvent::Barrier(barrier) => {
                 if let Some((announcements, tasks)) = &self.announce {
-                    // Savepoints align always.
-                    if barrier.kind == SnapshotKind::Checkpoint {
+                    // Savepoints and the final checkpoint align always.
+                    if barrier.may_overtake() {
                         for &task in tasks {
                             announcements.announce(task, barrier.id);
                         }
