@@ -28,6 +28,7 @@ pub mod chain;
 pub mod checkpoint;
 mod error;
 pub mod exchange;
+pub mod join;
 mod measure;
 pub mod nexmark;
 pub mod record;

@@ -213,6 +213,25 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// An interval join of two generated streams on one shard (its buffers on the heap or in
+    /// RocksDB), against a hand-written loop with per-key buffers.
+    Join {
+        /// heap or rocksdb.
+        #[arg(long, default_value = "heap", value_parser = ["heap", "rocksdb"])]
+        backend: String,
+        /// Records of each side (one per millisecond of event time).
+        #[arg(long, default_value_t = 2_000_000)]
+        records: u64,
+        /// Distinct keys.
+        #[arg(long, default_value_t = 1_000)]
+        keys: u64,
+        /// The join's bounds: between(-bound-ms, bound-ms).
+        #[arg(long, default_value_t = 2_000)]
+        bound_ms: i64,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// A keyed job holding --state-bytes of state, checkpointed every --interval-ms under
     /// updates of 1 % of its keys per interval, failed once: sync pauses, checkpoint durations
     /// and sizes (full, and what the last one wrote), restore and recovery times.
@@ -484,6 +503,17 @@ fn run_bench(bench: Bench) -> Result<()> {
         } => {
             let backend = backend.parse().map_err(anyhow::Error::msg)?;
             let report = weir_bench::state::run(backend, write_back_ratio, keys, ops)?;
+            print_report(&report, json)
+        }
+        Bench::Join {
+            backend,
+            records,
+            keys,
+            bound_ms,
+            json,
+        } => {
+            let backend = backend.parse().map_err(anyhow::Error::msg)?;
+            let report = weir_bench::join::run(backend, records, keys, bound_ms)?;
             print_report(&report, json)
         }
         Bench::Checkpoint {

@@ -371,6 +371,39 @@ fn bench_commands_print_one_json_object() {
     fails_naming(&["bench", "state", "--backend", "memory"], "memory");
     fails_naming(&["bench", "state", "--ops", "0"], "--ops");
 
+    for backend in ["heap", "rocksdb"] {
+        let json = bench_json(
+            &[
+                "bench",
+                "join",
+                "--backend",
+                backend,
+                "--records",
+                "20000",
+                "--keys",
+                "100",
+                "--bound-ms",
+                "300",
+                "--json",
+            ],
+            &[
+                "benchmark",
+                "backend",
+                "records",
+                "seconds",
+                "records_per_second",
+                "baseline_records_per_second",
+                "pairs",
+                "results_match",
+            ],
+        );
+        assert_eq!(json["backend"], backend, "{json}");
+        assert!(json["pairs"].as_u64() > Some(20000), "{json}");
+        assert_eq!(json["results_match"], true, "{json}");
+    }
+    fails_naming(&["bench", "join", "--backend", "memory"], "memory");
+    fails_naming(&["bench", "join", "--records", "0"], "--records");
+
     fails_naming(
         &[
             "bench",

@@ -44,6 +44,17 @@ pub(crate) trait MapAccess<UK, UV> {
     fn remove(&self, key: &UK) -> Result<(), StateError>;
     fn contains(&self, key: &UK) -> Result<bool, StateError>;
     fn entries(&self) -> Result<MapEntries<UK, UV>, StateError>;
+    /// Every entry, in the order of `entries`, lent to `visit`.
+    fn for_each(
+        &self,
+        visit: &mut dyn FnMut(&UK, &UV) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        for entry in self.entries()? {
+            let (key, value) = entry?;
+            visit(&key, &value)?;
+        }
+        Ok(())
+    }
     fn is_empty(&self) -> Result<bool, StateError>;
     fn clear(&self) -> Result<(), StateError>;
 }
@@ -166,6 +177,17 @@ impl<UK, UV> MapState<UK, UV> {
     /// not be seen (as in Flink).
     pub fn entries(&self) -> Result<MapEntries<UK, UV>, StateError> {
         self.access.entries()
+    }
+
+    /// Lends every entry of the current key's map to `visit`, in the order of
+    /// [`MapState::entries`], stopping at its first error: the heap backend lends its own
+    /// entries (nothing is copied), RocksDB decodes each. `visit` must not change this state
+    /// (the heap backend holds its map while `visit` runs, and a change panics).
+    pub fn for_each(
+        &self,
+        mut visit: impl FnMut(&UK, &UV) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        self.access.for_each(&mut visit)
     }
 
     /// All keys of the current key's map (see [`MapState::entries`]).

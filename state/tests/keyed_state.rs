@@ -307,6 +307,29 @@ fn map_iteration_spans_chunks(f: &Fixture) {
     let entries: BTreeMap<u32, String> = map.entries().unwrap().map(Result::unwrap).collect();
     assert_eq!(entries.len(), 1000);
     assert!(entries.iter().all(|(k, v)| *v == format!("v{k}")));
+    let mut visited = BTreeMap::new();
+    map.for_each(|key, value| {
+        visited.insert(*key, value.clone());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(visited, entries, "for_each lends what entries yields");
+    let mut lent = 0;
+    let stopped = map.for_each(|_, _| {
+        lent += 1;
+        if lent == 10 {
+            return Err(weir_state::StateError::encoding(
+                "big",
+                "String",
+                "stop at 10",
+            ));
+        }
+        Ok(())
+    });
+    assert!(
+        stopped.is_err() && lent == 10,
+        "the first error stops the visit"
+    );
     // Writes while iterating do not break the iteration.
     let mut seen = 0;
     for entry in map.entries().unwrap() {
@@ -586,6 +609,13 @@ fn ttl_map_entries_expire_individually(f: &Fixture) {
     assert!(!map.contains(&2).unwrap());
     let entries: BTreeMap<u32, u32> = map.entries().unwrap().map(Result::unwrap).collect();
     assert_eq!(entries, BTreeMap::from([(1, 11), (3, 30)]));
+    let mut visited = BTreeMap::new();
+    map.for_each(|key, value| {
+        visited.insert(*key, *value);
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(visited, entries, "for_each lends live entries only");
     f.clock.advance(Duration::from_millis(50));
     assert!(map.is_empty().unwrap());
     assert_eq!(map.entries().unwrap().count(), 0);

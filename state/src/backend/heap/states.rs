@@ -333,6 +333,22 @@ where
         Ok(MapEntries::new(Box::new(entries.into_iter().map(Ok))))
     }
 
+    fn for_each(
+        &self,
+        visit: &mut dyn FnMut(&UK, &UV) -> Result<(), StateError>,
+    ) -> Result<(), StateError> {
+        self.purge_for_read()?;
+        let current = self.context.current();
+        let (key, group) = lookup(&current, &self.table.name)?;
+        let data = self.table.data.borrow();
+        if let Some(map) = data.get(group, key) {
+            for (user_key, entry) in map.iter() {
+                visit(user_key, &entry.value)?;
+            }
+        }
+        Ok(())
+    }
+
     fn is_empty(&self) -> Result<bool, StateError> {
         self.purge_for_read()?;
         let current = self.context.current();
