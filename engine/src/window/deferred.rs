@@ -637,6 +637,10 @@ fn write_batch<K: Key, S: TrackedKey, W: WriteKeys<K, S>>(
     let batch = &batch[..batch.len().min(LOOKUPS)];
     let states: [Option<&S>; LOOKUPS] =
         std::array::from_fn(|at| batch.get(at).and_then(|key| keys.get(key)));
+    // The lookups read each entry's key; its marks and contents may lie on other cache lines.
+    for state in states.iter().flatten() {
+        prefetch(*state);
+    }
     for (key, state) in batch.iter().zip(states) {
         match state {
             Some(state) if state.marks().written_in.get() != epoch => {
@@ -651,6 +655,22 @@ fn write_batch<K: Key, S: TrackedKey, W: WriteKeys<K, S>>(
         todo.nth(visited - 1);
     }
     Ok(visited)
+}
+
+/// Asks the CPU to bring the cache lines of `value` in, so that the misses of a batch's
+/// entries overlap instead of following one another. A hint: it reads nothing.
+#[inline(always)]
+fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let start = value as *const T as *const i8;
+        for offset in (0..std::mem::size_of::<T>()).step_by(64) {
+            // SAFETY: a prefetch loads nothing into registers and never faults, whatever the
+            // address; SSE, which it needs, is part of every x86-64 CPU.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
+        }
+    }
 }
 
 /// What visiting a key of the list counts for against a step's budget, besides its bytes.
