@@ -42,7 +42,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::{Rc, Weak};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use weir_memory::{HeapBudgetExceeded, HeapStateSize, RocksDbBudget};
 use weir_state::{KeyedBackendConfig, LocalKeyedBackend, RocksDbConfig, RocksDbSlot, SystemClock};
@@ -117,26 +117,22 @@ impl JobRocksDb {
         checkpointed: bool,
     ) -> Result<JobRocksDb, JobError> {
         static JOBS: AtomicU64 = AtomicU64::new(0);
-        remove_abandoned(local_dir);
-        let dir = local_dir.join(format!(
-            "weir-{}-{}",
-            std::process::id(),
-            JOBS.fetch_add(1, Ordering::Relaxed)
-        ));
-        let cannot = |what: &str, path: &Path, error: std::io::Error| {
+        let (dir, owner) = {
+            // One job of this process at a time between the sweep and its lock, so that the
+            // sweep never takes another job's directory for an abandoned one.
+            static OPENING: Mutex<()> = Mutex::new(());
+            let _opening = OPENING.lock().unwrap_or_else(PoisonError::into_inner);
+            remove_abandoned(local_dir);
+            fresh_dir(local_dir, || JOBS.fetch_add(1, Ordering::Relaxed))
+        }
+        .map_err(|(path, error)| {
             JobError::InvalidJob(format!(
-                "cannot {what} {}: {error}; check state.backend.rocksdb.localdir ({}): it must \
+                "cannot create {}: {error}; check state.backend.rocksdb.localdir ({}): it must \
                  be a writable local directory",
                 path.display(),
                 local_dir.display()
             ))
-        };
-        std::fs::create_dir_all(&dir).map_err(|error| cannot("create", &dir, error))?;
-        let lock_path = dir.join(OWNER_LOCK);
-        let owner = std::fs::File::create(&lock_path)
-            .map_err(|error| cannot("create", &lock_path, error))?;
-        weir_state::lock::try_lock_exclusive(&owner)
-            .map_err(|error| cannot("lock", &lock_path, error))?;
+        })?;
         let mut job = JobRocksDb {
             dir,
             slots: Vec::with_capacity(slots),
@@ -171,11 +167,37 @@ impl Drop for JobRocksDb {
     }
 }
 
+/// A new job directory `weir-<pid>-<n>` under `local_dir`, with `n` from `next`, and its
+/// `owner.lock` created and held. The directory must not exist yet: one of an earlier process
+/// with this pid (pids come round, and a container's start the same) may still be there, and
+/// RocksDB would open its instances with their old state. An existing one is passed over for
+/// the next `n`.
+fn fresh_dir(
+    local_dir: &Path,
+    mut next: impl FnMut() -> u64,
+) -> Result<(PathBuf, std::fs::File), (PathBuf, std::io::Error)> {
+    std::fs::create_dir_all(local_dir).map_err(|error| (local_dir.to_path_buf(), error))?;
+    let dir = loop {
+        let dir = local_dir.join(format!("weir-{}-{}", std::process::id(), next()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => break dir,
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err((dir, error)),
+        }
+    };
+    let lock_path = dir.join(OWNER_LOCK);
+    let owner = std::fs::File::create(&lock_path).map_err(|error| (lock_path.clone(), error))?;
+    weir_state::lock::try_lock_exclusive(&owner).map_err(|error| (lock_path, error))?;
+    Ok((dir, owner))
+}
+
 /// Removes the RocksDB directories under `local_dir` that a process left behind when it was
-/// killed: those named `weir-<pid>-<n>` after a process that is gone and whose `owner.lock` no
-/// one holds. A directory whose process still runs (this one included) is never touched, nor
-/// one whose lock is held (its owner runs in another PID namespace). What cannot be removed is
-/// logged and left; the job starts either way.
+/// killed: those named `weir-<pid>-<n>` whose `owner.lock` no one holds, after a process that is
+/// gone — or after this one's pid, which an earlier process had (this process holds the lock
+/// of each of its own; its caller keeps its other jobs from opening meanwhile). A directory of
+/// another running process is never touched, nor one whose lock is held (its owner may run in
+/// another PID namespace). What cannot be removed is logged and left; the job starts either
+/// way.
 fn remove_abandoned(local_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(local_dir) else {
         return;
@@ -186,7 +208,8 @@ fn remove_abandoned(local_dir: &Path) {
             continue;
         };
         let dir = entry.path();
-        if process_alive(pid) || !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+        let elsewhere = pid != std::process::id() && process_alive(pid);
+        if elsewhere || !entry.file_type().is_ok_and(|kind| kind.is_dir()) {
             continue;
         }
         let lock_free = match std::fs::File::open(dir.join(OWNER_LOCK)) {
@@ -546,7 +569,11 @@ mod tests {
         let locked = job_dir(local.path(), ended, 2);
         let held = std::fs::File::create(locked.join(OWNER_LOCK)).expect("create a lock file");
         assert!(weir_state::lock::try_lock_exclusive(&held).expect("lock"));
-        let running = job_dir(local.path(), std::process::id(), 3);
+        let running = job_dir(local.path(), 1, 3);
+        let earlier = job_dir(local.path(), std::process::id(), 5);
+        let own = job_dir(local.path(), std::process::id(), 6);
+        let own_lock = std::fs::File::create(own.join(OWNER_LOCK)).expect("create a lock file");
+        assert!(weir_state::lock::try_lock_exclusive(&own_lock).expect("lock"));
         let unrelated = local.path().join(format!("weir-{ended}-x"));
         std::fs::create_dir(&unrelated).expect("create a directory");
         let not_a_directory = local.path().join(format!("weir-{ended}-4"));
@@ -562,9 +589,32 @@ mod tests {
         assert!(locked.exists(), "a directory whose lock is held is kept");
         assert!(running.exists(), "a running process's directory is kept");
         assert!(
+            !earlier.exists(),
+            "one of an earlier process with this pid is removed"
+        );
+        assert!(own.exists(), "one of this process's jobs is kept");
+        assert!(
             unrelated.exists() && not_a_directory.exists(),
             "other names are left alone"
         );
+    }
+
+    #[test]
+    fn a_new_job_directory_is_never_one_that_exists() {
+        let local = tempfile::tempdir().expect("a temporary directory");
+        let stale = job_dir(local.path(), std::process::id(), 0);
+        let mut numbers = 0..;
+        let (dir, _owner) = fresh_dir(local.path(), || numbers.next().expect("a number"))
+            .expect("a fresh directory");
+        assert_eq!(
+            dir,
+            local.path().join(format!("weir-{}-1", std::process::id()))
+        );
+        assert!(
+            stale.join("slot-0").exists(),
+            "the existing one is left as it was"
+        );
+        assert!(!dir.join("slot-0").exists());
     }
 
     #[test]
