@@ -123,9 +123,18 @@ fn stop_after_checkpoints(
 /// Resumes the check over `spec` and runs it to its end: its reports, and how many records
 /// its source read.
 fn resume_reports(config: &Configuration, spec: SequenceSpec) -> (Vec<KeyReport>, u64) {
+    resume_reports_with(config, spec, |records| records)
+}
+
+/// [`resume_reports`] of the check built with `between` (`reports_with`).
+fn resume_reports_with(
+    config: &Configuration,
+    spec: SequenceSpec,
+    between: impl FnOnce(DataStream<Numbered>) -> DataStream<Numbered>,
+) -> (Vec<KeyReport>, u64) {
     let env = StreamEnvironment::new(config.clone()).expect("an environment");
     let (sink, collected) = CollectSink::new();
-    reports(&env, spec).sink_to(sink, "collect");
+    reports_with(&env, spec, between).sink_to(sink, "collect");
     let options = RunOptions {
         resume: true,
         ..RunOptions::default()
@@ -1442,18 +1451,9 @@ fn with_unaligned_checkpoints_the_final_checkpoint_still_holds_every_record() {
         "in flight in checkpoint {last}"
     );
 
-    let env = StreamEnvironment::new(config).expect("an environment");
-    let (sink, collected) = CollectSink::new();
-    reports_with(&env, SLOWED, slow).sink_to(sink, "collect");
-    let options = RunOptions {
-        resume: true,
-        ..RunOptions::default()
-    };
-    let result = env
-        .execute_with("sequence-check", options)
-        .expect("the resumed job");
-    assert_eq!(result.records_out("Source: sequence"), 0, "nothing to read");
-    assert_eq!(collected.records(), Vec::new(), "nothing reported again");
+    let (reported, read) = resume_reports_with(&config, SLOWED, slow);
+    assert_eq!(read, 0, "nothing to read");
+    assert_eq!(reported, Vec::new(), "nothing reported again");
 }
 
 /// The sequence checked behind a slow step in the unaligned tests: long enough that several
