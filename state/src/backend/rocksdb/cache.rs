@@ -241,7 +241,10 @@ impl Cached {
 }
 
 /// One entry written back: a put of `value`, or a delete.
+#[derive(Clone, Copy)]
 pub(crate) struct WriteBack<'a> {
+    /// The instance the column family is of.
+    pub(crate) owner: u32,
     /// The column family's name.
     pub(crate) column_family: &'a str,
     pub(crate) key: &'a [u8],
@@ -251,9 +254,15 @@ pub(crate) struct WriteBack<'a> {
 /// Where the cache reads misses from and writes dirty entries back to: the slot's RocksDB
 /// (or, in tests, a model of it).
 pub(crate) trait Backing {
-    /// Appends the stored value of `key` in `column_family` to `into`; whether there was one.
-    fn load(&self, column_family: &str, key: &[u8], into: &mut Vec<u8>)
-        -> Result<bool, StateError>;
+    /// Appends the stored value of `key` in `column_family` of instance `owner` to `into`;
+    /// whether there was one.
+    fn load(
+        &self,
+        owner: u32,
+        column_family: &str,
+        key: &[u8],
+        into: &mut Vec<u8>,
+    ) -> Result<bool, StateError>;
 
     /// Writes `entries` atomically (one RocksDB write batch).
     fn write_back(&self, entries: &[WriteBack<'_>]) -> Result<(), StateError>;
@@ -286,7 +295,7 @@ pub(crate) struct WriteBackCache {
     /// [`WriteBackCache::with_dirty_limit`]).
     dirty_limit: usize,
     table: HashTable<Cached>,
-    /// Names of the cached column families, by id: `<owner>/<column family>`.
+    /// Names of the cached column families, by id (in their owner's instance).
     columns: Vec<String>,
     /// The owner (instance) of each cached column family, by id.
     owners: Vec<u32>,
@@ -471,11 +480,10 @@ impl WriteBackCache {
 
     /// The id of column family `family` of instance `owner`, registering it on first use.
     pub(crate) fn column(&mut self, owner: u32, family: &str) -> ColumnId {
-        let name = cached_name(owner, family);
-        match self.columns.iter().position(|column| *column == name) {
-            Some(index) => index as ColumnId,
+        match self.column_of(owner, family) {
+            Some(column) => column,
             None => {
-                self.columns.push(name);
+                self.columns.push(family.to_string());
                 self.owners.push(owner);
                 if self.cuts.owners.len() <= owner as usize {
                     self.cuts
@@ -485,6 +493,13 @@ impl WriteBackCache {
                 (self.columns.len() - 1) as ColumnId
             }
         }
+    }
+
+    /// The id of column family `family` of instance `owner`, if it is registered.
+    fn column_of(&self, owner: u32, family: &str) -> Option<ColumnId> {
+        (0..self.columns.len())
+            .find(|&at| self.owners[at] == owner && self.columns[at] == family)
+            .map(|at| at as ColumnId)
     }
 
     /// Bytes held now: the table and long entries' buffers.
@@ -534,7 +549,8 @@ impl WriteBackCache {
         }
         self.stats.misses += 1;
         let mut value = Vec::new();
-        let found = backing.load(&self.columns[column as usize], key, &mut value)?;
+        let at = column as usize;
+        let found = backing.load(self.owners[at], &self.columns[at], key, &mut value)?;
         let entry = Cached::new(
             hash,
             column,
@@ -658,7 +674,7 @@ impl WriteBackCache {
             }
             self.hand += 1;
         }
-        self.stats.written += write_back(backing, &self.columns, evicted.iter())?;
+        self.stats.written += write_back(backing, &self.columns, &self.owners, evicted.iter())?;
         Ok(())
     }
 
@@ -673,7 +689,7 @@ impl WriteBackCache {
             }
         }
         let dirty = self.table.iter().filter(|entry| entry.is_dirty());
-        self.stats.written += write_back(backing, &self.columns, dirty)?;
+        self.stats.written += write_back(backing, &self.columns, &self.owners, dirty)?;
         for entry in self.table.iter_mut() {
             if entry.is_dirty() {
                 entry.flags &= !(DIRTY | STORED);
@@ -709,9 +725,7 @@ impl WriteBackCache {
             .columns
             .iter()
             .zip(&self.owners)
-            .map(|(name, column_owner)| {
-                (*column_owner == owner).then(|| name.split_once('/').map_or(&**name, |(_, f)| f))
-            })
+            .map(|(name, column_owner)| (*column_owner == owner).then_some(&**name))
             .collect();
         let state = self.cuts.owners.get_mut(owner as usize)?;
         state.cuts += 1;
@@ -840,11 +854,9 @@ impl WriteBackCache {
     /// Forgets every entry of column family `family` of `owner` (RocksDB is about to change
     /// under them). Dirty ones are dropped unwritten: flush first to keep them.
     pub(crate) fn forget_column(&mut self, owner: u32, family: &str) {
-        let name = cached_name(owner, family);
-        let Some(column) = self.columns.iter().position(|column| *column == name) else {
+        let Some(column) = self.column_of(owner, family) else {
             return;
         };
-        let column = column as ColumnId;
         let (mut outside, mut dirty) = (0, 0);
         let cuts = &mut self.cuts;
         self.table.retain(|entry| {
@@ -919,20 +931,16 @@ fn sweep(
     }
 }
 
-/// The name the cache knows column family `family` of instance `owner` by (what [`Backing`]
-/// gets).
-fn cached_name(owner: u32, family: &str) -> String {
-    format!("{owner}/{family}")
-}
-
 /// Writes `entries` back in one batch; how many.
 fn write_back<'a>(
     backing: &impl Backing,
     columns: &[String],
+    owners: &[u32],
     entries: impl Iterator<Item = &'a Cached>,
 ) -> Result<u64, StateError> {
     let writes: Vec<WriteBack<'_>> = entries
         .map(|entry| WriteBack {
+            owner: owners[entry.column() as usize],
             column_family: &columns[entry.column() as usize],
             key: entry.rocksdb_key(),
             value: entry.value(),
@@ -954,7 +962,7 @@ mod tests {
     use super::*;
     use crate::backend::rocksdb::held;
 
-    /// A stored entry's column family and key.
+    /// A stored entry's `<owner>/<column family>` and key.
     type StoredKey = (String, Vec<u8>);
 
     /// RocksDB as a map, counting its reads and writes.
@@ -968,6 +976,7 @@ mod tests {
     impl Backing for Model {
         fn load(
             &self,
+            owner: u32,
             column_family: &str,
             key: &[u8],
             into: &mut Vec<u8>,
@@ -976,7 +985,7 @@ mod tests {
             match self
                 .stored
                 .borrow()
-                .get(&(column_family.to_string(), key.to_vec()))
+                .get(&(format!("{owner}/{column_family}"), key.to_vec()))
             {
                 Some(value) => {
                     into.extend_from_slice(value);
@@ -990,7 +999,10 @@ mod tests {
             let mut stored = self.stored.borrow_mut();
             for entry in entries {
                 self.writes.set(self.writes.get() + 1);
-                let key = (entry.column_family.to_string(), entry.key.to_vec());
+                let key = (
+                    format!("{}/{}", entry.owner, entry.column_family),
+                    entry.key.to_vec(),
+                );
                 match entry.value {
                     Some(value) => stored.insert(key, value.to_vec()),
                     None => stored.remove(&key),

@@ -270,8 +270,8 @@ impl SlotMemory {
 
 /// A slot's write-back cache, shared by its instances, so that the busiest state gets the
 /// room it needs (an even split left q5's window contents half the room they need). A column
-/// family is cached under `<instance id>/<name>`: eviction and flushes write each entry back
-/// to its own instance.
+/// family is cached with the id of its instance (its owner) and its name: eviction and
+/// flushes write each entry back to its own instance.
 struct SharedWriteBack {
     cache: Mutex<WriteBackCache>,
     /// The slot's instances by id (an instance's index here).
@@ -1061,35 +1061,28 @@ impl RocksDbInstance {
 }
 
 /// Where the slot's write-back cache reads and writes: each column family in the instance it
-/// is cached for (`<instance id>/<name>`). `this` is the instance calling, which resolves
-/// without its registration (an instance being dropped can no longer be upgraded to).
+/// is cached for (its owner). `this` is the instance calling, which resolves without its
+/// registration (an instance being dropped can no longer be upgraded to).
 struct SlotBacking<'a> {
     this: &'a RocksDbInstance,
 }
 
 impl SlotBacking<'_> {
-    /// The instance and column family that `cached` names.
-    fn resolve<'n>(&self, cached: &'n str) -> Result<(Instance<'_>, &'n str), StateError> {
-        let (id, name) = cached
-            .split_once('/')
-            .and_then(|(id, name)| Some((id.parse::<u32>().ok()?, name)))
-            .ok_or_else(|| StateError::unknown_state(cached))?;
+    /// Instance `id`, which column family `family` is cached for.
+    fn resolve(&self, id: u32, family: &str) -> Result<Instance<'_>, StateError> {
         if id == self.this.id {
-            return Ok((Instance::This(self.this), name));
+            return Ok(Instance::This(self.this));
         }
-        let shared = self
-            .this
-            .write_back
-            .as_ref()
-            .ok_or_else(|| StateError::unknown_state(cached))?;
+        let gone = || StateError::unknown_state(&format!("{family} (of RocksDB instance {id})"));
+        let shared = self.this.write_back.as_ref().ok_or_else(gone)?;
         let other = shared
             .instances
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(id as usize)
             .and_then(Weak::upgrade)
-            .ok_or_else(|| StateError::unknown_state(cached))?;
-        Ok((Instance::Other(other), name))
+            .ok_or_else(gone)?;
+        Ok(Instance::Other(other))
     }
 }
 
@@ -1111,34 +1104,30 @@ impl std::ops::Deref for Instance<'_> {
 }
 
 impl Backing for SlotBacking<'_> {
-    fn load(&self, cached: &str, key: &[u8], into: &mut Vec<u8>) -> Result<bool, StateError> {
-        let (instance, name) = self.resolve(cached)?;
-        instance.load(name, key, into)
+    fn load(
+        &self,
+        owner: u32,
+        family: &str,
+        key: &[u8],
+        into: &mut Vec<u8>,
+    ) -> Result<bool, StateError> {
+        self.resolve(owner, family)?.load(family, key, into)
     }
 
     /// One write batch per instance, in the order the instances first appear.
     fn write_back(&self, entries: &[WriteBack<'_>]) -> Result<(), StateError> {
         let mut done: Vec<u32> = Vec::new();
         for entry in entries {
-            let id = entry.column_family.split_once('/').map(|(id, _)| id);
-            let Some(id) = id.and_then(|id| id.parse::<u32>().ok()) else {
-                return Err(StateError::unknown_state(entry.column_family));
-            };
+            let id = entry.owner;
             if done.contains(&id) {
                 continue;
             }
             done.push(id);
-            let (instance, _) = self.resolve(entry.column_family)?;
-            let prefix = format!("{id}/");
+            let instance = self.resolve(id, entry.column_family)?;
             let own: Vec<WriteBack<'_>> = entries
                 .iter()
-                .filter_map(|entry| {
-                    Some(WriteBack {
-                        column_family: entry.column_family.strip_prefix(&prefix)?,
-                        key: entry.key,
-                        value: entry.value,
-                    })
-                })
+                .filter(|entry| entry.owner == id)
+                .copied()
                 .collect();
             instance.write_entries(&own)?;
         }
