@@ -15,11 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde::Serialize;
-use weir_engine::connector::{ConnectorError, LocalBoxFuture, SinkWriter};
 use weir_engine::prelude::*;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, rate, Measurement, ROUNDS};
+use crate::measure::{alternate, rate, Digest, DigestSink, Measurement, ROUNDS};
 use crate::state::StateBackend;
 
 const JOB: &str = "bench-join";
@@ -84,6 +83,13 @@ impl Checksum {
             .digest
             .wrapping_add(h.wrapping_mul(0x1656_67B1_9E37_79F9));
     }
+}
+
+impl Digest<(u64, u64)> for Checksum {
+    #[inline]
+    fn add(&mut self, (left, right): (u64, u64)) {
+        Checksum::add(self, left, right);
+    }
 
     fn merge(&mut self, other: Checksum) {
         self.pairs += other.pairs;
@@ -127,50 +133,6 @@ fn run_baseline(records: u64, keys: u64, bound: i64) -> (Measurement, Checksum) 
     (measurement, sum)
 }
 
-/// Folds joined pairs into a checksum per subtask, merged into `total` at the end.
-#[derive(Clone)]
-struct ChecksumSink {
-    total: Arc<Mutex<Checksum>>,
-}
-
-struct ChecksumWriter {
-    local: Checksum,
-    total: Arc<Mutex<Checksum>>,
-}
-
-impl Sink<(u64, u64)> for ChecksumSink {
-    fn create_writer(
-        &self,
-        _ctx: &RuntimeContext,
-    ) -> Result<Box<dyn SinkWriter<(u64, u64)>>, ConnectorError> {
-        Ok(Box::new(ChecksumWriter {
-            local: Checksum::default(),
-            total: Arc::clone(&self.total),
-        }))
-    }
-}
-
-impl SinkWriter<(u64, u64)> for ChecksumWriter {
-    fn write<'a>(
-        &'a mut self,
-        batch: &'a mut Vec<(u64, u64)>,
-        _timestamps: &'a [i64],
-    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
-        for (left, right) in batch.drain(..) {
-            self.local.add(left, right);
-        }
-        Box::pin(async { Ok(()) })
-    }
-
-    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        self.total
-            .lock()
-            .expect("checksum lock")
-            .merge(std::mem::take(&mut self.local));
-        Box::pin(async { Ok(()) })
-    }
-}
-
 /// Runs the join on one shard with its buffers on `backend`.
 fn run_engine(
     backend: StateBackend,
@@ -212,7 +174,7 @@ fn run_engine(
             },
         )
         .sink_to(
-            ChecksumSink {
+            DigestSink {
                 total: Arc::clone(&total),
             },
             "checksum",

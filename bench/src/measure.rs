@@ -1,6 +1,10 @@
 //! What one timed run produced, and small helpers shared by the harnesses.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use weir_engine::connector::{ConnectorError, LocalBoxFuture, SinkWriter};
+use weir_engine::prelude::{RuntimeContext, Sink};
 
 /// Rounds each harness runs, alternating baseline and engine; the best of each is reported.
 pub const ROUNDS: usize = 5;
@@ -39,4 +43,65 @@ pub(crate) fn alternate<E>(
         engines.push(engine()?);
     }
     Ok((best(&engines), best(&baselines)))
+}
+
+/// An order-independent digest of a job's results, which each sink subtask keeps of its own
+/// records and merges into the job's at its end.
+pub(crate) trait Digest<T>: Default + Send + 'static {
+    /// Adds one result.
+    fn add(&mut self, result: T);
+    /// Adds another subtask's digest.
+    fn merge(&mut self, other: Self);
+}
+
+/// A sink that folds its records into a [`Digest`] per subtask, merged into `total` when the
+/// subtask finishes.
+pub(crate) struct DigestSink<D> {
+    pub(crate) total: Arc<Mutex<D>>,
+}
+
+impl<D> Clone for DigestSink<D> {
+    fn clone(&self) -> Self {
+        DigestSink {
+            total: Arc::clone(&self.total),
+        }
+    }
+}
+
+struct DigestWriter<D> {
+    local: D,
+    total: Arc<Mutex<D>>,
+}
+
+impl<T: Send + 'static, D: Digest<T>> Sink<T> for DigestSink<D> {
+    fn create_writer(
+        &self,
+        _ctx: &RuntimeContext,
+    ) -> Result<Box<dyn SinkWriter<T>>, ConnectorError> {
+        Ok(Box::new(DigestWriter {
+            local: D::default(),
+            total: Arc::clone(&self.total),
+        }))
+    }
+}
+
+impl<T: Send + 'static, D: Digest<T>> SinkWriter<T> for DigestWriter<D> {
+    fn write<'a>(
+        &'a mut self,
+        batch: &'a mut Vec<T>,
+        _timestamps: &'a [i64],
+    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
+        for result in batch.drain(..) {
+            self.local.add(result);
+        }
+        Box::pin(async { Ok(()) })
+    }
+
+    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        self.total
+            .lock()
+            .expect("digest lock")
+            .merge(std::mem::take(&mut self.local));
+        Box::pin(async { Ok(()) })
+    }
 }

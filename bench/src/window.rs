@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use weir_engine::connector::{ConnectorError, LocalBoxFuture, SinkWriter};
 use weir_engine::prelude::*;
 use weir_engine::window::{
     AggregateFunction, EventTimeSessionWindows, SlidingEventTimeWindows, TimeWindow,
@@ -26,7 +25,7 @@ use weir_engine::window::{
 use weir_state::StableHasher;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, rate, Measurement, ROUNDS};
+use crate::measure::{alternate, rate, Digest, DigestSink, Measurement, ROUNDS};
 
 /// The loop's maps: the window operators' hasher.
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<StableHasher>>;
@@ -114,6 +113,13 @@ impl Checksum {
         self.windows += 1;
         self.digest = self.digest.wrapping_add(h);
     }
+}
+
+impl Digest<(u64, i64, u64)> for Checksum {
+    #[inline]
+    fn add(&mut self, (key, start, count): (u64, i64, u64)) {
+        Checksum::add(self, key, start, count);
+    }
 
     fn merge(&mut self, other: Checksum) {
         self.windows += other.windows;
@@ -137,50 +143,6 @@ impl AggregateFunction<(u64, i64), u64, u64> for Count {
     }
     fn merge(&self, into: &mut u64, other: &u64) {
         *into += other;
-    }
-}
-
-/// Folds window results into a checksum per subtask, merged into `total` at the end.
-#[derive(Clone)]
-struct ChecksumSink {
-    total: Arc<Mutex<Checksum>>,
-}
-
-struct ChecksumWriter {
-    local: Checksum,
-    total: Arc<Mutex<Checksum>>,
-}
-
-impl Sink<(u64, i64, u64)> for ChecksumSink {
-    fn create_writer(
-        &self,
-        _ctx: &RuntimeContext,
-    ) -> Result<Box<dyn SinkWriter<(u64, i64, u64)>>, ConnectorError> {
-        Ok(Box::new(ChecksumWriter {
-            local: Checksum::default(),
-            total: Arc::clone(&self.total),
-        }))
-    }
-}
-
-impl SinkWriter<(u64, i64, u64)> for ChecksumWriter {
-    fn write<'a>(
-        &'a mut self,
-        batch: &'a mut Vec<(u64, i64, u64)>,
-        _timestamps: &'a [i64],
-    ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
-        for (key, start, count) in batch.drain(..) {
-            self.local.add(key, start, count);
-        }
-        Box::pin(async { Ok(()) })
-    }
-
-    fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
-        self.total
-            .lock()
-            .expect("checksum lock")
-            .merge(std::mem::take(&mut self.local));
-        Box::pin(async { Ok(()) })
     }
 }
 
@@ -226,7 +188,7 @@ fn run_engine(
     };
     let total = Arc::new(Mutex::new(Checksum::default()));
     counts.sink_to(
-        ChecksumSink {
+        DigestSink {
             total: Arc::clone(&total),
         },
         "checksum",
