@@ -168,36 +168,92 @@ impl Drop for JobRocksDb {
 }
 
 /// A new job directory `weir-<pid>-<n>` under `local_dir`, with `n` from `next`, and its
-/// `owner.lock` created and held. The directory must not exist yet: one of an earlier process
-/// with this pid (pids come round, and a container's start the same) may still be there, and
-/// RocksDB would open its instances with their old state. An existing one is passed over for
-/// the next `n`.
+/// `owner.lock` held. The directory is made as `.weir-<pid>-<n>.new`, its lock created and
+/// taken there, and only then renamed into place, so that no one (a sweep of another process,
+/// perhaps in another PID namespace with this pid) ever sees a job directory without its lock
+/// held. The name must not exist yet: one of an earlier process with this pid (pids come
+/// round, and a container's start the same) may still be there, and RocksDB would open its
+/// instances with their old state. An existing name, or a staging directory a sweep took
+/// meanwhile, is passed over for the next `n`.
 fn fresh_dir(
     local_dir: &Path,
     mut next: impl FnMut() -> u64,
 ) -> Result<(PathBuf, std::fs::File), (PathBuf, std::io::Error)> {
+    use std::io::ErrorKind::{AlreadyExists, NotFound};
     std::fs::create_dir_all(local_dir).map_err(|error| (local_dir.to_path_buf(), error))?;
-    let dir = loop {
-        let dir = local_dir.join(format!("weir-{}-{}", std::process::id(), next()));
-        match std::fs::create_dir(&dir) {
-            Ok(()) => break dir,
-            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+    loop {
+        let name = format!("weir-{}-{}", std::process::id(), next());
+        let staging = local_dir.join(format!(".{name}{STAGING_SUFFIX}"));
+        match std::fs::create_dir(&staging) {
+            Ok(()) => {}
+            Err(error) if error.kind() == AlreadyExists => continue,
+            Err(error) => return Err((staging, error)),
+        }
+        let lock_path = staging.join(OWNER_LOCK);
+        let owner = match std::fs::File::create(&lock_path) {
+            Ok(owner) => owner,
+            Err(error) if error.kind() == NotFound => continue,
+            Err(error) => return Err((lock_path, error)),
+        };
+        match weir_state::lock::try_lock_exclusive(&owner) {
+            Ok(true) => {}
+            // A sweep holds it, and removes the staging directory.
+            Ok(false) => continue,
+            Err(error) => return Err((lock_path, error)),
+        }
+        let dir = local_dir.join(&name);
+        match rename_no_replace(&staging, &dir) {
+            Ok(()) => return Ok((dir, owner)),
+            // A sweep removed the staging directory before the lock was taken.
+            Err(error) if error.kind() == NotFound => continue,
+            Err(error) if error.kind() == AlreadyExists => {
+                drop(owner);
+                if let Err(error) = std::fs::remove_dir_all(&staging) {
+                    tracing::warn!(dir = %staging.display(), %error, "cannot remove a staging directory");
+                }
+            }
             Err(error) => return Err((dir, error)),
         }
+    }
+}
+
+/// What ends the name of a job directory that is being made (`.weir-<pid>-<n>.new`).
+const STAGING_SUFFIX: &str = ".new";
+
+/// Renames `from` to `to`, failing with `AlreadyExists` where `to` exists (where `rename`
+/// would replace an empty directory).
+fn rename_no_replace(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c_path = |path: &Path| {
+        std::ffi::CString::new(path.as_os_str().as_bytes())
+            .map_err(|error| std::io::Error::new(std::io::ErrorKind::InvalidInput, error))
     };
-    let lock_path = dir.join(OWNER_LOCK);
-    let owner = std::fs::File::create(&lock_path).map_err(|error| (lock_path.clone(), error))?;
-    weir_state::lock::try_lock_exclusive(&owner).map_err(|error| (lock_path, error))?;
-    Ok((dir, owner))
+    let (from, to) = (c_path(from)?, c_path(to)?);
+    // SAFETY: both are NUL-terminated paths that live for the duration of the call.
+    let renamed = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if renamed == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Removes the RocksDB directories under `local_dir` that a process left behind when it was
-/// killed: those named `weir-<pid>-<n>` whose `owner.lock` no one holds, after a process that is
-/// gone — or after this one's pid, which an earlier process had (this process holds the lock
-/// of each of its own; its caller keeps its other jobs from opening meanwhile). A directory of
-/// another running process is never touched, nor one whose lock is held (its owner may run in
-/// another PID namespace). What cannot be removed is logged and left; the job starts either
-/// way.
+/// killed: those named `weir-<pid>-<n>` (or `.weir-<pid>-<n>.new`, killed while making it)
+/// whose `owner.lock` no one holds, after a process that is gone — or after this one's pid,
+/// which an earlier process had (this process holds the lock of each of its own; its caller
+/// keeps its other jobs from opening meanwhile). A directory of another running process is
+/// never touched, nor one whose lock is held (its owner may run in another PID namespace, and
+/// a staging directory taken from such an owner before its lock only makes it try the next
+/// name). What cannot be removed is logged and left; the job starts either way.
 fn remove_abandoned(local_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(local_dir) else {
         return;
@@ -235,8 +291,13 @@ fn remove_abandoned(local_dir: &Path) {
     }
 }
 
-/// The pid in a job's RocksDB directory name, `weir-<pid>-<n>`.
+/// The pid in a job's RocksDB directory name, `weir-<pid>-<n>`, or in the name of one being
+/// made (`.weir-<pid>-<n>.new`, see [`fresh_dir`]).
 fn job_dir_pid(name: &str) -> Option<u32> {
+    let name = match name.strip_prefix('.') {
+        Some(staging) => staging.strip_suffix(STAGING_SUFFIX)?,
+        None => name,
+    };
     let (pid, job) = name.strip_prefix("weir-")?.split_once('-')?;
     job.parse::<u64>().ok()?;
     pid.parse().ok()
@@ -578,6 +639,13 @@ mod tests {
         std::fs::create_dir(&unrelated).expect("create a directory");
         let not_a_directory = local.path().join(format!("weir-{ended}-4"));
         std::fs::write(&not_a_directory, b"").expect("write a file");
+        let staged = local.path().join(format!(".weir-{ended}-7.new"));
+        std::fs::create_dir(&staged).expect("create a staging directory");
+        std::fs::File::create(staged.join(OWNER_LOCK)).expect("create a lock file");
+        let staged_without_lock = local.path().join(format!(".weir-{ended}-8.new"));
+        std::fs::create_dir(&staged_without_lock).expect("create a staging directory");
+        let staged_running = local.path().join(".weir-1-9.new");
+        std::fs::create_dir(&staged_running).expect("create a staging directory");
 
         remove_abandoned(local.path());
 
@@ -597,24 +665,54 @@ mod tests {
             unrelated.exists() && not_a_directory.exists(),
             "other names are left alone"
         );
+        assert!(
+            !staged.exists() && !staged_without_lock.exists(),
+            "one a killed process was making is removed, with or without its lock file"
+        );
+        assert!(
+            staged_running.exists(),
+            "one a running process is making is kept"
+        );
     }
 
     #[test]
     fn a_new_job_directory_is_never_one_that_exists() {
         let local = tempfile::tempdir().expect("a temporary directory");
-        let stale = job_dir(local.path(), std::process::id(), 0);
+        let pid = std::process::id();
+        let stale = job_dir(local.path(), pid, 0);
+        let empty = local.path().join(format!("weir-{pid}-1"));
+        std::fs::create_dir(&empty).expect("create an empty job directory");
+        let staging = local.path().join(format!(".weir-{pid}-2.new"));
+        std::fs::create_dir(&staging).expect("create a staging directory");
         let mut numbers = 0..;
-        let (dir, _owner) = fresh_dir(local.path(), || numbers.next().expect("a number"))
+        let (dir, owner) = fresh_dir(local.path(), || numbers.next().expect("a number"))
             .expect("a fresh directory");
-        assert_eq!(
-            dir,
-            local.path().join(format!("weir-{}-1", std::process::id()))
-        );
+        assert_eq!(dir, local.path().join(format!("weir-{pid}-3")));
         assert!(
             stale.join("slot-0").exists(),
             "the existing one is left as it was"
         );
-        assert!(!dir.join("slot-0").exists());
+        assert!(
+            std::fs::read_dir(&empty).expect("read it").next().is_none(),
+            "an empty one is not replaced"
+        );
+        assert!(staging.exists(), "another's staging directory is left");
+        let names: Vec<_> = std::fs::read_dir(local.path())
+            .expect("read the local directory")
+            .map(|entry| entry.expect("an entry").file_name())
+            .collect();
+        assert_eq!(
+            names.len(),
+            4,
+            "no staging directory of its own is left: {names:?}"
+        );
+        let lock = std::fs::File::open(dir.join(OWNER_LOCK)).expect("the owner lock");
+        assert!(
+            !weir_state::lock::try_lock_exclusive(&lock).expect("try the lock"),
+            "the new directory's lock is held"
+        );
+        drop(owner);
+        assert!(weir_state::lock::try_lock_exclusive(&lock).expect("try the lock"));
     }
 
     #[test]
