@@ -19,6 +19,7 @@ use weir_engine::prelude::*;
 
 use crate::error::BenchError;
 use crate::measure::{alternate, rate, Digest, DigestSink, Measurement, ROUNDS};
+use crate::nexmark::harness::CheckpointFigures;
 use crate::state::StateBackend;
 
 const JOB: &str = "bench-join";
@@ -58,6 +59,9 @@ pub struct JoinReport {
     pub pairs: u64,
     /// Whether the engine's pairs are the loop's (same count and checksum).
     pub results_match: bool,
+    /// With `--checkpoint-interval-ms`: the checkpoints of the engine's best round.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<CheckpointFigures>,
 }
 
 /// Record `i` of a side; the right side's payloads are told apart by their top bit.
@@ -133,27 +137,46 @@ fn run_baseline(records: u64, keys: u64, bound: i64) -> (Measurement, Checksum) 
     (measurement, sum)
 }
 
-/// Runs the join on one shard with its buffers on `backend`.
+/// One run of the engine: its time, its pairs' checksum, and its checkpoints' figures.
+type EngineRun = (Measurement, Checksum, Option<CheckpointFigures>);
+
+/// Runs the join on one shard with its buffers on `backend`, checkpointed every
+/// `checkpoint_interval_ms` if given (into a temporary directory).
 fn run_engine(
     backend: StateBackend,
     records: u64,
     keys: u64,
     bound: i64,
-) -> Result<(Measurement, Checksum), BenchError> {
-    let local = tempfile::tempdir().map_err(|source| BenchError::TempDir {
-        dir: std::env::temp_dir(),
-        source,
-    })?;
-    let config = Configuration::default()
-        .with("taskmanager.numberOfTaskSlots", "1")
-        .and_then(|c| c.with("state.backend.type", backend.config_name()))
-        .and_then(|c| {
-            c.with(
-                "state.backend.rocksdb.localdir",
-                local.path().to_string_lossy(),
-            )
+    checkpoint_interval_ms: Option<u64>,
+) -> Result<EngineRun, BenchError> {
+    let temp_dir = || {
+        tempfile::tempdir().map_err(|source| BenchError::TempDir {
+            dir: std::env::temp_dir(),
+            source,
         })
-        .map_err(|e| BenchError::job(JOB)(e.into()))?;
+    };
+    let (local, checkpoints) = (temp_dir()?, temp_dir()?);
+    let mut settings = vec![
+        ("taskmanager.numberOfTaskSlots", "1".to_string()),
+        ("state.backend.type", backend.config_name().to_string()),
+        (
+            "state.backend.rocksdb.localdir",
+            local.path().to_string_lossy().into_owned(),
+        ),
+    ];
+    if let Some(interval) = checkpoint_interval_ms {
+        settings.push(("execution.checkpointing.interval", format!("{interval} ms")));
+        settings.push((
+            "execution.checkpointing.dir",
+            checkpoints.path().to_string_lossy().into_owned(),
+        ));
+    }
+    let mut config = Configuration::default();
+    for (key, value) in settings {
+        config
+            .set(key, value)
+            .map_err(|e| BenchError::job(JOB)(e.into()))?;
+    }
     let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
     let side = |name: &str, right: bool| {
         env.from_source(
@@ -185,7 +208,10 @@ fn run_engine(
         duration: result.duration,
         surviving_records: checksum.pairs,
     };
-    Ok((measurement, checksum))
+    let figures = checkpoint_interval_ms
+        .zip(result.checkpoints.as_ref())
+        .map(|(interval, stats)| CheckpointFigures::of(interval, stats));
+    Ok((measurement, checksum, figures))
 }
 
 /// Runs the loop and the engine alternately, [`ROUNDS`] times each; reports the best rounds.
@@ -194,6 +220,7 @@ pub fn run(
     records: u64,
     keys: u64,
     bound_ms: i64,
+    checkpoint_interval_ms: Option<u64>,
 ) -> Result<JoinReport, BenchError> {
     if records == 0 {
         return Err(BenchError::NoRecords);
@@ -202,6 +229,7 @@ pub fn run(
     let bound = bound_ms.max(0);
     let mut engine_sum = Checksum::default();
     let mut baseline_sum = Checksum::default();
+    let mut figures = Vec::with_capacity(ROUNDS);
     let (engine, baseline) = alternate(
         || {
             let (m, s) = run_baseline(records, keys, bound);
@@ -209,12 +237,17 @@ pub fn run(
             m
         },
         || {
-            run_engine(backend, records, keys, bound).map(|(m, s)| {
+            run_engine(backend, records, keys, bound, checkpoint_interval_ms).map(|(m, s, f)| {
                 engine_sum = s;
+                figures.push((m.duration, f));
                 m
             })
         },
     )?;
+    let checkpoints = figures
+        .into_iter()
+        .find(|(duration, _)| *duration == engine.duration)
+        .and_then(|(_, figures)| figures);
     let records_per_second = rate(2 * records, engine.duration);
     let baseline_records_per_second = rate(2 * records, baseline.duration);
     Ok(JoinReport {
@@ -231,6 +264,7 @@ pub fn run(
         slowdown: baseline_records_per_second / records_per_second,
         pairs: engine_sum.pairs,
         results_match: engine_sum == baseline_sum,
+        checkpoints,
     })
 }
 

@@ -228,6 +228,10 @@ enum Bench {
         /// The join's bounds: between(-bound-ms, bound-ms).
         #[arg(long, default_value_t = 2_000)]
         bound_ms: i64,
+        /// Checkpoint the engine run every MS milliseconds (into a temporary directory,
+        /// removed afterwards); the report adds the checkpoints' figures.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        checkpoint_interval_ms: Option<u64>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -510,10 +514,12 @@ fn run_bench(bench: Bench) -> Result<()> {
             records,
             keys,
             bound_ms,
+            checkpoint_interval_ms,
             json,
         } => {
             let backend = backend.parse().map_err(anyhow::Error::msg)?;
-            let report = weir_bench::join::run(backend, records, keys, bound_ms)?;
+            let report =
+                weir_bench::join::run(backend, records, keys, bound_ms, checkpoint_interval_ms)?;
             print_report(&report, json)
         }
         Bench::Checkpoint {

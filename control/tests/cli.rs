@@ -384,6 +384,8 @@ fn bench_commands_print_one_json_object() {
                 "100",
                 "--bound-ms",
                 "300",
+                "--checkpoint-interval-ms",
+                "20",
                 "--json",
             ],
             &[
@@ -395,11 +397,22 @@ fn bench_commands_print_one_json_object() {
                 "baseline_records_per_second",
                 "pairs",
                 "results_match",
+                "checkpoints",
             ],
         );
         assert_eq!(json["backend"], backend, "{json}");
         assert!(json["pairs"].as_u64() > Some(20000), "{json}");
         assert_eq!(json["results_match"], true, "{json}");
+        // At least the final checkpoint, taken when both inputs end.
+        let checkpoints = &json["checkpoints"];
+        assert!(
+            checkpoints["checkpoints_completed"].as_u64() >= Some(1),
+            "{json}"
+        );
+        assert!(
+            checkpoints["sync_pause_ms"]["max"].as_f64().is_some(),
+            "{json}"
+        );
     }
     fails_naming(&["bench", "join", "--backend", "memory"], "memory");
     fails_naming(&["bench", "join", "--records", "0"], "--records");
