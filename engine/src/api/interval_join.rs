@@ -6,30 +6,34 @@
 //! Built on single-input parts, like the window join: both inputs are tagged into an
 //! [`Either`], unioned, keyed by the side's key selector and run through one keyed process
 //! function, so records of both sides with equal keys meet in one subtask and event time is
-//! the minimum of both inputs' watermarks. Per key, each side is buffered in a
-//! `BTreeMap<timestamp, Vec<record>>`: a record looks up the other side's range
-//! (`O(log n + matches)`), joins, and is buffered. Flink's rules hold: a record below the
+//! the minimum of both inputs' watermarks. Per key, each side is buffered in time order
+//! ([`TimeOrdered`]): a record looks up the other side's range (`O(log n + matches)`), joins,
+//! and is buffered. A checkpoint shares the buffers and encodes them after its barrier; a
+//! key's first change after the barrier copies that key's buffers ([`JoinBuffers`]). Flink's rules hold: a record below the
 //! current watermark is late and dropped (or sent to the side's late-data side output), the
 //! output carries `max(left time, right time)`, and buffers are cleaned with event-time
 //! timers: once the watermark `w` passes `t + upper` no right record that can still arrive
 //! (at `w` or later) joins a left record at `t`, nor, once `w` passes `t - lower`, a left
 //! record a right record at `t`. Each record registers one timer at the first watermark that
-//! retires it; a firing timer drops every retired entry of its key from the front of both maps.
+//! retires it; a firing timer drops every retired record of its key from the front of both
+//! buffers.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, PoisonError};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::connected::{either_key, tag_and_union};
 use super::either::Either;
 use super::function::{KeyedProcessContext, KeyedProcessFunction};
 use bytes::Bytes;
 use weir_state::{
-    KeyedSnapshotEntries, KeyedSnapshotWriter, StateError, StateKind, StateValueCodec, WriterState,
+    KeyedSnapshotEntries, KeyedSnapshotPieces, KeyedSnapshotWriter, StateError, StateKind,
+    StateValueCodec, WriterState,
 };
 
 use super::keyed::KeyedStream;
 use super::stream::DataStream;
 use crate::checkpoint::keyed::{foreign_state, KeyedScope};
+use crate::checkpoint::task_state::{DeferredPart, PartEncoder};
 use crate::operator::process::OwnKeyedState;
 use crate::operator::{Emitter, OutputTag, RuntimeContext};
 use crate::record::{Key, Record};
@@ -229,11 +233,13 @@ where
 
     /// Calls `function` on every joined pair. The operator is named `Interval Join`. Both
     /// sides' records wait in buffers per key, which checkpoints write, so they must be
-    /// [`StateValue`]s (rkyv-archivable, as records are).
+    /// [`StateValue`]s (rkyv-archivable, as records are); a checkpoint shares them with the
+    /// operator until it has written them, so they and the key must be `Sync` (plain data is).
     pub fn process<O: Record, F: ProcessJoinFunction<A, B, O>>(self, function: F) -> DataStream<O>
     where
-        A: StateValue,
-        B: StateValue,
+        K: Sync,
+        A: StateValue + Sync,
+        B: StateValue + Sync,
     {
         let left_key = self.left.key_selector();
         let right_key = self.right.key_selector();
@@ -295,28 +301,124 @@ impl<S> SubtaskState<S> {
     }
 }
 
-/// One key's buffered records of both sides, by timestamp.
-struct KeyBuffers<A, B> {
-    left: BTreeMap<i64, Vec<A>>,
-    right: BTreeMap<i64, Vec<B>>,
+/// One side's buffered records of a key, in timestamp order (records of equal timestamps in
+/// arrival order). Records come mostly in time order, so one goes at or near the back, and
+/// the oldest retire from the front; a copy is one allocation.
+#[derive(Clone, Debug)]
+struct TimeOrdered<T> {
+    records: VecDeque<(i64, T)>,
 }
 
-impl<A, B> Default for KeyBuffers<A, B> {
+impl<T> Default for TimeOrdered<T> {
     fn default() -> Self {
-        KeyBuffers {
-            left: BTreeMap::new(),
-            right: BTreeMap::new(),
+        TimeOrdered {
+            records: VecDeque::new(),
         }
     }
 }
 
-/// Drops the entries at the front of `buffer` that `retired` says no later record can join.
-fn drop_retired<T>(buffer: &mut BTreeMap<i64, Vec<T>>, retired: impl Fn(i64) -> bool) {
-    while let Some(entry) = buffer.first_entry() {
-        if !retired(*entry.key()) {
-            break;
+impl<T> TimeOrdered<T> {
+    /// Buffers `record` at `timestamp`, after the records of its time.
+    fn insert(&mut self, timestamp: i64, record: T) {
+        let at = self.records.partition_point(|(t, _)| *t <= timestamp);
+        if at == self.records.len() {
+            self.records.push_back((timestamp, record));
+        } else {
+            self.records.insert(at, (timestamp, record));
         }
-        entry.remove();
+    }
+
+    /// The records of times `from..=to`, in order.
+    fn between(&self, from: i64, to: i64) -> impl Iterator<Item = &(i64, T)> {
+        let start = self.records.partition_point(|(t, _)| *t < from);
+        let records = self.records.range(start..);
+        records.take_while(move |(t, _)| *t <= to)
+    }
+
+    /// Whether the oldest record is one `retired` says no later record can join.
+    fn front_retired(&self, retired: &impl Fn(i64) -> bool) -> bool {
+        self.records.front().is_some_and(|(t, _)| retired(*t))
+    }
+
+    /// Drops the records at the front that `retired` says no later record can join.
+    fn drop_retired(&mut self, retired: impl Fn(i64) -> bool) {
+        while self.front_retired(&retired) {
+            self.records.pop_front();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(i64, T)> {
+        self.records.iter()
+    }
+}
+
+/// One key's buffered records of both sides, and the key (which a snapshot writes them
+/// under).
+#[derive(Clone)]
+struct KeyBuffers<K, A, B> {
+    key: K,
+    left: TimeOrdered<A>,
+    right: TimeOrdered<B>,
+}
+
+/// The buffers of the subtask's keys. A checkpoint's snapshot shares each key's buffers
+/// (an `Arc` per key: the barrier costs a pointer copy per key, no record is copied) and
+/// encodes them in pieces on its writer's turns, after the barrier; the first change to a
+/// key's buffers that a snapshot still shares copies them first, as the heap backend copies
+/// a key group. So the snapshot holds every key as it was at the barrier while records go
+/// on, and each key's buffers are copied at most once per checkpoint.
+struct JoinBuffers<K, A, B> {
+    keys: HashMap<K, Arc<KeyBuffers<K, A, B>>>,
+}
+
+impl<K, A, B> Default for JoinBuffers<K, A, B> {
+    fn default() -> Self {
+        JoinBuffers {
+            keys: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Key, A: Clone, B: Clone> JoinBuffers<K, A, B> {
+    /// The buffers of `key` to change, created empty if it has none.
+    fn of_key(&mut self, key: &K) -> &mut KeyBuffers<K, A, B> {
+        if !self.keys.contains_key(key) {
+            let empty = KeyBuffers {
+                key: key.clone(),
+                left: TimeOrdered::default(),
+                right: TimeOrdered::default(),
+            };
+            self.keys.insert(key.clone(), Arc::new(empty));
+        }
+        Arc::make_mut(self.keys.get_mut(key).expect("inserted above"))
+    }
+
+    /// Drops the records of `key` that `left_retired` and `right_retired` say no later record
+    /// can join (the entries at the front of each side), and the key once it has none left.
+    fn retire(
+        &mut self,
+        key: &K,
+        left_retired: impl Fn(i64) -> bool,
+        right_retired: impl Fn(i64) -> bool,
+    ) {
+        let Some(shared) = self.keys.get_mut(key) else {
+            return;
+        };
+        if !shared.left.front_retired(&left_retired) && !shared.right.front_retired(&right_retired)
+        {
+            // Nothing to drop: a snapshot's buffers stay shared.
+            return;
+        }
+        let buffers = Arc::make_mut(shared);
+        buffers.left.drop_retired(left_retired);
+        buffers.right.drop_retired(right_retired);
+        if buffers.left.is_empty() && buffers.right.is_empty() {
+            self.keys.remove(key);
+        }
     }
 }
 
@@ -329,7 +431,7 @@ struct IntervalJoinFunction<K, A, B, F> {
     upper: i64,
     left_late: Option<OutputTag<A>>,
     right_late: Option<OutputTag<B>>,
-    buffers: SubtaskState<HashMap<K, KeyBuffers<A, B>>>,
+    buffers: SubtaskState<JoinBuffers<K, A, B>>,
 }
 
 impl<K: Key, A, B, F> IntervalJoinFunction<K, A, B, F> {
@@ -347,17 +449,6 @@ impl<K: Key, A, B, F> IntervalJoinFunction<K, A, B, F> {
         let watermark = ctx.current_watermark();
         (timestamp, watermark != i64::MIN && timestamp < watermark)
     }
-
-    /// The buffers of `key`, created empty if it has none.
-    fn key_buffers<'s>(
-        buffers: &'s mut HashMap<K, KeyBuffers<A, B>>,
-        key: &K,
-    ) -> &'s mut KeyBuffers<A, B> {
-        if !buffers.contains_key(key) {
-            buffers.insert(key.clone(), KeyBuffers::default());
-        }
-        buffers.get_mut(key).expect("inserted above")
-    }
 }
 
 /// The checkpointed buffers: per key one list state per side, an entry per buffered record
@@ -371,31 +462,83 @@ where
     A: StateValue,
     B: StateValue,
 {
-    fn snapshot(&mut self, scope: &KeyedScope) -> Result<Vec<u8>, StateError> {
+    fn snapshot(&mut self, scope: &KeyedScope) -> Result<DeferredPart, StateError> {
         let mut writer = scope.writer::<K, i64>();
         let left = BufferState::<A>::add(&mut writer, LEFT_BUFFER);
         let right = BufferState::<B>::add(&mut writer, RIGHT_BUFFER);
-        for (key, buffers) in self.buffers.get().iter() {
-            writer.set_key(key)?;
-            left.put(&mut writer, &buffers.left)?;
-            right.put(&mut writer, &buffers.right)?;
-        }
-        let mut bytes = Vec::new();
-        writer.finish(&mut bytes)?;
-        Ok(bytes)
+        let keys: Vec<_> = self.buffers.get().keys.values().cloned().collect();
+        Ok(Box::new(BuffersPart {
+            keys: keys.into_iter(),
+            writing: Some(writer),
+            left,
+            right,
+            pieces: None,
+        }))
     }
 
     fn restore(&mut self, scope: &KeyedScope, parts: &[Bytes]) -> Result<(), StateError> {
         let restored = scope.read::<K, i64>(parts)?;
         let buffers = self.buffers.get();
         BufferState::<A>::restore(&restored, LEFT_BUFFER, |key, timestamp, record| {
-            let side = &mut Self::key_buffers(buffers, key).left;
-            side.entry(timestamp).or_default().push(record);
+            buffers.of_key(key).left.insert(timestamp, record);
         })?;
         BufferState::<B>::restore(&restored, RIGHT_BUFFER, |key, timestamp, record| {
-            let side = &mut Self::key_buffers(buffers, key).right;
-            side.entry(timestamp).or_default().push(record);
+            buffers.of_key(key).right.insert(timestamp, record);
         })
+    }
+}
+
+/// The buffers of a checkpoint's snapshot, as they were at its barrier: encoded by the
+/// checkpoint writer, about its budget of records a step, each key's buffers let go of once
+/// written, then handed out in pieces.
+struct BuffersPart<K, A, B> {
+    /// The keys not written yet.
+    keys: std::vec::IntoIter<Arc<KeyBuffers<K, A, B>>>,
+    /// The snapshot, while keys are written into it.
+    writing: Option<KeyedSnapshotWriter<K, i64>>,
+    left: BufferState<A>,
+    right: BufferState<B>,
+    /// The snapshot once every key is written.
+    pieces: Option<KeyedSnapshotPieces>,
+}
+
+impl<K: Key, A: StateValue, B: StateValue> BuffersPart<K, A, B> {
+    /// Writes keys into `writer` until about `budget` more bytes are written; whether every
+    /// key is.
+    fn write_keys(
+        &mut self,
+        writer: &mut KeyedSnapshotWriter<K, i64>,
+        budget: usize,
+    ) -> Result<bool, StateError> {
+        let until = writer.encoded_len().saturating_add(budget);
+        while writer.encoded_len() < until {
+            let Some(buffers) = self.keys.next() else {
+                return Ok(true);
+            };
+            writer.set_key(&buffers.key)?;
+            self.left.put(writer, &buffers.left)?;
+            self.right.put(writer, &buffers.right)?;
+        }
+        Ok(self.keys.len() == 0)
+    }
+}
+
+impl<K: Key, A: StateValue, B: StateValue> PartEncoder for BuffersPart<K, A, B> {
+    fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
+        if let Some(mut writer) = self.writing.take() {
+            let written = self
+                .write_keys(&mut writer, budget)
+                .map_err(|error| error.to_string())?;
+            if !written {
+                self.writing = Some(writer);
+                return Ok(true);
+            }
+            self.pieces = Some(writer.into_pieces());
+        }
+        let pieces = self.pieces.as_mut().expect("every key is written");
+        pieces
+            .encode_next(out, budget)
+            .map_err(|error| error.to_string())
     }
 }
 
@@ -416,12 +559,10 @@ impl<T: StateValue> BufferState<T> {
     fn put<K: Key>(
         &self,
         writer: &mut KeyedSnapshotWriter<K, i64>,
-        buffer: &BTreeMap<i64, Vec<T>>,
+        buffer: &TimeOrdered<T>,
     ) -> Result<(), StateError> {
-        for (timestamp, records) in buffer {
-            for record in records {
-                writer.put(self.state, Some(timestamp), &self.codec, record)?;
-            }
+        for (timestamp, record) in buffer.iter() {
+            writer.put(self.state, Some(timestamp), &self.codec, record)?;
         }
         Ok(())
     }
@@ -456,9 +597,9 @@ impl<T: StateValue> BufferState<T> {
 
 impl<K, A, B, O, F> KeyedProcessFunction<K, Either<A, B>, O> for IntervalJoinFunction<K, A, B, F>
 where
-    K: Key,
-    A: Record + StateValue,
-    B: Record + StateValue,
+    K: Key + Sync,
+    A: Record + StateValue + Sync,
+    B: Record + StateValue + Sync,
     F: ProcessJoinFunction<A, B, O>,
 {
     fn open(&mut self, ctx: &RuntimeContext) {
@@ -494,48 +635,40 @@ where
                 }
             }
             Either::Left(left) => {
-                let buffers = Self::key_buffers(buffers.get(), ctx.current_key());
+                let buffers = buffers.get().of_key(ctx.current_key());
                 let (from, to) = (
                     timestamp.saturating_add(lower),
                     timestamp.saturating_add(upper),
                 );
-                if from <= to {
-                    for (&right_timestamp, rights) in buffers.right.range(from..=to) {
-                        let mut join_ctx = ProcessJoinContext {
-                            out: &mut *ctx.out,
-                            left_timestamp: timestamp,
-                            right_timestamp,
-                            runtime,
-                        };
-                        for right in rights {
-                            function.process_element(&left, right, &mut join_ctx);
-                        }
-                    }
+                for (right_timestamp, right) in buffers.right.between(from, to) {
+                    let mut join_ctx = ProcessJoinContext {
+                        out: &mut *ctx.out,
+                        left_timestamp: timestamp,
+                        right_timestamp: *right_timestamp,
+                        runtime,
+                    };
+                    function.process_element(&left, right, &mut join_ctx);
                 }
-                buffers.left.entry(timestamp).or_default().push(left);
+                buffers.left.insert(timestamp, left);
                 // Retired once the watermark passes `timestamp + upper`.
                 ctx.register_event_time_timer(to.saturating_add(1));
             }
             Either::Right(right) => {
-                let buffers = Self::key_buffers(buffers.get(), ctx.current_key());
+                let buffers = buffers.get().of_key(ctx.current_key());
                 let (from, to) = (
                     timestamp.saturating_sub(upper),
                     timestamp.saturating_sub(lower),
                 );
-                if from <= to {
-                    for (&left_timestamp, lefts) in buffers.left.range(from..=to) {
-                        let mut join_ctx = ProcessJoinContext {
-                            out: &mut *ctx.out,
-                            left_timestamp,
-                            right_timestamp: timestamp,
-                            runtime,
-                        };
-                        for left in lefts {
-                            function.process_element(left, &right, &mut join_ctx);
-                        }
-                    }
+                for (left_timestamp, left) in buffers.left.between(from, to) {
+                    let mut join_ctx = ProcessJoinContext {
+                        out: &mut *ctx.out,
+                        left_timestamp: *left_timestamp,
+                        right_timestamp: timestamp,
+                        runtime,
+                    };
+                    function.process_element(left, &right, &mut join_ctx);
                 }
-                buffers.right.entry(timestamp).or_default().push(right);
+                buffers.right.insert(timestamp, right);
                 // Retired once the watermark passes `timestamp - lower`.
                 ctx.register_event_time_timer(to.saturating_add(1));
             }
@@ -547,19 +680,184 @@ where
     fn on_timer(&mut self, _timestamp: i64, ctx: &mut KeyedProcessContext<'_, K, O>) {
         let watermark = ctx.current_watermark();
         let (lower, upper) = (self.lower, self.upper);
-        let buffers = self.buffers.get();
-        let Some(key_buffers) = buffers.get_mut(ctx.current_key()) else {
-            return;
-        };
         // A right record arriving from now on has a time of at least `watermark`.
-        drop_retired(&mut key_buffers.left, |t| {
-            t.saturating_add(upper) < watermark
-        });
-        drop_retired(&mut key_buffers.right, |t| {
-            t.saturating_sub(lower) < watermark
-        });
-        if key_buffers.left.is_empty() && key_buffers.right.is_empty() {
-            buffers.remove(ctx.current_key());
+        self.buffers.get().retire(
+            ctx.current_key(),
+            |t| t.saturating_add(upper) < watermark,
+            |t| t.saturating_sub(lower) < watermark,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A step on a side's buffer: buffer a record at a time, look up a range, or retire
+    /// what is older than a time.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Insert(i64),
+        Between(i64, i64),
+        Retire(i64),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            4 => (0i64..200).prop_map(Step::Insert),
+            2 => (0i64..200, 0i64..60).prop_map(|(from, len)| Step::Between(from, from + len)),
+            1 => (0i64..200).prop_map(Step::Retire),
+        ]
+    }
+
+    proptest! {
+        /// A side's buffer finds, keeps and retires what a map of timestamps to records in
+        /// arrival order does, whatever the order records come in.
+        #[test]
+        fn a_side_buffer_behaves_as_a_map_by_time(steps in proptest::collection::vec(step(), 1..200)) {
+            let mut buffer = TimeOrdered::default();
+            let mut reference: std::collections::BTreeMap<i64, Vec<usize>> = Default::default();
+            for (n, step) in steps.into_iter().enumerate() {
+                match step {
+                    Step::Insert(t) => {
+                        buffer.insert(t, n);
+                        reference.entry(t).or_default().push(n);
+                    }
+                    Step::Between(from, to) => {
+                        let found: Vec<_> = buffer.between(from, to).copied().collect();
+                        let expected: Vec<_> = reference
+                            .range(from..=to)
+                            .flat_map(|(t, records)| records.iter().map(|r| (*t, *r)))
+                            .collect();
+                        prop_assert_eq!(found, expected);
+                    }
+                    Step::Retire(before) => {
+                        buffer.drop_retired(|t| t < before);
+                        reference.retain(|t, _| *t >= before);
+                    }
+                }
+                let all: Vec<_> = buffer.iter().copied().collect();
+                let expected: Vec<_> = reference
+                    .iter()
+                    .flat_map(|(t, records)| records.iter().map(|r| (*t, *r)))
+                    .collect();
+                prop_assert_eq!(all, expected);
+            }
         }
+    }
+
+    type Buffers = std::collections::BTreeMap<u32, (Vec<(i64, u64)>, Vec<(i64, String)>)>;
+
+    fn join() -> IntervalJoinFunction<u32, u64, String, ()> {
+        IntervalJoinFunction {
+            function: (),
+            lower: -10,
+            upper: 10,
+            left_late: None,
+            right_late: None,
+            buffers: SubtaskState::default(),
+        }
+    }
+
+    /// One side's buffered records, in order.
+    fn side<T: Clone>(buffer: &TimeOrdered<T>) -> Vec<(i64, T)> {
+        buffer.iter().cloned().collect()
+    }
+
+    /// Every key's buffered records.
+    fn contents(join: &mut IntervalJoinFunction<u32, u64, String, ()>) -> Buffers {
+        let keys = join.buffers.get().keys.iter();
+        keys.map(|(key, buffers)| (*key, (side(&buffers.left), side(&buffers.right))))
+            .collect()
+    }
+
+    fn buffer_left(join: &mut IntervalJoinFunction<u32, u64, String, ()>, key: u32, t: i64) {
+        join.buffers
+            .get()
+            .of_key(&key)
+            .left
+            .insert(t, t as u64 * 100);
+    }
+
+    fn buffer_right(join: &mut IntervalJoinFunction<u32, u64, String, ()>, key: u32, t: i64) {
+        join.buffers
+            .get()
+            .of_key(&key)
+            .right
+            .insert(t, format!("r{t}"));
+    }
+
+    /// Hands `part` out in steps of `budget`, each appended to the bytes so far.
+    fn encode(mut part: DeferredPart, budget: usize) -> (Vec<u8>, usize) {
+        let (mut bytes, mut steps) = (Vec::new(), 0);
+        while part
+            .encode_next(&mut bytes, budget)
+            .expect("encode the buffers")
+        {
+            steps += 1;
+        }
+        (bytes, steps + 1)
+    }
+
+    #[test]
+    fn a_snapshot_holds_the_buffers_as_they_were_at_its_barrier_while_records_change_them() {
+        let scope = KeyedScope::single(128);
+        let mut live = join();
+        for key in 0..40 {
+            for t in [10, 20, 20] {
+                buffer_left(&mut live, key, t);
+            }
+            buffer_right(&mut live, key, 15);
+        }
+        let at_barrier = contents(&mut live);
+        let part = live.snapshot(&scope).expect("snapshot at the barrier");
+
+        // After the barrier: records added to a key, a key retired whole, a key retired in
+        // part, a new key.
+        buffer_left(&mut live, 1, 30);
+        buffer_right(&mut live, 1, 31);
+        live.buffers.get().retire(&2, |_| true, |_| true);
+        live.buffers.get().retire(&3, |t| t < 15, |_| false);
+        buffer_left(&mut live, 99, 5);
+        let after = contents(&mut live);
+        assert!(!after.contains_key(&2) && after[&3].0 == [(20, 2000), (20, 2000)]);
+        assert_eq!(
+            after[&1].1,
+            [(15, "r15".to_string()), (31, "r31".to_string())]
+        );
+
+        let (bytes, steps) = encode(part, 64);
+        assert!(
+            steps > 2,
+            "the buffers are written in several steps: {steps}"
+        );
+        let mut restored = join();
+        restored
+            .restore(&scope, &[Bytes::from(bytes)])
+            .expect("restore the snapshot");
+        assert_eq!(contents(&mut restored), at_barrier);
+        assert_eq!(
+            contents(&mut live),
+            after,
+            "the live buffers are as they were changed"
+        );
+    }
+
+    #[test]
+    fn a_retirement_that_drops_nothing_leaves_a_snapshot_shared() {
+        let scope = KeyedScope::single(128);
+        let mut live = join();
+        buffer_left(&mut live, 7, 10);
+        let part = live.snapshot(&scope).expect("snapshot at the barrier");
+        let shared = Arc::clone(&live.buffers.get().keys[&7]);
+        live.buffers.get().retire(&7, |t| t < 10, |_| true);
+        assert!(
+            Arc::ptr_eq(&shared, &live.buffers.get().keys[&7]),
+            "nothing was retired: the key's buffers are not copied"
+        );
+        buffer_left(&mut live, 7, 11);
+        assert!(!Arc::ptr_eq(&shared, &live.buffers.get().keys[&7]));
+        drop(part);
     }
 }

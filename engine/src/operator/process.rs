@@ -15,8 +15,8 @@ use crate::api::{KeyedProcessContext, KeyedProcessFunction, ProcessContext, Proc
 use crate::checkpoint::bytes::{ByteReader, ByteWriter};
 use crate::checkpoint::keyed::KeyedScope;
 use crate::checkpoint::task_state::{
-    AfterBarrier, InPieces, OperatorSnapshot, WrittenBetweenRecords, PART_OWN_KEYED, PART_TIMERS,
-    PIECE_BYTES,
+    AfterBarrier, DeferredPart, InPieces, OperatorSnapshot, WrittenBetweenRecords, PART_OWN_KEYED,
+    PART_TIMERS, PIECE_BYTES,
 };
 use crate::record::{Key, Watermark, NO_TIMESTAMP};
 use crate::state::KeyedStateStore;
@@ -66,8 +66,9 @@ impl<I, O, F: ProcessFunction<I, O>> Operator<I, O> for ProcessOperator<F> {
 /// Keyed state a keyed process function keeps in fields of its own and writes to checkpoints
 /// itself, in the canonical keyed-snapshot format (the interval join's buffers).
 pub(crate) trait OwnKeyedState<K> {
-    /// The state of every key of the subtask owning `scope`.
-    fn snapshot(&mut self, scope: &KeyedScope) -> Result<Vec<u8>, StateError>;
+    /// The state of every key of the subtask owning `scope` as it is at the barrier, encoded
+    /// by the checkpoint writer after it.
+    fn snapshot(&mut self, scope: &KeyedScope) -> Result<DeferredPart, StateError>;
     /// Takes back what `parts` (one per old subtask) hold for the key groups of `scope`.
     fn restore(&mut self, scope: &KeyedScope, parts: &[Bytes]) -> Result<(), StateError>;
 }
@@ -262,8 +263,8 @@ where
         }
         if let Some(own) = self.function.own_keyed_state() {
             let scope = KeyedScope::of(self.runtime.as_ref().expect("opened"));
-            let bytes = own.snapshot(&scope).map_err(|error| error.to_string())?;
-            snapshot.add(PART_OWN_KEYED, bytes);
+            let part = own.snapshot(&scope).map_err(|error| error.to_string())?;
+            snapshot.add_deferred(PART_OWN_KEYED, part);
         }
         Ok(())
     }
