@@ -9,7 +9,8 @@
 //! the minimum of both inputs' watermarks. Per key, each side is buffered in time order
 //! ([`TimeOrdered`]): a record looks up the other side's range (`O(log n + matches)`), joins,
 //! and is buffered. A checkpoint shares the buffers and encodes them after its barrier; a
-//! key's first change after the barrier copies that key's buffers ([`JoinBuffers`]). Flink's rules hold: a record below the
+//! key's first change after the barrier writes that key into the snapshot first
+//! ([`JoinBuffers`]). Flink's rules hold: a record below the
 //! current watermark is late and dropped (or sent to the side's late-data side output), the
 //! output carries `max(left time, right time)`, and buffers are cleaned with event-time
 //! timers: once the watermark `w` passes `t + upper` no right record that can still arrive
@@ -365,25 +366,39 @@ struct KeyBuffers<K, A, B> {
     right: TimeOrdered<B>,
 }
 
-/// The buffers of the subtask's keys. A checkpoint's snapshot shares each key's buffers
-/// (an `Arc` per key: the barrier costs a pointer copy per key, no record is copied) and
-/// encodes them in pieces on its writer's turns, after the barrier; the first change to a
-/// key's buffers that a snapshot still shares copies them first, as the heap backend copies
-/// a key group. So the snapshot holds every key as it was at the barrier while records go
-/// on, and each key's buffers are copied at most once per checkpoint.
+/// The buffers of the subtask's keys, and the snapshot of the checkpoint being written after
+/// its barrier. The barrier shares each key's buffers with the snapshot (an `Arc` per key: a
+/// pointer copy per key, no record copied), whose writer encodes them in pieces on its turns.
+/// A key's first change after the barrier, while the snapshot still shares it, writes the key
+/// into the snapshot first and lets the snapshot's share go, so the change is made in place:
+/// the snapshot holds every key as it was at the barrier, each key is encoded once, and none
+/// is copied (as the window operators write a key before its first change).
 struct JoinBuffers<K, A, B> {
-    keys: HashMap<K, Arc<KeyBuffers<K, A, B>>>,
+    keys: HashMap<K, Buffered<K, A, B>>,
+    /// The snapshot being written, from its barrier until the next.
+    pending: Option<SharedPending<K, A, B>>,
+}
+
+/// The snapshot being written, shared by the operator (which writes a key before its first
+/// change) and the checkpoint writer (which writes the rest on its turns).
+type SharedPending<K, A, B> = Arc<Mutex<Pending<K, A, B>>>;
+
+/// A key's buffers, and their place in the snapshot being written (if it holds them).
+struct Buffered<K, A, B> {
+    buffers: Arc<KeyBuffers<K, A, B>>,
+    slot: usize,
 }
 
 impl<K, A, B> Default for JoinBuffers<K, A, B> {
     fn default() -> Self {
         JoinBuffers {
             keys: HashMap::new(),
+            pending: None,
         }
     }
 }
 
-impl<K: Key, A: Clone, B: Clone> JoinBuffers<K, A, B> {
+impl<K: Key, A: StateValue, B: StateValue> JoinBuffers<K, A, B> {
     /// The buffers of `key` to change, created empty if it has none.
     fn of_key(&mut self, key: &K) -> &mut KeyBuffers<K, A, B> {
         if !self.keys.contains_key(key) {
@@ -392,9 +407,26 @@ impl<K: Key, A: Clone, B: Clone> JoinBuffers<K, A, B> {
                 left: TimeOrdered::default(),
                 right: TimeOrdered::default(),
             };
-            self.keys.insert(key.clone(), Arc::new(empty));
+            let buffered = Buffered {
+                buffers: Arc::new(empty),
+                slot: usize::MAX,
+            };
+            self.keys.insert(key.clone(), buffered);
         }
-        Arc::make_mut(self.keys.get_mut(key).expect("inserted above"))
+        let buffered = self.keys.get_mut(key).expect("inserted above");
+        Self::release(&self.pending, buffered);
+        Arc::make_mut(&mut buffered.buffers)
+    }
+
+    /// Before a change to `buffered`: if the snapshot being written still shares the key, it
+    /// writes the key now and lets it go (so `Arc::make_mut` copies nothing).
+    fn release(pending: &Option<SharedPending<K, A, B>>, buffered: &Buffered<K, A, B>) {
+        if Arc::strong_count(&buffered.buffers) == 1 {
+            return;
+        }
+        if let Some(pending) = pending {
+            lock(pending).write_slot(buffered.slot);
+        }
     }
 
     /// Drops the records of `key` that `left_retired` and `right_retired` say no later record
@@ -405,21 +437,61 @@ impl<K: Key, A: Clone, B: Clone> JoinBuffers<K, A, B> {
         left_retired: impl Fn(i64) -> bool,
         right_retired: impl Fn(i64) -> bool,
     ) {
-        let Some(shared) = self.keys.get_mut(key) else {
+        let Some(buffered) = self.keys.get_mut(key) else {
             return;
         };
+        let shared = &buffered.buffers;
         if !shared.left.front_retired(&left_retired) && !shared.right.front_retired(&right_retired)
         {
-            // Nothing to drop: a snapshot's buffers stay shared.
+            // Nothing to drop.
             return;
         }
-        let buffers = Arc::make_mut(shared);
+        Self::release(&self.pending, buffered);
+        let buffers = Arc::make_mut(&mut buffered.buffers);
         buffers.left.drop_retired(left_retired);
         buffers.right.drop_retired(right_retired);
         if buffers.left.is_empty() && buffers.right.is_empty() {
             self.keys.remove(key);
         }
     }
+
+    /// A snapshot of every key's buffers as they are now, written into `writer` after the
+    /// barrier. A snapshot still being written is finished first: each key has a place in
+    /// one snapshot at a time.
+    fn snapshot(
+        &mut self,
+        writer: KeyedSnapshotWriter<K, i64>,
+        left: BufferState<A>,
+        right: BufferState<B>,
+    ) -> SharedPending<K, A, B> {
+        if let Some(previous) = self.pending.take() {
+            if Arc::strong_count(&previous) > 1 {
+                lock(&previous).write_all();
+            }
+        }
+        let mut keys = Vec::with_capacity(self.keys.len());
+        for (slot, buffered) in self.keys.values_mut().enumerate() {
+            buffered.slot = slot;
+            keys.push(Some(Arc::clone(&buffered.buffers)));
+        }
+        let pending = Arc::new(Mutex::new(Pending {
+            keys,
+            next: 0,
+            writing: Some(writer),
+            left,
+            right,
+            pieces: None,
+            error: None,
+        }));
+        self.pending = Some(Arc::clone(&pending));
+        pending
+    }
+}
+
+/// Locks a snapshot being written (only its shard ever does; a panic elsewhere cannot leave
+/// it half-changed in a way that matters more than the failed job).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The interval join as a keyed process function over the tagged union of both sides.
@@ -466,14 +538,8 @@ where
         let mut writer = scope.writer::<K, i64>();
         let left = BufferState::<A>::add(&mut writer, LEFT_BUFFER);
         let right = BufferState::<B>::add(&mut writer, RIGHT_BUFFER);
-        let keys: Vec<_> = self.buffers.get().keys.values().cloned().collect();
-        Ok(Box::new(BuffersPart {
-            keys: keys.into_iter(),
-            writing: Some(writer),
-            left,
-            right,
-            pieces: None,
-        }))
+        let pending = self.buffers.get().snapshot(writer, left, right);
+        Ok(Box::new(BuffersPart(pending)))
     }
 
     fn restore(&mut self, scope: &KeyedScope, parts: &[Bytes]) -> Result<(), StateError> {
@@ -488,54 +554,87 @@ where
     }
 }
 
-/// The buffers of a checkpoint's snapshot, as they were at its barrier: encoded by the
-/// checkpoint writer, about its budget of records a step, each key's buffers let go of once
-/// written, then handed out in pieces.
-struct BuffersPart<K, A, B> {
-    /// The keys not written yet.
-    keys: std::vec::IntoIter<Arc<KeyBuffers<K, A, B>>>,
+/// A checkpoint's snapshot of the buffers, as they were at its barrier, being written: the
+/// keys not written yet, and the snapshot so far.
+struct Pending<K, A, B> {
+    /// Each key's buffers at the barrier, until written (by the writer's turn, or before the
+    /// key's first change).
+    keys: Vec<Option<Arc<KeyBuffers<K, A, B>>>>,
+    /// Where the writer's turns go on.
+    next: usize,
     /// The snapshot, while keys are written into it.
     writing: Option<KeyedSnapshotWriter<K, i64>>,
     left: BufferState<A>,
     right: BufferState<B>,
     /// The snapshot once every key is written.
     pieces: Option<KeyedSnapshotPieces>,
+    /// Why a key could not be written, for the checkpoint writer to report.
+    error: Option<String>,
 }
 
-impl<K: Key, A: StateValue, B: StateValue> BuffersPart<K, A, B> {
-    /// Writes keys into `writer` until about `budget` more bytes are written; whether every
-    /// key is.
-    fn write_keys(
-        &mut self,
-        writer: &mut KeyedSnapshotWriter<K, i64>,
-        budget: usize,
-    ) -> Result<bool, StateError> {
-        let until = writer.encoded_len().saturating_add(budget);
-        while writer.encoded_len() < until {
-            let Some(buffers) = self.keys.next() else {
-                return Ok(true);
-            };
-            writer.set_key(&buffers.key)?;
-            self.left.put(writer, &buffers.left)?;
-            self.right.put(writer, &buffers.right)?;
+impl<K: Key, A: StateValue, B: StateValue> Pending<K, A, B> {
+    /// Writes the key in place `slot` if it is not written yet, and lets its buffers go.
+    fn write_slot(&mut self, slot: usize) {
+        let Some(buffers) = self.keys.get_mut(slot).and_then(Option::take) else {
+            return;
+        };
+        let Some(writer) = &mut self.writing else {
+            return;
+        };
+        let written = writer
+            .set_key(&buffers.key)
+            .and_then(|()| self.left.put(writer, &buffers.left))
+            .and_then(|()| self.right.put(writer, &buffers.right));
+        if let Err(error) = written {
+            self.error.get_or_insert(error.to_string());
         }
-        Ok(self.keys.len() == 0)
+    }
+
+    /// Writes keys until about `budget` more bytes are written; whether every key is.
+    fn write_some(&mut self, budget: usize) -> bool {
+        let until = self
+            .writing
+            .as_ref()
+            .map_or(0, |writer| writer.encoded_len().saturating_add(budget));
+        while self.next < self.keys.len() {
+            if self
+                .writing
+                .as_ref()
+                .is_some_and(|writer| writer.encoded_len() >= until)
+            {
+                return false;
+            }
+            self.write_slot(self.next);
+            self.next += 1;
+        }
+        true
+    }
+
+    /// Writes every key not written yet.
+    fn write_all(&mut self) {
+        self.write_some(usize::MAX);
     }
 }
 
+/// The checkpoint writer's side of a [`Pending`] snapshot: writes its keys about its budget a
+/// step, then hands the snapshot out in pieces.
+struct BuffersPart<K, A, B>(SharedPending<K, A, B>);
+
 impl<K: Key, A: StateValue, B: StateValue> PartEncoder for BuffersPart<K, A, B> {
     fn encode_next(&mut self, out: &mut Vec<u8>, budget: usize) -> Result<bool, String> {
-        if let Some(mut writer) = self.writing.take() {
-            let written = self
-                .write_keys(&mut writer, budget)
-                .map_err(|error| error.to_string())?;
-            if !written {
-                self.writing = Some(writer);
+        let mut pending = lock(&self.0);
+        if pending.writing.is_some() {
+            let done = pending.write_some(budget);
+            if let Some(error) = pending.error.take() {
+                return Err(error);
+            }
+            if !done {
                 return Ok(true);
             }
-            self.pieces = Some(writer.into_pieces());
+            let writer = pending.writing.take().expect("checked above");
+            pending.pieces = Some(writer.into_pieces());
         }
-        let pieces = self.pieces.as_mut().expect("every key is written");
+        let pieces = pending.pieces.as_mut().expect("every key is written");
         pieces
             .encode_next(out, budget)
             .map_err(|error| error.to_string())
@@ -768,8 +867,11 @@ mod tests {
     /// Every key's buffered records.
     fn contents(join: &mut IntervalJoinFunction<u32, u64, String, ()>) -> Buffers {
         let keys = join.buffers.get().keys.iter();
-        keys.map(|(key, buffers)| (*key, (side(&buffers.left), side(&buffers.right))))
-            .collect()
+        keys.map(|(key, buffered)| {
+            let buffers = &buffered.buffers;
+            (*key, (side(&buffers.left), side(&buffers.right)))
+        })
+        .collect()
     }
 
     fn buffer_left(join: &mut IntervalJoinFunction<u32, u64, String, ()>, key: u32, t: i64) {
@@ -844,20 +946,59 @@ mod tests {
         );
     }
 
+    /// The key's buffers as the operator holds them.
+    fn held(join: &mut IntervalJoinFunction<u32, u64, String, ()>, key: u32) -> *const () {
+        Arc::as_ptr(&join.buffers.get().keys[&key].buffers).cast()
+    }
+
     #[test]
-    fn a_retirement_that_drops_nothing_leaves_a_snapshot_shared() {
+    fn a_change_after_the_barrier_writes_the_key_first_and_copies_nothing() {
         let scope = KeyedScope::single(128);
         let mut live = join();
         buffer_left(&mut live, 7, 10);
+        buffer_left(&mut live, 8, 10);
+        let seven = held(&mut live, 7);
         let part = live.snapshot(&scope).expect("snapshot at the barrier");
-        let shared = Arc::clone(&live.buffers.get().keys[&7]);
         live.buffers.get().retire(&7, |t| t < 10, |_| true);
-        assert!(
-            Arc::ptr_eq(&shared, &live.buffers.get().keys[&7]),
-            "nothing was retired: the key's buffers are not copied"
-        );
         buffer_left(&mut live, 7, 11);
-        assert!(!Arc::ptr_eq(&shared, &live.buffers.get().keys[&7]));
-        drop(part);
+        live.buffers.get().retire(&8, |t| t <= 10, |_| true);
+        assert_eq!(held(&mut live, 7), seven, "changed in place, not copied");
+        assert!(!live.buffers.get().keys.contains_key(&8));
+
+        let (bytes, _) = encode(part, 64);
+        let mut restored = join();
+        restored
+            .restore(&scope, &[Bytes::from(bytes)])
+            .expect("restore the snapshot");
+        let expected: Buffers = [
+            (7, (vec![(10, 1000)], vec![])),
+            (8, (vec![(10, 1000)], vec![])),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(contents(&mut restored), expected);
+    }
+
+    #[test]
+    fn a_barrier_finishes_the_snapshot_before_it() {
+        let scope = KeyedScope::single(128);
+        let mut live = join();
+        for key in 0..10 {
+            buffer_left(&mut live, key, 10);
+        }
+        let first = live.snapshot(&scope).expect("the first barrier");
+        let at_first = contents(&mut live);
+        buffer_left(&mut live, 3, 12);
+        let second = live.snapshot(&scope).expect("the second barrier");
+        let at_second = contents(&mut live);
+        buffer_left(&mut live, 3, 13);
+        for (part, expected) in [(second, at_second), (first, at_first)] {
+            let (bytes, _) = encode(part, 64);
+            let mut restored = join();
+            restored
+                .restore(&scope, &[Bytes::from(bytes)])
+                .expect("restore a snapshot");
+            assert_eq!(contents(&mut restored), expected);
+        }
     }
 }
