@@ -34,6 +34,7 @@ use weir_state::{
 use super::keyed::KeyedStream;
 use super::stream::DataStream;
 use crate::checkpoint::keyed::{foreign_state, KeyedScope};
+use crate::checkpoint::prefetch_bytes;
 use crate::checkpoint::task_state::{DeferredPart, PartEncoder};
 use crate::operator::process::OwnKeyedState;
 use crate::operator::{Emitter, OutputTag, RuntimeContext};
@@ -469,8 +470,18 @@ impl<K: Key, A: StateValue, B: StateValue> JoinBuffers<K, A, B> {
                 lock(&previous).write_all();
             }
         }
-        let mut keys = Vec::with_capacity(self.keys.len());
-        for (slot, buffered) in self.keys.values_mut().enumerate() {
+        // Sharing a key's buffers writes the count at the head of its `Arc`, a cache miss
+        // per key: ask for the counts a few keys ahead, so that the misses overlap.
+        let mut listed: Vec<&mut Buffered<K, A, B>> = self.keys.values_mut().collect();
+        for ahead in listed.iter().take(BARRIER_PREFETCH) {
+            prefetch_count(&ahead.buffers);
+        }
+        let mut keys = Vec::with_capacity(listed.len());
+        for slot in 0..listed.len() {
+            if let Some(ahead) = listed.get(slot + BARRIER_PREFETCH) {
+                prefetch_count(&ahead.buffers);
+            }
+            let buffered = &mut listed[slot];
             buffered.slot = slot;
             keys.push(Some(Arc::clone(&buffered.buffers)));
         }
@@ -486,6 +497,19 @@ impl<K: Key, A: StateValue, B: StateValue> JoinBuffers<K, A, B> {
         self.pending = Some(Arc::clone(&pending));
         pending
     }
+}
+
+/// How many keys ahead the barrier asks for the counts of the keys' `Arc`s.
+const BARRIER_PREFETCH: usize = 16;
+
+/// Asks for the cache line of `shared`'s counts, which lie just before its value.
+#[inline(always)]
+fn prefetch_count<T>(shared: &Arc<T>) {
+    let counts = 2 * std::mem::size_of::<usize>();
+    prefetch_bytes(
+        Arc::as_ptr(shared).cast::<u8>().wrapping_sub(counts),
+        counts,
+    );
 }
 
 /// Locks a snapshot being written (only its shard ever does; a panic elsewhere cannot leave

@@ -38,6 +38,7 @@ use weir_state::{KeyedSnapshotPieces, StateCodec, StateError};
 use super::checkpoint::WindowSnapshot;
 use super::KeyMap;
 use crate::checkpoint::chain::{KeyedChain, Link};
+use crate::checkpoint::prefetch;
 use crate::checkpoint::task_state::{
     AfterBarrier, DeferredPart, OperatorSnapshot, WrittenBetweenRecords, PIECE_BYTES,
 };
@@ -655,22 +656,6 @@ fn write_batch<K: Key, S: TrackedKey, W: WriteKeys<K, S>>(
         todo.nth(visited - 1);
     }
     Ok(visited)
-}
-
-/// Asks the CPU to bring the cache lines of `value` in, so that the misses of a batch's
-/// entries overlap instead of following one another. A hint: it reads nothing.
-#[inline(always)]
-fn prefetch<T>(value: &T) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let start = value as *const T as *const i8;
-        for offset in (0..std::mem::size_of::<T>()).step_by(64) {
-            // SAFETY: a prefetch loads nothing into registers and never faults, whatever the
-            // address; SSE, which it needs, is part of every x86-64 CPU.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset)) };
-        }
-    }
 }
 
 /// What visiting a key of the list counts for against a step's budget, besides its bytes.
