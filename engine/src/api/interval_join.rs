@@ -420,13 +420,20 @@ impl<K: Key, A: StateValue, B: StateValue> JoinBuffers<K, A, B> {
     }
 
     /// Before a change to `buffered`: if the snapshot being written still shares the key, it
-    /// writes the key now and lets it go (so `Arc::make_mut` copies nothing).
+    /// writes the key now and lets it go (so `Arc::make_mut` copies nothing). A snapshot whose
+    /// checkpoint was given up (its part dropped) lets the key go unwritten.
     fn release(pending: &Option<SharedPending<K, A, B>>, buffered: &Buffered<K, A, B>) {
         if Arc::strong_count(&buffered.buffers) == 1 {
             return;
         }
         if let Some(pending) = pending {
-            lock(pending).write_slot(buffered.slot);
+            let given_up = Arc::strong_count(pending) == 1;
+            let mut pending = lock(pending);
+            if given_up {
+                pending.let_go(buffered.slot);
+            } else {
+                pending.write_slot(buffered.slot);
+            }
         }
     }
 
@@ -597,6 +604,13 @@ struct Pending<K, A, B> {
 }
 
 impl<K: Key, A: StateValue, B: StateValue> Pending<K, A, B> {
+    /// Lets the key in place `slot` go without writing it.
+    fn let_go(&mut self, slot: usize) {
+        if let Some(share) = self.keys.get_mut(slot) {
+            *share = None;
+        }
+    }
+
     /// Writes the key in place `slot` if it is not written yet, and lets its buffers go.
     fn write_slot(&mut self, slot: usize) {
         let Some(buffers) = self.keys.get_mut(slot).and_then(Option::take) else {
@@ -657,6 +671,8 @@ impl<K: Key, A: StateValue, B: StateValue> PartEncoder for BuffersPart<K, A, B> 
             }
             let writer = pending.writing.take().expect("checked above");
             pending.pieces = Some(writer.into_pieces());
+            // Every share is let go by now.
+            pending.keys = Vec::new();
         }
         let pieces = pending.pieces.as_mut().expect("every key is written");
         pieces
@@ -1001,6 +1017,22 @@ mod tests {
         .into_iter()
         .collect();
         assert_eq!(contents(&mut restored), expected);
+    }
+
+    #[test]
+    fn a_snapshot_given_up_lets_the_keys_go_unwritten() {
+        let scope = KeyedScope::single(128);
+        let mut live = join();
+        buffer_left(&mut live, 7, 10);
+        let seven = held(&mut live, 7);
+        drop(live.snapshot(&scope).expect("snapshot at the barrier"));
+        buffer_left(&mut live, 7, 11);
+        assert_eq!(held(&mut live, 7), seven, "changed in place, not copied");
+        let pending = live.buffers.get().pending.clone().expect("the snapshot");
+        let pending = lock(&pending);
+        assert!(pending.keys.iter().all(Option::is_none));
+        let writer = pending.writing.as_ref().expect("never finished");
+        assert_eq!(writer.encoded_len(), 0, "nothing was written for it");
     }
 
     #[test]
