@@ -34,8 +34,8 @@ use weir_state::{
 use super::keyed::KeyedStream;
 use super::stream::DataStream;
 use crate::checkpoint::keyed::{foreign_state, KeyedScope};
-use crate::checkpoint::prefetch_bytes;
 use crate::checkpoint::task_state::{DeferredPart, PartEncoder};
+use crate::checkpoint::{prefetch, prefetch_bytes};
 use crate::operator::process::OwnKeyedState;
 use crate::operator::{Emitter, OutputTag, RuntimeContext};
 use crate::record::{Key, Record};
@@ -353,6 +353,14 @@ impl<T> TimeOrdered<T> {
         self.records.is_empty()
     }
 
+    /// Asks for the cache lines of the first few records.
+    #[inline(always)]
+    fn prefetch_front(&self) {
+        let (front, _) = self.records.as_slices();
+        let len = front.len().min(4) * std::mem::size_of::<(i64, T)>();
+        prefetch_bytes(front.as_ptr().cast(), len);
+    }
+
     fn iter(&self) -> impl Iterator<Item = &(i64, T)> {
         self.records.iter()
     }
@@ -506,6 +514,9 @@ impl<K: Key, A: StateValue, B: StateValue> JoinBuffers<K, A, B> {
     }
 }
 
+/// How many keys ahead a snapshot's writing asks for the keys' buffers.
+const WRITE_PREFETCH: usize = 8;
+
 /// How many keys ahead the barrier asks for the counts of the keys' `Arc`s.
 const BARRIER_PREFETCH: usize = 16;
 
@@ -642,10 +653,25 @@ impl<K: Key, A: StateValue, B: StateValue> Pending<K, A, B> {
             {
                 return false;
             }
+            self.prefetch_ahead(self.next);
             self.write_slot(self.next);
             self.next += 1;
         }
         true
+    }
+
+    /// Asks for what writing the keys after `slot` reads, which lies scattered: the buffers
+    /// of the key [`WRITE_PREFETCH`] places on, and the first records of each side of the key
+    /// half as far (whose buffers an earlier call asked for), so that the misses overlap.
+    #[inline(always)]
+    fn prefetch_ahead(&self, slot: usize) {
+        if let Some(Some(far)) = self.keys.get(slot + WRITE_PREFETCH) {
+            prefetch(&**far);
+        }
+        if let Some(Some(near)) = self.keys.get(slot + WRITE_PREFETCH / 2) {
+            near.left.prefetch_front();
+            near.right.prefetch_front();
+        }
     }
 
     /// Writes every key not written yet.
