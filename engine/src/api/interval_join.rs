@@ -8,16 +8,16 @@
 //! function, so records of both sides with equal keys meet in one subtask and event time is
 //! the minimum of both inputs' watermarks. Per key, each side is buffered in time order
 //! ([`TimeOrdered`]): a record looks up the other side's range (`O(log n + matches)`), joins,
-//! and is buffered. A checkpoint shares the buffers and encodes them after its barrier; a
-//! key's first change after the barrier writes that key into the snapshot first
-//! ([`JoinBuffers`]). Flink's rules hold: a record below the
-//! current watermark is late and dropped (or sent to the side's late-data side output), the
-//! output carries `max(left time, right time)`, and buffers are cleaned with event-time
-//! timers: once the watermark `w` passes `t + upper` no right record that can still arrive
-//! (at `w` or later) joins a left record at `t`, nor, once `w` passes `t - lower`, a left
-//! record a right record at `t`. Each record registers one timer at the first watermark that
-//! retires it; a firing timer drops every retired record of its key from the front of both
-//! buffers.
+//! and is buffered. Flink's rules hold: a record below the current watermark is late and
+//! dropped (or sent to the side's late-data side output), the output carries
+//! `max(left time, right time)`, and buffers are cleaned with event-time timers: once the
+//! watermark `w` passes `t + upper` no right record that can still arrive (at `w` or later)
+//! joins a left record at `t`, nor, once `w` passes `t - lower`, a left record a right record
+//! at `t`. Each record registers one timer at the first watermark that retires it; a firing
+//! timer drops every retired record of its key from the front of both buffers.
+//!
+//! A checkpoint shares the buffers at its barrier and encodes them after it; a key's first
+//! change after the barrier writes that key into the snapshot first ([`JoinBuffers`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
