@@ -9,7 +9,7 @@ use serde::Serialize;
 use weir_engine::prelude::*;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, rate, Measurement, ROUNDS};
+use crate::measure::{alternate, Measurement, Versus};
 use crate::record::BenchRecord;
 
 const JOB: &str = "bench-chain";
@@ -22,18 +22,9 @@ pub struct ChainReport {
     pub records: u64,
     /// Shards the engine ran on (always 1).
     pub shards: usize,
-    /// Rounds run; the best round of each side is reported.
-    pub rounds: usize,
-    /// The engine's best wall time, in seconds.
-    pub seconds: f64,
-    /// The engine's throughput: generated records per second.
-    pub records_per_second: f64,
-    /// The hand-written loop's best wall time, in seconds.
-    pub baseline_seconds: f64,
-    /// The hand-written loop's throughput: generated records per second.
-    pub baseline_records_per_second: f64,
-    /// `baseline_records_per_second / records_per_second`: how many times slower the engine is.
-    pub slowdown: f64,
+    /// The engine against the loop, in generated records per second.
+    #[serde(flatten)]
+    pub versus: Versus,
     /// Records that passed the filter (the engine's sink input).
     pub surviving_records: u64,
     /// Whether the engine's sink received as many records as survived the hand-written loop.
@@ -85,17 +76,10 @@ pub fn run(records: u64) -> Result<ChainReport, BenchError> {
         return Err(BenchError::NoRecords);
     }
     let (engine, baseline) = alternate(|| run_baseline(records), || run_engine(records))?;
-    let records_per_second = rate(records, engine.duration);
-    let baseline_records_per_second = rate(records, baseline.duration);
     Ok(ChainReport {
         records,
         shards: 1,
-        rounds: ROUNDS,
-        seconds: engine.duration.as_secs_f64(),
-        records_per_second,
-        baseline_seconds: baseline.duration.as_secs_f64(),
-        baseline_records_per_second,
-        slowdown: baseline_records_per_second / records_per_second,
+        versus: Versus::of(records, &engine, &baseline),
         surviving_records: engine.surviving_records,
         results_match: engine.surviving_records == baseline.surviving_records,
     })
@@ -110,8 +94,11 @@ mod tests {
         let report = run(10_000).unwrap();
         assert!(report.results_match, "{report:?}");
         assert!(report.surviving_records > 8_000, "{report:?}");
-        assert!(report.records_per_second > 0.0, "{report:?}");
-        assert!(report.baseline_records_per_second > 0.0, "{report:?}");
+        assert!(report.versus.records_per_second > 0.0, "{report:?}");
+        assert!(
+            report.versus.baseline_records_per_second > 0.0,
+            "{report:?}"
+        );
         let json = serde_json::to_value(&report).unwrap();
         for field in [
             "records",

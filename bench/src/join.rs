@@ -18,7 +18,7 @@ use serde::Serialize;
 use weir_engine::prelude::*;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, rate, Digest, DigestSink, Measurement, ROUNDS};
+use crate::measure::{alternate, Digest, DigestSink, Measurement, Versus, ROUNDS};
 use crate::nexmark::harness::CheckpointFigures;
 use crate::state::StateBackend;
 
@@ -43,18 +43,9 @@ pub struct JoinReport {
     pub keys: u64,
     /// The join's bounds: `between(-bound_ms, bound_ms)`.
     pub bound_ms: i64,
-    /// Rounds run; the best round of each side is reported.
-    pub rounds: usize,
-    /// The engine's best wall time, in seconds.
-    pub seconds: f64,
-    /// The engine's throughput: records of both sides per second, one shard.
-    pub records_per_second: f64,
-    /// The hand-written loop's best wall time, in seconds.
-    pub baseline_seconds: f64,
-    /// The loop's throughput.
-    pub baseline_records_per_second: f64,
-    /// `baseline_records_per_second / records_per_second`: how many times slower the engine is.
-    pub slowdown: f64,
+    /// The engine against the loop, in records of both sides per second.
+    #[serde(flatten)]
+    pub versus: Versus,
     /// Pairs joined.
     pub pairs: u64,
     /// Whether the engine's pairs are the loop's (same count and checksum).
@@ -155,7 +146,8 @@ fn run_engine(
             source,
         })
     };
-    let (local, checkpoints) = (temp_dir()?, temp_dir()?);
+    let local = temp_dir()?;
+    let checkpoints = checkpoint_interval_ms.map(|_| temp_dir()).transpose()?;
     let mut settings = vec![
         ("taskmanager.numberOfTaskSlots", "1".to_string()),
         ("state.backend.type", backend.config_name().to_string()),
@@ -164,7 +156,7 @@ fn run_engine(
             local.path().to_string_lossy().into_owned(),
         ),
     ];
-    if let Some(interval) = checkpoint_interval_ms {
+    if let Some((interval, checkpoints)) = checkpoint_interval_ms.zip(checkpoints.as_ref()) {
         settings.push(("execution.checkpointing.interval", format!("{interval} ms")));
         settings.push((
             "execution.checkpointing.dir",
@@ -248,20 +240,13 @@ pub fn run(
         .into_iter()
         .find(|(duration, _)| *duration == engine.duration)
         .and_then(|(_, figures)| figures);
-    let records_per_second = rate(2 * records, engine.duration);
-    let baseline_records_per_second = rate(2 * records, baseline.duration);
     Ok(JoinReport {
         benchmark: "join",
         backend,
         records,
         keys,
         bound_ms: bound,
-        rounds: ROUNDS,
-        seconds: engine.duration.as_secs_f64(),
-        records_per_second,
-        baseline_seconds: baseline.duration.as_secs_f64(),
-        baseline_records_per_second,
-        slowdown: baseline_records_per_second / records_per_second,
+        versus: Versus::of(2 * records, &engine, &baseline),
         pairs: engine_sum.pairs,
         results_match: engine_sum == baseline_sum,
         checkpoints,

@@ -3,6 +3,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::Serialize;
+
 use weir_engine::connector::{ConnectorError, LocalBoxFuture, SinkWriter};
 use weir_engine::prelude::{RuntimeContext, Sink};
 
@@ -16,6 +18,40 @@ pub struct Measurement {
     pub duration: Duration,
     /// Records that passed the filter and reached the sink (or the consumer).
     pub surviving_records: u64,
+}
+
+/// The engine's best round against the hand-written loop's, in a report: `#[serde(flatten)]`
+/// puts its fields beside the report's own.
+#[derive(Clone, Debug, Serialize)]
+pub struct Versus {
+    /// Rounds run; the best round of each side is reported.
+    pub rounds: usize,
+    /// The engine's best wall time, in seconds.
+    pub seconds: f64,
+    /// The engine's throughput: the benchmark's records per second (one shard).
+    pub records_per_second: f64,
+    /// The hand-written loop's best wall time, in seconds.
+    pub baseline_seconds: f64,
+    /// The loop's throughput.
+    pub baseline_records_per_second: f64,
+    /// `baseline_records_per_second / records_per_second`: how many times slower the engine is.
+    pub slowdown: f64,
+}
+
+impl Versus {
+    /// `records` done by the engine's best round `engine` and the loop's `baseline`.
+    pub(crate) fn of(records: u64, engine: &Measurement, baseline: &Measurement) -> Versus {
+        let records_per_second = rate(records, engine.duration);
+        let baseline_records_per_second = rate(records, baseline.duration);
+        Versus {
+            rounds: ROUNDS,
+            seconds: engine.duration.as_secs_f64(),
+            records_per_second,
+            baseline_seconds: baseline.duration.as_secs_f64(),
+            baseline_records_per_second,
+            slowdown: baseline_records_per_second / records_per_second,
+        }
+    }
 }
 
 /// Records per second for `records` done in `elapsed` (never divides by zero).

@@ -25,7 +25,7 @@ use weir_engine::window::{
 use weir_state::StableHasher;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, rate, Digest, DigestSink, Measurement, ROUNDS};
+use crate::measure::{alternate, Digest, DigestSink, Measurement, Versus};
 
 /// The loop's maps: the window operators' hasher.
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<StableHasher>>;
@@ -73,18 +73,9 @@ pub struct WindowReport {
     pub records: u64,
     /// Distinct keys.
     pub keys: u64,
-    /// Rounds run; the best round of each side is reported.
-    pub rounds: usize,
-    /// The engine's best wall time, in seconds.
-    pub seconds: f64,
-    /// The engine's throughput: records per second (one shard).
-    pub records_per_second: f64,
-    /// The hand-written loop's best wall time, in seconds.
-    pub baseline_seconds: f64,
-    /// The loop's throughput.
-    pub baseline_records_per_second: f64,
-    /// `baseline_records_per_second / records_per_second`.
-    pub slowdown: f64,
+    /// The engine against the loop, in records per second.
+    #[serde(flatten)]
+    pub versus: Versus,
     /// Window results (key, window, count) the engine emitted.
     pub windows: u64,
     /// Whether the engine's results equal the loop's (same checksum and number of windows).
@@ -303,18 +294,11 @@ pub fn run(kind: WindowKind, records: u64, keys: u64) -> Result<WindowReport, Be
             })
         },
     )?;
-    let records_per_second = rate(records, engine.duration);
-    let baseline_records_per_second = rate(records, baseline.duration);
     Ok(WindowReport {
         kind,
         records,
         keys,
-        rounds: ROUNDS,
-        seconds: engine.duration.as_secs_f64(),
-        records_per_second,
-        baseline_seconds: baseline.duration.as_secs_f64(),
-        baseline_records_per_second,
-        slowdown: baseline_records_per_second / records_per_second,
+        versus: Versus::of(records, &engine, &baseline),
         windows: engine_sum.windows,
         results_match: engine_sum == baseline_sum,
     })
