@@ -61,6 +61,10 @@ enum Job {
     /// Exactly-once check: per key, counts records and the gaps and repeats in their sequence
     /// numbers, and reports each key when the input ends (kill it and `--resume` it).
     SequenceCheck,
+    /// Exactly-once output check: every record of sequence-check's source, after a keyed
+    /// count, written as a line `key seq count` (kill it, `--resume` it, and count each
+    /// record in the committed part files of --output).
+    SequenceEcho,
 }
 
 #[derive(Subcommand)]
@@ -79,7 +83,7 @@ enum Command {
         /// Drop results instead of printing them (throughput runs).
         #[arg(long)]
         discard: bool,
-        /// keyed-aggregation: number of generated readings; sequence-check: of records.
+        /// keyed-aggregation: number of generated readings; sequence-check and sequence-echo: of records.
         #[arg(long, default_value_t = 10_000_000)]
         events: u64,
         /// keyed-aggregation: number of sensors.
@@ -88,10 +92,10 @@ enum Command {
         /// keyed-aggregation: report a sensor every this many readings.
         #[arg(long, default_value_t = 25_000)]
         report_every: u64,
-        /// sequence-check: number of keys (rounded to a multiple of its 16 splits).
+        /// sequence-check and sequence-echo: number of keys (rounded to a multiple of its 16 splits).
         #[arg(long, default_value_t = 800)]
         keys: u32,
-        /// sequence-check: records per second per source subtask at most (unthrottled if
+        /// sequence-check and sequence-echo: records per second per source subtask at most (unthrottled if
         /// absent).
         #[arg(long)]
         rate: Option<f64>,
@@ -236,6 +240,23 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Generated records written as text lines by the exactly-once file sink on one shard,
+    /// against a plain buffered write of the same bytes: MB/s of each.
+    FileSink {
+        /// Records to write (about 35 bytes each).
+        #[arg(long, default_value_t = 20_000_000)]
+        records: u64,
+        /// Checkpoint the engine run every MS milliseconds (parts commit at each checkpoint);
+        /// without it the parts commit when the job ends.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        checkpoint_interval_ms: Option<u64>,
+        /// Where both write (in temporary directories, removed after each round).
+        #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
+        dir: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// A keyed job holding --state-bytes of state, checkpointed every --interval-ms under
     /// updates of 1 % of its keys per interval, failed once: sync pauses, checkpoint durations
     /// and sizes (full, and what the last one wrote), restore and recovery times.
@@ -362,7 +383,7 @@ fn run(cli: Cli) -> Result<()> {
                     );
                     "keyed-aggregation"
                 }
-                Job::SequenceCheck => {
+                Job::SequenceCheck | Job::SequenceEcho => {
                     let splits = 16;
                     let keys_per_split = (keys / splits).max(1);
                     let spec = weir_examples::sequence_check::SequenceSpec {
@@ -371,8 +392,13 @@ fn run(cli: Cli) -> Result<()> {
                         per_key: (events / u64::from(splits * keys_per_split)).max(1),
                         rate,
                     };
-                    weir_examples::sequence_check::build(&env, spec, output);
-                    "sequence-check"
+                    if job == Job::SequenceCheck {
+                        weir_examples::sequence_check::build(&env, spec, output);
+                        "sequence-check"
+                    } else {
+                        weir_examples::sequence_check::build_echo(&env, spec, output);
+                        "sequence-echo"
+                    }
                 }
             };
             if explain {
@@ -522,6 +548,15 @@ fn run_bench(bench: Bench) -> Result<()> {
                 weir_bench::join::run(backend, records, keys, bound_ms, checkpoint_interval_ms)?;
             print_report(&report, json)
         }
+        Bench::FileSink {
+            records,
+            checkpoint_interval_ms,
+            dir,
+            json,
+        } => print_report(
+            &weir_bench::file_sink::run(records, checkpoint_interval_ms, &dir)?,
+            json,
+        ),
         Bench::Checkpoint {
             backend,
             state_bytes,

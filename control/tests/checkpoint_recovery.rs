@@ -1,14 +1,18 @@
-//! Exactly-once state under SIGKILL: `weir run sequence-check` is killed at random moments and
-//! resumed with `--resume` several times; at the end every key's state has counted each of its
-//! records exactly once — no gap (a record lost), no repeat (one counted twice) — at
-//! parallelism 1 and 2, on the heap and on RocksDB, which only holds when barriers align and
-//! snapshots are consistent.
+//! Exactly-once state and output under SIGKILL: `weir run sequence-check` is killed at random
+//! moments and resumed with `--resume` several times; at the end every key's state has
+//! counted each of its records exactly once — no gap (a record lost), no repeat (one counted
+//! twice) — at parallelism 1 and 2, on the heap and on RocksDB, which only holds when barriers
+//! align and snapshots are consistent. `weir run sequence-echo`, killed the same way, writes
+//! every record through the file sink: the committed part files hold each record once, each
+//! key's in order, which only holds when the sink commits exactly what its checkpoints hold.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use weir_examples::sequence_check::{problems, KeyReport, SequenceSpec};
+use weir_examples::sequence_check::{
+    echo_problems, problems, EchoCheck, Echoed, KeyReport, SequenceSpec,
+};
 
 /// What the job generates (`weir run sequence-check` has 16 splits).
 const KEYS: u32 = 64;
@@ -26,16 +30,16 @@ fn spec() -> SequenceSpec {
 }
 
 fn start(checkpoints: &Path, output: &Path, slots: usize, resume: bool) -> Child {
-    start_on("hashmap", checkpoints, output, slots, resume)
+    start_with(CHECK, "hashmap", &[], checkpoints, output, slots, resume)
 }
 
-/// [`start`] with state on `backend`.
-fn start_on(backend: &str, checkpoints: &Path, output: &Path, slots: usize, resume: bool) -> Child {
-    start_with(backend, &[], checkpoints, output, slots, resume)
-}
+/// The state check, and the output check.
+const CHECK: &str = "sequence-check";
+const ECHO: &str = "sequence-echo";
 
-/// [`start_on`] with more settings (`-D` pairs).
+/// [`start`] of `job` with state on `backend`, and more settings (`-D` pairs).
 fn start_with(
+    job: &str,
     backend: &str,
     settings: &[&str],
     checkpoints: &Path,
@@ -43,7 +47,7 @@ fn start_with(
     slots: usize,
     resume: bool,
 ) -> Child {
-    let mut command = command_on(backend, checkpoints, output, slots);
+    let mut command = command_on(job, backend, checkpoints, output, slots);
     for setting in settings {
         command.args(["-D", setting]);
     }
@@ -62,14 +66,20 @@ fn spawn(mut command: Command) -> Child {
         .expect("start weir")
 }
 
-/// The command line of the check on `backend`, checkpointing into `checkpoints`, writing to
+/// The command line of `job` on `backend`, checkpointing into `checkpoints`, writing to
 /// `output`, on `slots` shards, with RocksDB's working files beside `checkpoints` (in
 /// [`rocksdb_local_dir`]), so that what a killed run leaves goes with the test's directory.
-fn command_on(backend: &str, checkpoints: &Path, output: &Path, slots: usize) -> Command {
+fn command_on(
+    job: &str,
+    backend: &str,
+    checkpoints: &Path,
+    output: &Path,
+    slots: usize,
+) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_weir"));
     command.args([
         "run",
-        "sequence-check",
+        job,
         "--quiet",
         "--events",
         &EVENTS.to_string(),
@@ -104,16 +114,42 @@ fn rocksdb_local_dir(checkpoints: &Path) -> std::path::PathBuf {
     checkpoints.with_file_name("rocksdb")
 }
 
+/// The lines of an output directory's committed part files, each subtask's parts in the order
+/// they were written; fails on a file the sink left uncommitted.
+fn read_parts(dir: &Path) -> Vec<String> {
+    let mut parts = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("the output directory") {
+        let path = entry.expect("an entry").path();
+        let name = path
+            .file_name()
+            .expect("a name")
+            .to_string_lossy()
+            .into_owned();
+        let (subtask, n) = name
+            .strip_prefix("part-")
+            .and_then(|rest| rest.split_once('-'))
+            .unwrap_or_else(|| panic!("'{name}' is left in the output directory"));
+        let order: (usize, u64) = (
+            subtask.parse().expect("a subtask"),
+            n.parse().expect("a number"),
+        );
+        parts.push((order, path));
+    }
+    parts.sort();
+    let mut lines = Vec::new();
+    for (_, path) in parts {
+        let text = std::fs::read_to_string(&path).expect("a part file");
+        lines.extend(text.lines().map(str::to_string));
+    }
+    lines
+}
+
 /// The key reports in an output directory's part files.
 fn read_reports(dir: &Path) -> Vec<KeyReport> {
-    let mut reports = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("the output directory") {
-        let text = std::fs::read_to_string(entry.expect("an entry").path()).expect("a part file");
-        for line in text.lines() {
-            reports.push(KeyReport::parse(line).unwrap_or_else(|| panic!("a bad line: {line}")));
-        }
-    }
-    reports
+    read_parts(dir)
+        .iter()
+        .map(|line| KeyReport::parse(line).unwrap_or_else(|| panic!("a bad line: {line}")))
+        .collect()
 }
 
 /// A small deterministic generator, seeded per run (the seed is in every failure message).
@@ -133,8 +169,29 @@ fn killed_and_resumed(backend: &str, slots: usize) {
     killed_and_resumed_with(backend, &[], slots);
 }
 
-/// [`killed_and_resumed`] with more settings (`-D` pairs).
+/// [`killed_and_resumed`] with more settings (`-D` pairs): every key reported once, with
+/// every record counted once.
 fn killed_and_resumed_with(backend: &str, settings: &[&str], slots: usize) {
+    let (dir, seed) = killed_and_resumed_to_end(CHECK, backend, settings, slots);
+    let reported = read_reports(&dir.path().join("out"));
+    let problems = problems(spec(), &reported);
+    assert!(
+        problems.is_empty(),
+        "(seed {seed}) {} keys are wrong: {:?}",
+        problems.len(),
+        &problems[..problems.len().min(10)]
+    );
+}
+
+/// Runs `job` on `backend` with `settings`, killed four times at random moments and resumed,
+/// then resumed to its end, all writing into one output directory (`out` in the directory
+/// returned, with the seed of the kills).
+fn killed_and_resumed_to_end(
+    job: &str,
+    backend: &str,
+    settings: &[&str],
+    slots: usize,
+) -> (tempfile::TempDir, u64) {
     let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .expect("a clock after 1970")
@@ -142,13 +199,18 @@ fn killed_and_resumed_with(backend: &str, settings: &[&str], slots: usize) {
     let mut random = Random(seed);
     let dir = tempfile::tempdir().expect("a temporary directory");
     let checkpoints = dir.path().join("checkpoints");
+    let output = dir.path().join("out");
     let mut resumed = 0;
-    // The output of the run that ended the job by itself, if one did before its kill: it
-    // holds every report, and a run resumed after it (from its final checkpoint) none.
-    let mut finished: Option<std::path::PathBuf> = None;
     for attempt in 0..4 {
-        let output = dir.path().join(format!("out-{attempt}"));
-        let mut child = start_with(backend, settings, &checkpoints, &output, slots, attempt > 0);
+        let mut child = start_with(
+            job,
+            backend,
+            settings,
+            &checkpoints,
+            &output,
+            slots,
+            attempt > 0,
+        );
         let delay = Duration::from_millis(400 + random.next() % 900);
         let started = Instant::now();
         while started.elapsed() < delay {
@@ -166,16 +228,12 @@ fn killed_and_resumed_with(backend: &str, settings: &[&str], slots: usize) {
             "attempt {attempt} (seed {seed}) failed:\n{stderr}"
         );
         resumed += usize::from(stderr.contains("resumes from checkpoint"));
-        if result.status.success() && finished.is_none() {
-            finished = Some(output);
-        }
     }
     assert!(
         resumed >= 2,
         "only {resumed} of the 3 killed runs after the first resumed from a checkpoint (seed {seed})"
     );
-    let output = dir.path().join("out-final");
-    let child = start_with(backend, settings, &checkpoints, &output, slots, true);
+    let child = start_with(job, backend, settings, &checkpoints, &output, slots, true);
     let result = child.wait_with_output().expect("wait for weir");
     let stderr = String::from_utf8_lossy(&result.stderr);
     assert!(
@@ -196,44 +254,83 @@ fn killed_and_resumed_with(backend: &str, settings: &[&str], slots: usize) {
         left.is_empty(),
         "RocksDB working files of ended runs are left (seed {seed}): {left:?}"
     );
-    let reported = match &finished {
-        Some(ended) => {
-            let again = read_reports(&output);
-            assert!(
-                again.is_empty(),
-                "the job ended in {} (seed {seed}), yet the run resumed after it reported {} keys again",
-                ended.display(),
-                again.len()
-            );
-            read_reports(ended)
-        }
-        None => {
-            let mut reported = read_reports(&output);
-            // A run killed after a checkpoint that followed some of its reports (they are
-            // emitted at the end of the input) wrote those reports, and no run after it does:
-            // the file sink is not transactional. Take each key missing here from the last
-            // run that reported it.
-            for attempt in (0..4).rev() {
-                let earlier = dir.path().join(format!("out-{attempt}"));
-                if !earlier.exists() {
-                    continue;
-                }
-                for report in read_reports(&earlier) {
-                    if reported.iter().all(|r| r.key != report.key) {
-                        reported.push(report);
-                    }
-                }
-            }
-            reported
-        }
-    };
-    let problems = problems(spec(), &reported);
+    (dir, seed)
+}
+
+/// The echo job killed and resumed on `backend` with `settings`: what its committed output
+/// holds, checked.
+fn echo_killed_and_resumed(backend: &str, settings: &[&str], slots: usize) -> EchoCheck {
+    let (dir, seed) = killed_and_resumed_to_end(ECHO, backend, settings, slots);
+    let records: Vec<Echoed> = read_parts(&dir.path().join("out"))
+        .iter()
+        .map(|line| Echoed::parse(line).unwrap_or_else(|| panic!("a bad line: {line}")))
+        .collect();
+    let check = echo_problems(spec(), &records);
+    eprintln!("{backend}, {settings:?}, parallelism {slots} (seed {seed}): {check:?}");
+    check
+}
+
+/// The echo job's output holds every record once, in order, for every combination.
+fn echo_exactly_once(backend: &str, settings: &[&str], slots: usize) {
+    let check = echo_killed_and_resumed(backend, settings, slots);
     assert!(
-        problems.is_empty(),
-        "after {} resumed runs (seed {seed}), {} keys are wrong: {:?}",
-        resumed + 1,
-        problems.len(),
-        &problems[..problems.len().min(10)]
+        check.is_clean(),
+        "{backend}, {settings:?}, parallelism {slots}: {check:?}"
+    );
+}
+
+#[test]
+fn sigkill_and_resume_write_every_record_once_at_parallelism_1() {
+    echo_exactly_once("hashmap", &[], 1);
+}
+
+#[test]
+fn sigkill_and_resume_write_every_record_once_at_parallelism_2() {
+    echo_exactly_once("hashmap", &[], 2);
+}
+
+#[test]
+fn sigkill_and_resume_with_unaligned_checkpoints_write_every_record_once() {
+    for slots in [1, 2] {
+        echo_exactly_once("hashmap", UNALIGNED, slots);
+    }
+}
+
+#[test]
+fn sigkill_and_resume_on_rocksdb_write_every_record_once() {
+    for slots in [1, 2] {
+        echo_exactly_once("rocksdb", &[], slots);
+    }
+}
+
+#[test]
+fn sigkill_and_resume_on_rocksdb_with_unaligned_checkpoints_write_every_record_once() {
+    for slots in [1, 2] {
+        echo_exactly_once("rocksdb", UNALIGNED, slots);
+    }
+}
+
+/// With `sink.delivery-guarantee=at-least-once` (parts rolling every 16 KiB, committed as they
+/// roll) the same check finds records written twice, and none lost: the check catches
+/// duplicates.
+#[test]
+fn at_least_once_output_repeats_records_and_loses_none() {
+    let check = echo_killed_and_resumed(
+        "hashmap",
+        &[
+            "sink.delivery-guarantee=at-least-once",
+            "sink.rolling-policy.file-size=16kb",
+        ],
+        2,
+    );
+    assert!(check.duplicated > 0, "{check:?}");
+    assert_eq!(
+        EchoCheck {
+            duplicated: 0,
+            ..check.clone()
+        },
+        EchoCheck::default(),
+        "{check:?}"
     );
 }
 
@@ -312,7 +409,7 @@ fn killed_after_checkpoints(backend: &str, checkpoints: &Path, output: &Path) {
     } else {
         &[]
     };
-    let mut child = start_with(backend, settings, checkpoints, output, 2, false);
+    let mut child = start_with(CHECK, backend, settings, checkpoints, output, 2, false);
     let started = Instant::now();
     // The newest completed checkpoint's number.
     let newest = || {
@@ -536,17 +633,15 @@ fn wait_for_a_checkpoint(job: &Path, child: &mut Child) {
 
 /// SIGTERM on `weir run` with checkpointing stops the job with a savepoint and prints the
 /// command that resumes it; run so, every key has counted each of its records once.
-#[test]
-fn sigterm_stops_with_a_savepoint_and_the_printed_command_resumes_it() {
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let checkpoints = dir.path().join("checkpoints");
-    let mut child = start(&checkpoints, &dir.path().join("out-1"), 2, false);
-    wait_for_a_checkpoint(&checkpoints.join("sequence-check"), &mut child);
+/// Waits for a checkpoint of `job` (its checkpoint directory), sends `child` SIGTERM, and
+/// returns the savepoint it stopped with, and its standard error.
+fn stopped_with_savepoint(mut child: Child, job: &Path) -> (std::path::PathBuf, String) {
+    wait_for_a_checkpoint(job, &mut child);
     // SAFETY: kill() sends a signal to the process this test started, by its pid.
     let sent = unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     assert_eq!(sent, 0, "SIGTERM sent");
     let result = child.wait_with_output().expect("wait for weir");
-    let stderr = String::from_utf8_lossy(&result.stderr);
+    let stderr = String::from_utf8_lossy(&result.stderr).into_owned();
     assert!(result.status.success(), "the stopped run failed:\n{stderr}");
     let savepoint = stderr
         .lines()
@@ -557,6 +652,15 @@ fn sigterm_stops_with_a_savepoint_and_the_printed_command_resumes_it() {
         })
         .map(|(path, _)| std::path::PathBuf::from(path))
         .unwrap_or_else(|| panic!("no savepoint named in:\n{stderr}"));
+    (savepoint, stderr)
+}
+
+#[test]
+fn sigterm_stops_with_a_savepoint_and_the_printed_command_resumes_it() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let child = start(&checkpoints, &dir.path().join("out-1"), 2, false);
+    let (savepoint, stderr) = stopped_with_savepoint(child, &checkpoints.join(CHECK));
     assert!(
         stderr.contains(&format!("--from-savepoint {}", savepoint.display())),
         "the resume command is printed:\n{stderr}"
@@ -569,7 +673,7 @@ fn sigterm_stops_with_a_savepoint_and_the_printed_command_resumes_it() {
     );
 
     let output = dir.path().join("out-final");
-    let mut command = command_on("hashmap", &checkpoints, &output, 1);
+    let mut command = command_on(CHECK, "hashmap", &checkpoints, &output, 1);
     command.arg("--from-savepoint").arg(&savepoint);
     let result = spawn(command).wait_with_output().expect("wait for weir");
     let stderr = String::from_utf8_lossy(&result.stderr);
@@ -581,6 +685,47 @@ fn sigterm_stops_with_a_savepoint_and_the_printed_command_resumes_it() {
         "{:?}",
         &problems[..problems.len().min(10)]
     );
+}
+
+/// The echo job stopped by SIGTERM commits what its savepoint holds (nothing is left hidden,
+/// nothing written twice or out of order); started from the savepoint into the same output
+/// directory, it writes the rest: every record once.
+#[test]
+fn a_job_stopped_with_a_savepoint_commits_its_output_and_resumes_it() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    let output = dir.path().join("out");
+    let child = start_with(ECHO, "hashmap", &[], &checkpoints, &output, 2, false);
+    let (savepoint, _) = stopped_with_savepoint(child, &checkpoints.join(ECHO));
+    let echoed = |output: &Path| -> Vec<Echoed> {
+        read_parts(output)
+            .iter()
+            .map(|line| Echoed::parse(line).unwrap_or_else(|| panic!("a bad line: {line}")))
+            .collect()
+    };
+    let stopped = echoed(&output);
+    let check = echo_problems(spec(), &stopped);
+    assert!(
+        !stopped.is_empty() && check.lost > 0,
+        "the stopped run committed {} records: {check:?}",
+        stopped.len()
+    );
+    assert_eq!(
+        EchoCheck {
+            lost: 0,
+            ..check.clone()
+        },
+        EchoCheck::default(),
+        "{check:?}"
+    );
+
+    let mut command = command_on(ECHO, "hashmap", &checkpoints, &output, 2);
+    command.arg("--from-savepoint").arg(&savepoint);
+    let result = spawn(command).wait_with_output().expect("wait for weir");
+    let stderr = String::from_utf8_lossy(&result.stderr);
+    assert!(result.status.success(), "the resumed run failed:\n{stderr}");
+    let check = echo_problems(spec(), &echoed(&output));
+    assert!(check.is_clean(), "{check:?}");
 }
 
 /// A savepoint written by an earlier build, committed as a golden fixture: `weir run

@@ -417,6 +417,35 @@ fn bench_commands_print_one_json_object() {
     fails_naming(&["bench", "join", "--backend", "memory"], "memory");
     fails_naming(&["bench", "join", "--records", "0"], "--records");
 
+    let dir = tempfile::tempdir().unwrap();
+    let json = bench_json(
+        &[
+            "bench",
+            "file-sink",
+            "--records",
+            "100000",
+            "--checkpoint-interval-ms",
+            "20",
+            "--dir",
+            dir.path().to_str().unwrap(),
+            "--json",
+        ],
+        &[
+            "bytes",
+            "megabytes_per_second",
+            "baseline_megabytes_per_second",
+            "parts",
+            "slowdown",
+        ],
+    );
+    assert_eq!(json["results_match"], true, "{json}");
+    assert_eq!(json["checkpoint_interval_ms"], 20, "{json}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "rounds leave nothing"
+    );
+
     fails_naming(
         &[
             "bench",

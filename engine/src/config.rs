@@ -13,6 +13,7 @@ use weir_memory::{MemoryConfig, RocksDbMemoryRatios, WorkerBudget};
 use weir_state::BackendType;
 
 use crate::checkpoint::restart::{ExponentialDelay, RestartStrategy};
+use crate::connector::{DeliveryGuarantee, RollingPolicy, SinkSettings};
 
 /// A setting that cannot be used.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
@@ -175,6 +176,14 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Credits per exchange channel: segments a sender may have in flight to a receiver on another shard, batches to one on its own shard (rounded up to a power of two)."),
     option!("taskmanager.shard.spin-before-park", OptionKind::Duration, "1 ms",
         "How long an idle shard spins before it sleeps; shorter saves CPU, longer cuts wake-up latency."),
+    option!("sink.delivery-guarantee", OptionKind::Choice(&DeliveryGuarantee::NAMES), "exactly-once",
+        "What transactional sinks (the file sink) promise when the job fails and recovers, unless a sink sets its own: exactly-once commits output when the checkpoint after it completes (at the job's end without checkpointing); at-least-once commits at every barrier, so records replayed after a failure are written again; none commits as files roll and at the end."),
+    option!("sink.rolling-policy.file-size", OptionKind::Size, "128m",
+        "The file sink rolls a part file (closes it, and starts the next) once it holds this much; parts also roll at every checkpoint barrier."),
+    option!("sink.rolling-policy.rollover-interval", OptionKind::Duration, "60 s",
+        "The file sink rolls a part file open this long."),
+    option!("sink.rolling-policy.inactivity-interval", OptionKind::Duration, "60 s",
+        "The file sink rolls a part file not written to for this long (checked when the next records come)."),
     option!("execution.checkpointing.interval", OptionKind::Duration, "0",
         "Time between checkpoints (Flink's name); 0 turns checkpointing off."),
     option!("execution.checkpointing.dir", OptionKind::Path, "",
@@ -594,6 +603,20 @@ impl Configuration {
             write_buffer_ratio: self.number("state.backend.rocksdb.memory.write-buffer-ratio"),
             write_back_ratio: self.number("state.backend.rocksdb.memory.write-back-ratio"),
             ..RocksDbMemoryRatios::default()
+        }
+    }
+
+    /// The `sink.*` settings.
+    pub fn sink_settings(&self) -> SinkSettings {
+        SinkSettings {
+            delivery_guarantee: self
+                .raw("sink.delivery-guarantee")
+                .and_then(DeliveryGuarantee::parse)
+                .unwrap_or_default(),
+            rolling_policy: RollingPolicy::default()
+                .with_max_part_size(self.size("sink.rolling-policy.file-size"))
+                .with_rollover_interval(self.duration("sink.rolling-policy.rollover-interval"))
+                .with_inactivity_interval(self.duration("sink.rolling-policy.inactivity-interval")),
         }
     }
 

@@ -8,6 +8,7 @@ use std::io::Write;
 use std::path::Path;
 
 use common::assert_same_multiset;
+use weir_engine::connector::{BucketAssigner, BucketPeriod, RollingPolicy};
 use weir_engine::error::FailureKind;
 use weir_engine::prelude::*;
 
@@ -316,25 +317,241 @@ fn file_sink_writes_one_part_per_subtask_with_every_record() {
     let result = env.execute("file sink").expect("the job succeeds");
     assert_eq!(result.records_in("Sink: files"), 20_000);
     let (names, lines) = read_parts(&out);
-    let expected_names: Vec<String> = (0..parallelism).map(|s| format!("part-{s}")).collect();
+    let expected_names: Vec<String> = (0..parallelism).map(|s| format!("part-{s}-0")).collect();
     assert_eq!(names, expected_names);
     let expected: Vec<String> = (0..20_000u64).map(|n| (n * 3).to_string()).collect();
     assert_same_multiset(&lines, &expected);
 }
 
 #[test]
-fn file_sink_leaves_a_part_for_a_subtask_that_got_nothing() {
-    let parallelism = common::slots();
+fn file_sink_writes_no_part_for_a_subtask_that_got_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("out");
     let env = common::env();
-    // One record: only one subtask receives it; every subtask still leaves its part.
+    // One record: only one subtask receives it, and only it leaves a part.
     env.from_collection(vec![42u64])
         .sink_to(FileSink::lines(&out), "files");
     env.execute("one record").expect("the job succeeds");
     let (names, lines) = read_parts(&out);
-    assert_eq!(names.len(), parallelism, "{names:?}");
+    assert_eq!(names.len(), 1, "{names:?}");
     assert_eq!(lines, ["42"]);
+}
+
+/// The part files of one subtask under `dir`, by number: (number, size, lines).
+fn parts_of(dir: &Path, subtask: usize) -> Vec<(u64, u64, Vec<String>)> {
+    let mut parts: Vec<(u64, u64, Vec<String>)> = std::fs::read_dir(dir)
+        .expect("output directory")
+        .filter_map(|entry| {
+            let path = entry.expect("an entry").path();
+            let name = path.file_name()?.to_str()?.to_string();
+            let (s, n) = name.strip_prefix("part-")?.split_once('-')?;
+            (s.parse::<usize>().ok()? == subtask).then(|| {
+                let text = std::fs::read_to_string(&path).expect("a part");
+                let lines = text.lines().map(str::to_string).collect();
+                (n.parse().expect("a number"), text.len() as u64, lines)
+            })
+        })
+        .collect();
+    parts.sort();
+    parts
+}
+
+/// `parts` (of one subtask, by number) hold the numbers `0..records` in order, each once, and
+/// `out` holds nothing else (no hidden part).
+fn hold_in_order(parts: Vec<(u64, u64, Vec<String>)>, records: u64, out: &Path) {
+    let lines: Vec<String> = parts.into_iter().flat_map(|(_, _, lines)| lines).collect();
+    let expected: Vec<String> = (0..records).map(|n| n.to_string()).collect();
+    assert_eq!(lines, expected);
+    let (names, _) = read_parts(out);
+    assert!(
+        names.iter().all(|name| name.starts_with("part-")),
+        "{names:?}"
+    );
+}
+
+#[test]
+fn file_sink_rolls_parts_by_size_numbered_in_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("out");
+    let env = common::env_with(1, &[("execution.batch-size", "64")]);
+    env.from_sequence(0, 20_000).sink_to(
+        FileSink::lines(&out)
+            .with_rolling_policy(RollingPolicy::default().with_max_part_size(4096)),
+        "files",
+    );
+    env.execute("rolling").expect("the job succeeds");
+    let parts = parts_of(&out, 0);
+    assert!(parts.len() > 20, "{} parts", parts.len());
+    let numbers: Vec<u64> = parts.iter().map(|(n, _, _)| *n).collect();
+    assert_eq!(numbers, (0..parts.len() as u64).collect::<Vec<_>>());
+    // A part rolls before the batch that would find it full: at most one batch over.
+    for (n, size, _) in &parts {
+        assert!(*size < 4096 + 64 * 6, "part {n} holds {size} bytes");
+    }
+    hold_in_order(parts, 20_000, &out);
+}
+
+#[test]
+fn file_sink_writes_each_record_into_its_bucket() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("out");
+    let env = common::env();
+    env.from_sequence(0, 3_000).rebalance().sink_to(
+        FileSink::lines(&out)
+            .with_bucket_assigner(BucketAssigner::by(|n: &u64| format!("mod-{}", n % 3))),
+        "files",
+    );
+    env.execute("buckets").expect("the job succeeds");
+    let mut buckets: Vec<String> = std::fs::read_dir(&out)
+        .expect("output directory")
+        .map(|entry| {
+            entry
+                .expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    buckets.sort();
+    assert_eq!(buckets, ["mod-0", "mod-1", "mod-2"]);
+    for residue in 0..3u64 {
+        let (_, lines) = read_parts(&out.join(format!("mod-{residue}")));
+        let expected: Vec<String> = (0..3_000u64)
+            .filter(|n| n % 3 == residue)
+            .map(|n| n.to_string())
+            .collect();
+        assert_same_multiset(&lines, &expected);
+    }
+}
+
+#[test]
+fn an_event_time_bucket_needs_timestamps() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let env = common::env();
+    env.from_sequence(0, 10).sink_to(
+        FileSink::lines(dir.path().join("out")).with_bucket_assigner(BucketAssigner::date_time(
+            BucketPeriod::Hour,
+            TimeDomain::EventTime,
+        )),
+        "files",
+    );
+    let error = env
+        .execute("no timestamps")
+        .expect_err("the job fails")
+        .to_string();
+    assert!(
+        error.contains("without a timestamp") && error.contains("WatermarkStrategy"),
+        "{error}"
+    );
+}
+
+#[test]
+fn file_sink_fails_naming_an_output_directory_it_cannot_create() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("a-file");
+    write_file(&file, "not a directory");
+    let out = file.join("out");
+    let env = common::env();
+    env.from_sequence(0, 10)
+        .sink_to(FileSink::lines(&out), "files");
+    let error = env
+        .execute("unwritable")
+        .expect_err("the job fails")
+        .to_string();
+    assert!(
+        error.contains(&out.display().to_string()) && error.contains("writable output directory"),
+        "{error}"
+    );
+}
+
+/// With checkpoints, parts roll at every barrier and are renamed when the checkpoint
+/// completes: the job leaves several parts per subtask, every record once, nothing hidden.
+#[test]
+fn a_checkpointed_file_sink_commits_a_part_per_checkpoint() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("out");
+    let checkpoints = dir.path().join("checkpoints");
+    let env = common::env_with(
+        1,
+        &[
+            ("execution.checkpointing.interval", "50 ms"),
+            ("execution.checkpointing.dir", checkpoints.to_str().unwrap()),
+        ],
+    );
+    env.from_source(
+        DataGeneratorSource::new(Some(20_000), |i| i).with_rate(40_000.0),
+        WatermarkStrategy::no_watermarks(),
+        "trickle",
+    )
+    .sink_to(FileSink::lines(&out), "files");
+    let result = env.execute("checkpointed").expect("the job succeeds");
+    let completed = result.checkpoints.as_ref().map_or(0, |c| c.completed);
+    assert!(completed >= 3, "{:?}", result.checkpoints);
+    let parts = parts_of(&out, 0);
+    assert!(parts.len() >= 3, "{} parts", parts.len());
+    hold_in_order(parts, 20_000, &out);
+}
+
+#[derive(
+    Clone,
+    Debug,
+    PartialEq,
+    serde::Serialize,
+    serde::Deserialize,
+    rkyv::Archive,
+    rkyv::Serialize,
+    rkyv::Deserialize,
+)]
+struct Row {
+    name: String,
+    amount: i64,
+    ok: bool,
+}
+
+fn row(i: u64) -> Row {
+    Row {
+        name: ["plain", "with, comma", "with \"quotes\"", "ÆØÅ"][(i % 4) as usize].to_string(),
+        amount: i as i64 - 50,
+        ok: i.is_multiple_of(2),
+    }
+}
+
+#[test]
+fn file_sink_writes_json_lines_and_csv_rows() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rows: Vec<Row> = (0..200).map(row).collect();
+    let env = common::env();
+    let stream = env.from_collection(rows.clone());
+    stream
+        .clone()
+        .sink_to(FileSink::json_lines(dir.path().join("json")), "json");
+    stream.sink_to(FileSink::csv(dir.path().join("csv")), "csv");
+    env.execute("formats").expect("the job succeeds");
+
+    let (_, json) = read_parts(&dir.path().join("json"));
+    let read: Vec<Row> = json
+        .iter()
+        .map(|line| serde_json::from_str(line).expect("a JSON row"))
+        .collect();
+    assert_same_multiset(
+        &read.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
+        &rows.iter().map(|r| format!("{r:?}")).collect::<Vec<_>>(),
+    );
+
+    let env = common::env();
+    let (sink, collected) = CollectSink::new();
+    env.from_source(
+        FileSource::csv(dir.path().join("csv")),
+        WatermarkStrategy::no_watermarks(),
+        "csv",
+    )
+    .sink_to(sink, "rows");
+    env.execute("read csv").expect("the job succeeds");
+    let expected: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| vec![r.name.clone(), r.amount.to_string(), r.ok.to_string()])
+        .collect();
+    assert_same_multiset(&collected.records(), &expected);
 }
 
 #[test]

@@ -291,6 +291,16 @@ impl KeyedProcessFunction<u32, Numbered, KeyReport> for CheckSequence {
     }
 }
 
+/// The source's records, over `spec`.
+fn sequence(env: &StreamEnvironment, spec: SequenceSpec) -> DataStream<Numbered> {
+    env.from_source(
+        SequenceSource::new(spec),
+        WatermarkStrategy::no_watermarks(),
+        "sequence",
+    )
+    .uid("sequence")
+}
+
 /// The reports of the check over a source of shape `spec`.
 pub fn reports(env: &StreamEnvironment, spec: SequenceSpec) -> DataStream<KeyReport> {
     reports_with(env, spec, |records| records)
@@ -303,13 +313,7 @@ pub fn reports_with(
     spec: SequenceSpec,
     between: impl FnOnce(DataStream<Numbered>) -> DataStream<Numbered>,
 ) -> DataStream<KeyReport> {
-    let records = env
-        .from_source(
-            SequenceSource::new(spec),
-            WatermarkStrategy::no_watermarks(),
-            "sequence",
-        )
-        .uid("sequence");
+    let records = sequence(env, spec);
     between(records)
         .key_by(|record: &Numbered| record.key)
         .process(CheckSequence {
@@ -327,6 +331,137 @@ pub fn build(env: &StreamEnvironment, spec: SequenceSpec, output: Output) {
         Output::Files(dir) => reports.sink_to(FileSink::lines(dir), "files"),
         Output::Discard => reports.sink_to(DiscardSink::new(), "discard"),
     };
+}
+
+/// One record as the echo job writes it: the record, and its key's count of records
+/// (itself included) in the keyed state.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Echoed {
+    /// The key.
+    pub key: u32,
+    /// Its position in the key's sequence.
+    pub seq: u64,
+    /// The key's records counted so far, this one included: `seq + 1` when the state is
+    /// exactly once.
+    pub count: u64,
+}
+
+impl fmt::Display for Echoed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {}", self.key, self.seq, self.count)
+    }
+}
+
+impl Echoed {
+    /// Reads a line written by `Display`.
+    pub fn parse(line: &str) -> Option<Echoed> {
+        let mut fields = line.split(' ');
+        let echoed = Echoed {
+            key: fields.next()?.parse().ok()?,
+            seq: fields.next()?.parse().ok()?,
+            count: fields.next()?.parse().ok()?,
+        };
+        fields.next().is_none().then_some(echoed)
+    }
+}
+
+/// Counts each key's records and passes every record on with the count.
+#[derive(Clone)]
+struct EchoSequence {
+    count: ValueStateDescriptor<u64>,
+}
+
+impl KeyedProcessFunction<u32, Numbered, Echoed> for EchoSequence {
+    fn process_element(
+        &mut self,
+        record: Numbered,
+        ctx: &mut KeyedProcessContext<'_, u32, Echoed>,
+    ) {
+        let state = ctx.value_state(&self.count);
+        let count = state.value().expect("read state").unwrap_or(0) + 1;
+        state.update(count).expect("write state");
+        ctx.emit(Echoed {
+            key: record.key,
+            seq: record.seq,
+            count,
+        });
+    }
+}
+
+/// The echo job: every record of the source over `spec`, after a keyed count, written to
+/// `output` as a line `key seq count`. Killed and resumed any number of times with the file
+/// sink's exactly-once guarantee, the committed output holds every record once, each key's
+/// in order ([`echo_problems`]).
+pub fn build_echo(env: &StreamEnvironment, spec: SequenceSpec, output: Output) {
+    let records = sequence(env, spec);
+    let echoed = records
+        .key_by(|record: &Numbered| record.key)
+        .process(EchoSequence {
+            count: ValueStateDescriptor::new("count"),
+        })
+        .name("count")
+        .uid("echo-count");
+    match output {
+        Output::Print => echoed.sink_to(PrintSink::new(), "print"),
+        Output::Files(dir) => echoed.sink_to(FileSink::lines(dir), "files").uid("files"),
+        Output::Discard => echoed.sink_to(DiscardSink::new(), "discard"),
+    };
+}
+
+/// What a check of the echo job's output found: records counted by what is wrong with them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EchoCheck {
+    /// Records the source generated that the output does not hold.
+    pub lost: u64,
+    /// Records the output holds more than once (each repeat counted).
+    pub duplicated: u64,
+    /// Records that come after a later record of their key (not counting repeats).
+    pub out_of_order: u64,
+    /// Records whose count is not their position plus one: the state counted a record twice
+    /// or lost one.
+    pub miscounted: u64,
+    /// Lines that are no record of the source.
+    pub unknown: u64,
+}
+
+impl EchoCheck {
+    /// Nothing lost, duplicated, out of order or miscounted.
+    pub fn is_clean(&self) -> bool {
+        *self == EchoCheck::default()
+    }
+}
+
+/// Checks the echo job's output over `spec`: `records`, in the order the output holds them
+/// (each key's part files in the order they were written).
+pub fn echo_problems(spec: SequenceSpec, records: &[Echoed]) -> EchoCheck {
+    let mut check = EchoCheck::default();
+    let keys = spec.keys() as usize;
+    let mut seen = vec![vec![false; spec.per_key as usize]; keys];
+    let mut highest: Vec<Option<u64>> = vec![None; keys];
+    for record in records {
+        let Some(slot) = seen
+            .get_mut(record.key as usize)
+            .and_then(|key| key.get_mut(record.seq as usize))
+        else {
+            check.unknown += 1;
+            continue;
+        };
+        if *slot {
+            check.duplicated += 1;
+            continue;
+        }
+        *slot = true;
+        let highest = &mut highest[record.key as usize];
+        if highest.is_some_and(|h| h > record.seq) {
+            check.out_of_order += 1;
+        }
+        *highest = (*highest).max(Some(record.seq));
+        if record.count != record.seq + 1 {
+            check.miscounted += 1;
+        }
+    }
+    check.lost = seen.iter().flatten().filter(|seen| !**seen).count() as u64;
+    check
 }
 
 /// What is wrong with `reports` for a run over `spec`: keys missing or reported twice, counts,
@@ -378,6 +513,82 @@ mod tests {
         reports(&env, spec).sink_to(sink, "collect");
         env.execute("sequence-check").unwrap();
         assert_eq!(problems(spec, &collected.records()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn the_echo_job_writes_every_record_once_in_order() {
+        let spec = SequenceSpec {
+            splits: 4,
+            keys_per_split: 3,
+            per_key: 500,
+            rate: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let env = StreamEnvironment::new(Configuration::default()).unwrap();
+        build_echo(&env, spec, Output::Files(dir.path().to_path_buf()));
+        env.execute("sequence-echo").unwrap();
+        let mut parts: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .collect();
+        parts.sort();
+        let mut records = Vec::new();
+        for part in parts {
+            let name = part.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(name.starts_with("part-"), "{name} is left in the output");
+            let text = std::fs::read_to_string(&part).unwrap();
+            records.extend(text.lines().map(|line| Echoed::parse(line).unwrap()));
+        }
+        assert_eq!(records.len() as u64, spec.records());
+        assert!(echo_problems(spec, &records).is_clean());
+    }
+
+    #[test]
+    fn the_echo_check_counts_what_is_wrong() {
+        let spec = SequenceSpec {
+            splits: 1,
+            keys_per_split: 2,
+            per_key: 3,
+            rate: None,
+        };
+        let at = |key, seq| Echoed {
+            key,
+            seq,
+            count: seq + 1,
+        };
+        let good = [at(0, 0), at(1, 0), at(0, 1), at(1, 1), at(0, 2), at(1, 2)];
+        assert!(echo_problems(spec, &good).is_clean());
+        let bad = [
+            at(0, 0),
+            at(0, 2),
+            at(0, 1),
+            at(0, 2),
+            Echoed {
+                count: 5,
+                ..at(1, 0)
+            },
+            at(7, 0),
+        ];
+        assert_eq!(
+            echo_problems(spec, &bad),
+            EchoCheck {
+                lost: 2,
+                duplicated: 1,
+                out_of_order: 1,
+                miscounted: 1,
+                unknown: 1,
+            }
+        );
+        assert_eq!(
+            Echoed::parse("3 4 5"),
+            Some(Echoed {
+                key: 3,
+                seq: 4,
+                count: 5
+            })
+        );
+        assert_eq!(Echoed::parse("3 4"), None);
+        assert_eq!(Echoed::parse("3 4 5 6"), None);
     }
 
     #[test]

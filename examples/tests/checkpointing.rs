@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use weir_engine::api::RunOptions;
+use weir_engine::checkpoint::CheckpointBarrier;
 use weir_engine::connector::{ConnectorError, LocalBoxFuture, SinkWriter};
 use weir_engine::prelude::*;
 use weir_engine::state::StateValue;
@@ -351,7 +352,10 @@ impl<T> SinkWriter<T> for OffsetLogWriter<T> {
         Box::pin(async { Ok(()) })
     }
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+    fn flush(
+        &mut self,
+        _barrier: &CheckpointBarrier,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         self.offset.update([self.next]);
         Box::pin(async { Ok(()) })
     }
@@ -1056,7 +1060,10 @@ impl<T> SinkWriter<T> for UnionProbeWriter {
         Box::pin(async { Ok(()) })
     }
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+    fn flush(
+        &mut self,
+        _barrier: &CheckpointBarrier,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         self.subtasks.update([self.subtask]);
         Box::pin(async { Ok(()) })
     }
@@ -1543,7 +1550,10 @@ impl<T> SinkWriter<T> for SlowWriter {
         Box::pin(async { Ok(()) })
     }
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+    fn flush(
+        &mut self,
+        _barrier: &CheckpointBarrier,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         Box::pin(async { Ok(()) })
     }
 }

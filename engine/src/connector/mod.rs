@@ -14,13 +14,14 @@ mod file_source;
 mod print;
 mod sink;
 mod source;
+mod two_phase;
 mod wake_filter;
 
 pub use collect::{CollectSink, Collected};
 pub use collection::{CollectionSource, CollectionSplit};
 pub use datagen::{DataGeneratorSource, Generator, GeneratorSplit, Sequence};
 pub use discard::DiscardSink;
-pub use file_sink::FileSink;
+pub use file_sink::{BucketAssigner, BucketPeriod, FileSink, PendingPart, RollingPolicy};
 pub use file_source::{FileSource, FileSplit, LineFormat};
 pub use futures::future::LocalBoxFuture;
 pub use print::PrintSink;
@@ -28,6 +29,19 @@ pub use sink::{Sink, SinkWriter};
 pub use source::{
     Boundedness, ReadStatus, Source, SourceReader, SourceSplit, SplitEnumerator, StaticSplits,
 };
+pub use two_phase::{
+    two_phase_writer, CommitError, Committer, DeliveryGuarantee, TransactionWriter,
+    TwoPhaseCommitSink,
+};
+
+/// The job's settings for its sinks (`sink.*`), for sinks that set none of their own.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SinkSettings {
+    /// `sink.delivery-guarantee`.
+    pub delivery_guarantee: DeliveryGuarantee,
+    /// `sink.rolling-policy.*`: when the file sink rolls its parts between barriers.
+    pub rolling_policy: RollingPolicy,
+}
 
 /// A connector failure.
 #[derive(Debug, Clone, thiserror::Error)]

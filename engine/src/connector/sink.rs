@@ -3,6 +3,7 @@
 use futures::future::LocalBoxFuture;
 
 use super::ConnectorError;
+use crate::checkpoint::CheckpointBarrier;
 use crate::operator::RuntimeContext;
 
 /// Writes one subtask's records. Lives on the subtask's shard.
@@ -20,10 +21,25 @@ pub trait SinkWriter<T> {
     /// what it wrote last); no record and no `flush` do.
     fn finish(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>>;
 
-    /// A checkpoint barrier reached the sink: hand what it buffered to the system, so that
-    /// records from before a completed checkpoint outlive the process (a resumed job does not
-    /// produce them again). The default has nothing buffered.
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+    /// `barrier` reached the sink: hand what it buffered to the system, so that records from
+    /// before a completed checkpoint outlive the process (a resumed job does not produce them
+    /// again); a transactional sink pre-commits here (`two_phase_writer`). Whatever the
+    /// writer keeps in its operator state is snapshotted after this returns. The default has
+    /// nothing buffered.
+    fn flush(
+        &mut self,
+        _barrier: &CheckpointBarrier,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// The subtask ends: after `finish` and the final checkpoint's notice when the input
+    /// ended, or after the savepoint the job stops with (`stopped_with_savepoint`; `finish`
+    /// was not called, and the job goes on from the savepoint). The default does nothing.
+    fn close(
+        &mut self,
+        _stopped_with_savepoint: bool,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         Box::pin(async { Ok(()) })
     }
 

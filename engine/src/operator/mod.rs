@@ -41,6 +41,7 @@ pub(crate) use reduce::ReduceOperator;
 use crate::checkpoint::task_state::TaskStateId;
 use crate::checkpoint::task_state::{OperatorSnapshot, TaskState};
 use crate::checkpoint::CheckpointBarrier;
+use crate::connector::SinkSettings;
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
 use crate::record::Watermark;
@@ -66,6 +67,8 @@ pub struct RuntimeContext {
     pub parallelism: usize,
     /// The job's maximum parallelism (number of key groups).
     pub max_parallelism: usize,
+    /// The job's `sink.*` settings: what a sink that sets none of its own follows.
+    pub sinks: SinkSettings,
     /// Where a keyed operator's state lives.
     pub(crate) state: StateEnv,
     /// Names this subtask's operator (non-keyed) state on its shard.
@@ -89,6 +92,7 @@ impl RuntimeContext {
             subtask,
             parallelism,
             max_parallelism,
+            sinks: SinkSettings::default(),
             state: StateEnv::default(),
             operator_state: OperatorStateId::fresh(),
             task: TaskStateId::detached(),

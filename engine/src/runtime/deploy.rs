@@ -31,6 +31,7 @@ use crate::checkpoint::task_state::{RestoredJob, TaskStateId, PART_OPERATOR_STAT
 use crate::checkpoint::{CheckpointStats, SavepointHandle};
 use crate::config::CheckpointConfig;
 use crate::config::Configuration;
+use crate::connector::SinkSettings;
 use crate::error::{panic_message, JobError, TaskError, TaskResult};
 use crate::graph::{
     within_slot, AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
@@ -202,6 +203,8 @@ struct JobShared {
     checkpointing: Option<Arc<JobCheckpointing>>,
     /// The checkpoint the job resumes from.
     restored: Option<Arc<RestoredJob>>,
+    /// The `sink.*` settings.
+    sinks: SinkSettings,
 }
 
 /// A subtask's failure, attributed.
@@ -284,6 +287,7 @@ impl ChainBuilder<'_> {
             subtask: self.subtask,
             parallelism: job.node_parallelism[node],
             max_parallelism: job.max_parallelism,
+            sinks: self.shared.sinks,
             state: StateEnv {
                 backend: self.shared.state_backend,
                 rocksdb: self
@@ -992,6 +996,7 @@ fn run_attempt(
         rocksdb,
         checkpointing: driver.as_ref().map(|driver| Arc::clone(&driver.shared)),
         restored,
+        sinks: config.sink_settings(),
     });
 
     let mut per_slot: Vec<Vec<SubtaskPlan>> = (0..slots).map(|_| Vec::new()).collect();

@@ -753,7 +753,7 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
             ChainEvent::Barrier(barrier) => Box::pin(async move {
                 if !self.finished {
                     let _scope = scope::enter(&self.metrics.name);
-                    let result = self.writer.flush().await;
+                    let result = self.writer.flush(&barrier).await;
                     result.map_err(|e| e.in_operator(&self.metrics.name))?;
                 }
                 snapshot_operator(
@@ -778,7 +778,11 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
             // Stopped with a savepoint: what the sink holds was flushed at its barrier, and
             // the sink is not finished (it goes on after the savepoint is restored). `End`
             // follows `Finish`, which wrote out what the sink held.
-            ChainEvent::Suspend | ChainEvent::End => nothing_to_do(),
+            ChainEvent::Suspend | ChainEvent::End => Box::pin(async move {
+                let _scope = scope::enter(&self.metrics.name);
+                let result = self.writer.close(event == ChainEvent::Suspend).await;
+                result.map_err(|e| e.in_operator(&self.metrics.name))
+            }),
             ChainEvent::Watermark(_)
             | ChainEvent::WatermarkStatus { .. }
             | ChainEvent::ProcessingTime(_)

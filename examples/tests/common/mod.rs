@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
+use weir_engine::checkpoint::CheckpointBarrier;
 use weir_engine::connector::{ConnectorError, LocalBoxFuture, SinkWriter};
 use weir_engine::prelude::*;
 
@@ -95,7 +96,10 @@ impl<T> SinkWriter<T> for NoticeWriter {
         self.note(Notice::Finished)
     }
 
-    fn flush(&mut self) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
+    fn flush(
+        &mut self,
+        _barrier: &CheckpointBarrier,
+    ) -> LocalBoxFuture<'_, Result<(), ConnectorError>> {
         self.note(Notice::Flushed)
     }
 
