@@ -52,13 +52,16 @@ pub enum BenchError {
     /// A checkpoint benchmark option is invalid, or its run did not do what it measures.
     #[error("checkpoint benchmark: {0}")]
     Checkpoint(String),
+    /// The PostgreSQL benchmark's server refused or failed a step.
+    #[error("postgres benchmark: {0}")]
+    Postgres(String),
     /// A Nexmark option or generator setting is invalid.
     #[error("nexmark: {0}")]
     Nexmark(String),
-    /// No temporary directory for the benchmark's RocksDB database.
+    /// No temporary directory for the benchmark's files (RocksDB's, checkpoints, output).
     #[error(
-        "could not create a temporary directory for RocksDB in {}: {source}; set TMPDIR to a \
-         writable directory",
+        "could not create or read a temporary directory in {}: {source}; choose a writable \
+         directory (--dir where the benchmark has one, else TMPDIR)",
         dir.display()
     )]
     TempDir {

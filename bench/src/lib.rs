@@ -14,12 +14,14 @@
 //!   and failed once: sync pauses, checkpoint durations and sizes, restore and recovery times.
 //! - [`file_sink`]: generated records written by the exactly-once file sink on one shard,
 //!   against a plain buffered write of the same bytes.
+//! - [`postgres`]: generated rows written by the exactly-once PostgreSQL sink from one
+//!   subtask, against a hand-written `COPY` of the same rows.
 //! - [`nexmark`]: the Nexmark event model, its standard generator, hand-written baselines of
 //!   the queries, the queries as Weir jobs, and the harness behind `weir bench nexmark`
 //!   (throughput per core, generation-to-result latency, checksums against the baseline).
 //! - [`record`]: the 64-byte record both use, and the map and filter functions they share.
 //!
-//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state|join|checkpoint|file-sink|nexmark
+//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state|join|checkpoint|file-sink|postgres|nexmark
 //! --json` commands print one as a JSON object. The criterion micro-benchmarks live in
 //! `benches/pipeline.rs` (pipelines, key groups, record codec) and `benches/hot_paths.rs` (a
 //! Nexmark bid's codecs, segment write/read, the shard-to-shard ring, window assignment, state
@@ -34,6 +36,7 @@ pub mod file_sink;
 pub mod join;
 mod measure;
 pub mod nexmark;
+pub mod postgres;
 pub mod record;
 pub mod state;
 pub mod window;

@@ -54,6 +54,29 @@ impl Versus {
     }
 }
 
+/// `config` with checkpoints every `interval_ms` into `dir`, when an interval is given.
+pub(crate) fn checkpointed(
+    mut config: weir_engine::Configuration,
+    interval_ms: Option<u64>,
+    dir: &std::path::Path,
+    job: &'static str,
+) -> Result<weir_engine::Configuration, crate::BenchError> {
+    if let Some(interval) = interval_ms {
+        for (key, value) in [
+            ("execution.checkpointing.interval", format!("{interval} ms")),
+            (
+                "execution.checkpointing.dir",
+                dir.to_string_lossy().into_owned(),
+            ),
+        ] {
+            config
+                .set(key, value)
+                .map_err(|e| crate::BenchError::job(job)(e.into()))?;
+        }
+    }
+    Ok(config)
+}
+
 /// Records per second for `records` done in `elapsed` (never divides by zero).
 pub(crate) fn rate(records: u64, elapsed: Duration) -> f64 {
     records as f64 / elapsed.as_secs_f64().max(1e-9)

@@ -83,6 +83,11 @@ enum Command {
         /// Drop results instead of printing them (throughput runs).
         #[arg(long)]
         discard: bool,
+        /// sequence-echo: write its records into PostgreSQL, exactly once with checkpointing
+        /// (postgres://user[:password]@host[:port]/database/TABLE; the table is created if
+        /// missing).
+        #[arg(long, value_name = "URL", conflicts_with_all = ["output", "discard"])]
+        sink: Option<String>,
         /// keyed-aggregation: number of generated readings; sequence-check and sequence-echo: of records.
         #[arg(long, default_value_t = 10_000_000)]
         events: u64,
@@ -257,6 +262,24 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Generated rows written by the exactly-once PostgreSQL sink from one subtask into a
+    /// table of a running server, against a hand-written COPY of the same rows: rows/s.
+    Postgres {
+        /// The database (postgres://user[:password]@host[:port]/database); the benchmark
+        /// creates its own table there and drops it at the end.
+        #[arg(long)]
+        url: String,
+        /// Rows to write.
+        #[arg(long, default_value_t = 2_000_000)]
+        records: u64,
+        /// Checkpoint the engine run every MS milliseconds (each checkpoint commits a
+        /// transaction); without it the rows commit when the job ends.
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        checkpoint_interval_ms: Option<u64>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// A keyed job holding --state-bytes of state, checkpointed every --interval-ms under
     /// updates of 1 % of its keys per interval, failed once: sync pauses, checkpoint durations
     /// and sizes (full, and what the last one wrote), restore and recovery times.
@@ -335,6 +358,7 @@ fn run(cli: Cli) -> Result<()> {
             input,
             output,
             discard,
+            sink,
             events,
             sensors,
             report_every,
@@ -360,6 +384,12 @@ fn run(cli: Cli) -> Result<()> {
                 (None, true) => Output::Discard,
                 (None, false) => Output::Print,
             };
+            if sink.is_some() && job != Job::SequenceEcho {
+                bail!(
+                    "--sink postgres://… takes the records of sequence-echo; run \
+                     `weir run sequence-echo --sink URL`"
+                );
+            }
             let name = match job {
                 Job::WordCount => {
                     let input = input
@@ -384,20 +414,21 @@ fn run(cli: Cli) -> Result<()> {
                     "keyed-aggregation"
                 }
                 Job::SequenceCheck | Job::SequenceEcho => {
-                    let splits = 16;
-                    let keys_per_split = (keys / splits).max(1);
-                    let spec = weir_examples::sequence_check::SequenceSpec {
-                        splits,
-                        keys_per_split,
-                        per_key: (events / u64::from(splits * keys_per_split)).max(1),
-                        rate,
-                    };
-                    if job == Job::SequenceCheck {
-                        weir_examples::sequence_check::build(&env, spec, output);
-                        "sequence-check"
-                    } else {
-                        weir_examples::sequence_check::build_echo(&env, spec, output);
-                        "sequence-echo"
+                    let spec =
+                        weir_examples::sequence_check::SequenceSpec::of_cli(events, keys, rate);
+                    match (job, &sink) {
+                        (Job::SequenceCheck, _) => {
+                            weir_examples::sequence_check::build(&env, spec, output);
+                            "sequence-check"
+                        }
+                        (_, None) => {
+                            weir_examples::sequence_check::build_echo(&env, spec, output);
+                            "sequence-echo"
+                        }
+                        (_, Some(url)) => {
+                            weir_examples::sequence_check::build_echo_to_postgres(&env, spec, url)?;
+                            "sequence-echo"
+                        }
                     }
                 }
             };
@@ -555,6 +586,15 @@ fn run_bench(bench: Bench) -> Result<()> {
             json,
         } => print_report(
             &weir_bench::file_sink::run(records, checkpoint_interval_ms, &dir)?,
+            json,
+        ),
+        Bench::Postgres {
+            url,
+            records,
+            checkpoint_interval_ms,
+            json,
+        } => print_report(
+            &weir_bench::postgres::run(&url, records, checkpoint_interval_ms)?,
             json,
         ),
         Bench::Checkpoint {

@@ -20,13 +20,9 @@ const EVENTS: u64 = 960_000;
 /// Records per second per reader: a run takes a few seconds, so kills land mid-way.
 const RATE: &str = "120000";
 
+/// What the runs generate (the rate only throttles them).
 fn spec() -> SequenceSpec {
-    SequenceSpec {
-        splits: 16,
-        keys_per_split: KEYS / 16,
-        per_key: EVENTS / u64::from(KEYS),
-        rate: None,
-    }
+    SequenceSpec::of_cli(EVENTS, KEYS, None)
 }
 
 fn start(checkpoints: &Path, output: &Path, slots: usize, resume: bool) -> Child {

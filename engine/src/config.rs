@@ -184,6 +184,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "The file sink rolls a part file open this long."),
     option!("sink.rolling-policy.inactivity-interval", OptionKind::Duration, "60 s",
         "The file sink rolls a part file not written to for this long (checked when the next records come)."),
+    option!("sink.postgres.max-transaction-size", OptionKind::Size, "64m",
+        "The PostgreSQL sink prepares a transaction holding this many bytes of rows without waiting for a barrier (committed with the next checkpoint; at once without exactly-once), so that none grows without bound."),
     option!("execution.checkpointing.interval", OptionKind::Duration, "0",
         "Time between checkpoints (Flink's name); 0 turns checkpointing off."),
     option!("execution.checkpointing.dir", OptionKind::Path, "",
@@ -617,6 +619,7 @@ impl Configuration {
                 .with_max_part_size(self.size("sink.rolling-policy.file-size"))
                 .with_rollover_interval(self.duration("sink.rolling-policy.rollover-interval"))
                 .with_inactivity_interval(self.duration("sink.rolling-policy.inactivity-interval")),
+            max_transaction_bytes: self.size("sink.postgres.max-transaction-size"),
         }
     }
 

@@ -638,3 +638,73 @@ fn file_source_survives_backpressure_while_reading() {
     assert!(result.backpressure_waits("Source: files") > 0);
     assert_same_multiset(&collected.records(), &expected);
 }
+
+/// A full disk (a 256 KiB tmpfs; needs root to mount): the job fails naming the part file and
+/// the reason, and the parts committed before stay whole — every record of them once, in
+/// order.
+#[test]
+fn a_full_disk_fails_the_job_and_keeps_what_was_committed() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: mounting a small tmpfs needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let disk = dir.path().join("disk");
+    std::fs::create_dir(&disk).expect("the mount point");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"])
+        .arg(&disk)
+        .status()
+        .expect("run mount");
+    assert!(mounted.success(), "mount a tmpfs");
+    let out = disk.join("out");
+    let checkpoints = dir.path().join("checkpoints");
+    let env = common::env_with(
+        1,
+        &[
+            ("execution.checkpointing.interval", "20 ms"),
+            ("execution.checkpointing.dir", checkpoints.to_str().unwrap()),
+            ("restart-strategy.type", "none"),
+        ],
+    );
+    env.from_source(
+        DataGeneratorSource::new(Some(200_000), |i| i).with_rate(200_000.0),
+        WatermarkStrategy::no_watermarks(),
+        "numbers",
+    )
+    .sink_to(FileSink::lines(&out), "files");
+    let error = env
+        .execute("full disk")
+        .map(|_| ())
+        .map_err(|e| e.to_string());
+    let parts = parts_of(&out, 0);
+    let _ = std::process::Command::new("umount").arg(&disk).status();
+    let error = error.expect_err("the job fails");
+    assert!(
+        error.contains(&out.display().to_string())
+            && (error.contains("No space left on device") || error.contains("the disk is full")),
+        "{error}"
+    );
+    assert!(
+        !parts.is_empty(),
+        "parts were committed before the disk filled"
+    );
+    let lines: Vec<String> = parts
+        .iter()
+        .flat_map(|(_, _, lines)| lines.clone())
+        .collect();
+    let wrong = lines
+        .iter()
+        .enumerate()
+        .find(|(i, line)| **line != i.to_string());
+    assert!(
+        wrong.is_none(),
+        "the committed parts hold a prefix, whole: line {wrong:?} of {} in parts {:?}",
+        lines.len(),
+        parts
+            .iter()
+            .map(|(n, size, lines)| (n, size, lines.len()))
+            .collect::<Vec<_>>()
+    );
+}

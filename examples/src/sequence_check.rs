@@ -13,8 +13,8 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use weir_engine::connector::{
-    Boundedness, ConnectorError, LocalBoxFuture, ReadStatus, Source, SourceReader, SourceSplit,
-    SplitEnumerator, StaticSplits,
+    Boundedness, ConnectorError, LocalBoxFuture, PgType, PostgresSink, ReadStatus, Source,
+    SourceReader, SourceSplit, SplitEnumerator, StaticSplits,
 };
 use weir_engine::prelude::*;
 
@@ -87,6 +87,20 @@ pub struct SequenceSpec {
 }
 
 impl SequenceSpec {
+    /// The shape `weir run sequence-check|sequence-echo --events N --keys K [--rate R]` runs:
+    /// 16 splits, `keys` rounded down to a multiple of 16 (at least 16), `events` shared
+    /// evenly among them.
+    pub fn of_cli(events: u64, keys: u32, rate: Option<f64>) -> SequenceSpec {
+        let splits = 16;
+        let keys_per_split = (keys / splits).max(1);
+        SequenceSpec {
+            splits,
+            keys_per_split,
+            per_key: (events / u64::from(splits * keys_per_split)).max(1),
+            rate,
+        }
+    }
+
     /// Every key.
     pub fn keys(&self) -> u32 {
         self.splits * self.keys_per_split
@@ -393,19 +407,59 @@ impl KeyedProcessFunction<u32, Numbered, Echoed> for EchoSequence {
 /// sink's exactly-once guarantee, the committed output holds every record once, each key's
 /// in order ([`echo_problems`]).
 pub fn build_echo(env: &StreamEnvironment, spec: SequenceSpec, output: Output) {
-    let records = sequence(env, spec);
-    let echoed = records
-        .key_by(|record: &Numbered| record.key)
-        .process(EchoSequence {
-            count: ValueStateDescriptor::new("count"),
-        })
-        .name("count")
-        .uid("echo-count");
+    let echoed = echoed(env, spec);
     match output {
         Output::Print => echoed.sink_to(PrintSink::new(), "print"),
         Output::Files(dir) => echoed.sink_to(FileSink::lines(dir), "files").uid("files"),
         Output::Discard => echoed.sink_to(DiscardSink::new(), "discard"),
     };
+}
+
+/// The echo job writing into PostgreSQL: `url_and_table` is `postgres://…/database/TABLE`;
+/// the table (created if missing) takes `key integer, seq bigint, count bigint`.
+pub fn build_echo_to_postgres(
+    env: &StreamEnvironment,
+    spec: SequenceSpec,
+    url_and_table: &str,
+) -> Result<(), ConnectorError> {
+    let sink = PostgresSink::from_url(url_and_table, &ECHO_COLUMNS, |e: &Echoed, row| {
+        row.int(i64::from(e.key))
+            .int(e.seq as i64)
+            .int(e.count as i64);
+    })?
+    .create_table_if_missing();
+    echoed(env, spec).sink_to(sink, "postgres").uid("postgres");
+    Ok(())
+}
+
+/// The echo job's columns in PostgreSQL.
+pub const ECHO_COLUMNS: [(&str, PgType); 3] = [
+    ("key", PgType::Integer),
+    ("seq", PgType::BigInt),
+    ("count", PgType::BigInt),
+];
+
+/// The echo job's records before its sink.
+fn echoed(env: &StreamEnvironment, spec: SequenceSpec) -> DataStream<Echoed> {
+    echoed_with(env, spec, |echoed| echoed)
+}
+
+/// [`echoed`], with `after` applied to the keyed count's output (a failure injector, in the
+/// recovery tests).
+pub fn echoed_with(
+    env: &StreamEnvironment,
+    spec: SequenceSpec,
+    after: impl FnOnce(DataStream<Echoed>) -> DataStream<Echoed>,
+) -> DataStream<Echoed> {
+    after(
+        sequence(env, spec)
+            .key_by(|record: &Numbered| record.key)
+            .process(EchoSequence {
+                count: ValueStateDescriptor::new("count"),
+            })
+            .name("count")
+            .uid("echo-count"),
+    )
 }
 
 /// What a check of the echo job's output found: records counted by what is wrong with them.

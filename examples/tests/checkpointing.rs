@@ -20,7 +20,7 @@ use weir_engine::state::StateValue;
 use weir_engine::JobError;
 use weir_examples::keyed_aggregation;
 use weir_examples::sequence_check::{
-    self, problems, reports, reports_with, KeyReport, Numbered, SequenceSpec,
+    self, echo_problems, problems, reports, reports_with, Echoed, KeyReport, Numbered, SequenceSpec,
 };
 use weir_examples::window_check::{self, WindowCheckSpec, WindowReport};
 
@@ -749,6 +749,81 @@ fn sequence_with_panics(
     let problems = problems(spec, &log.records());
     assert!(problems.is_empty(), "seed {seed}: {problems:?}");
     (result, seed)
+}
+
+/// The echo job writing through the file sink, with panics injected after its keyed count (in
+/// the sink's task) at three random points: its committed parts hold every record once, each
+/// key's in order.
+fn echo_survives_panics(backend: &str, settings: &[(&str, &str)], slots: usize) {
+    let seed = seed();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut config = restarting(config_on(backend, dir.path(), slots, 1));
+    for (key, value) in settings {
+        config.set(key, *value).expect("a valid setting");
+    }
+    let out = dir.path().join("out");
+    let env = StreamEnvironment::new(config).unwrap();
+    let records = SPEC.records();
+    let faults = Faults::random(seed, 3, records / 10..records * 9 / 10);
+    sequence_check::echoed_with(&env, SPEC, |echoed| faults.inject(echoed))
+        .sink_to(FileSink::lines(&out), "files");
+    let result = env
+        .execute("sequence-echo")
+        .unwrap_or_else(|e| panic!("the job failed (seed {seed}): {e}"));
+    assert_eq!(faults.fired(), 3, "every point was reached (seed {seed})");
+    check_restarts_of(&result, &[&faults], false, seed);
+    let mut parts: Vec<((usize, u64), std::path::PathBuf)> = std::fs::read_dir(&out)
+        .expect("the output")
+        .map(|entry| {
+            let path = entry.expect("an entry").path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let (subtask, n) = name
+                .strip_prefix("part-")
+                .and_then(|rest| rest.split_once('-'))
+                .unwrap_or_else(|| panic!("'{name}' is left in the output (seed {seed})"));
+            ((subtask.parse().unwrap(), n.parse().unwrap()), path)
+        })
+        .collect();
+    parts.sort();
+    let echoed: Vec<Echoed> = parts
+        .iter()
+        .flat_map(|(_, path)| {
+            std::fs::read_to_string(path)
+                .expect("a part")
+                .lines()
+                .map(|line| Echoed::parse(line).expect("a record"))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let check = echo_problems(SPEC, &echoed);
+    assert!(
+        check.is_clean(),
+        "{backend}, {settings:?}, {slots} (seed {seed}): {check:?}"
+    );
+}
+
+#[test]
+fn panics_leave_every_record_in_the_file_sink_once() {
+    for slots in [1, 2] {
+        echo_survives_panics(HEAP, &[], slots);
+        echo_survives_panics(
+            HEAP,
+            &[("execution.checkpointing.unaligned.enabled", "true")],
+            slots,
+        );
+    }
+}
+
+#[test]
+fn panics_leave_every_record_in_the_file_sink_once_on_rocksdb() {
+    for slots in [1, 2] {
+        echo_survives_panics(ROCKSDB, &[], slots);
+        echo_survives_panics(
+            ROCKSDB,
+            &[("execution.checkpointing.unaligned.enabled", "true")],
+            slots,
+        );
+    }
 }
 
 #[test]

@@ -11,6 +11,7 @@ mod datagen;
 mod discard;
 mod file_sink;
 mod file_source;
+mod postgres_sink;
 mod print;
 mod sink;
 mod source;
@@ -24,6 +25,7 @@ pub use discard::DiscardSink;
 pub use file_sink::{BucketAssigner, BucketPeriod, FileSink, PendingPart, RollingPolicy};
 pub use file_source::{FileSource, FileSplit, LineFormat};
 pub use futures::future::LocalBoxFuture;
+pub use postgres_sink::{PgType, PostgresSink, Row, WriteMode};
 pub use print::PrintSink;
 pub use sink::{Sink, SinkWriter};
 pub use source::{
@@ -35,12 +37,25 @@ pub use two_phase::{
 };
 
 /// The job's settings for its sinks (`sink.*`), for sinks that set none of their own.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SinkSettings {
     /// `sink.delivery-guarantee`.
     pub delivery_guarantee: DeliveryGuarantee,
     /// `sink.rolling-policy.*`: when the file sink rolls its parts between barriers.
     pub rolling_policy: RollingPolicy,
+    /// `sink.postgres.max-transaction-size`: the PostgreSQL sink prepares a transaction that
+    /// holds this many bytes of rows without waiting for a barrier.
+    pub max_transaction_bytes: u64,
+}
+
+impl Default for SinkSettings {
+    fn default() -> Self {
+        SinkSettings {
+            delivery_guarantee: DeliveryGuarantee::default(),
+            rolling_policy: RollingPolicy::default(),
+            max_transaction_bytes: 64 << 20,
+        }
+    }
 }
 
 /// A connector failure.

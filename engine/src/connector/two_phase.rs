@@ -88,9 +88,12 @@ pub trait TransactionWriter<T, C>: 'static {
 
     /// Closes every open transaction for commit, durably (a committable must still commit
     /// after the process is killed), and returns their committables with those of the
-    /// transactions it closed by itself since the last call: at a barrier, and when the input
-    /// ends. The next write opens new transactions.
-    fn prepare_commit(&mut self) -> LocalBoxFuture<'_, Result<Vec<C>, ConnectorError>>;
+    /// transactions it closed by itself since the last call: at checkpoint `checkpoint`'s
+    /// barrier, and when the input ends (`None`). The next write opens new transactions.
+    fn prepare_commit(
+        &mut self,
+        checkpoint: Option<u64>,
+    ) -> LocalBoxFuture<'_, Result<Vec<C>, ConnectorError>>;
 
     /// The transactions the writer closed by itself since the last call (a rolling policy),
     /// prepared for commit. `prepare_commit` returns them too, if they were not taken here.
@@ -302,7 +305,7 @@ impl<T: 'static, C: StateValue> TwoPhaseWriter<T, C> {
         self.recover().await?;
         match self.guarantee {
             DeliveryGuarantee::ExactlyOnce => {
-                let closed = self.writer.prepare_commit().await?;
+                let closed = self.writer.prepare_commit(Some(barrier.id)).await?;
                 self.pending.extend(
                     closed
                         .into_iter()
@@ -314,7 +317,7 @@ impl<T: 'static, C: StateValue> TwoPhaseWriter<T, C> {
                 self.keep_pending()?;
             }
             DeliveryGuarantee::AtLeastOnce => {
-                let closed = self.writer.prepare_commit().await?;
+                let closed = self.writer.prepare_commit(Some(barrier.id)).await?;
                 self.commit(&closed).await?;
             }
             DeliveryGuarantee::None => {}
@@ -359,7 +362,7 @@ impl<T: 'static, C: StateValue> TwoPhaseWriter<T, C> {
     /// final checkpoint is replayed.
     async fn finish(&mut self) -> WriteResult {
         self.recover().await?;
-        let closed = self.writer.prepare_commit().await?;
+        let closed = self.writer.prepare_commit(None).await?;
         if self.guarantee != DeliveryGuarantee::ExactlyOnce {
             return self.commit(&closed).await;
         }
@@ -374,6 +377,12 @@ impl<T: 'static, C: StateValue> TwoPhaseWriter<T, C> {
     async fn close(&mut self, stopped_with_savepoint: bool) -> WriteResult {
         self.recover().await?;
         if stopped_with_savepoint {
+            if self.guarantee != DeliveryGuarantee::ExactlyOnce {
+                // What is open came before the savepoint's barrier (the sources stopped
+                // there), and no run after this one writes it again.
+                let closed = self.writer.prepare_commit(None).await?;
+                self.commit(&closed).await?;
+            }
             // What the savepoint holds is committed; what came after its barrier (nothing,
             // the sources stopped there) is not.
             match self.completed {

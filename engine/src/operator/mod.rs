@@ -59,6 +59,8 @@ pub(crate) fn nothing_to_do<'a>() -> LocalBoxFuture<'a, TaskResult> {
 /// What a subtask knows about itself; handed to user functions that ask for it.
 #[derive(Clone, Debug)]
 pub struct RuntimeContext {
+    /// The job's name.
+    pub job_name: Arc<str>,
     /// The operator's name.
     pub operator_name: Arc<str>,
     /// This subtask's index, in `0..parallelism`.
@@ -88,6 +90,7 @@ impl RuntimeContext {
         max_parallelism: usize,
     ) -> Self {
         RuntimeContext {
+            job_name: "job".into(),
             operator_name: operator_name.into(),
             subtask,
             parallelism,

@@ -283,6 +283,7 @@ impl ChainBuilder<'_> {
             }
         };
         Ok(RuntimeContext {
+            job_name: job.job_name().into(),
             operator_name: graph_node.name.as_str().into(),
             subtask: self.subtask,
             parallelism: job.node_parallelism[node],

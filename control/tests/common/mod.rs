@@ -1,0 +1,3 @@
+//! What the control crate's tests share.
+
+pub mod postgres;
