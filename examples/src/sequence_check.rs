@@ -13,7 +13,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use weir_engine::connector::{
-    Boundedness, ConnectorError, LocalBoxFuture, PgType, PostgresSink, ReadStatus, Source,
+    Boundedness, ConnectorError, LocalBoxFuture, PgType, PostgresSink, ReadStatus, Row, Source,
     SourceReader, SourceSplit, SplitEnumerator, StaticSplits,
 };
 use weir_engine::prelude::*;
@@ -422,14 +422,17 @@ pub fn build_echo_to_postgres(
     spec: SequenceSpec,
     url_and_table: &str,
 ) -> Result<(), ConnectorError> {
-    let sink = PostgresSink::from_url(url_and_table, &ECHO_COLUMNS, |e: &Echoed, row| {
-        row.int(i64::from(e.key))
-            .int(e.seq as i64)
-            .int(e.count as i64);
-    })?
-    .create_table_if_missing();
+    let sink =
+        PostgresSink::from_url(url_and_table, &ECHO_COLUMNS, echo_row)?.create_table_if_missing();
     echoed(env, spec).sink_to(sink, "postgres").uid("postgres");
     Ok(())
+}
+
+/// A record's row in the echo job's table ([`ECHO_COLUMNS`]).
+pub fn echo_row(echoed: &Echoed, row: &mut Row<'_>) {
+    row.int(i64::from(echoed.key))
+        .int(echoed.seq as i64)
+        .int(echoed.count as i64);
 }
 
 /// The echo job's columns in PostgreSQL.

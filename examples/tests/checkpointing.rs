@@ -1,11 +1,17 @@
 //! Checkpoints in process: a job stopped at a random moment resumes from its latest completed
 //! checkpoint with every record counted once — in keyed state, and in tumbling, sliding,
 //! session and count windows; a job whose subtasks panic at random points restarts from its
-//! latest checkpoint (its restart strategy) with the same result; a damaged checkpoint is
+//! latest checkpoint (its restart strategy) with the same result, and writes every record once
+//! through the file sink and into PostgreSQL (a throw-away cluster); a damaged checkpoint is
 //! passed over for the one before it; jobs whose state checkpoints cannot write yet are
 //! refused, naming it.
 
 mod common;
+
+// The control crate's throw-away PostgreSQL cluster; these tests restart none.
+#[allow(dead_code)]
+#[path = "../../control/tests/common/postgres.rs"]
+mod postgres_cluster;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use weir_engine::api::RunOptions;
 use weir_engine::checkpoint::CheckpointBarrier;
-use weir_engine::connector::{ConnectorError, LocalBoxFuture, SinkWriter};
+use weir_engine::connector::{ConnectorError, LocalBoxFuture, PostgresSink, SinkWriter};
 use weir_engine::prelude::*;
 use weir_engine::state::StateValue;
 use weir_engine::JobError;
@@ -800,6 +806,78 @@ fn echo_survives_panics(backend: &str, settings: &[(&str, &str)], slots: usize) 
         check.is_clean(),
         "{backend}, {settings:?}, {slots} (seed {seed}): {check:?}"
     );
+}
+
+/// The echo job writing into PostgreSQL (a throw-away cluster), with panics injected after its
+/// keyed count (in the sink's task) at three random points: the table holds every record once,
+/// each key's in order, and no prepared transaction is left.
+fn echo_into_postgres_survives_panics(backend: &str, settings: &[(&str, &str)], slots: usize) {
+    let Some(cluster) = postgres_cluster::Cluster::start() else {
+        return;
+    };
+    cluster
+        .client()
+        .batch_execute(
+            "CREATE TABLE echo (id bigserial PRIMARY KEY, key integer NOT NULL, \
+             seq bigint NOT NULL, count bigint NOT NULL)",
+        )
+        .expect("create the table");
+    let seed = seed();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let mut config = restarting(config_on(backend, dir.path(), slots, 1));
+    for (key, value) in settings {
+        config.set(key, *value).expect("a valid setting");
+    }
+    let env = StreamEnvironment::new(config).unwrap();
+    let records = SPEC.records();
+    let faults = Faults::random(seed, 3, records / 10..records * 9 / 10);
+    let sink = PostgresSink::new(
+        &cluster.url(),
+        "echo",
+        &sequence_check::ECHO_COLUMNS,
+        sequence_check::echo_row,
+    )
+    .expect("a sink");
+    sequence_check::echoed_with(&env, SPEC, |echoed| faults.inject(echoed))
+        .sink_to(sink, "postgres");
+    let result = env
+        .execute("sequence-echo")
+        .unwrap_or_else(|e| panic!("the job failed (seed {seed}): {e}"));
+    assert_eq!(faults.fired(), 3, "every point was reached (seed {seed})");
+    check_restarts_of(&result, &[&faults], false, seed);
+    let mut client = cluster.client();
+    let echoed: Vec<Echoed> = client
+        .query("SELECT key, seq, count FROM echo ORDER BY id", &[])
+        .expect("read the table")
+        .iter()
+        .map(|row| Echoed {
+            key: row.get::<_, i32>(0) as u32,
+            seq: row.get::<_, i64>(1) as u64,
+            count: row.get::<_, i64>(2) as u64,
+        })
+        .collect();
+    let check = echo_problems(SPEC, &echoed);
+    assert!(
+        check.is_clean(),
+        "{backend}, {settings:?}, {slots} (seed {seed}): {check:?}"
+    );
+    let prepared: i64 = client
+        .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
+        .expect("count prepared transactions")
+        .get(0);
+    assert_eq!(prepared, 0, "prepared transactions are left (seed {seed})");
+}
+
+#[test]
+fn panics_leave_every_row_in_postgres_once() {
+    for slots in [1, 2] {
+        echo_into_postgres_survives_panics(HEAP, &[], slots);
+        echo_into_postgres_survives_panics(
+            ROCKSDB,
+            &[("execution.checkpointing.unaligned.enabled", "true")],
+            slots,
+        );
+    }
 }
 
 #[test]
