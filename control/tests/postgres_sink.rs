@@ -53,29 +53,12 @@ fn echo(sink: &str, backend: &str, settings: &[&str], checkpoints: &Path, slots:
     command
 }
 
-/// The table the echo job writes, with an `id` in the order rows were written.
-fn create_echo_table(cluster: &Cluster) {
-    cluster
-        .client()
-        .batch_execute(
-            "CREATE TABLE echo (id bigserial PRIMARY KEY, key integer NOT NULL, \
-             seq bigint NOT NULL, count bigint NOT NULL)",
-        )
-        .expect("create the table");
-}
-
 /// The echo job's rows, in the order they were written.
 fn echoed(cluster: &Cluster) -> Vec<Echoed> {
     cluster
-        .client()
-        .query("SELECT key, seq, count FROM echo ORDER BY id", &[])
-        .expect("read the table")
-        .iter()
-        .map(|row| Echoed {
-            key: row.get::<_, i32>(0) as u32,
-            seq: row.get::<_, i64>(1) as u64,
-            count: row.get::<_, i64>(2) as u64,
-        })
+        .echo_rows()
+        .into_iter()
+        .map(|(key, seq, count)| Echoed { key, seq, count })
         .collect()
 }
 
@@ -88,7 +71,7 @@ fn killed_and_resumed_into_postgres(
     slots: usize,
 ) -> Option<EchoCheck> {
     let mut cluster = Cluster::start()?;
-    create_echo_table(&cluster);
+    cluster.create_echo_table();
     let sink = format!("{}/echo", cluster.url());
     let seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -143,11 +126,7 @@ fn killed_and_resumed_into_postgres(
     );
     let check = echo_problems(spec(), &echoed(&cluster));
     eprintln!("{backend}, {settings:?}, parallelism {slots} (seed {seed}): {check:?}");
-    let prepared: i64 = cluster
-        .client()
-        .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
-        .expect("count prepared transactions")
-        .get(0);
+    let prepared = cluster.count("SELECT count(*) FROM pg_prepared_xacts");
     assert_eq!(prepared, 0, "prepared transactions are left (seed {seed})");
     Some(check)
 }
@@ -247,10 +226,7 @@ fn a_table_that_does_not_match_fails_the_job_naming_the_column() {
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    cluster
-        .client()
-        .batch_execute("CREATE TABLE echo (key text, seq bigint, count bigint)")
-        .expect("create the table");
+    cluster.execute("CREATE TABLE echo (key text, seq bigint, count bigint)");
     let (succeeded, stderr) = run_once(&format!("{}/echo", cluster.url()));
     assert!(!succeeded, "{stderr}");
     assert!(
@@ -258,13 +234,10 @@ fn a_table_that_does_not_match_fails_the_job_naming_the_column() {
         "{stderr}"
     );
     // An identity column the mapping leaves out is filled by the server.
-    cluster
-        .client()
-        .batch_execute(
-            "CREATE TABLE withid (id bigint GENERATED ALWAYS AS IDENTITY, key integer NOT NULL, \
-             seq bigint NOT NULL, count bigint NOT NULL)",
-        )
-        .expect("create the table");
+    cluster.execute(
+        "CREATE TABLE withid (id bigint GENERATED ALWAYS AS IDENTITY, key integer NOT NULL, \
+         seq bigint NOT NULL, count bigint NOT NULL)",
+    );
     let (succeeded, stderr) = run_once(&format!("{}/withid", cluster.url()));
     assert!(succeeded, "{stderr}");
     // Created when missing: a bounded job without checkpoints commits at its end.

@@ -26,10 +26,6 @@ fn sink(cluster: &Cluster) -> PostgresSink<u64> {
     .expect("a sink")
 }
 
-fn count(cluster: &Cluster, sql: &str) -> i64 {
-    cluster.client().query_one(sql, &[]).expect(sql).get(0)
-}
-
 /// Runs `steps` on a glommio executor with a writer of `sink` (subtask 0 of 1).
 fn with_writer(
     sink: PostgresSink<u64>,
@@ -53,10 +49,7 @@ fn a_checkpoint_prepares_then_commits_and_a_rollback_behind_its_back_fails_the_c
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    cluster
-        .client()
-        .batch_execute("CREATE TABLE numbers (n bigint NOT NULL)")
-        .expect("create the table");
+    cluster.execute("CREATE TABLE numbers (n bigint NOT NULL)");
     let url = cluster.url();
     with_writer(sink(&cluster), move |mut writer| {
         Box::pin(async move {
@@ -114,7 +107,7 @@ fn a_checkpoint_prepares_then_commits_and_a_rollback_behind_its_back_fails_the_c
             );
         })
     });
-    assert_eq!(count(&cluster, "SELECT count(*) FROM numbers"), 3);
+    assert_eq!(cluster.count("SELECT count(*) FROM numbers"), 3);
 }
 
 #[test]
@@ -122,10 +115,7 @@ fn upserts_keep_the_last_row_of_each_key_across_checkpoints() {
     let Some(cluster) = Cluster::start() else {
         return;
     };
-    cluster
-        .client()
-        .batch_execute("CREATE TABLE totals (k integer PRIMARY KEY, total bigint NOT NULL)")
-        .expect("create the table");
+    cluster.execute("CREATE TABLE totals (k integer PRIMARY KEY, total bigint NOT NULL)");
     let sink = PostgresSink::new(
         &cluster.url(),
         "totals",

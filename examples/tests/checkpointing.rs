@@ -815,13 +815,7 @@ fn echo_into_postgres_survives_panics(backend: &str, settings: &[(&str, &str)], 
     let Some(cluster) = postgres_cluster::Cluster::start() else {
         return;
     };
-    cluster
-        .client()
-        .batch_execute(
-            "CREATE TABLE echo (id bigserial PRIMARY KEY, key integer NOT NULL, \
-             seq bigint NOT NULL, count bigint NOT NULL)",
-        )
-        .expect("create the table");
+    cluster.create_echo_table();
     let seed = seed();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut config = restarting(config_on(backend, dir.path(), slots, 1));
@@ -845,26 +839,17 @@ fn echo_into_postgres_survives_panics(backend: &str, settings: &[(&str, &str)], 
         .unwrap_or_else(|e| panic!("the job failed (seed {seed}): {e}"));
     assert_eq!(faults.fired(), 3, "every point was reached (seed {seed})");
     check_restarts_of(&result, &[&faults], false, seed);
-    let mut client = cluster.client();
-    let echoed: Vec<Echoed> = client
-        .query("SELECT key, seq, count FROM echo ORDER BY id", &[])
-        .expect("read the table")
-        .iter()
-        .map(|row| Echoed {
-            key: row.get::<_, i32>(0) as u32,
-            seq: row.get::<_, i64>(1) as u64,
-            count: row.get::<_, i64>(2) as u64,
-        })
+    let echoed: Vec<Echoed> = cluster
+        .echo_rows()
+        .into_iter()
+        .map(|(key, seq, count)| Echoed { key, seq, count })
         .collect();
     let check = echo_problems(SPEC, &echoed);
     assert!(
         check.is_clean(),
         "{backend}, {settings:?}, {slots} (seed {seed}): {check:?}"
     );
-    let prepared: i64 = client
-        .query_one("SELECT count(*) FROM pg_prepared_xacts", &[])
-        .expect("count prepared transactions")
-        .get(0);
+    let prepared = cluster.count("SELECT count(*) FROM pg_prepared_xacts");
     assert_eq!(prepared, 0, "prepared transactions are left (seed {seed})");
 }
 

@@ -170,6 +170,45 @@ impl Cluster {
     pub fn client(&self) -> postgres::Client {
         postgres::Client::connect(&self.url(), postgres::NoTls).expect("connect to postgres")
     }
+
+    /// Runs `sql` (statements separated by `;`).
+    pub fn execute(&self, sql: &str) {
+        self.client()
+            .batch_execute(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// The first column of the one row `sql` returns, as a count.
+    pub fn count(&self, sql: &str) -> i64 {
+        self.client()
+            .query_one(sql, &[])
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
+    }
+
+    /// Creates the echo job's table `echo`, with an `id` in the order rows are written.
+    pub fn create_echo_table(&self) {
+        self.execute(
+            "CREATE TABLE echo (id bigserial PRIMARY KEY, key integer NOT NULL, \
+             seq bigint NOT NULL, count bigint NOT NULL)",
+        );
+    }
+
+    /// The rows of `echo` as (key, seq, count), in the order they were written.
+    pub fn echo_rows(&self) -> Vec<(u32, u64, u64)> {
+        self.client()
+            .query("SELECT key, seq, count FROM echo ORDER BY id", &[])
+            .expect("read the table")
+            .iter()
+            .map(|row| {
+                (
+                    row.get::<_, i32>(0) as u32,
+                    row.get::<_, i64>(1) as u64,
+                    row.get::<_, i64>(2) as u64,
+                )
+            })
+            .collect()
+    }
 }
 
 impl Drop for Cluster {
