@@ -14,7 +14,7 @@ use serde::Serialize;
 use weir_engine::prelude::*;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, checkpointed, Measurement, Versus};
+use crate::measure::{alternate, one_shard, Measurement, Versus};
 
 const JOB: &str = "bench-file-sink";
 const SINK: &str = "files";
@@ -101,10 +101,7 @@ fn run_engine(
 ) -> Result<(Measurement, Committed), BenchError> {
     let out = temp_dir(base)?;
     let checkpoints = temp_dir(base)?;
-    let config = Configuration::default()
-        .with("taskmanager.numberOfTaskSlots", "1")
-        .map_err(|e| BenchError::job(JOB)(e.into()))?;
-    let config = checkpointed(config, checkpoint_interval_ms, checkpoints.path(), JOB)?;
+    let config = one_shard(checkpoint_interval_ms, checkpoints.path(), JOB)?;
     let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
     env.from_source(
         DataGeneratorSource::new(Some(records), |i| i),

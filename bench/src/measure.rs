@@ -54,13 +54,16 @@ impl Versus {
     }
 }
 
-/// `config` with checkpoints every `interval_ms` into `dir`, when an interval is given.
-pub(crate) fn checkpointed(
-    mut config: weir_engine::Configuration,
+/// The configuration of a one-shard benchmark job, with checkpoints every `interval_ms` into
+/// `dir` when an interval is given.
+pub(crate) fn one_shard(
     interval_ms: Option<u64>,
     dir: &std::path::Path,
     job: &'static str,
 ) -> Result<weir_engine::Configuration, crate::BenchError> {
+    let mut config = weir_engine::Configuration::default()
+        .with("taskmanager.numberOfTaskSlots", "1")
+        .map_err(|e| crate::BenchError::job(job)(e.into()))?;
     if let Some(interval) = interval_ms {
         for (key, value) in [
             ("execution.checkpointing.interval", format!("{interval} ms")),

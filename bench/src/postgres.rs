@@ -13,7 +13,7 @@ use weir_engine::connector::{PgType, PostgresSink};
 use weir_engine::prelude::*;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, checkpointed, Measurement, Versus};
+use crate::measure::{alternate, one_shard, Measurement, Versus};
 
 const JOB: &str = "bench-postgres";
 
@@ -65,10 +65,7 @@ fn run_engine(
         dir: std::env::temp_dir(),
         source,
     })?;
-    let config = Configuration::default()
-        .with("taskmanager.numberOfTaskSlots", "1")
-        .map_err(|e| BenchError::job(JOB)(e.into()))?;
-    let config = checkpointed(config, checkpoint_interval_ms, checkpoints.path(), JOB)?;
+    let config = one_shard(checkpoint_interval_ms, checkpoints.path(), JOB)?;
     let sink = PostgresSink::new(url, table, &COLUMNS, |i: &u64, out| {
         let (id, sensor, reading, label) = row(*i);
         out.int(id)

@@ -486,6 +486,17 @@ impl EchoCheck {
     pub fn is_clean(&self) -> bool {
         *self == EchoCheck::default()
     }
+
+    /// Records written twice, and nothing else wrong: what at-least-once leaves after a
+    /// failure.
+    pub fn only_duplicates(&self) -> bool {
+        self.duplicated > 0
+            && EchoCheck {
+                duplicated: 0,
+                ..self.clone()
+            }
+            .is_clean()
+    }
 }
 
 /// Checks the echo job's output over `spec`: `records`, in the order the output holds them
@@ -615,6 +626,10 @@ mod tests {
         };
         let good = [at(0, 0), at(1, 0), at(0, 1), at(1, 1), at(0, 2), at(1, 2)];
         assert!(echo_problems(spec, &good).is_clean());
+        assert!(!echo_problems(spec, &good).only_duplicates());
+        let mut repeated = good.to_vec();
+        repeated.push(at(0, 1));
+        assert!(echo_problems(spec, &repeated).only_duplicates());
         let bad = [
             at(0, 0),
             at(0, 2),

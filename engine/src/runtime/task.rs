@@ -775,9 +775,9 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
                 let result = self.writer.notify_checkpoint_aborted(checkpoint).await;
                 result.map_err(|e| e.in_operator(&self.metrics.name))
             }),
-            // Stopped with a savepoint: what the sink holds was flushed at its barrier, and
-            // the sink is not finished (it goes on after the savepoint is restored). `End`
-            // follows `Finish`, which wrote out what the sink held.
+            // The subtask ends: after `Finish` and the final checkpoint's notice (`End`), or
+            // stopped with a savepoint (`Suspend`: not finished, it goes on after the
+            // savepoint is restored). A transactional sink commits what is due here.
             ChainEvent::Suspend | ChainEvent::End => Box::pin(async move {
                 let _scope = scope::enter(&self.metrics.name);
                 let result = self.writer.close(event == ChainEvent::Suspend).await;
