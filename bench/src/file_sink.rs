@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
+use weir_engine::connector::DeliveryGuarantee;
 use weir_engine::prelude::*;
 
 use crate::error::BenchError;
@@ -28,6 +29,8 @@ pub struct FileSinkReport {
     pub bytes: u64,
     /// The checkpoint interval of the engine's runs (none: the parts commit at the end).
     pub checkpoint_interval_ms: Option<u64>,
+    /// The sink's `sink.delivery-guarantee`.
+    pub delivery_guarantee: &'static str,
     /// The engine against the plain write, in records per second.
     #[serde(flatten)]
     pub versus: Versus,
@@ -97,11 +100,15 @@ fn committed(dir: &Path) -> std::io::Result<Committed> {
 fn run_engine(
     records: u64,
     checkpoint_interval_ms: Option<u64>,
+    guarantee: DeliveryGuarantee,
     base: &Path,
 ) -> Result<(Measurement, Committed), BenchError> {
     let out = temp_dir(base)?;
     let checkpoints = temp_dir(base)?;
-    let config = one_shard(checkpoint_interval_ms, checkpoints.path(), JOB)?;
+    let mut config = one_shard(checkpoint_interval_ms, checkpoints.path(), JOB)?;
+    config
+        .set("sink.delivery-guarantee", guarantee.name())
+        .map_err(|e| BenchError::job(JOB)(e.into()))?;
     let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
     env.from_source(
         DataGeneratorSource::new(Some(records), |i| i),
@@ -156,6 +163,7 @@ fn run_baseline(records: u64, base: &Path) -> std::io::Result<(Measurement, u64)
 pub fn run(
     records: u64,
     checkpoint_interval_ms: Option<u64>,
+    guarantee: DeliveryGuarantee,
     base: &Path,
 ) -> Result<FileSinkReport, BenchError> {
     if records == 0 {
@@ -179,7 +187,8 @@ pub fn run(
             }
         },
         || {
-            let (measurement, found) = run_engine(records, checkpoint_interval_ms, base)?;
+            let (measurement, found) =
+                run_engine(records, checkpoint_interval_ms, guarantee, base)?;
             last = Some(found);
             Ok::<_, BenchError>(measurement)
         },
@@ -196,6 +205,7 @@ pub fn run(
         records,
         bytes,
         checkpoint_interval_ms,
+        delivery_guarantee: guarantee.name(),
         versus: Versus::of(records, &engine, &baseline),
         megabytes_per_second: mb_per_s(&engine),
         baseline_megabytes_per_second: mb_per_s(&baseline),
@@ -211,7 +221,7 @@ mod tests {
     #[test]
     fn a_small_run_commits_the_same_bytes_as_the_plain_write() {
         let base = tempfile::tempdir().unwrap();
-        let report = run(20_000, None, base.path()).unwrap();
+        let report = run(20_000, None, DeliveryGuarantee::ExactlyOnce, base.path()).unwrap();
         assert!(report.results_match, "{report:?}");
         assert_eq!(report.parts, 1, "{report:?}");
         assert!(report.bytes > 20_000 * 20, "{report:?}");
@@ -233,7 +243,7 @@ mod tests {
     fn zero_records_is_refused() {
         let base = tempfile::tempdir().unwrap();
         assert!(matches!(
-            run(0, None, base.path()),
+            run(0, None, DeliveryGuarantee::ExactlyOnce, base.path()),
             Err(BenchError::NoRecords)
         ));
     }

@@ -1,15 +1,15 @@
-//! The PostgreSQL sink benchmark: generated rows written by the exactly-once PostgreSQL sink
-//! from one shard (one subtask) into a table of a running server, against a hand-written
-//! `COPY` of the same rows over one connection in one transaction (the fastest way a client
-//! loads rows). Rows per second of each; the table is emptied between rounds and dropped
-//! at the end.
+//! The PostgreSQL sink benchmark: generated rows written by the PostgreSQL sink (exactly once
+//! unless asked otherwise; appended, or upserted on their unique id) from one shard (one
+//! subtask) into a table of a running server, against a hand-written `COPY` of the same rows
+//! over one connection in one transaction (the fastest way a client loads rows). Rows per
+//! second of each; the table is emptied between rounds and dropped at the end.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::time::Instant;
 
 use serde::Serialize;
-use weir_engine::connector::{PgType, PostgresSink};
+use weir_engine::connector::{DeliveryGuarantee, PgType, PostgresSink};
 use weir_engine::prelude::*;
 
 use crate::error::BenchError;
@@ -24,6 +24,10 @@ pub struct PostgresReport {
     pub records: u64,
     /// The checkpoint interval of the engine's runs (none: the rows commit at the end).
     pub checkpoint_interval_ms: Option<u64>,
+    /// The sink's `sink.delivery-guarantee`.
+    pub delivery_guarantee: &'static str,
+    /// Whether the sink upserted (on `id`, the table's primary key) instead of appending.
+    pub upsert: bool,
     /// The engine against the hand-written COPY, in rows per second (one subtask).
     #[serde(flatten)]
     pub versus: Versus,
@@ -54,18 +58,31 @@ fn failed(what: &str) -> impl Fn(postgres::Error) -> BenchError + '_ {
     move |e| BenchError::Postgres(format!("{what}: {e}"))
 }
 
+/// How the engine writes.
+#[derive(Clone, Copy, Debug)]
+pub struct SinkMode {
+    /// `sink.delivery-guarantee`.
+    pub guarantee: DeliveryGuarantee,
+    /// Upsert on `id` instead of appending.
+    pub upsert: bool,
+}
+
 /// Runs the engine job on one shard into `table`.
 fn run_engine(
     url: &str,
     table: &str,
     records: u64,
     checkpoint_interval_ms: Option<u64>,
+    mode: SinkMode,
 ) -> Result<(Measurement, u64), BenchError> {
     let checkpoints = tempfile::tempdir().map_err(|source| BenchError::TempDir {
         dir: std::env::temp_dir(),
         source,
     })?;
-    let config = one_shard(checkpoint_interval_ms, checkpoints.path(), JOB)?;
+    let mut config = one_shard(checkpoint_interval_ms, checkpoints.path(), JOB)?;
+    config
+        .set("sink.delivery-guarantee", mode.guarantee.name())
+        .map_err(|e| BenchError::job(JOB)(e.into()))?;
     let sink = PostgresSink::new(url, table, &COLUMNS, |i: &u64, out| {
         let (id, sensor, reading, label) = row(*i);
         out.int(id)
@@ -74,6 +91,11 @@ fn run_engine(
             .text(&label);
     })
     .map_err(|e| BenchError::Postgres(e.message))?;
+    let sink = if mode.upsert {
+        sink.upsert(&["id"])
+    } else {
+        sink
+    };
     let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
     env.from_source(
         DataGeneratorSource::new(Some(records), |i| i),
@@ -95,14 +117,30 @@ fn run_engine(
 }
 
 /// The hand-written load: one connection, one transaction, `COPY` of the same rows in text,
-/// formatted as the sink formats them.
-fn run_baseline(url: &str, table: &str, records: u64) -> Result<Measurement, BenchError> {
+/// formatted as the sink formats them (upserting: into a temporary table, then one
+/// `INSERT … ON CONFLICT DO UPDATE` from it).
+fn run_baseline(
+    url: &str,
+    table: &str,
+    records: u64,
+    upsert: bool,
+) -> Result<Measurement, BenchError> {
     let mut client = postgres::Client::connect(url, postgres::NoTls).map_err(failed("connect"))?;
     let started = Instant::now();
     let mut transaction = client.transaction().map_err(failed("begin"))?;
+    let into = if upsert {
+        transaction
+            .batch_execute(&format!(
+                "CREATE TEMP TABLE upserts (LIKE {table}) ON COMMIT DROP"
+            ))
+            .map_err(failed("create the temporary table"))?;
+        "upserts"
+    } else {
+        table
+    };
     let mut copy = transaction
         .copy_in(&format!(
-            "COPY {table} (id, sensor, reading, label) FROM STDIN"
+            "COPY {into} (id, sensor, reading, label) FROM STDIN"
         ))
         .map_err(failed("copy"))?;
     let mut line = String::new();
@@ -121,6 +159,14 @@ fn run_baseline(url: &str, table: &str, records: u64) -> Result<Measurement, Ben
     copy.write_all(&chunk)
         .map_err(|e| BenchError::Postgres(format!("copy: {e}")))?;
     copy.finish().map_err(failed("finish the copy"))?;
+    if upsert {
+        transaction
+            .batch_execute(&format!(
+                "INSERT INTO {table} SELECT * FROM upserts ON CONFLICT (id) DO UPDATE SET \
+                 sensor = EXCLUDED.sensor, reading = EXCLUDED.reading, label = EXCLUDED.label"
+            ))
+            .map_err(failed("upsert"))?;
+    }
     transaction.commit().map_err(failed("commit"))?;
     Ok(Measurement {
         duration: started.elapsed(),
@@ -134,6 +180,7 @@ pub fn run(
     url: &str,
     records: u64,
     checkpoint_interval_ms: Option<u64>,
+    mode: SinkMode,
 ) -> Result<PostgresReport, BenchError> {
     if records == 0 {
         return Err(BenchError::NoRecords);
@@ -142,8 +189,9 @@ pub fn run(
     let mut admin = postgres::Client::connect(url, postgres::NoTls).map_err(failed("connect"))?;
     admin
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id bigint NOT NULL, \
-             sensor integer NOT NULL, reading double precision NOT NULL, label text NOT NULL)"
+            "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id bigint NOT NULL{}, \
+             sensor integer NOT NULL, reading double precision NOT NULL, label text NOT NULL)",
+            if mode.upsert { " PRIMARY KEY" } else { "" }
         ))
         .map_err(failed("create the table"))?;
     let mut counts_match = true;
@@ -156,7 +204,8 @@ pub fn run(
     let mut baseline_error = None;
     let outcome = alternate(
         || {
-            let result = empty(&mut admin).and_then(|()| run_baseline(url, &table, records));
+            let result =
+                empty(&mut admin).and_then(|()| run_baseline(url, &table, records, mode.upsert));
             result.unwrap_or_else(|e| {
                 baseline_error = Some(e);
                 Measurement {
@@ -170,7 +219,7 @@ pub fn run(
                 postgres::Client::connect(url, postgres::NoTls).map_err(failed("connect"))?;
             empty(&mut check)?;
             let (measurement, completed) =
-                run_engine(url, &table, records, checkpoint_interval_ms)?;
+                run_engine(url, &table, records, checkpoint_interval_ms, mode)?;
             let rows: i64 = check
                 .query_one(&format!("SELECT count(*) FROM {table}"), &[])
                 .map_err(failed("count rows"))?
@@ -185,6 +234,16 @@ pub fn run(
         },
     );
     let _ = admin.batch_execute(&format!("DROP TABLE IF EXISTS {table}"));
+    // And the sink's staging tables of upserts into it (`weir_staged_<table>_<hash>`).
+    if let Ok(rows) = admin.query(
+        "SELECT quote_ident(tablename) FROM pg_tables WHERE starts_with(tablename, $1)",
+        &[&format!("weir_staged_{table}_")],
+    ) {
+        for row in rows {
+            let name: String = row.get(0);
+            let _ = admin.batch_execute(&format!("DROP TABLE IF EXISTS {name}"));
+        }
+    }
     let (engine, baseline) = outcome?;
     if let Some(error) = baseline_error {
         return Err(error);
@@ -196,6 +255,8 @@ pub fn run(
     Ok(PostgresReport {
         records,
         checkpoint_interval_ms,
+        delivery_guarantee: mode.guarantee.name(),
+        upsert: mode.upsert,
         versus: Versus::of(records, &engine, &baseline),
         checkpoints_completed: completed,
         results_match: counts_match,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use weir_engine::api::RunOptions;
+use weir_engine::connector::DeliveryGuarantee;
 use weir_engine::{Configuration, StreamEnvironment};
 use weir_examples::Output;
 use weir_memory::CountingAllocator;
@@ -258,12 +259,15 @@ enum Bench {
         /// Where both write (in temporary directories, removed after each round).
         #[arg(long, value_name = "DIR", default_value = "/var/tmp")]
         dir: PathBuf,
+        /// The sink's delivery guarantee.
+        #[arg(long, default_value = "exactly-once", value_parser = DeliveryGuarantee::NAMES)]
+        delivery_guarantee: String,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
     },
-    /// Generated rows written by the exactly-once PostgreSQL sink from one subtask into a
-    /// table of a running server, against a hand-written COPY of the same rows: rows/s.
+    /// Generated rows written by the PostgreSQL sink from one subtask into a table of a
+    /// running server, against a hand-written COPY of the same rows: rows/s.
     Postgres {
         /// The database (postgres://user[:password]@host[:port]/database); the benchmark
         /// creates its own table there and drops it at the end.
@@ -276,6 +280,12 @@ enum Bench {
         /// transaction); without it the rows commit when the job ends.
         #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
         checkpoint_interval_ms: Option<u64>,
+        /// The sink's delivery guarantee.
+        #[arg(long, default_value = "exactly-once", value_parser = DeliveryGuarantee::NAMES)]
+        delivery_guarantee: String,
+        /// Upsert the rows on their id (the table's primary key) instead of appending them.
+        #[arg(long)]
+        upsert: bool,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -525,6 +535,11 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{text}' is not a size; use bytes or a size such as 256m or 1g"))
 }
 
+/// A `--delivery-guarantee` clap checked against [`DeliveryGuarantee::NAMES`].
+fn guarantee(name: &str) -> DeliveryGuarantee {
+    DeliveryGuarantee::parse(name).expect("clap checks the name")
+}
+
 fn print_report<R: serde::Serialize + std::fmt::Debug>(report: &R, json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string(report)?);
@@ -583,20 +598,29 @@ fn run_bench(bench: Bench) -> Result<()> {
             records,
             checkpoint_interval_ms,
             dir,
+            delivery_guarantee,
             json,
-        } => print_report(
-            &weir_bench::file_sink::run(records, checkpoint_interval_ms, &dir)?,
-            json,
-        ),
+        } => {
+            let guarantee = guarantee(&delivery_guarantee);
+            let report =
+                weir_bench::file_sink::run(records, checkpoint_interval_ms, guarantee, &dir)?;
+            print_report(&report, json)
+        }
         Bench::Postgres {
             url,
             records,
             checkpoint_interval_ms,
+            delivery_guarantee,
+            upsert,
             json,
-        } => print_report(
-            &weir_bench::postgres::run(&url, records, checkpoint_interval_ms)?,
-            json,
-        ),
+        } => {
+            let mode = weir_bench::postgres::SinkMode {
+                guarantee: guarantee(&delivery_guarantee),
+                upsert,
+            };
+            let report = weir_bench::postgres::run(&url, records, checkpoint_interval_ms, mode)?;
+            print_report(&report, json)
+        }
         Bench::Checkpoint {
             backend,
             state_bytes,

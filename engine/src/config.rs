@@ -186,6 +186,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "The file sink rolls a part file not written to for this long (checked when the next records come)."),
     option!("sink.postgres.max-transaction-size", OptionKind::Size, "64m",
         "The PostgreSQL sink prepares a transaction holding this many bytes of rows without waiting for a barrier (committed with the next checkpoint; at once without exactly-once), so that none grows without bound."),
+    option!("sink.postgres.transaction-marker-retention", OptionKind::Duration, "7 d",
+        "The PostgreSQL sink keeps a row per committed transaction in weir_sink_transactions this long, so that a restore recommitting it can tell it committed from rolled back outside Weir; a restore of a checkpoint or savepoint older than this takes a transaction it no longer finds as committed (and says so in the log). 0 keeps them."),
     option!("execution.checkpointing.interval", OptionKind::Duration, "0",
         "Time between checkpoints (Flink's name); 0 turns checkpointing off."),
     option!("execution.checkpointing.dir", OptionKind::Path, "",
@@ -264,6 +266,7 @@ pub fn parse_duration(text: &str) -> Option<Duration> {
         "s" => 1_000_000_000,
         "min" => 60_000_000_000,
         "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
         _ => return None,
     };
     Some(Duration::from_nanos(number.checked_mul(nanos)?))
@@ -318,7 +321,7 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
     let expected = match option.kind {
         OptionKind::Count(min) => format!("a whole number of at least {min}"),
         OptionKind::Range(min, max) => format!("a whole number from {min} to {max}"),
-        OptionKind::Duration => "a duration such as '1 ms', '200ms', '10 s' or '0'".into(),
+        OptionKind::Duration => "a duration such as '1 ms', '200ms', '10 s', '7 d' or '0'".into(),
         OptionKind::Size => "a size such as '1728m', '32kb' or '1 gb'".into(),
         OptionKind::Fraction => "a fraction between 0 and 1, e.g. 0.1".into(),
         OptionKind::Factor => "a number of at least 1, e.g. 1.5".into(),
@@ -620,6 +623,7 @@ impl Configuration {
                 .with_rollover_interval(self.duration("sink.rolling-policy.rollover-interval"))
                 .with_inactivity_interval(self.duration("sink.rolling-policy.inactivity-interval")),
             max_transaction_bytes: self.size("sink.postgres.max-transaction-size"),
+            marker_retention: self.duration("sink.postgres.transaction-marker-retention"),
         }
     }
 
@@ -912,6 +916,7 @@ mod tests {
     fn parsers() {
         assert_eq!(parse_duration("250us"), Some(Duration::from_micros(250)));
         assert_eq!(parse_duration("2 s"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_duration("7 d"), Some(Duration::from_secs(7 * 86_400)));
         assert_eq!(parse_duration("5"), None);
         assert_eq!(parse_size("32kb"), Some(32 << 10));
         assert_eq!(parse_size("1728m"), Some(1728 << 20));

@@ -808,14 +808,16 @@ fn echo_survives_panics(backend: &str, settings: &[(&str, &str)], slots: usize) 
     );
 }
 
-/// The echo job writing into PostgreSQL (a throw-away cluster), with panics injected after its
-/// keyed count (in the sink's task) at three random points: the table holds every record once,
-/// each key's in order, and no prepared transaction is left.
+/// The echo job writing into PostgreSQL (a throw-away cluster), appending every record and
+/// upserting each key's latest, with panics injected after its keyed count (in the sinks'
+/// task) at three random points: the table holds every record once, each key's in order; the
+/// upserted table holds each key's last record; nothing is left prepared or staged.
 fn echo_into_postgres_survives_panics(backend: &str, settings: &[(&str, &str)], slots: usize) {
     let Some(cluster) = postgres_cluster::Cluster::start() else {
         return;
     };
     cluster.create_echo_table();
+    cluster.execute("CREATE TABLE latest (key integer PRIMARY KEY, seq bigint, count bigint)");
     let seed = seed();
     let dir = tempfile::tempdir().expect("a temporary directory");
     let mut config = restarting(config_on(backend, dir.path(), slots, 1));
@@ -832,8 +834,17 @@ fn echo_into_postgres_survives_panics(backend: &str, settings: &[(&str, &str)], 
         sequence_check::echo_row,
     )
     .expect("a sink");
-    sequence_check::echoed_with(&env, SPEC, |echoed| faults.inject(echoed))
-        .sink_to(sink, "postgres");
+    let latest = PostgresSink::new(
+        &cluster.url(),
+        "latest",
+        &sequence_check::ECHO_COLUMNS,
+        sequence_check::echo_row,
+    )
+    .expect("a sink")
+    .upsert(&["key"]);
+    let echoed = sequence_check::echoed_with(&env, SPEC, |echoed| faults.inject(echoed));
+    echoed.clone().sink_to(sink, "postgres");
+    echoed.sink_to(latest, "latest");
     let result = env
         .execute("sequence-echo")
         .unwrap_or_else(|e| panic!("the job failed (seed {seed}): {e}"));
@@ -849,8 +860,36 @@ fn echo_into_postgres_survives_panics(backend: &str, settings: &[(&str, &str)], 
         check.is_clean(),
         "{backend}, {settings:?}, {slots} (seed {seed}): {check:?}"
     );
+    let mut last: std::collections::BTreeMap<u32, (u64, u64)> = Default::default();
+    for row in &echoed {
+        last.insert(row.key, (row.seq, row.count));
+    }
+    let upserted: std::collections::BTreeMap<u32, (u64, u64)> = cluster
+        .client()
+        .query("SELECT key, seq, count FROM latest", &[])
+        .expect("read")
+        .iter()
+        .map(|row| {
+            let (key, seq, count): (i32, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            (key as u32, (seq as u64, count as u64))
+        })
+        .collect();
+    assert_eq!(upserted, last, "each key's last record (seed {seed})");
     let prepared = cluster.count("SELECT count(*) FROM pg_prepared_xacts");
     assert_eq!(prepared, 0, "prepared transactions are left (seed {seed})");
+    let staged = cluster
+        .count("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'weir\\_staged\\_latest\\_%'");
+    assert_eq!(staged, 1, "one staging table (seed {seed})");
+    let table: String = cluster
+        .client()
+        .query_one(
+            "SELECT tablename::text FROM pg_tables WHERE tablename LIKE 'weir\\_staged%'",
+            &[],
+        )
+        .expect("the staging table")
+        .get(0);
+    let left = cluster.count(&format!("SELECT count(*) FROM \"{table}\""));
+    assert_eq!(left, 0, "rows left staged (seed {seed})");
 }
 
 #[test]

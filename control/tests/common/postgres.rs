@@ -12,6 +12,8 @@ pub struct Cluster {
     bin: PathBuf,
     pub port: u16,
     server: Option<Child>,
+    /// `max_prepared_transactions`.
+    prepared: u32,
 }
 
 /// The newest `/usr/lib/postgresql/<version>/bin` with a server in it.
@@ -53,6 +55,11 @@ impl Cluster {
     /// Starts a cluster; `None` (said loudly) when this machine has no PostgreSQL server,
     /// unless `WEIR_REQUIRE_POSTGRES` is set (`.ci/run` sets it), which makes that a failure.
     pub fn start() -> Option<Cluster> {
+        Cluster::start_with_prepared(64)
+    }
+
+    /// A cluster with `max_prepared_transactions = prepared`.
+    pub fn start_with_prepared(prepared: u32) -> Option<Cluster> {
         let Some(bin) = server_bin() else {
             let why = "no PostgreSQL server under /usr/lib/postgresql (apt-get install postgresql)";
             if std::env::var_os("WEIR_REQUIRE_POSTGRES").is_some() {
@@ -102,6 +109,7 @@ impl Cluster {
             bin,
             port: free_port(),
             server: None,
+            prepared,
         };
         cluster.run();
         Some(cluster)
@@ -124,7 +132,7 @@ impl Cluster {
                 "-c",
                 "listen_addresses=127.0.0.1",
                 "-c",
-                "max_prepared_transactions=64",
+                &format!("max_prepared_transactions={}", self.prepared),
                 "-c",
                 "max_connections=64",
                 "-c",

@@ -340,6 +340,15 @@ pub struct PendingPart {
     pub visible: String,
 }
 
+/// Whether `a` and `b` name the same path (relative ones from the working directory).
+fn same_path(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::path::absolute(a), std::path::absolute(b)),
+            (Ok(a), Ok(b)) if a == b
+        )
+}
+
 /// A part file name's subtask and number: `part-<s>-<n>` (visible) or
 /// `.part-<s>-<n>.inprogress` (hidden).
 fn part_name(name: &str) -> Option<(bool, usize, u64)> {
@@ -825,14 +834,34 @@ impl FileCommitter {
         Ok(())
     }
 
-    async fn abort(&mut self, keep: &[PendingPart]) -> Result<(), ConnectorError> {
-        let parts = scan_parts(&self.dir).map_err(|e| io_error("read directory", &self.dir, e))?;
+    /// Deletes the hidden parts this subtask owns in its directory and in `earlier` ones
+    /// (where the restored run wrote), except `keep`.
+    async fn abort(
+        &mut self,
+        keep: &[PendingPart],
+        earlier: &[String],
+    ) -> Result<(), ConnectorError> {
+        self.abort_in(&self.dir.clone(), keep).await?;
+        for dir in earlier.iter().map(Path::new) {
+            if dir.exists() {
+                self.abort_in(dir, keep).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn abort_in(&self, dir: &Path, keep: &[PendingPart]) -> Result<(), ConnectorError> {
+        let parts = scan_parts(dir).map_err(|e| io_error("read directory", dir, e))?;
         for (path, hidden, subtask, _) in parts {
             if !hidden || subtask % self.parallelism != self.subtask {
                 continue;
             }
-            let name = path.to_string_lossy();
-            if keep.iter().any(|part| part.hidden == name) {
+            // Kept parts as the restored run spelled them (its directory may have been
+            // relative, and `dir` an absolute scope).
+            let kept = keep
+                .iter()
+                .any(|part| same_path(Path::new(&part.hidden), &path));
+            if kept {
                 continue;
             }
             match glommio::io::remove(&path).await {
@@ -856,8 +885,19 @@ impl Committer<PendingPart> for FileCommitter {
     fn abort_lingering<'a>(
         &'a mut self,
         keep: &'a [PendingPart],
+        earlier: &'a [String],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
-        Box::pin(self.abort(keep))
+        Box::pin(self.abort(keep, earlier))
+    }
+
+    fn writer_of(&self, part: &PendingPart) -> Option<usize> {
+        let name = Path::new(&part.hidden).file_name()?.to_str()?;
+        part_name(name).map(|(_, subtask, _)| subtask)
+    }
+
+    fn scope(&self) -> Option<String> {
+        let dir = std::path::absolute(&self.dir).unwrap_or_else(|_| self.dir.clone());
+        Some(dir.to_string_lossy().into_owned())
     }
 }
 
@@ -953,6 +993,40 @@ mod tests {
                     std::fs::read_to_string(out.join("part-0-1")).unwrap(),
                     "4\n"
                 );
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    /// A job restored with another output directory deletes the uncommitted parts its
+    /// checkpoint's run left in the old one (the checkpoint keeps the directory).
+    #[test]
+    fn a_restore_into_another_directory_deletes_what_the_old_one_holds_uncommitted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+        glommio::LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                let (ctx, mut writer) = restored(&old, &[]);
+                writer.write(&mut vec![1], &[NO_TIMESTAMP]).await.unwrap();
+                writer
+                    .flush(&CheckpointBarrier::checkpoint(1))
+                    .await
+                    .unwrap();
+                writer.write(&mut vec![2], &[NO_TIMESTAMP]).await.unwrap();
+                drop(writer);
+                // Restored from a checkpoint before the first (nothing to commit).
+                ctx.operator_state()
+                    .union_list_state(&ListStateDescriptor::<Vec<u8>>::new(COMMITTABLES))
+                    .unwrap()
+                    .clear();
+                assert_eq!(names(&old).len(), 2, "{:?}", names(&old));
+                let mut writer = Sink::create_writer(&FileSink::<u64>::lines(&new), &ctx).unwrap();
+                writer.write(&mut vec![3], &[NO_TIMESTAMP]).await.unwrap();
+                assert!(names(&old).is_empty(), "{:?}", names(&old));
+                writer.finish().await.unwrap();
+                writer.close(false).await.unwrap();
+                assert_eq!(names(&new), ["part-0-0"]);
             })
             .unwrap()
             .join()

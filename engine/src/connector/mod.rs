@@ -46,6 +46,9 @@ pub struct SinkSettings {
     /// `sink.postgres.max-transaction-size`: the PostgreSQL sink prepares a transaction that
     /// holds this many bytes of rows without waiting for a barrier.
     pub max_transaction_bytes: u64,
+    /// `sink.postgres.transaction-marker-retention`: how long the PostgreSQL sink keeps the
+    /// marker of a committed transaction.
+    pub marker_retention: std::time::Duration,
 }
 
 impl Default for SinkSettings {
@@ -54,6 +57,7 @@ impl Default for SinkSettings {
             delivery_guarantee: DeliveryGuarantee::default(),
             rolling_policy: RollingPolicy::default(),
             max_transaction_bytes: 64 << 20,
+            marker_retention: std::time::Duration::from_secs(7 * 24 * 3600),
         }
     }
 }

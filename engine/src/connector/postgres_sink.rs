@@ -5,16 +5,27 @@
 //! Each subtask's writer encodes its records as rows of `COPY … FROM STDIN` text on its
 //! shard and hands them, a megabyte at a time, to a client thread of its own (the PostgreSQL
 //! client blocks; a shard never does). The thread opens a transaction with the first rows
-//! after a barrier and writes them with `COPY` (append) or `INSERT … ON CONFLICT (key) DO
-//! UPDATE` (upsert, the last row per key of each batch); a transaction that reached
-//! `sink.postgres.max-transaction-size` (64 MiB) is prepared then and a new one opened. At the barrier it records the
-//! transaction's name in `weir_sink_transactions` and prepares it: the name
-//! (`weir-<operator>-<subtask>-<run>-<n>-chk<checkpoint>-<job>`) is the committable. A second thread commits.
-//! `COMMIT PREPARED` of a name PostgreSQL no longer knows is a success when the name is in
-//! `weir_sink_transactions` (committed before: the marker was written in the transaction
-//! itself) and a failure naming the transaction otherwise (rolled back behind the sink's
-//! back: its rows are lost to the checkpoint). On a start or a restore, prepared transactions
-//! of the operator's subtasks that the checkpoint does not hold are rolled back.
+//! after a barrier and writes them with `COPY`; a transaction that reached
+//! `sink.postgres.max-transaction-size` (64 MiB) is prepared then and a new one opened. At
+//! the barrier it records the transaction's name in `weir_sink_transactions` and prepares
+//! it: the name (`weir-<operator>-<scope>-<subtask>-<run>-<n>-chk<checkpoint>-<job>`) is the
+//! committable. A second thread commits. `COMMIT PREPARED` of a name PostgreSQL no longer
+//! knows is a success when the name is in `weir_sink_transactions` (committed before: the
+//! marker was written in the transaction itself) and a failure naming the transaction
+//! otherwise (rolled back behind the sink's back: its rows are lost to the checkpoint). The
+//! markers are deleted after `sink.postgres.transaction-marker-retention`; a recommit of a
+//! transaction older than that which PostgreSQL no longer knows counts as committed. On a
+//! start or a restore, prepared transactions of the operator's subtasks that the checkpoint
+//! does not hold are rolled back, under the sink's name prefix and the ones its checkpoint
+//! recorded (a job renamed since, another table).
+//!
+//! Upserts (`INSERT … ON CONFLICT (key) DO UPDATE`, the last row of each key) go exactly once
+//! through a staging table: the prepared transaction only appends to
+//! `weir_staged_<table>_<hash>`, and the commit merges its rows into the table and deletes
+//! them in one transaction after `COMMIT PREPARED` (and again, harmlessly, on a recommit). A
+//! prepared transaction that upserted into the table itself would hold the row locks of its
+//! keys until the checkpoint's notice, which the next transaction's upserts of the same keys
+//! would wait for. At least once (or none), upserts go straight into the table.
 //!
 //! The record-to-row mapping ([`PostgresSink::new`]: columns with their types, and a function
 //! that pushes a record's values) is checked against the table when a subtask starts: a
@@ -174,6 +185,29 @@ impl std::fmt::Write for Bytes<'_> {
 
 type ToRow<T> = dyn Fn(&T, &mut Row<'_>) + Send + Sync;
 
+/// A prepared transaction of the sink: its committable.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Prepared {
+    /// The transaction's name (`pg_prepared_xacts.gid`).
+    gid: String,
+    /// The subtask that wrote it.
+    subtask: u32,
+    /// When it was prepared, in µs since the Unix epoch: a marker older than
+    /// `sink.postgres.transaction-marker-retention` may be gone.
+    prepared_at: i64,
+    /// Where its upserts wait until the commit merges them into the table.
+    staged: Option<Staged>,
+}
+
+/// Upserts a prepared transaction staged.
+#[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub struct Staged {
+    /// The staging table.
+    table: String,
+    /// The transaction's id, which its staged rows carry.
+    xid: i64,
+}
+
 /// Writes records as rows of a PostgreSQL table, exactly once by default.
 pub struct PostgresSink<T> {
     target: Arc<Target>,
@@ -330,9 +364,46 @@ impl Target {
         }
     }
 
+    /// `"name" type, …`, as `CREATE TABLE` takes them.
+    fn column_definitions(&self) -> String {
+        let columns: Vec<String> = self
+            .columns
+            .iter()
+            .map(|(name, ty)| format!("{} {}", ident(name), ty.sql()))
+            .collect();
+        columns.join(", ")
+    }
+
     fn column_list(&self) -> String {
         let names: Vec<String> = self.columns.iter().map(|(n, _)| ident(n)).collect();
         names.join(", ")
+    }
+
+    /// The staging table of exactly-once upserts, in the table's schema, named by the table
+    /// and the mapping (another mapping gets another table: rows staged under the old one
+    /// keep their columns).
+    fn staging_sql(&self) -> String {
+        let mapping: Vec<String> = self
+            .columns
+            .iter()
+            .map(|(name, ty)| format!("{name} {}", ty.sql()))
+            .chain(match &self.mode {
+                WriteMode::Upsert { key } => key.clone(),
+                WriteMode::Append => Vec::new(),
+            })
+            .collect();
+        let hash = stable_hash(&[&self.named(), &mapping.join(",")]);
+        // PostgreSQL cuts names at 63 bytes: keep the hash in.
+        let mut cut = self.table.len().min(32);
+        while !self.table.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let table = &self.table[..cut];
+        let name = ident(&format!("weir_staged_{table}_{hash:08x}"));
+        match &self.schema {
+            Some(schema) => format!("{}.{name}", ident(schema)),
+            None => name,
+        }
     }
 }
 
@@ -346,22 +417,27 @@ const CONNECT_BACKOFF: Duration = Duration::from_millis(250);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// The table that marks prepared transactions, written in each.
 const MARKERS: &str = "weir_sink_transactions";
+/// How often (at most) a committer deletes the markers older than the retention.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// The staging table's own columns: the writing transaction, and the rows' order.
+const STAGED_XID: &str = "\"__weir_xid\"";
+const STAGED_SEQ: &str = "\"__weir_seq\"";
 
 /// What a client thread is asked.
 enum Request {
     /// Rows (COPY text) into the open transaction (opened if none).
     Write(Vec<u8>),
-    /// Prepare the open transaction as this name.
-    Prepare(String, oneshot::Sender<Result<(), ConnectorError>>),
-    /// Commit these prepared transactions.
-    Commit(Vec<String>, oneshot::Sender<Result<(), CommitError>>),
-    /// Roll back the prepared transactions of `prefix` owned by `subtask` of `parallelism`,
-    /// except `keep`.
+    /// Prepare the open transaction as this name; the answer is its id when it staged upserts.
+    Prepare(String, oneshot::Sender<Result<Option<i64>, ConnectorError>>),
+    /// Commit these prepared transactions (and merge what they staged).
+    Commit(Vec<Prepared>, oneshot::Sender<Result<(), CommitError>>),
+    /// Roll back the prepared transactions under `prefixes` owned by `subtask` of
+    /// `parallelism`, except `keep`.
     Abort {
-        prefix: String,
+        prefixes: Vec<String>,
         subtask: usize,
         parallelism: usize,
-        keep: Vec<String>,
+        keep: Vec<Prepared>,
         reply: oneshot::Sender<Result<(), ConnectorError>>,
     },
 }
@@ -375,11 +451,14 @@ struct ClientThread {
 }
 
 impl ClientThread {
-    fn start(target: Arc<Target>, role: &str, ctx: &RuntimeContext) -> ClientThread {
+    fn start(target: Arc<Target>, role: Role, ctx: &RuntimeContext) -> ClientThread {
         let (requests, queue) = mpsc::channel(BATCHES_QUEUED);
         let dropped = Arc::new(AtomicBool::new(false));
-        let name = format!("weir-pg-{role}-{}", ctx.subtask);
-        let connection = Connection::new(target, Arc::clone(&dropped));
+        let name = match &role {
+            Role::Writer { .. } => format!("weir-pg-writer-{}", ctx.subtask),
+            Role::Committer { .. } => format!("weir-pg-committer-{}", ctx.subtask),
+        };
+        let connection = Connection::new(target, role, Arc::clone(&dropped));
         std::thread::Builder::new()
             .name(name)
             .spawn(move || connection.serve(queue))
@@ -402,9 +481,28 @@ fn gone() -> ConnectorError {
     ConnectorError::external("the PostgreSQL sink's client thread ended")
 }
 
+/// What a connection does besides its requests.
+enum Role {
+    /// Writes rows: into the staging table (exactly-once upserts) or the table.
+    Writer { staged: bool },
+    /// Commits, and deletes the markers its subtask owns older than `retention`, once in a
+    /// while.
+    Committer { retention: Duration, owner: Owner },
+}
+
+/// A committer's subtask and its transactions' name prefix.
+struct Owner {
+    prefix: String,
+    subtask: usize,
+    parallelism: usize,
+}
+
 /// One connection, on its client thread.
 struct Connection {
     target: Arc<Target>,
+    role: Role,
+    /// When the markers were last pruned.
+    pruned: Option<std::time::Instant>,
     client: Option<Client>,
     /// Whether a transaction is open (rows written since the last prepare).
     open: bool,
@@ -416,9 +514,11 @@ struct Connection {
 }
 
 impl Connection {
-    fn new(target: Arc<Target>, dropped: Arc<AtomicBool>) -> Connection {
+    fn new(target: Arc<Target>, role: Role, dropped: Arc<AtomicBool>) -> Connection {
         Connection {
             target,
+            role,
+            pruned: None,
             client: None,
             open: false,
             failed: None,
@@ -445,13 +545,13 @@ impl Connection {
                     let _ = reply.send(self.commit(&names));
                 }
                 Request::Abort {
-                    prefix,
+                    prefixes,
                     subtask,
                     parallelism,
                     keep,
                     reply,
                 } => {
-                    let _ = reply.send(self.abort(&prefix, subtask, parallelism, &keep));
+                    let _ = reply.send(self.abort(&prefixes, subtask, parallelism, &keep));
                 }
             }
         }
@@ -536,27 +636,7 @@ impl Connection {
                 describe(&e)
             ))
         };
-        // Two subtasks may create the tables at once: one at a time.
-        let mut ddl = format!(
-            "BEGIN; SELECT pg_advisory_xact_lock(7250001); CREATE TABLE IF NOT EXISTS {MARKERS} \
-             (gid text PRIMARY KEY, prepared_at timestamptz NOT NULL DEFAULT now());"
-        );
-        if target.create_table {
-            let columns: Vec<String> = target
-                .columns
-                .iter()
-                .map(|(name, ty)| format!("{} {}", ident(name), ty.sql()))
-                .collect();
-            let _ = write!(
-                ddl,
-                " CREATE TABLE IF NOT EXISTS {} ({});",
-                target.table_sql(),
-                columns.join(", ")
-            );
-        }
-        ddl.push_str(" COMMIT;");
-        client
-            .batch_execute(&ddl)
+        self.create_missing(client)
             .map_err(|e| failed("create its tables", e))?;
         let prepared: String = client
             .query_one("SHOW max_prepared_transactions", &[])
@@ -642,6 +722,50 @@ impl Connection {
         Ok(())
     }
 
+    /// Creates what is missing, and only that (DDL on a table that prepared transactions
+    /// wrote into waits for them, and a restore must get past this before it resolves them):
+    /// the marker table, the table when asked, the staging table of exactly-once upserts.
+    fn create_missing(&self, client: &mut Client) -> Result<(), postgres::Error> {
+        let target = &self.target;
+        let mut transaction = client.transaction()?;
+        // Two subtasks may create the tables at once: one at a time, and never stuck.
+        transaction.batch_execute(
+            "SET LOCAL lock_timeout = '10s'; SELECT pg_advisory_xact_lock(7250001)",
+        )?;
+        let mut ask = |sql: &str, table: &str| -> Result<bool, postgres::Error> {
+            Ok(transaction.query_one(sql, &[&table])?.get(0))
+        };
+        let regclass = "SELECT to_regclass($1) IS NOT NULL";
+        let mut ddl = String::new();
+        if !ask(regclass, MARKERS)? {
+            let _ = write!(
+                ddl,
+                "CREATE TABLE {MARKERS} (gid text PRIMARY KEY, \
+                 prepared_at timestamptz NOT NULL DEFAULT now()); \
+                 CREATE INDEX {MARKERS}_prepared_at ON {MARKERS} (prepared_at);"
+            );
+        }
+        let staging = target.staging_sql();
+        let columns = || target.column_definitions();
+        if target.create_table && !ask(regclass, &target.table_sql())? {
+            let _ = write!(ddl, " CREATE TABLE {} ({});", target.table_sql(), columns());
+        }
+        if matches!(self.role, Role::Writer { staged: true }) && !ask(regclass, &staging)? {
+            let _ = write!(
+                ddl,
+                " CREATE TABLE {staging} ({STAGED_XID} bigint NOT NULL DEFAULT txid_current(), \
+                 {STAGED_SEQ} bigint GENERATED ALWAYS AS IDENTITY, {}); CREATE INDEX {} ON \
+                 {staging} ({STAGED_XID});",
+                columns(),
+                ident(&format!("weir_staged_{:08x}_xid", stable_hash(&[&staging])))
+            );
+        }
+        if !ddl.is_empty() {
+            transaction.batch_execute(&ddl)?;
+        }
+        transaction.commit()
+    }
+
     fn write(&mut self, rows: &[u8]) -> Result<(), ConnectorError> {
         let target = Arc::clone(&self.target);
         self.client()?;
@@ -658,13 +782,24 @@ impl Connection {
             client.batch_execute("BEGIN").map_err(failed)?;
             self.open = true;
         }
+        let staged = matches!(self.role, Role::Writer { staged: true });
         match &target.mode {
-            WriteMode::Append => {
-                let copy = format!(
-                    "COPY {} ({}) FROM STDIN",
-                    target.table_sql(),
-                    target.column_list()
-                );
+            WriteMode::Upsert { key } if !staged => {
+                let columns = upsert_columns(rows, &target.columns, key)?;
+                let sql = upsert_sql(&target, key);
+                let params: Vec<&(dyn postgres::types::ToSql + Sync)> = columns
+                    .iter()
+                    .map(|c| c as &(dyn postgres::types::ToSql + Sync))
+                    .collect();
+                client.execute(&sql, &params).map_err(failed)?;
+            }
+            _ => {
+                let into = if staged {
+                    target.staging_sql()
+                } else {
+                    target.table_sql()
+                };
+                let copy = format!("COPY {into} ({}) FROM STDIN", target.column_list());
                 let mut writer = client.copy_in(&copy).map_err(failed)?;
                 std::io::Write::write_all(&mut writer, rows).map_err(|e| {
                     ConnectorError::external(format!(
@@ -674,88 +809,224 @@ impl Connection {
                 })?;
                 writer.finish().map_err(failed)?;
             }
-            WriteMode::Upsert { key } => {
-                let columns = upsert_columns(rows, &target.columns, key)?;
-                let sql = upsert_sql(&target, key);
-                let params: Vec<&(dyn postgres::types::ToSql + Sync)> = columns
-                    .iter()
-                    .map(|c| c as &(dyn postgres::types::ToSql + Sync))
-                    .collect();
-                client.execute(&sql, &params).map_err(failed)?;
-            }
         }
         Ok(())
     }
 
-    fn prepare(&mut self, name: &str) -> Result<(), ConnectorError> {
+    fn prepare(&mut self, name: &str) -> Result<Option<i64>, ConnectorError> {
         if let Some(error) = self.failed.take() {
             self.open = false;
             self.client = None;
             return Err(error);
         }
         if !self.open {
-            return Ok(());
+            return Ok(None);
         }
         let target = Arc::clone(&self.target);
         // Fails if the connection, and with it the transaction, was lost.
         self.client()?;
         self.open = false;
+        let staged = matches!(self.role, Role::Writer { staged: true });
         let client = self.client.as_mut().expect("connected");
-        client
-            .batch_execute(&format!(
-                "INSERT INTO {MARKERS} (gid) VALUES ({name}); PREPARE TRANSACTION {name};",
+        let prepared = (|| {
+            let xid = match staged {
+                true => Some(client.query_one("SELECT txid_current()", &[])?.get(0)),
+                false => None,
+            };
+            client.batch_execute(&format!(
+                "INSERT INTO {MARKERS} (gid, prepared_at) VALUES ({name}, clock_timestamp()); \
+                 PREPARE TRANSACTION {name};",
                 name = literal(name)
+            ))?;
+            Ok(xid)
+        })();
+        prepared.map_err(|e: postgres::Error| {
+            ConnectorError::external(format!(
+                "PostgreSQL sink cannot prepare transaction '{name}' on {}: {}; the rows since \
+                 the last checkpoint are written again after the restart",
+                target.shown,
+                describe(&e)
             ))
-            .map_err(|e| {
-                ConnectorError::external(format!(
-                    "PostgreSQL sink cannot prepare transaction '{name}' on {}: {}; the rows \
-                     since the last checkpoint are written again after the restart",
-                    target.shown,
-                    describe(&e)
-                ))
-            })
+        })
     }
 
-    fn commit(&mut self, names: &[String]) -> Result<(), CommitError> {
-        let shown = self.target.shown.clone();
+    fn commit(&mut self, prepared: &[Prepared]) -> Result<(), CommitError> {
+        let target = Arc::clone(&self.target);
+        let key = match &target.mode {
+            WriteMode::Upsert { key } => Some(key),
+            WriteMode::Append => None,
+        };
+        // Before anything commits: staged upserts this sink cannot merge.
+        for transaction in prepared {
+            let Some(staged) = &transaction.staged else {
+                continue;
+            };
+            if key.is_none() || staged.table != target.staging_sql() {
+                return Err(CommitError::Fail(ConnectorError::bad_input(format!(
+                    "PostgreSQL sink cannot merge the upserts of transaction '{}' into '{}': \
+                     they wait in {} under another mapping of the table than this job's; \
+                     restore with the mapping that wrote them",
+                    transaction.gid,
+                    target.named(),
+                    staged.table
+                ))));
+            }
+        }
+        let retention = match self.role {
+            Role::Committer { retention, .. } => retention,
+            Role::Writer { .. } => Duration::ZERO,
+        };
         let retry = |e: ConnectorError| CommitError::Retry(e.message);
         let client = self.client().map_err(retry)?;
-        for name in names {
+        for transaction in prepared {
+            let name = &transaction.gid;
             match client.batch_execute(&format!("COMMIT PREPARED {}", literal(name))) {
                 Ok(()) => {}
                 Err(e) if e.code() == Some(&SqlState::UNDEFINED_OBJECT) => {
                     let marked = client
                         .query_opt(&format!("SELECT 1 FROM {MARKERS} WHERE gid = $1"), &[name])
                         .map_err(|e| CommitError::Retry(describe(&e)))?;
-                    if marked.is_none() {
-                        return Err(CommitError::Fail(ConnectorError::external(format!(
-                            "PostgreSQL sink cannot commit transaction '{name}' on {shown}: it \
-                             was rolled back outside Weir, so its rows are lost to the \
-                             checkpoint that holds it; restore an earlier checkpoint to \
-                             write them again"
-                        ))));
+                    if marked.is_some() {
+                        continue;
                     }
+                    if may_be_pruned(transaction.prepared_at, retention, SystemTime::now()) {
+                        tracing::warn!(
+                            transaction = %name,
+                            "PostgreSQL sink recommits a transaction older than \
+                             sink.postgres.transaction-marker-retention that the server no \
+                             longer knows: taken as committed before"
+                        );
+                        continue;
+                    }
+                    return Err(CommitError::Fail(ConnectorError::external(format!(
+                        "PostgreSQL sink cannot commit transaction '{name}' on {}: it was \
+                         rolled back outside Weir, so its rows are lost to the checkpoint that \
+                         holds it; restore an earlier checkpoint to write them again",
+                        target.shown
+                    ))));
                 }
                 Err(e) => {
-                    if client.is_closed() {
-                        self.client = None;
-                    }
-                    return Err(CommitError::Retry(format!(
-                        "COMMIT PREPARED '{name}' on {shown}: {}",
+                    let error = format!(
+                        "COMMIT PREPARED '{name}' on {}: {}",
+                        target.shown,
                         describe(&e)
-                    )));
+                    );
+                    self.forget_if_closed();
+                    return Err(CommitError::Retry(error));
                 }
             }
         }
+        if let Some(key) = key {
+            self.merge(prepared, key)?;
+        }
+        self.prune();
         Ok(())
+    }
+
+    /// Merges the upserts `prepared` staged into the table and deletes them, in one
+    /// transaction: merged before, they are gone, and nothing happens.
+    fn merge(&mut self, prepared: &[Prepared], key: &[String]) -> Result<(), CommitError> {
+        let xids: Vec<i64> = prepared
+            .iter()
+            .filter_map(|transaction| Some(transaction.staged.as_ref()?.xid))
+            .collect();
+        if xids.is_empty() {
+            return Ok(());
+        }
+        let target = Arc::clone(&self.target);
+        let retry = |e: ConnectorError| CommitError::Retry(e.message);
+        let client = self.client().map_err(retry)?;
+        let (merge, delete) = merge_sql(&target, key);
+        let merged = (|| {
+            let mut transaction = client.transaction()?;
+            transaction.execute(&merge, &[&xids])?;
+            transaction.execute(&delete, &[&xids])?;
+            transaction.commit()
+        })();
+        let Err(e) = merged else {
+            return Ok(());
+        };
+        let gids: Vec<&str> = prepared.iter().map(|t| t.gid.as_str()).collect();
+        let what = format!(
+            "PostgreSQL sink cannot merge the upserts of {gids:?} from {} into '{}' on {}: {}",
+            target.staging_sql(),
+            target.named(),
+            target.shown,
+            describe(&e)
+        );
+        // Rows the table refuses (a constraint the staging table does not have, a value out
+        // of range): no retry helps, and the rows stay staged.
+        let refused = e
+            .code()
+            .is_some_and(|code| code.code().starts_with("22") || code.code().starts_with("23"));
+        if refused {
+            return Err(CommitError::Fail(ConnectorError::bad_input(format!(
+                "{what}; they stay in the staging table (\"__weir_xid\" in {xids:?}): fix the \
+                 table or the rows there and restart the job, or delete them there to drop \
+                 them"
+            ))));
+        }
+        self.forget_if_closed();
+        Err(CommitError::Retry(what))
+    }
+
+    /// Drops a connection that closed, so the next request connects again.
+    fn forget_if_closed(&mut self) {
+        if self.client.as_ref().is_some_and(Client::is_closed) {
+            self.client = None;
+        }
+    }
+
+    /// Deletes the markers this committer's subtask owns under its prefix that are older
+    /// than the retention, once in a while (a failure waits for the next commit); a
+    /// retention of 0 keeps them.
+    fn prune(&mut self) {
+        let Role::Committer { retention, owner } = &self.role else {
+            return;
+        };
+        if retention.is_zero()
+            || self
+                .pruned
+                .is_some_and(|at| at.elapsed() < PRUNE_EVERY.min(*retention))
+        {
+            return;
+        }
+        let Some(client) = self.client.as_mut() else {
+            return;
+        };
+        let start = i32::try_from(owner.prefix.len() + 1).unwrap_or(i32::MAX);
+        let (subtask, parallelism) = (owner.subtask as i64, owner.parallelism as i64);
+        match client.execute(
+            &format!(
+                "DELETE FROM {MARKERS} WHERE gid LIKE $1 \
+                 AND prepared_at < now() - make_interval(secs => $2) \
+                 AND split_part(substr(gid, $3), '-', 1) ~ '^[0-9]+$' \
+                 AND split_part(substr(gid, $3), '-', 1)::bigint % $4 = $5"
+            ),
+            &[
+                &like_prefix(&owner.prefix),
+                &retention.as_secs_f64(),
+                &start,
+                &parallelism,
+                &subtask,
+            ],
+        ) {
+            Ok(deleted) => {
+                self.pruned = Some(std::time::Instant::now());
+                tracing::debug!(deleted, "PostgreSQL sink deleted old transaction markers");
+            }
+            Err(e) => {
+                tracing::warn!(error = %describe(&e), "cannot delete old transaction markers")
+            }
+        }
     }
 
     fn abort(
         &mut self,
-        prefix: &str,
+        prefixes: &[String],
         subtask: usize,
         parallelism: usize,
-        keep: &[String],
+        keep: &[Prepared],
     ) -> Result<(), ConnectorError> {
         let shown = self.target.shown.clone();
         let failed = |e: postgres::Error| {
@@ -766,29 +1037,50 @@ impl Connection {
             ))
         };
         let client = self.client()?;
-        let pattern = format!("{}%", prefix.replace('%', "\\%").replace('_', "\\_"));
-        let rows = client
-            .query(
-                "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() \
-                 AND gid LIKE $1",
-                &[&pattern],
-            )
-            .map_err(failed)?;
-        for row in rows {
-            let gid: String = row.get(0);
-            let owner = gid[prefix.len()..]
-                .split('-')
-                .next()
-                .and_then(|s| s.parse::<usize>().ok());
-            let ours = owner.is_some_and(|owner| owner % parallelism == subtask);
-            if ours && !keep.contains(&gid) {
-                client
-                    .batch_execute(&format!("ROLLBACK PREPARED {}", literal(&gid)))
-                    .map_err(failed)?;
+        for prefix in prefixes {
+            let rows = client
+                .query(
+                    "SELECT gid FROM pg_prepared_xacts WHERE database = current_database() \
+                     AND gid LIKE $1",
+                    &[&like_prefix(prefix)],
+                )
+                .map_err(failed)?;
+            for row in rows {
+                let gid: String = row.get(0);
+                let owner = gid[prefix.len()..]
+                    .split('-')
+                    .next()
+                    .and_then(|s| s.parse::<usize>().ok());
+                let ours = owner.is_some_and(|owner| owner % parallelism == subtask);
+                if ours && !keep.iter().any(|kept| kept.gid == gid) {
+                    client
+                        .batch_execute(&format!("ROLLBACK PREPARED {}", literal(&gid)))
+                        .map_err(failed)?;
+                }
             }
         }
         Ok(())
     }
+}
+
+/// A `LIKE` pattern of the strings that start with `prefix`.
+fn like_prefix(prefix: &str) -> String {
+    format!(
+        "{}%",
+        prefix
+            .replace('\\', "\\\\")
+            .replace('%', "\\%")
+            .replace('_', "\\_")
+    )
+}
+
+/// Whether the marker of a transaction prepared at `prepared_at` (µs since the epoch) may
+/// have been deleted by `now` under `retention` (with a margin for the server's clock).
+/// A retention of 0 keeps every marker.
+fn may_be_pruned(prepared_at: i64, retention: Duration, now: SystemTime) -> bool {
+    let age = Duration::from_micros(u64::try_from(micros(now) - prepared_at).unwrap_or(0));
+    let margin = (retention / 2).min(Duration::from_secs(3600));
+    !retention.is_zero() && age > retention.saturating_sub(margin)
 }
 
 /// An error with PostgreSQL's own message, when it sent one.
@@ -863,6 +1155,28 @@ fn upsert_sql(target: &Target, key: &[String]) -> String {
         .enumerate()
         .map(|(i, (name, ty))| format!("u.v{}::{} AS {}", i + 1, ty.sql(), ident(name)))
         .collect();
+    let from = format!(
+        "unnest({}) WITH ORDINALITY AS u({}, ord)",
+        arrays.join(", "),
+        values.join(", ")
+    );
+    upsert_latest(target, key, &casts.join(", "), &from, "u.ord")
+}
+
+/// The merge of staged upserts into the table (the last staged row of each key), and the
+/// deletion of what it merged: the rows the transactions with the ids `$1` (a bigint array)
+/// staged.
+fn merge_sql(target: &Target, key: &[String]) -> (String, String) {
+    let staged = format!("{} WHERE {STAGED_XID} = ANY($1)", target.staging_sql());
+    (
+        upsert_latest(target, key, &target.column_list(), &staged, STAGED_SEQ),
+        format!("DELETE FROM {staged}"),
+    )
+}
+
+/// `INSERT` of the last row of each key of `SELECT select FROM from` (the greatest `order`),
+/// updating the row of its key that the table has.
+fn upsert_latest(target: &Target, key: &[String], select: &str, from: &str, order: &str) -> String {
     let updates: Vec<String> = target
         .columns
         .iter()
@@ -877,29 +1191,33 @@ fn upsert_sql(target: &Target, key: &[String]) -> String {
     };
     format!(
         "INSERT INTO {table} ({columns}) SELECT {columns} FROM (SELECT DISTINCT ON ({keys}) \
-         {casts} FROM unnest({arrays}) WITH ORDINALITY AS u({values}, ord) \
-         ORDER BY {keys}, u.ord DESC) AS latest ON CONFLICT ({keys}) DO {action}",
+         {select} FROM {from} ORDER BY {keys}, {order} DESC) AS latest \
+         ON CONFLICT ({keys}) DO {action}",
         table = target.table_sql(),
         columns = target.column_list(),
-        casts = casts.join(", "),
-        arrays = arrays.join(", "),
-        values = values.join(", "),
         keys = keys.join(", "),
     )
 }
 
 /// The prefix of every transaction name of the operator `operator_id` of job `job` writing
 /// into `table`: a restore rolls back what its own sink left, never another job's (or another
-/// table's) prepared transactions. A job renamed between runs leaves its old run's
-/// transactions to be rolled back by hand (`pg_prepared_xacts`).
+/// table's) prepared transactions; the prefixes a checkpoint's run used are kept in it, so a
+/// job renamed since rolls back what its old name left too.
 fn prefix(operator_id: &str, job: &str, table: &str) -> String {
     let short: String = operator_id.chars().take(16).collect();
-    // FNV-1a: stable across builds.
-    let mut scope: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in job.bytes().chain([0]).chain(table.bytes()) {
-        scope = (scope ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    format!("weir-{short}-{:08x}-", stable_hash(&[job, table]))
+}
+
+/// FNV-1a of `parts` (separated): stable across builds.
+fn stable_hash(parts: &[&str]) -> u32 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, part) in parts.iter().enumerate() {
+        let separator = (i > 0).then_some(0u8);
+        for byte in separator.into_iter().chain(part.bytes()) {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
     }
-    format!("weir-{short}-{:08x}-", scope as u32)
+    hash as u32
 }
 
 struct PgWriter<T> {
@@ -910,7 +1228,11 @@ struct PgWriter<T> {
     /// Bytes of rows handed over since the last prepare (0: no open transaction).
     written: usize,
     /// Transactions the writer prepared by itself (at `roll_bytes`), not yet handed on.
-    closed: Vec<String>,
+    closed: Vec<Prepared>,
+    /// The staging table its rows wait in until the commit merges them (exactly-once
+    /// upserts).
+    staging: Option<String>,
+    subtask: u32,
     /// `sink.postgres.max-transaction-size`.
     roll_bytes: usize,
     /// `<prefix><subtask>-<run>-`: a run's transactions, numbered after it.
@@ -965,7 +1287,7 @@ impl<T> PgWriter<T> {
     }
 
     /// At a barrier (`tag`: `chk<n>`) or the input's end (`end`).
-    async fn prepare(&mut self, tag: &str) -> Result<Vec<String>, ConnectorError> {
+    async fn prepare(&mut self, tag: &str) -> Result<Vec<Prepared>, ConnectorError> {
         self.hand_over().await?;
         let mut closed = std::mem::take(&mut self.closed);
         closed.extend(self.prepare_open(tag).await?);
@@ -974,23 +1296,29 @@ impl<T> PgWriter<T> {
 
     /// Prepares the open transaction, if rows went into one: its name,
     /// `<prefix><subtask>-<run>-<n>-<tag>-<job>`.
-    async fn prepare_open(&mut self, tag: &str) -> Result<Option<String>, ConnectorError> {
+    async fn prepare_open(&mut self, tag: &str) -> Result<Option<Prepared>, ConnectorError> {
         if self.written == 0 {
             return Ok(None);
         }
         self.written = 0;
-        let name = format!("{}{}-{tag}-{}", self.names, self.next, self.job);
+        let gid = format!("{}{}-{tag}-{}", self.names, self.next, self.job);
         self.next += 1;
         let (reply, answer) = oneshot::channel();
         self.client
-            .send(Request::Prepare(name.clone(), reply))
+            .send(Request::Prepare(gid.clone(), reply))
             .await?;
-        answer.await.map_err(|_| gone())??;
-        Ok(Some(name))
+        let xid = answer.await.map_err(|_| gone())??;
+        let staged = self.staging.clone().zip(xid);
+        Ok(Some(Prepared {
+            gid,
+            subtask: self.subtask,
+            prepared_at: micros(SystemTime::now()),
+            staged: staged.map(|(table, xid)| Staged { table, xid }),
+        }))
     }
 }
 
-impl<T: 'static> TransactionWriter<T, String> for PgWriter<T> {
+impl<T: 'static> TransactionWriter<T, Prepared> for PgWriter<T> {
     fn write<'a>(
         &'a mut self,
         batch: &'a mut Vec<T>,
@@ -1002,14 +1330,20 @@ impl<T: 'static> TransactionWriter<T, String> for PgWriter<T> {
     fn prepare_commit(
         &mut self,
         checkpoint: Option<u64>,
-    ) -> LocalBoxFuture<'_, Result<Vec<String>, ConnectorError>> {
+    ) -> LocalBoxFuture<'_, Result<Vec<Prepared>, ConnectorError>> {
         let tag = checkpoint.map_or_else(|| "end".to_string(), |c| format!("chk{c}"));
         Box::pin(async move { self.prepare(&tag).await })
     }
 
-    fn take_closed(&mut self) -> Vec<String> {
+    fn take_closed(&mut self) -> Vec<Prepared> {
         std::mem::take(&mut self.closed)
     }
+}
+
+/// `time` in microseconds since the Unix epoch.
+fn micros(time: SystemTime) -> i64 {
+    time.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 struct PgCommitter {
@@ -1019,10 +1353,10 @@ struct PgCommitter {
     parallelism: usize,
 }
 
-impl Committer<String> for PgCommitter {
+impl Committer<Prepared> for PgCommitter {
     fn commit<'a>(
         &'a mut self,
-        committables: &'a [String],
+        committables: &'a [Prepared],
     ) -> LocalBoxFuture<'a, Result<(), CommitError>> {
         Box::pin(async move {
             let (reply, answer) = oneshot::channel();
@@ -1036,12 +1370,14 @@ impl Committer<String> for PgCommitter {
 
     fn abort_lingering<'a>(
         &'a mut self,
-        keep: &'a [String],
+        keep: &'a [Prepared],
+        earlier: &'a [String],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>> {
         Box::pin(async move {
             let (reply, answer) = oneshot::channel();
+            let prefixes = std::iter::once(&self.prefix).chain(earlier).cloned();
             let request = Request::Abort {
-                prefix: self.prefix.clone(),
+                prefixes: prefixes.collect(),
                 subtask: self.subtask,
                 parallelism: self.parallelism,
                 keep: keep.to_vec(),
@@ -1051,25 +1387,37 @@ impl Committer<String> for PgCommitter {
             answer.await.map_err(|_| gone())?
         })
     }
+
+    fn scope(&self) -> Option<String> {
+        Some(self.prefix.clone())
+    }
+
+    fn writer_of(&self, committable: &Prepared) -> Option<usize> {
+        Some(committable.subtask as usize)
+    }
 }
 
 impl<T: 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
-    type Committable = String;
+    type Committable = Prepared;
 
     fn create_writer(
         &self,
         ctx: &RuntimeContext,
-    ) -> Result<Box<dyn TransactionWriter<T, String>>, ConnectorError> {
-        let run = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros());
+    ) -> Result<Box<dyn TransactionWriter<T, Prepared>>, ConnectorError> {
+        let run = micros(SystemTime::now());
+        let guarantee = self.guarantee.unwrap_or(ctx.sinks.delivery_guarantee);
+        let staged = matches!(self.target.mode, WriteMode::Upsert { .. })
+            && guarantee == DeliveryGuarantee::ExactlyOnce;
+        let role = Role::Writer { staged };
         Ok(Box::new(PgWriter {
             to_row: Arc::clone(&self.to_row),
             columns: self.target.columns.len(),
-            client: ClientThread::start(Arc::clone(&self.target), "writer", ctx),
+            client: ClientThread::start(Arc::clone(&self.target), role, ctx),
             rows: Vec::with_capacity(BATCH_BYTES + 4096),
             written: 0,
             closed: Vec::new(),
+            staging: staged.then(|| self.target.staging_sql()),
+            subtask: u32::try_from(ctx.subtask).unwrap_or(u32::MAX),
             roll_bytes: usize::try_from(ctx.sinks.max_transaction_bytes)
                 .unwrap_or(usize::MAX)
                 .max(1),
@@ -1091,25 +1439,26 @@ impl<T: 'static> TwoPhaseCommitSink<T> for PostgresSink<T> {
     fn create_committer(
         &self,
         ctx: &RuntimeContext,
-    ) -> Result<Box<dyn Committer<String>>, ConnectorError> {
+    ) -> Result<Box<dyn Committer<Prepared>>, ConnectorError> {
+        let prefix = prefix(&ctx.state.operator_id, &ctx.job_name, &self.target.named());
+        let role = Role::Committer {
+            retention: ctx.sinks.marker_retention,
+            owner: Owner {
+                prefix: prefix.clone(),
+                subtask: ctx.subtask,
+                parallelism: ctx.parallelism,
+            },
+        };
         Ok(Box::new(PgCommitter {
-            client: ClientThread::start(Arc::clone(&self.target), "committer", ctx),
-            prefix: prefix(&ctx.state.operator_id, &ctx.job_name, &self.target.named()),
+            client: ClientThread::start(Arc::clone(&self.target), role, ctx),
+            prefix,
             subtask: ctx.subtask,
             parallelism: ctx.parallelism,
         }))
     }
 
-    /// Upserts commit at each barrier (at least once): a replay rewrites the same rows, so
-    /// the table ends as exactly once leaves it, and no prepared transaction holds row locks
-    /// that the next one's upserts of the same keys would wait on until a checkpoint's notice
-    /// that cannot pass them.
     fn delivery_guarantee(&self) -> Option<DeliveryGuarantee> {
-        match (&self.target.mode, self.guarantee) {
-            (WriteMode::Upsert { .. }, Some(DeliveryGuarantee::None)) => self.guarantee,
-            (WriteMode::Upsert { .. }, _) => Some(DeliveryGuarantee::AtLeastOnce),
-            (WriteMode::Append, guarantee) => guarantee,
-        }
+        self.guarantee
     }
 }
 
@@ -1187,6 +1536,69 @@ mod tests {
         assert_ne!(a, prefix("0123456789abcdef0123", "job", "t2"));
         assert_ne!(a, prefix("0123456789abcdef0123", "other", "t1"));
         assert_eq!(a, prefix("0123456789abcdef0123", "job", "t1"));
+    }
+
+    #[test]
+    fn a_marker_may_be_pruned_only_past_the_retention_less_a_margin() {
+        let now = UNIX_EPOCH + Duration::from_secs(2_000_000_000);
+        let at = |ago: Duration| {
+            i64::try_from((now - ago).duration_since(UNIX_EPOCH).unwrap().as_micros()).unwrap()
+        };
+        let week = Duration::from_secs(7 * 86_400);
+        assert!(!may_be_pruned(at(Duration::from_secs(60)), week, now));
+        // The margin (an hour, at most half the retention) covers the server's clock.
+        assert!(!may_be_pruned(
+            at(week - Duration::from_secs(3601)),
+            week,
+            now
+        ));
+        assert!(may_be_pruned(
+            at(week - Duration::from_secs(3599)),
+            week,
+            now
+        ));
+        assert!(may_be_pruned(at(week * 2), week, now));
+        let second = Duration::from_secs(1);
+        assert!(!may_be_pruned(at(Duration::from_millis(400)), second, now));
+        assert!(may_be_pruned(at(Duration::from_millis(600)), second, now));
+        // A retention of 0 keeps every marker.
+        assert!(!may_be_pruned(at(week * 2), Duration::ZERO, now));
+        // A transaction from the future (clocks apart) is never taken as pruned.
+        assert!(!may_be_pruned(at(Duration::ZERO) + 5_000_000, week, now));
+    }
+
+    #[test]
+    fn staging_tables_are_named_by_table_and_mapping() {
+        let sink = |columns: &[(&str, PgType)], key: &[&str]| {
+            PostgresSink::<u64>::new("postgres://h/db", "s.totals", columns, |_, _| {})
+                .unwrap()
+                .upsert(key)
+        };
+        let a = sink(&[("k", PgType::Integer), ("v", PgType::BigInt)], &["k"]);
+        let staging = a.target.staging_sql();
+        assert!(
+            staging.starts_with("\"s\".\"weir_staged_totals_"),
+            "{staging}"
+        );
+        let b = sink(&[("k", PgType::Integer), ("v", PgType::Text)], &["k"]);
+        assert_ne!(staging, b.target.staging_sql(), "another type");
+        let c = sink(
+            &[("k", PgType::Integer), ("v", PgType::BigInt)],
+            &["k", "v"],
+        );
+        assert_ne!(staging, c.target.staging_sql(), "another key");
+        let (merge, delete) = merge_sql(&a.target, &["k".to_string()]);
+        assert!(
+            merge.starts_with("INSERT INTO \"s\".\"totals\" (\"k\", \"v\") SELECT")
+                && merge.contains(&format!("FROM {staging} WHERE \"__weir_xid\" = ANY($1)"))
+                && merge.contains("ORDER BY \"k\", \"__weir_seq\" DESC")
+                && merge.ends_with("ON CONFLICT (\"k\") DO UPDATE SET \"v\" = EXCLUDED.\"v\""),
+            "{merge}"
+        );
+        assert!(
+            delete.starts_with(&format!("DELETE FROM {staging} WHERE")),
+            "{delete}"
+        );
     }
 
     #[test]

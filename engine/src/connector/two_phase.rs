@@ -124,10 +124,28 @@ pub trait Committer<C>: 'static {
     /// earlier run of the job left that belong to this subtask (of those the old subtasks
     /// left, subtask `s` takes the ones of old subtasks `s`, `s + parallelism`, …), except
     /// those in `keep`: the committables the restored checkpoint holds, which are committed.
+    /// It looks in its own [`scope`](Committer::scope) and in `earlier`: the other scopes
+    /// the restored checkpoint's run had (a job renamed since, another table).
     fn abort_lingering<'a>(
         &'a mut self,
         keep: &'a [C],
+        earlier: &'a [String],
     ) -> LocalBoxFuture<'a, Result<(), ConnectorError>>;
+
+    /// Where this subtask's transactions live, as a restore needs it to find what a run
+    /// left (a transaction name prefix): kept in every checkpoint, and handed to
+    /// `abort_lingering` when a restored job's scope differs. `None`: no such thing.
+    fn scope(&self) -> Option<String> {
+        None
+    }
+
+    /// The subtask whose writer closed `committable`, if it tells. A restored job commits
+    /// each old subtask's committables on one subtask (`s % parallelism`), in their order:
+    /// commits of one writer's transactions stay in the order it wrote them. `None`: shared
+    /// out by their position in the checkpoint.
+    fn writer_of(&self, _committable: &C) -> Option<usize> {
+        None
+    }
 }
 
 /// A sink whose output becomes visible only when committed: every subtask gets a
@@ -155,6 +173,8 @@ pub trait TwoPhaseCommitSink<T>: Send + Sync + 'static {
 
 /// The name of the union list state that holds a two-phase sink's committables.
 pub(crate) const COMMITTABLES: &str = "two-phase committables";
+/// The union list state that holds the committers' scopes.
+const SCOPES: &str = "two-phase scopes";
 
 /// The most tries of one commit, and the longest wait between two.
 const COMMIT_TRIES: u32 = 10;
@@ -189,9 +209,26 @@ pub fn two_phase_writer<T: 'static, S: TwoPhaseCommitSink<T>>(
             ))
         })?;
     committables.clear();
+    let committer = sink.create_committer(ctx)?;
+    let scopes = ctx
+        .operator_state()
+        .union_list_state(&ListStateDescriptor::<String>::new(SCOPES))
+        .map_err(|e| {
+            ConnectorError::external(format!(
+                "sink '{}' cannot register its scopes' state: {e}",
+                ctx.operator_name
+            ))
+        })?;
+    let scope = committer.scope();
+    let mut earlier = scopes.get();
+    earlier.sort();
+    earlier.dedup();
+    earlier.retain(|earlier| Some(earlier) != scope.as_ref());
+    // Until the restore aborted what they left, a checkpoint keeps the earlier scopes too.
+    scopes.update(earlier.iter().cloned().chain(scope.clone()));
     Ok(Box::new(TwoPhaseWriter {
         writer: sink.create_writer(ctx)?,
-        committer: sink.create_committer(ctx)?,
+        committer,
         guarantee: sink
             .delivery_guarantee()
             .unwrap_or(ctx.sinks.delivery_guarantee),
@@ -202,6 +239,9 @@ pub fn two_phase_writer<T: 'static, S: TwoPhaseCommitSink<T>>(
         committables,
         recovery: Some(Recovery {
             restored,
+            earlier,
+            scopes,
+            scope,
             subtask: ctx.subtask,
             parallelism: ctx.parallelism,
         }),
@@ -212,6 +252,11 @@ pub fn two_phase_writer<T: 'static, S: TwoPhaseCommitSink<T>>(
 /// committables, abort what else an earlier run left.
 struct Recovery<C> {
     restored: Vec<C>,
+    /// The restored run's scopes other than this one's.
+    earlier: Vec<String>,
+    /// Where the scopes go at a barrier, and this committer's.
+    scopes: OperatorListState<String>,
+    scope: Option<String>,
     subtask: usize,
     parallelism: usize,
 }
@@ -244,11 +289,18 @@ impl<T: 'static, C: StateValue> TwoPhaseWriter<T, C> {
             .restored
             .iter()
             .enumerate()
-            .filter(|(i, _)| i % recovery.parallelism == recovery.subtask)
+            .filter(|(i, committable)| {
+                let writer = self.committer.writer_of(committable).unwrap_or(*i);
+                writer % recovery.parallelism == recovery.subtask
+            })
             .map(|(_, committable)| committable.clone())
             .collect();
         self.commit(&share).await?;
-        self.committer.abort_lingering(&recovery.restored).await
+        self.committer
+            .abort_lingering(&recovery.restored, &recovery.earlier)
+            .await?;
+        recovery.scopes.update(recovery.scope);
+        Ok(())
     }
 
     /// Commits `committables`, retrying with a growing wait while the committer says a retry
