@@ -69,6 +69,17 @@ async fn within<T>(what: &str, step: impl Future<Output = T>) -> T {
     }
 }
 
+/// Waits until `done` holds (a checkpoint's commit runs beside the writer after its notice),
+/// or panics naming `what` after 30 s.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    within(what, async {
+        while !done() {
+            glommio::timer::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
 /// Writes `records` (without timestamps) and passes checkpoint `checkpoint`'s barrier.
 async fn write_then_barrier(writer: &mut dyn SinkWriter<u64>, records: &[u64], checkpoint: u64) {
     let mut batch = records.to_vec();
@@ -117,7 +128,7 @@ fn a_checkpoint_prepares_then_commits_and_a_rollback_behind_its_back_fails_the_c
                 "not visible before commit"
             );
             writer.notify_checkpoint_complete(1).await.expect("commit");
-            assert_eq!(rows("SELECT count(*) FROM numbers"), 3);
+            eventually("the commit", || rows("SELECT count(*) FROM numbers") == 3).await;
             // A repeated notice finds nothing more to commit.
             writer
                 .notify_checkpoint_complete(1)
@@ -136,10 +147,11 @@ fn a_checkpoint_prepares_then_commits_and_a_rollback_behind_its_back_fails_the_c
             admin()
                 .batch_execute(&format!("ROLLBACK PREPARED '{gid}'"))
                 .expect("roll back behind the sink's back");
-            let error = writer
+            writer
                 .notify_checkpoint_complete(2)
                 .await
-                .expect_err("the commit fails");
+                .expect("the commit runs beside the writer");
+            let error = writer.close(false).await.expect_err("the commit failed");
             assert!(
                 error.message.contains(&gid) && error.message.contains("rolled back outside Weir"),
                 "{}",
@@ -213,9 +225,15 @@ fn upserts_are_staged_until_their_checkpoint_completes() {
             .expect("prepare");
             assert_eq!(count(&url, "SELECT count(*) FROM pg_prepared_xacts"), 2);
             writer.notify_checkpoint_complete(1).await.expect("commit");
-            assert_eq!(totals(&url), [(0, 9), (1, 7), (2, 8)]);
+            eventually("the first merge", || {
+                totals(&url) == [(0, 9), (1, 7), (2, 8)]
+            })
+            .await;
             writer.notify_checkpoint_complete(2).await.expect("commit");
-            assert_eq!(totals(&url), [(0, 9), (1, 7), (2, 14)]);
+            eventually("the second merge", || {
+                totals(&url) == [(0, 9), (1, 7), (2, 14)]
+            })
+            .await;
             assert_eq!(staged(), 0, "a merge deletes what it merged");
             writer
                 .write(&mut vec![15], &[NO_TIMESTAMP])
@@ -325,7 +343,7 @@ fn old_markers_are_deleted_and_a_restore_past_them_takes_the_transaction_as_comm
             let mut writer = Sink::create_writer(&sink_at(&url), &ctx).expect("a writer");
             write_then_barrier(&mut *writer, &[1], 1).await;
             writer.notify_checkpoint_complete(1).await.expect("commit");
-            assert_eq!(markers(&url), 1);
+            eventually("the commit", || markers(&url) == 1).await;
             // Killed after the commit: a restore of checkpoint 1 commits its transaction again.
             let checkpoint_1 = committables(&ctx).get();
             drop(writer);
@@ -333,11 +351,10 @@ fn old_markers_are_deleted_and_a_restore_past_them_takes_the_transaction_as_comm
             let mut writer = Sink::create_writer(&sink_at(&url), &ctx).expect("a writer");
             write_then_barrier(&mut *writer, &[2], 2).await;
             writer.notify_checkpoint_complete(2).await.expect("commit");
-            assert_eq!(
-                markers(&url),
-                1,
-                "checkpoint 1's marker, 1.5 s old, is deleted"
-            );
+            let chk2 = "SELECT count(*) FROM weir_sink_transactions WHERE gid LIKE '%-chk2-%'";
+            // Checkpoint 1's marker, 1.5 s old, is deleted after checkpoint 2 commits.
+            let only_chk2 = || count(&url, chk2) == 1 && markers(&url) == 1;
+            eventually("the commit and the deletion", only_chk2).await;
             drop(writer);
             committables(&ctx).update(checkpoint_1);
             let mut writer = Sink::create_writer(&sink_at(&url), &ctx).expect("a writer");
@@ -350,6 +367,7 @@ fn old_markers_are_deleted_and_a_restore_past_them_takes_the_transaction_as_comm
                 .await
                 .expect("prepare");
             writer.notify_checkpoint_complete(3).await.expect("commit");
+            writer.close(false).await.expect("the commit returns");
         })
     });
     let rows = cluster
@@ -402,6 +420,7 @@ fn a_renamed_job_rolls_back_what_its_old_name_left() {
                 "only the renamed job's own transaction is left: {left:?}"
             );
             writer.notify_checkpoint_complete(2).await.expect("commit");
+            writer.close(false).await.expect("the commit returns");
         })
     });
     let rows = cluster
