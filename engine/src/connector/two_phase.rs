@@ -18,9 +18,9 @@
 //!   for the next that completes). The commit runs on a task beside the writer, which writes
 //!   on meanwhile; the checkpoints keep its committables until it returns, the next commit
 //!   waits for it (a writer's commits keep their order), and its failure (or panic) fails the
-//!   writer's next write, barrier, notice or end that finds it returned. A savepoint's completion commits nothing unless the job
-//!   stops with it (Flink's rule: an intermediate savepoint has no side effects, since the job
-//!   may recover from an older checkpoint).
+//!   writer's next write, barrier, notice or end that finds it returned. A savepoint's
+//!   completion commits nothing unless the job stops with it (Flink's rule: an intermediate
+//!   savepoint has no side effects, since the job may recover from an older checkpoint).
 //! - `at-least-once`: commit what the writer closed by itself (a rolling policy) at once, and
 //!   what is open at the barrier, before the checkpoint's state is written: what a restore
 //!   replays is written again.
