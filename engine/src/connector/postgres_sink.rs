@@ -1000,8 +1000,8 @@ impl Connection {
             &format!(
                 "DELETE FROM {MARKERS} WHERE gid LIKE $1 \
                  AND prepared_at < now() - make_interval(secs => $2) \
-                 AND split_part(substr(gid, $3), '-', 1) ~ '^[0-9]+$' \
-                 AND split_part(substr(gid, $3), '-', 1)::bigint % $4 = $5"
+                 AND CASE WHEN split_part(substr(gid, $3), '-', 1) ~ '^[0-9]{{1,18}}$' \
+                 THEN split_part(substr(gid, $3), '-', 1)::bigint % $4 = $5 ELSE false END"
             ),
             &[
                 &like_prefix(&owner.prefix),
