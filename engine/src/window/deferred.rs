@@ -752,6 +752,40 @@ pub(crate) fn encode_between(
     }
 }
 
+/// A window operator as the tests that feed it while its keyed part is written drive it.
+#[cfg(test)]
+pub(crate) trait WrittenInPieces {
+    /// Takes a snapshot (its keyed part written after the barrier).
+    fn take_snapshot(&mut self, snapshot: &mut OperatorSnapshot);
+    /// The operator's turn to write some of its keys.
+    fn write_some_keys(&mut self, budget: usize);
+}
+
+/// `snapshot`'s keyed part, encoded in pieces of `budget` bytes while `operator` takes `rest`
+/// between them (an item per turn, then its turn to write some keys), with another barrier
+/// of the same kind after item `second_barrier_after`.
+#[cfg(test)]
+pub(crate) fn encode_while_fed<O: WrittenInPieces, I>(
+    snapshot: OperatorSnapshot,
+    budget: usize,
+    operator: &mut O,
+    rest: &[I],
+    second_barrier_after: Option<usize>,
+    mut feed: impl FnMut(&mut O, &I),
+) -> Vec<u8> {
+    let kind = snapshot.kind;
+    let mut rest = rest.iter().enumerate();
+    encode_between(snapshot, budget, || {
+        if let Some((at, item)) = rest.next() {
+            feed(operator, item);
+            if second_barrier_after == Some(at) {
+                operator.take_snapshot(&mut OperatorSnapshot::new(kind));
+            }
+        }
+        operator.write_some_keys(budget);
+    })
+}
+
 /// About how many bytes of keys the operator writes on each processing-time turn.
 pub(crate) const STEP_BYTES: usize = PIECE_BYTES;
 

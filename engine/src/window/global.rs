@@ -209,7 +209,7 @@ mod tests {
     use crate::checkpoint::task_state::PART_KEYED;
     use crate::checkpoint::SnapshotKind;
     use crate::operator::SideOutputs;
-    use crate::window::deferred::encode_between;
+    use crate::window::deferred::{encode_while_fed, WrittenInPieces};
 
     type Summing = CountWindowOperator<
         u8,
@@ -221,6 +221,16 @@ mod tests {
             fn(&u8, &GlobalWindow, (u8, u64)) -> (u8, u64),
         >,
     >;
+
+    impl WrittenInPieces for Summing {
+        fn take_snapshot(&mut self, snapshot: &mut OperatorSnapshot) {
+            self.write_snapshot(snapshot).expect("a snapshot");
+        }
+
+        fn write_some_keys(&mut self, budget: usize) {
+            self.changes.write_some(&self.keys, budget);
+        }
+    }
 
     /// Count windows of `count` records summing the records' values per key.
     fn summing(count: u64) -> Summing {
@@ -271,17 +281,9 @@ mod tests {
             let mut snapshot = OperatorSnapshot::new(kind);
             first.write_snapshot(&mut snapshot).expect("a snapshot");
             let before = out.main.records.clone();
-            let mut rest = input[cut..].iter().enumerate();
-            let bytes = encode_between(snapshot, budget, || {
-                if let Some((at, &record)) = rest.next() {
-                    feed(&mut first, &[record], &mut out);
-                    if second_barrier_after == Some(at) {
-                        let mut next = OperatorSnapshot::new(kind);
-                        first.write_snapshot(&mut next).expect("the next snapshot");
-                    }
-                }
-                // The operator's turn to write some keys (between records).
-                first.changes.write_some(&first.keys, budget);
+            let rest = &input[cut..];
+            let bytes = encode_while_fed(snapshot, budget, &mut first, rest, second_barrier_after, |op, &record| {
+                feed(op, &[record], &mut out)
             });
             let restored = KeyedScope::single(16).read(&[bytes.into()]).expect("it reads back");
             let mut second = summing(count);

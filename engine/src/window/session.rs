@@ -538,7 +538,7 @@ mod tests {
     use crate::checkpoint::task_state::{Part, PART_KEYED};
     use crate::checkpoint::SnapshotKind;
     use crate::operator::SideOutputs;
-    use crate::window::deferred::{encode_between, finish_link, timed_input};
+    use crate::window::deferred::{encode_while_fed, finish_link, timed_input, WrittenInPieces};
 
     type Counting = SessionWindowOperator<
         u8,
@@ -550,6 +550,16 @@ mod tests {
             fn(&u8, &TimeWindow, (u8, u64)) -> (u8, i64, i64, u64),
         >,
     >;
+
+    impl WrittenInPieces for Counting {
+        fn take_snapshot(&mut self, snapshot: &mut OperatorSnapshot) {
+            self.write_snapshot(snapshot).expect("a snapshot");
+        }
+
+        fn write_some_keys(&mut self, budget: usize) {
+            self.changes.write_some(&self.keys, budget);
+        }
+    }
 
     /// An event-time session operator counting each key's records per session: (key, start,
     /// end, count) per firing.
@@ -771,17 +781,9 @@ mod tests {
             let mut snapshot = OperatorSnapshot::new(kind);
             first.write_snapshot(&mut snapshot).expect("a snapshot");
             let (watermark, before) = (first.watermark, out.main.records.clone());
-            let mut rest = input[cut..].iter().enumerate();
-            let bytes = encode_between(snapshot, budget, || {
-                if let Some((at, item)) = rest.next() {
-                    feed(&mut first, std::slice::from_ref(item), &mut out);
-                    if second_barrier_after == Some(at) {
-                        let mut next = OperatorSnapshot::new(kind);
-                        first.write_snapshot(&mut next).expect("the next snapshot");
-                    }
-                }
-                // The operator's turn to write some keys (between records).
-                first.changes.write_some(&first.keys, budget);
+            let rest = &input[cut..];
+            let bytes = encode_while_fed(snapshot, budget, &mut first, rest, second_barrier_after, |op, item| {
+                feed(op, std::slice::from_ref(item), &mut out)
             });
             let restored = KeyedScope::single(16).read(&[bytes.into()]).expect("it reads back");
             let fired = fired_after_restore((gap, lateness), &restored, watermark, &input[cut..], before)?;

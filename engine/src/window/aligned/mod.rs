@@ -723,7 +723,7 @@ mod tests {
     use super::*;
     use crate::checkpoint::chain::ChainLink;
     use crate::checkpoint::chain::KeyedChain;
-    use crate::window::deferred::{encode_between, finish_link, timed_input};
+    use crate::window::deferred::{encode_while_fed, finish_link, timed_input, WrittenInPieces};
     use std::collections::VecDeque;
 
     #[test]
@@ -777,6 +777,16 @@ mod tests {
             fn(&u8, &TimeWindow, (u8, u64)) -> (u8, i64, u64),
         >,
     >;
+
+    impl WrittenInPieces for Counting {
+        fn take_snapshot(&mut self, snapshot: &mut OperatorSnapshot) {
+            self.write_snapshot(snapshot).expect("a snapshot");
+        }
+
+        fn write_some_keys(&mut self, budget: usize) {
+            self.changes.write_some(&self.keys, budget);
+        }
+    }
 
     /// An event-time operator counting each key's records per window: (key, start, count).
     fn counting(g: Geometry, lateness: i64) -> Counting {
@@ -1084,17 +1094,9 @@ mod tests {
             let mut snapshot = OperatorSnapshot::new(kind);
             first.write_snapshot(&mut snapshot).expect("a snapshot");
             let (watermark, before) = (first.schedule.watermark, out.main.records.clone());
-            let mut rest = input[cut..].iter().enumerate();
-            let bytes = encode_between(snapshot, budget, || {
-                if let Some((at, item)) = rest.next() {
-                    feed(&mut first, std::slice::from_ref(item), &mut out);
-                    if second_barrier_after == Some(at) {
-                        let mut next = OperatorSnapshot::new(kind);
-                        first.write_snapshot(&mut next).expect("the next snapshot");
-                    }
-                }
-                // The operator's turn to write some keys (between records).
-                first.changes.write_some(&first.keys, budget);
+            let rest = &input[cut..];
+            let bytes = encode_while_fed(snapshot, budget, &mut first, rest, second_barrier_after, |op, item| {
+                feed(op, std::slice::from_ref(item), &mut out)
             });
             let restored = KeyedScope::single(16).read(&[bytes.into()]).expect("it reads back");
             let mut at_barrier = Emitter::new(0, crate::operator::SideOutputs::default());
