@@ -15,7 +15,7 @@ use weir_engine::connector::DeliveryGuarantee;
 use weir_engine::prelude::*;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, one_shard, Measurement, Versus};
+use crate::measure::{alternate, generated_into, one_shard, Measurement, Versus};
 
 const JOB: &str = "bench-file-sink";
 const SINK: &str = "files";
@@ -105,19 +105,9 @@ fn run_engine(
 ) -> Result<(Measurement, Committed), BenchError> {
     let out = temp_dir(base)?;
     let checkpoints = temp_dir(base)?;
-    let mut config = one_shard(checkpoint_interval_ms, checkpoints.path(), JOB)?;
-    config
-        .set("sink.delivery-guarantee", guarantee.name())
-        .map_err(|e| BenchError::job(JOB)(e.into()))?;
-    let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
-    env.from_source(
-        DataGeneratorSource::new(Some(records), |i| i),
-        WatermarkStrategy::no_watermarks(),
-        "generator",
-    )
-    .uid("generator")
-    .sink_to(FileSink::with_formatter(out.path(), format), SINK);
-    let result = env.execute(JOB).map_err(BenchError::job(JOB))?;
+    let config = one_shard(checkpoint_interval_ms, checkpoints.path(), guarantee, JOB)?;
+    let sink = FileSink::with_formatter(out.path(), format);
+    let result = generated_into(config, records, sink, SINK, JOB)?;
     let found = committed(out.path()).map_err(|source| BenchError::TempDir {
         dir: out.path().to_path_buf(),
         source,

@@ -54,15 +54,17 @@ impl Versus {
     }
 }
 
-/// The configuration of a one-shard benchmark job, with checkpoints every `interval_ms` into
-/// `dir` when an interval is given.
+/// The configuration of a one-shard sink benchmark job: the sinks' `guarantee`, and
+/// checkpoints every `interval_ms` into `dir` when an interval is given.
 pub(crate) fn one_shard(
     interval_ms: Option<u64>,
     dir: &std::path::Path,
+    guarantee: weir_engine::connector::DeliveryGuarantee,
     job: &'static str,
 ) -> Result<weir_engine::Configuration, crate::BenchError> {
     let mut config = weir_engine::Configuration::default()
         .with("taskmanager.numberOfTaskSlots", "1")
+        .and_then(|config| config.with("sink.delivery-guarantee", guarantee.name()))
         .map_err(|e| crate::BenchError::job(job)(e.into()))?;
     if let Some(interval) = interval_ms {
         for (key, value) in [
@@ -78,6 +80,28 @@ pub(crate) fn one_shard(
         }
     }
     Ok(config)
+}
+
+/// Runs job `job` of `config`: `records` generated numbers into `sink` (named and uid'd
+/// `name`).
+pub(crate) fn generated_into<S: weir_engine::connector::Sink<u64>>(
+    config: weir_engine::Configuration,
+    records: u64,
+    sink: S,
+    name: &str,
+    job: &'static str,
+) -> Result<weir_engine::JobResult, crate::BenchError> {
+    use weir_engine::prelude::*;
+    let env = StreamEnvironment::new(config).map_err(crate::BenchError::job(job))?;
+    env.from_source(
+        DataGeneratorSource::new(Some(records), |i| i),
+        WatermarkStrategy::no_watermarks(),
+        "generator",
+    )
+    .uid("generator")
+    .sink_to(sink, name)
+    .uid(name);
+    env.execute(job).map_err(crate::BenchError::job(job))
 }
 
 /// Records per second for `records` done in `elapsed` (never divides by zero).

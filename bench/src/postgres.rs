@@ -10,10 +10,9 @@ use std::time::Instant;
 
 use serde::Serialize;
 use weir_engine::connector::{DeliveryGuarantee, PgType, PostgresSink};
-use weir_engine::prelude::*;
 
 use crate::error::BenchError;
-use crate::measure::{alternate, one_shard, Measurement, Versus};
+use crate::measure::{alternate, generated_into, one_shard, Measurement, Versus};
 
 const JOB: &str = "bench-postgres";
 
@@ -79,10 +78,12 @@ fn run_engine(
         dir: std::env::temp_dir(),
         source,
     })?;
-    let mut config = one_shard(checkpoint_interval_ms, checkpoints.path(), JOB)?;
-    config
-        .set("sink.delivery-guarantee", mode.guarantee.name())
-        .map_err(|e| BenchError::job(JOB)(e.into()))?;
+    let config = one_shard(
+        checkpoint_interval_ms,
+        checkpoints.path(),
+        mode.guarantee,
+        JOB,
+    )?;
     let sink = PostgresSink::new(url, table, &COLUMNS, |i: &u64, out| {
         let (id, sensor, reading, label) = row(*i);
         out.int(id)
@@ -96,16 +97,7 @@ fn run_engine(
     } else {
         sink
     };
-    let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
-    env.from_source(
-        DataGeneratorSource::new(Some(records), |i| i),
-        WatermarkStrategy::no_watermarks(),
-        "generator",
-    )
-    .uid("generator")
-    .sink_to(sink, "postgres")
-    .uid("postgres");
-    let result = env.execute(JOB).map_err(BenchError::job(JOB))?;
+    let result = generated_into(config, records, sink, "postgres", JOB)?;
     let completed = result.checkpoints.as_ref().map_or(0, |c| c.completed);
     Ok((
         Measurement {

@@ -101,6 +101,15 @@ fn committables(ctx: &RuntimeContext) -> OperatorListState<Vec<u8>> {
         .expect("the committables' state")
 }
 
+/// The `numbers` table's rows, in order.
+fn numbers(cluster: &Cluster) -> Vec<i64> {
+    let rows = cluster
+        .client()
+        .query("SELECT n FROM numbers ORDER BY n", &[])
+        .expect("read");
+    rows.iter().map(|row| row.get(0)).collect()
+}
+
 fn admin(url: &str) -> postgres::Client {
     postgres::Client::connect(url, postgres::NoTls).expect("connect")
 }
@@ -358,24 +367,13 @@ fn old_markers_are_deleted_and_a_restore_past_them_takes_the_transaction_as_comm
             drop(writer);
             committables(&ctx).update(checkpoint_1);
             let mut writer = Sink::create_writer(&sink_at(&url), &ctx).expect("a writer");
-            writer
-                .write(&mut vec![3], &[NO_TIMESTAMP])
-                .await
-                .expect("recommit and write");
-            writer
-                .flush(&CheckpointBarrier::checkpoint(3))
-                .await
-                .expect("prepare");
+            // Its first write recommits checkpoint 1's transaction.
+            write_then_barrier(&mut *writer, &[3], 3).await;
             writer.notify_checkpoint_complete(3).await.expect("commit");
             writer.close(false).await.expect("the commit returns");
         })
     });
-    let rows = cluster
-        .client()
-        .query("SELECT n FROM numbers ORDER BY n", &[])
-        .expect("read");
-    let numbers: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
-    assert_eq!(numbers, [1, 2, 3]);
+    assert_eq!(numbers(&cluster), [1, 2, 3]);
 }
 
 /// A job restored under another name rolls back what its old name left prepared (the
@@ -401,14 +399,8 @@ fn a_renamed_job_rolls_back_what_its_old_name_left() {
             let mut renamed = ctx.clone();
             renamed.job_name = "renamed".into();
             let mut writer = Sink::create_writer(&sink_at(&url), &renamed).expect("a writer");
-            writer
-                .write(&mut vec![3], &[NO_TIMESTAMP])
-                .await
-                .expect("restore and write");
-            writer
-                .flush(&CheckpointBarrier::checkpoint(2))
-                .await
-                .expect("prepare");
+            // Its first write restores: commits checkpoint 1's, rolls back the rest.
+            write_then_barrier(&mut *writer, &[3], 2).await;
             let left: Vec<String> = admin(&url)
                 .query("SELECT gid FROM pg_prepared_xacts", &[])
                 .expect("read")
@@ -423,12 +415,7 @@ fn a_renamed_job_rolls_back_what_its_old_name_left() {
             writer.close(false).await.expect("the commit returns");
         })
     });
-    let rows = cluster
-        .client()
-        .query("SELECT n FROM numbers ORDER BY n", &[])
-        .expect("read");
-    let numbers: Vec<i64> = rows.iter().map(|row| row.get(0)).collect();
-    assert_eq!(numbers, [1, 3]);
+    assert_eq!(numbers(&cluster), [1, 3]);
     assert_eq!(cluster.count("SELECT count(*) FROM pg_prepared_xacts"), 0);
 }
 
