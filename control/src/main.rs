@@ -8,11 +8,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use weir_engine::api::RunOptions;
 use weir_engine::connector::DeliveryGuarantee;
 use weir_engine::{Configuration, StreamEnvironment};
-use weir_examples::Output;
 use weir_memory::CountingAllocator;
 
 /// mimalloc, counted per thread so that each shard's heap can be held to its slot's share.
@@ -53,58 +52,15 @@ impl ConfigArgs {
     }
 }
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
-enum Job {
-    /// Streaming word count over a text file (or a directory of them).
-    WordCount,
-    /// Running per-sensor statistics over generated readings.
-    KeyedAggregation,
-    /// Exactly-once check: per key, counts records and the gaps and repeats in their sequence
-    /// numbers, and reports each key when the input ends (kill it and `--resume` it).
-    SequenceCheck,
-    /// Exactly-once output check: every record of sequence-check's source, after a keyed
-    /// count, written as a line `key seq count` (kill it, `--resume` it, and count each
-    /// record in the committed part files of --output).
-    SequenceEcho,
-}
-
 #[derive(Subcommand)]
 enum Command {
     /// Run an example job embedded (local mode) on every configured core.
     Run {
         /// The job to run.
         #[arg(value_enum)]
-        job: Job,
-        /// word-count: the text file or directory to read (default: the bundled sample).
-        #[arg(long)]
-        input: Option<PathBuf>,
-        /// Write results as part files into this directory instead of printing them.
-        #[arg(long, conflicts_with = "discard")]
-        output: Option<PathBuf>,
-        /// Drop results instead of printing them (throughput runs).
-        #[arg(long)]
-        discard: bool,
-        /// sequence-echo: write its records into PostgreSQL, exactly once with checkpointing
-        /// (postgres://user[:password]@host[:port]/database/TABLE; the table is created if
-        /// missing).
-        #[arg(long, value_name = "URL", conflicts_with_all = ["output", "discard"])]
-        sink: Option<String>,
-        /// keyed-aggregation: number of generated readings; sequence-check and sequence-echo: of records.
-        #[arg(long, default_value_t = 10_000_000)]
-        events: u64,
-        /// keyed-aggregation: number of sensors.
-        #[arg(long, default_value_t = 100)]
-        sensors: u32,
-        /// keyed-aggregation: report a sensor every this many readings.
-        #[arg(long, default_value_t = 25_000)]
-        report_every: u64,
-        /// sequence-check and sequence-echo: number of keys (rounded to a multiple of its 16 splits).
-        #[arg(long, default_value_t = 800)]
-        keys: u32,
-        /// sequence-check and sequence-echo: records per second per source subtask at most (unthrottled if
-        /// absent).
-        #[arg(long)]
-        rate: Option<f64>,
+        job: builtin::Job,
+        #[command(flatten)]
+        args: builtin::JobArgs,
         /// Start from the latest completed checkpoint in the job's checkpoint directory
         /// (execution.checkpointing.dir), or from scratch if it has none yet.
         #[arg(long)]
@@ -145,6 +101,124 @@ enum Command {
         #[command(subcommand)]
         checkpoint: CheckpointCommand,
     },
+    /// Start the control plane: the REST API on rest.address:rest.port (default
+    /// localhost:8081), the workers' registry and one job master per job, with its jobs kept
+    /// in control.data-dir (a restarted control plane resumes them).
+    Control {
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Start a worker: registers one slot per core (taskmanager.cpu.cores or
+    /// taskmanager.numberOfTaskSlots; default every available core) with the control plane
+    /// and runs each job deployed to it in an executor process of its own.
+    Worker {
+        /// The control plane's REST address.
+        #[arg(long, value_name = "HOST:PORT")]
+        control: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+    /// Submit a job of a package to the control plane (exit codes: 0 submitted, 1 refused,
+    /// 69 control plane unreachable).
+    Submit {
+        /// The job (entry class) to run, e.g. word-count; `GET /jars` lists them.
+        job: String,
+        /// The job's arguments, e.g. --events 1000000: everything after the job's name (so
+        /// this command's own options go before it).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+        /// The package (jar id) holding the job.
+        #[arg(long, default_value = "weir-builtin")]
+        jar: String,
+        /// Slots the job runs on (all on one worker).
+        #[arg(short = 'p', long, default_value_t = 1)]
+        parallelism: usize,
+        /// Start from this savepoint (an absolute path the worker can read).
+        #[arg(long, value_name = "PATH")]
+        from_savepoint: Option<PathBuf>,
+        /// With --from-savepoint: leave out the state of operators the job no longer has.
+        #[arg(long)]
+        allow_non_restored_state: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// List the control plane's running jobs (--all: ended ones too).
+    List {
+        /// Ended jobs too.
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Show a job: state, placement, attempts, last failure.
+    Status {
+        /// The job's id.
+        job: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Cancel a job.
+    Cancel {
+        /// The job's id.
+        job: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Take a savepoint of a running job and print its directory (the job runs on).
+    Savepoint {
+        /// The job's id.
+        job: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Stop a job with a savepoint and print its directory (resume it with `weir submit
+    /// --from-savepoint PATH …`).
+    Stop {
+        /// The job's id.
+        job: String,
+        /// Send the final watermark first, so that every window fires (a job that ends for
+        /// good).
+        #[arg(long)]
+        drain: bool,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+    /// Rescale a job: stop it with a savepoint and start it again from it at this
+    /// parallelism.
+    Rescale {
+        /// The job's id.
+        job: String,
+        /// The new parallelism.
+        #[arg(short = 'p', long)]
+        parallelism: usize,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
+}
+
+/// How the API commands reach the control plane.
+#[derive(clap::Args, Clone, Debug)]
+struct ApiArgs {
+    /// The control plane's REST address (default: rest.address:rest.port of the
+    /// configuration).
+    #[arg(long, value_name = "HOST:PORT")]
+    control: Option<String>,
+    /// Print JSON (the REST API's answer) instead of a table.
+    #[arg(long)]
+    json: bool,
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+impl ApiArgs {
+    fn client(&self) -> Result<client::Client> {
+        let config = self.config.load()?;
+        let endpoint = self.control.clone().unwrap_or_else(|| {
+            let (host, port) = config.rest_endpoint();
+            format!("{host}:{port}")
+        });
+        Ok(client::Client::new(&endpoint, config.rest_token()))
+    }
 }
 
 #[derive(Subcommand)]
@@ -365,15 +439,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run {
             job,
-            input,
-            output,
-            discard,
-            sink,
-            events,
-            sensors,
-            report_every,
-            keys,
-            rate,
+            args,
             resume,
             from_savepoint,
             allow_non_restored_state,
@@ -389,59 +455,7 @@ fn run(cli: Cli) -> Result<()> {
                 return Ok(());
             }
             let env = StreamEnvironment::new(config)?;
-            let output = match (output, discard) {
-                (Some(dir), _) => Output::Files(dir),
-                (None, true) => Output::Discard,
-                (None, false) => Output::Print,
-            };
-            if sink.is_some() && job != Job::SequenceEcho {
-                bail!(
-                    "--sink postgres://… takes the records of sequence-echo; run \
-                     `weir run sequence-echo --sink URL`"
-                );
-            }
-            let name = match job {
-                Job::WordCount => {
-                    let input = input
-                        .unwrap_or_else(|| PathBuf::from(weir_examples::word_count::SAMPLE_INPUT));
-                    if !input.exists() {
-                        bail!(
-                            "word-count input '{}' does not exist; pass --input FILE",
-                            input.display()
-                        );
-                    }
-                    weir_examples::word_count::build(&env, &input, output);
-                    "word-count"
-                }
-                Job::KeyedAggregation => {
-                    weir_examples::keyed_aggregation::build(
-                        &env,
-                        events,
-                        sensors,
-                        report_every,
-                        output,
-                    );
-                    "keyed-aggregation"
-                }
-                Job::SequenceCheck | Job::SequenceEcho => {
-                    let spec =
-                        weir_examples::sequence_check::SequenceSpec::of_cli(events, keys, rate);
-                    match (job, &sink) {
-                        (Job::SequenceCheck, _) => {
-                            weir_examples::sequence_check::build(&env, spec, output);
-                            "sequence-check"
-                        }
-                        (_, None) => {
-                            weir_examples::sequence_check::build_echo(&env, spec, output);
-                            "sequence-echo"
-                        }
-                        (_, Some(url)) => {
-                            weir_examples::sequence_check::build_echo_to_postgres(&env, spec, url)?;
-                            "sequence-echo"
-                        }
-                    }
-                }
-            };
+            let name = builtin::build(&env, job, &args)?;
             if explain {
                 print!("{}", env.explain(name)?);
                 return Ok(());
@@ -495,6 +509,19 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Control { config } => control_plane::serve(
+            config.load()?,
+            builtin::registry().info(),
+            builtin::check_args,
+        ),
+        Command::Worker { control, config } => worker::serve(config.load()?, control),
+        Command::Submit { .. }
+        | Command::List { .. }
+        | Command::Status { .. }
+        | Command::Cancel { .. }
+        | Command::Savepoint { .. }
+        | Command::Stop { .. }
+        | Command::Rescale { .. } => unreachable!("main runs the API commands"),
         Command::Checkpoint {
             checkpoint: CheckpointCommand::Inspect { path, json },
         } => {
@@ -683,7 +710,143 @@ fn run_bench(bench: Bench) -> Result<()> {
     }
 }
 
+mod builtin;
+mod client;
+mod control_plane;
+mod protocol;
 mod signals;
+mod worker;
+
+/// Runs the commands that are clients of the REST API, with their own exit codes
+/// ([`client`]); `None` for the others.
+fn api_command(command: &Command) -> Option<ExitCode> {
+    let (api, request) = match command {
+        Command::Submit {
+            job,
+            args,
+            jar,
+            parallelism,
+            from_savepoint,
+            allow_non_restored_state,
+            api,
+        } => {
+            let mut body = serde_json::json!({
+                "entryClass": job,
+                "programArgsList": args,
+                "parallelism": parallelism,
+                "allowNonRestoredState": allow_non_restored_state,
+            });
+            if let Some(path) = from_savepoint {
+                let path = std::path::absolute(path).unwrap_or_else(|_| path.clone());
+                body["savepointPath"] = path.display().to_string().into();
+            }
+            (api, ("POST", format!("/jars/{jar}/run"), Some(body)))
+        }
+        Command::List { api, .. } => (api, ("GET", "/jobs/overview".to_string(), None)),
+        Command::Status { job, api } => (api, ("GET", format!("/jobs/{job}"), None)),
+        Command::Cancel { job, api } => (api, ("PATCH", format!("/jobs/{job}?mode=cancel"), None)),
+        Command::Savepoint { job, api } => (
+            api,
+            (
+                "POST",
+                format!("/jobs/{job}/savepoints"),
+                Some(serde_json::json!({})),
+            ),
+        ),
+        Command::Stop { job, drain, api } => (
+            api,
+            (
+                "POST",
+                format!("/jobs/{job}/stop"),
+                Some(serde_json::json!({ "drain": drain })),
+            ),
+        ),
+        Command::Rescale {
+            job,
+            parallelism,
+            api,
+        } => (
+            api,
+            (
+                "POST",
+                format!("/jobs/{job}/rescaling?parallelism={parallelism}"),
+                None,
+            ),
+        ),
+        _ => return None,
+    };
+    let client = match api.client() {
+        Ok(client) => client,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            return Some(ExitCode::from(2));
+        }
+    };
+    let (method, path, body) = request;
+    let answer = client
+        .call(method, &path, body.as_ref())
+        .and_then(|answer| {
+            let more = match command {
+                Command::Status { job, .. } if !api.json => {
+                    client.call("GET", &format!("/jobs/{job}/exceptions"), None)?
+                }
+                // Asynchronous operations: wait for their result.
+                Command::Savepoint { job, .. } | Command::Stop { job, .. } => {
+                    let request = answer["request-id"].as_str().unwrap_or_default();
+                    client.wait_for(&format!("/jobs/{job}/savepoints/{request}"))?
+                }
+                Command::Rescale { job, .. } => {
+                    let request = answer["request-id"].as_str().unwrap_or_default();
+                    client.wait_for(&format!("/jobs/{job}/rescaling/{request}"))?
+                }
+                _ => serde_json::Value::Null,
+            };
+            Ok((answer, more))
+        });
+    match answer {
+        Ok((answer, more)) => {
+            let location = more["operation"]["location"].as_str().map(str::to_string);
+            if let Some(cause) = more["operation"]["failure-cause"]["stack-trace"].as_str() {
+                eprintln!("error: {cause}");
+                return Some(ExitCode::FAILURE);
+            }
+            if api.json {
+                match command {
+                    Command::Savepoint { .. } | Command::Stop { .. } | Command::Rescale { .. } => {
+                        println!("{more}")
+                    }
+                    _ => println!("{answer}"),
+                }
+            } else {
+                match command {
+                    Command::Submit { .. } => println!(
+                        "Job has been submitted with JobID {}",
+                        answer["jobid"].as_str().unwrap_or("?")
+                    ),
+                    Command::List { all, .. } => print!("{}", client::jobs_table(&answer, *all)),
+                    Command::Status { .. } => print!("{}", client::job_text(&answer, &more)),
+                    Command::Cancel { job, .. } => println!("Cancelling job {job}"),
+                    Command::Savepoint { .. } | Command::Stop { .. } => println!(
+                        "Savepoint completed. Path: {}",
+                        location.unwrap_or_default()
+                    ),
+                    Command::Rescale {
+                        job, parallelism, ..
+                    } => println!(
+                        "Job {job} rescaled to parallelism {parallelism} from savepoint {}",
+                        location.unwrap_or_default()
+                    ),
+                    _ => {}
+                }
+            }
+            Some(ExitCode::SUCCESS)
+        }
+        Err(failure) => {
+            eprintln!("error: {}", failure.message);
+            Some(failure.code)
+        }
+    }
+}
 
 fn main() -> ExitCode {
     // Before any shard starts (see weir_memory::disable_transparent_huge_pages); the engine
@@ -696,11 +859,20 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|_| "warn,weir_engine::checkpoint::driver=info".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: executors' and services' logs go to files.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Err(error) = huge_pages {
         tracing::warn!("could not turn transparent huge pages off for this process: {error}");
     }
-    match run(Cli::parse()) {
+    if let Some(code) = weir_engine::package::run_if_asked(&builtin::registry()) {
+        return code;
+    }
+    let cli = Cli::parse();
+    if let Some(code) = api_command(&cli.command) {
+        return code;
+    }
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");

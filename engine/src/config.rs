@@ -80,6 +80,8 @@ pub enum OptionKind {
     Choice(&'static [&'static str]),
     /// A filesystem path (not empty).
     Path,
+    /// A word without spaces (a host name, a token).
+    Text,
 }
 
 /// One known configuration key.
@@ -236,6 +238,22 @@ pub const OPTIONS: &[ConfigOption] = &[
         "exponential-delay: each wait moves by up to this share of itself either way, so jobs failing together do not restart together."),
     option!("restart-strategy.exponential-delay.attempts-before-reset-backoff", OptionKind::Count(1), "",
         "exponential-delay: restarts without a reset before the job fails. Default: unlimited."),
+    option!("rest.address", OptionKind::Text, "localhost",
+        "Address the control plane's REST API binds to and clients (the CLI, workers) connect to; localhost unless the control plane should be reachable from other hosts."),
+    option!("rest.port", OptionKind::Range(0, 65535), "8081",
+        "Port of the control plane's REST API (Flink's default); 0 takes a free port, which `weir control` prints."),
+    option!("rest.auth.token", OptionKind::Text, "",
+        "When set, every request to the control plane (REST and workers) must carry `Authorization: Bearer <token>`; others get 401. Default: no token."),
+    option!("heartbeat.interval", OptionKind::Duration, "10 s",
+        "How often a worker and the control plane tell each other they are alive."),
+    option!("heartbeat.timeout", OptionKind::Duration, "50 s",
+        "A worker not heard from this long is lost: its jobs fail over (restart from their latest checkpoint on free slots); a worker that does not hear from the control plane this long reconnects. After a control plane restart, a running job that no worker reports within this time is restarted."),
+    option!("slot.request.timeout", OptionKind::Duration, "5 min",
+        "A submitted or restarting job waits this long for enough free slots on one worker before it fails."),
+    option!("control.data-dir", OptionKind::Path, "/var/lib/weir/control",
+        "Where the control plane keeps its durable store: submitted jobs, their state and their checkpoint directories' places (written atomically; a restarted control plane resumes the jobs it finds there)."),
+    option!("worker.data-dir", OptionKind::Path, "/var/lib/weir/worker",
+        "Where a worker keeps each deployment's descriptor and its executor's log (`<dir>/deployments/<job id>-<attempt>/`)."),
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
         "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or RocksDB, one instance per keyed operator subtask in its slot's memory ('rocksdb')."),
     option!("state.backend.rocksdb.localdir", OptionKind::Path, "",
@@ -314,6 +332,7 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
         OptionKind::CoreList => parse_core_list(value).is_some(),
         OptionKind::Choice(words) => words.contains(&value.trim()),
         OptionKind::Path => !value.trim().is_empty(),
+        OptionKind::Text => !value.is_empty() && !value.contains(char::is_whitespace),
     };
     if ok {
         return Ok(());
@@ -329,6 +348,7 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
         OptionKind::CoreList => "a comma-separated list of core ids, e.g. 0,1".into(),
         OptionKind::Choice(words) => format!("one of {}", words.join(", ")),
         OptionKind::Path => "a directory path".into(),
+        OptionKind::Text => "a word without spaces".into(),
     };
     Err(ConfigError::InvalidValue {
         key: option.key.to_string(),
@@ -747,6 +767,52 @@ impl Configuration {
         let ratios = self.rocksdb_memory_ratios();
         ratios.validate()?;
         Ok(memory.worker_budget_with(slots, ratios))
+    }
+
+    /// The keys set explicitly (not left at their defaults), with their values as written:
+    /// what a deployment hands to the process that runs the job.
+    pub fn explicit(&self) -> Vec<(String, String)> {
+        self.values
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
+    }
+
+    /// `rest.address`:`rest.port`, the control plane's REST endpoint.
+    pub fn rest_endpoint(&self) -> (String, u16) {
+        let port = self.count("rest.port").expect("has a default");
+        (
+            self.raw("rest.address").expect("has a default").to_string(),
+            u16::try_from(port).expect("validated"),
+        )
+    }
+
+    /// `rest.auth.token`, if set.
+    pub fn rest_token(&self) -> Option<&str> {
+        self.raw("rest.auth.token")
+    }
+
+    /// `heartbeat.interval` and `heartbeat.timeout`.
+    pub fn heartbeat(&self) -> (Duration, Duration) {
+        (
+            self.duration("heartbeat.interval"),
+            self.duration("heartbeat.timeout"),
+        )
+    }
+
+    /// `slot.request.timeout`.
+    pub fn slot_request_timeout(&self) -> Duration {
+        self.duration("slot.request.timeout")
+    }
+
+    /// `control.data-dir`.
+    pub fn control_data_dir(&self) -> PathBuf {
+        PathBuf::from(self.raw("control.data-dir").expect("has a default"))
+    }
+
+    /// `worker.data-dir`.
+    pub fn worker_data_dir(&self) -> PathBuf {
+        PathBuf::from(self.raw("worker.data-dir").expect("has a default"))
     }
 
     /// Every key with its effective value (set, default, or "derived").

@@ -23,6 +23,7 @@ pub mod error;
 pub mod graph;
 pub mod metrics;
 mod operator;
+pub mod package;
 pub mod record;
 pub mod runtime;
 pub mod state;

@@ -499,6 +499,10 @@ impl CheckpointStorage {
                 ),
             ));
         }
+        let completed = write_metadata(pending, metadata)?;
+        // After the metadata: a process killed between the two leaves a checkpoint that is
+        // complete without the marker (the next commit writes it), never the marker with no
+        // complete checkpoint, which a restore would take for damage and refuse.
         if !self.has_completed() {
             let marker = self.dir.join(COMPLETED_MARKER);
             File::create(&marker)
@@ -506,7 +510,7 @@ impl CheckpointStorage {
                 .and_then(|()| File::open(&self.dir)?.sync_all())
                 .map_err(|source| StateError::io(&marker, "writing", source))?;
         }
-        write_metadata(pending, metadata)
+        Ok(completed)
     }
 
     /// Completes savepoint `pending` with `metadata` (its files all in its own directory):

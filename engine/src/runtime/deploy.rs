@@ -106,7 +106,9 @@ pub struct RunOptions {
     /// Cancels the run from another thread.
     pub cancel: CancelHandle,
     /// With checkpointing configured: start from the latest completed checkpoint in the job's
-    /// checkpoint directory (`weir run … --resume`), or from scratch if it has none yet.
+    /// checkpoint directory (`weir run … --resume`), or, when it has none yet, from
+    /// `from_savepoint` if that is set (how a control plane restarts a job it started from a
+    /// savepoint), else from scratch.
     pub resume: bool,
     /// Start from this savepoint (or retained checkpoint) directory (`weir run …
     /// --from-savepoint PATH`); a restart after a failure takes the run's own latest
@@ -688,13 +690,6 @@ fn run_attempts(
     let exec = Arc::new(exec);
     let checkpointed = config.checkpointing()?.is_some();
     let job = exec.job.job_name().to_string();
-    if let (true, Some(savepoint)) = (options.resume, &options.from_savepoint) {
-        return Err(JobError::InvalidJob(format!(
-            "job '{job}' is asked both to resume from its latest checkpoint and to start from \
-             savepoint {}; pass --resume or --from-savepoint, not both",
-            savepoint.display()
-        )));
-    }
     if !checkpointed {
         options.savepoints.close(&format!(
             "job '{job}' takes no checkpoints, and a savepoint is one; set \

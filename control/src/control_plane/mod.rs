@@ -1,0 +1,115 @@
+//! `weir control`: the control plane. Tokio and axum, off the data path: the REST API, the
+//! workers' links and heartbeats, one job master per job, and the durable store its jobs are
+//! kept in (see `docs/design/control-plane.md`).
+
+mod cluster;
+mod links;
+mod rest;
+mod store;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use weir_engine::package::PackageInfo;
+use weir_engine::Configuration;
+
+use cluster::{now_ms, Cluster};
+
+/// A random number (for ids).
+pub fn nonce() -> u64 {
+    cluster::seed()
+}
+
+/// What the REST handlers and the links share.
+#[derive(Clone)]
+pub(crate) struct Shared {
+    cluster: Arc<Mutex<Cluster>>,
+    /// The packages jobs can be run from (the built-in one).
+    packages: Arc<Vec<Package>>,
+    token: Option<Arc<str>>,
+    /// Numbers the workers' connections.
+    connections: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Shared {
+    fn cluster(&self) -> std::sync::MutexGuard<'_, Cluster> {
+        // A panic while the lock was held leaves a cluster whose last change may be half
+        // done; the store holds what was complete, so go on with it.
+        self.cluster.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A package jobs are run from.
+#[derive(Clone, Debug)]
+pub(crate) struct Package {
+    /// Its id in `/jars`.
+    id: String,
+    /// What it holds.
+    info: PackageInfo,
+    /// When it was registered, ms since the epoch.
+    uploaded: i64,
+    /// Checks a job's program arguments before it is accepted.
+    check_args: fn(&[String]) -> Result<(), String>,
+}
+
+/// Runs the control plane until the process is stopped: binds `rest.address`:`rest.port`,
+/// opens the store in `control.data-dir` (resuming the jobs it holds) and serves.
+/// `builtin` is what the `weir` package holds, and `check_args` checks its jobs' arguments.
+pub fn serve(
+    config: Configuration,
+    builtin: PackageInfo,
+    check_args: fn(&[String]) -> Result<(), String>,
+) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("control")
+        .enable_all()
+        .build()?;
+    crate::protocol::heartbeat_settings(&config)?;
+    // Jobs take the checkpoint settings: refuse them here rather than at every submission.
+    config.checkpointing()?;
+    runtime.block_on(async move {
+        let (host, port) = config.rest_endpoint();
+        let listener = tokio::net::TcpListener::bind((host.as_str(), port))
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {host}:{port}; set rest.address and rest.port to a free \
+                     address"
+                )
+            })?;
+        let store = store::Store::open(&config.control_data_dir())?;
+        let token = config.rest_token().map(Arc::from);
+        let cluster = Cluster::open(config, store)?;
+        let shared = Shared {
+            cluster: Arc::new(Mutex::new(cluster)),
+            packages: Arc::new(vec![Package {
+                id: format!("{}-builtin", builtin.package),
+                info: builtin,
+                uploaded: now_ms(),
+                check_args,
+            }]),
+            token,
+            connections: Arc::default(),
+        };
+        let ticker = shared.clone();
+        tokio::spawn(async move {
+            let mut interval = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                interval.tick().await;
+                ticker.cluster().tick();
+            }
+        });
+        let address = listener.local_addr()?;
+        tracing::info!("control plane listening on http://{address}");
+        eprintln!("weir control: REST API on http://{address}");
+        axum::serve(
+            listener,
+            rest::router(shared).into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,642 @@
+//! The REST API: Flink's paths, verbs and field names where Flink has them. Errors are
+//! `{"errors": ["…"]}` with a 4xx for what the client can fix.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::cluster::{now_ms, Job, JobStatus, OperationKind, Refusal, Submission};
+use super::{links, Shared};
+use crate::protocol::WORKERS_PATH;
+
+/// An error answer.
+pub(crate) struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "errors": [self.1] }))).into_response()
+    }
+}
+
+impl From<Refusal> for ApiError {
+    fn from(refusal: Refusal) -> ApiError {
+        match refusal {
+            Refusal::NotFound(m) => ApiError(StatusCode::NOT_FOUND, m),
+            Refusal::Conflict(m) => ApiError(StatusCode::CONFLICT, m),
+        }
+    }
+}
+
+fn bad_request(message: String) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message)
+}
+
+type Answer = Result<Json<Value>, ApiError>;
+
+/// Every route.
+pub(crate) fn router(shared: Shared) -> Router {
+    Router::new()
+        .route("/overview", get(overview))
+        .route("/config", get(config))
+        .route("/taskmanagers", get(taskmanagers))
+        .route("/jars", get(jars))
+        .route("/jars/{jar}/run", post(run_jar))
+        .route("/jobs", get(jobs))
+        .route("/jobs/overview", get(jobs_overview))
+        .route("/jobs/{job}", get(job_details).patch(patch_job))
+        .route("/jobs/{job}/exceptions", get(job_exceptions))
+        .route("/jobs/{job}/savepoints", post(trigger_savepoint))
+        .route("/jobs/{job}/savepoints/{trigger}", get(operation_status))
+        .route("/jobs/{job}/stop", post(stop_job))
+        .route("/jobs/{job}/rescaling", post(rescale_job))
+        .route("/jobs/{job}/rescaling/{trigger}", get(operation_status))
+        .route(WORKERS_PATH, get(links::connect))
+        .fallback(unknown_path)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(middleware::from_fn_with_state(shared.clone(), authorize))
+        .layer(middleware::map_response(errors_as_json))
+        .with_state(shared)
+}
+
+/// Answers axum and its extractors give as plain text (a path that does not decode, a body
+/// over the limit, a plain GET of the workers' WebSocket) in the API's error shape.
+async fn errors_as_json(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let text = match axum::body::to_bytes(response.into_body(), 64 * 1024).await {
+        Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    ApiError(status, text).into_response()
+}
+
+async fn unknown_path(method: Method, uri: Uri) -> ApiError {
+    ApiError(
+        StatusCode::NOT_FOUND,
+        format!("no endpoint {method} {}", uri.path()),
+    )
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} does not take {method}", uri.path()),
+    )
+}
+
+/// With `rest.auth.token` set, every request carries `Authorization: Bearer <token>`.
+async fn authorize(State(shared): State<Shared>, request: Request, next: Next) -> Response {
+    if let Some(token) = &shared.token {
+        // The scheme's name is case-insensitive (RFC 9110).
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+            let problem = if given.is_some() { "wrong" } else { "no" };
+            return ApiError(
+                StatusCode::UNAUTHORIZED,
+                format!(
+                    "{problem} bearer token: this control plane requires `Authorization: Bearer \
+                     <rest.auth.token>` (the CLI sends it with --token or WEIR_REST_AUTH_TOKEN)"
+                ),
+            )
+            .into_response();
+        }
+    }
+    next.run(request).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A JSON body, or a 400 naming what is wrong with it.
+fn body<T>(payload: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    payload
+        .map(|Json(value)| value)
+        .map_err(|rejection| match rejection {
+            JsonRejection::MissingJsonContentType(_) => bad_request(
+                "the request body must be JSON: send Content-Type: application/json".into(),
+            ),
+            other => bad_request(format!("request body: {}", other.body_text())),
+        })
+}
+
+async fn overview(State(shared): State<Shared>) -> Answer {
+    let cluster = shared.cluster();
+    let count = |status: JobStatus| cluster.jobs.values().filter(|j| j.status == status).count();
+    let total: usize = cluster.workers.values().map(|w| w.info.cores.len()).sum();
+    let free: usize = cluster
+        .workers
+        .keys()
+        .map(|w| cluster.free_slots(w).len())
+        .sum();
+    Ok(Json(json!({
+        "taskmanagers": cluster.workers.len(),
+        "slots-total": total,
+        "slots-available": free,
+        "jobs-running": cluster.jobs.values().filter(|j| !j.status.is_terminal()).count(),
+        "jobs-finished": count(JobStatus::Finished),
+        "jobs-cancelled": count(JobStatus::Canceled),
+        "jobs-failed": count(JobStatus::Failed),
+        "weir-version": env!("CARGO_PKG_VERSION"),
+    })))
+}
+
+async fn config(State(shared): State<Shared>) -> Answer {
+    let cluster = shared.cluster();
+    let (interval, timeout) = cluster.config().heartbeat();
+    Ok(Json(json!({
+        "refresh-interval": 3000,
+        "timezone-name": "UTC",
+        "timezone-offset": 0,
+        "weir-version": env!("CARGO_PKG_VERSION"),
+        "features": { "web-submit": false, "web-cancel": true },
+        "heartbeat-interval": u64::try_from(interval.as_millis()).unwrap_or(u64::MAX),
+        "heartbeat-timeout": u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        "started": cluster.started,
+    })))
+}
+
+async fn taskmanagers(State(shared): State<Shared>) -> Answer {
+    let cluster = shared.cluster();
+    let workers: Vec<Value> = cluster
+        .workers
+        .iter()
+        .map(|(id, w)| {
+            json!({
+                "id": id,
+                "path": w.address,
+                "host": w.info.host,
+                "pid": w.info.pid,
+                "timeSinceLastHeartbeat": w.last_heartbeat,
+                "slotsNumber": w.info.cores.len(),
+                "freeSlots": cluster.free_slots(id).len(),
+                "cores": w.info.cores,
+                "engineVersion": w.info.engine_version,
+                "hardware": {
+                    "cpuCores": w.info.cores.len(),
+                    "physicalMemory": w.info.physical_memory,
+                    "managedMemory": w.info.managed_memory,
+                },
+                "memoryConfiguration": {
+                    "processSize": w.info.process_memory,
+                    "managedMemory": w.info.managed_memory,
+                    "networkMemory": w.info.network_memory,
+                    "heapMemory": w.info.heap_memory,
+                },
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "taskmanagers": workers })))
+}
+
+async fn jars(State(shared): State<Shared>) -> Answer {
+    let files: Vec<Value> = shared
+        .packages
+        .iter()
+        .map(|p| {
+            json!({
+                "id": p.id,
+                "name": p.info.package,
+                "uploaded": p.uploaded,
+                "protocol": p.info.protocol,
+                "engineVersion": p.info.engine_version,
+                "entry": p.info.jobs.iter().map(|j| json!({
+                    "name": j.name,
+                    "description": j.description,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "address": "", "files": files })))
+}
+
+/// `POST /jars/:id/run`'s body (Flink's `JarRunRequestBody`, the fields Weir uses).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RunRequest {
+    entry_class: Option<String>,
+    program_args: Option<String>,
+    program_args_list: Option<Vec<String>>,
+    parallelism: Option<usize>,
+    savepoint_path: Option<String>,
+    #[serde(default)]
+    allow_non_restored_state: bool,
+}
+
+async fn run_jar(
+    State(shared): State<Shared>,
+    Path(jar): Path<String>,
+    payload: Result<Json<RunRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request = body(payload)?;
+    let package = shared
+        .packages
+        .iter()
+        .find(|p| p.id == jar)
+        .ok_or_else(|| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no jar '{jar}'; GET /jars lists them"),
+            )
+        })?;
+    let names: Vec<&str> = package.info.jobs.iter().map(|j| j.name.as_str()).collect();
+    let entry = match request.entry_class {
+        Some(entry) if names.contains(&entry.as_str()) => entry,
+        Some(entry) => {
+            return Err(bad_request(format!(
+                "entryClass '{entry}' is not a job of jar '{jar}'; it has {}",
+                names.join(", ")
+            )))
+        }
+        None => {
+            return Err(bad_request(format!(
+                "entryClass is missing: name the job to run, one of {}",
+                names.join(", ")
+            )))
+        }
+    };
+    let args = match (request.program_args, request.program_args_list) {
+        (Some(_), Some(_)) => {
+            return Err(bad_request(
+                "give programArgs or programArgsList, not both".into(),
+            ))
+        }
+        (Some(text), None) => split_args(&text).map_err(bad_request)?,
+        (None, list) => list.unwrap_or_default(),
+    };
+    (package.check_args)(&args).map_err(|e| {
+        bad_request(format!(
+            "programArgs of '{entry}' do not parse: {e}; `weir run {entry} --help` lists them"
+        ))
+    })?;
+    let parallelism = match request.parallelism {
+        Some(0) => {
+            return Err(bad_request(
+                "parallelism must be at least 1 (the slots the job runs on)".into(),
+            ))
+        }
+        Some(p) => p,
+        None => 1,
+    };
+    let savepoint_path = request.savepoint_path.map(std::path::PathBuf::from);
+    if let Some(path) = &savepoint_path {
+        if !path.is_absolute() {
+            return Err(bad_request(format!(
+                "savepointPath '{}' must be an absolute path (the worker resolves it)",
+                path.display()
+            )));
+        }
+    }
+    let submission = Submission {
+        package: package.info.package.clone(),
+        entry,
+        args,
+        parallelism,
+        savepoint_path,
+        allow_non_restored_state: request.allow_non_restored_state,
+    };
+    let id = shared.cluster().submit(submission).map_err(|e| {
+        ApiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the job was not accepted: {e:#}"),
+        )
+    })?;
+    Ok((StatusCode::OK, Json(json!({ "jobid": id }))))
+}
+
+/// Splits Flink's `programArgs` string: words separated by spaces, a quoted part ('…' or "…")
+/// kept as one word.
+fn split_args(text: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut quote: Option<char> = None;
+    for c in text.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.get_or_insert_with(String::new).push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                word.get_or_insert_with(String::new);
+            }
+            (None, c) if c.is_whitespace() => words.extend(word.take()),
+            (None, c) => word.get_or_insert_with(String::new).push(c),
+        }
+    }
+    if let Some(q) = quote {
+        return Err(format!(
+            "programArgs has an unclosed {q}: {text}; close it, or send programArgsList"
+        ));
+    }
+    words.extend(word);
+    Ok(words)
+}
+
+async fn jobs(State(shared): State<Shared>) -> Answer {
+    let cluster = shared.cluster();
+    let jobs: Vec<Value> = cluster
+        .jobs
+        .values()
+        .map(|j| json!({ "id": j.id, "status": j.status.name() }))
+        .collect();
+    Ok(Json(json!({ "jobs": jobs })))
+}
+
+fn duration(job: &Job, now: i64) -> i64 {
+    job.end_time.unwrap_or(now) - job.start_time
+}
+
+fn summary(job: &Job, now: i64) -> Value {
+    let slots = job.placement.as_ref().map_or(0, |p| p.slots.len());
+    let running = job
+        .placement
+        .as_ref()
+        .filter(|p| p.running)
+        .map_or(0, |p| p.slots.len());
+    json!({
+        "jid": job.id,
+        "name": job.submission.entry,
+        "state": job.status.name(),
+        "start-time": job.start_time,
+        "end-time": job.end_time.unwrap_or(-1),
+        "duration": duration(job, now),
+        "last-modification": job.timestamps.values().max().copied().unwrap_or(job.start_time),
+        "tasks": { "total": slots, "running": running },
+    })
+}
+
+async fn jobs_overview(State(shared): State<Shared>) -> Answer {
+    let cluster = shared.cluster();
+    let now = now_ms();
+    let jobs: Vec<Value> = cluster.jobs.values().map(|j| summary(j, now)).collect();
+    Ok(Json(json!({ "jobs": jobs })))
+}
+
+fn find<'a>(
+    jobs: &'a std::collections::BTreeMap<String, Job>,
+    id: &str,
+) -> Result<&'a Job, ApiError> {
+    jobs.get(id).ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no job '{id}'; GET /jobs lists the jobs"),
+        )
+    })
+}
+
+async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
+    let cluster = shared.cluster();
+    let job = find(&cluster.jobs, &id)?;
+    let now = now_ms();
+    let mut details = summary(job, now);
+    let vertices: Vec<Value> = job
+        .totals
+        .iter()
+        .map(|o| {
+            json!({
+                "name": o.name,
+                "parallelism": o.parallelism,
+                "status": JobStatus::Finished.name(),
+                "metrics": { "read-records": o.records_in, "write-records": o.records_out },
+            })
+        })
+        .collect();
+    let extra = json!({
+        "now": now,
+        "isStoppable": false,
+        "timestamps": job.timestamps,
+        "parallelism": job.submission.parallelism,
+        "programArgs": job.submission.args,
+        "attempts": job.attempts,
+        "restarts": job.attempts.saturating_sub(1),
+        "placement": job.placement.as_ref().map(|p| json!({
+            "taskmanager": p.worker,
+            "slots": p.slots,
+            "attempt": p.deployment.attempt,
+            "running": p.running,
+        })),
+        "vertices": vertices,
+    });
+    if let (Value::Object(details), Value::Object(extra)) = (&mut details, extra) {
+        details.extend(extra);
+    }
+    Ok(Json(details))
+}
+
+/// `PATCH /jobs/:id?mode=cancel`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchQuery {
+    mode: Option<String>,
+}
+
+async fn patch_job(
+    State(shared): State<Shared>,
+    Path(id): Path<String>,
+    query: Result<Query<PatchQuery>, QueryRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Query(query) = query.map_err(|e| bad_request(format!("query: {}", e.body_text())))?;
+    match query.mode.as_deref() {
+        None | Some("cancel") => {}
+        Some(other) => {
+            return Err(bad_request(format!(
+                "mode '{other}' is not supported; PATCH /jobs/:id?mode=cancel cancels the job"
+            )))
+        }
+    }
+    shared.cluster().cancel(&id)?;
+    Ok((StatusCode::ACCEPTED, Json(json!({}))))
+}
+
+async fn job_exceptions(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
+    let cluster = shared.cluster();
+    let job = find(&cluster.jobs, &id)?;
+    let entries: Vec<Value> = job
+        .failures
+        .iter()
+        .rev()
+        .map(|f| {
+            json!({
+                "exceptionName": "JobFailure",
+                "stacktrace": f.cause,
+                "timestamp": f.timestamp,
+                "taskName": job.submission.entry,
+                "taskManagerId": f.worker,
+            })
+        })
+        .collect();
+    let last = job.failures.last();
+    Ok(Json(json!({
+        "root-exception": last.map(|f| f.cause.clone()),
+        "timestamp": last.map(|f| f.timestamp),
+        "all-exceptions": [],
+        "truncated": false,
+        "exceptionHistory": { "entries": entries, "truncated": false },
+    })))
+}
+
+/// `POST /jobs/:id/savepoints` (Flink's `SavepointTriggerRequestBody`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct SavepointRequest {
+    target_directory: Option<String>,
+    #[serde(default)]
+    cancel_job: bool,
+}
+
+/// `POST /jobs/:id/stop` (Flink's `StopWithSavepointRequestBody`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct StopRequest {
+    target_directory: Option<String>,
+    #[serde(default)]
+    drain: bool,
+}
+
+/// Savepoints go where the job's configuration says; a request naming another place is
+/// refused rather than ignored.
+fn refuse_target(target: Option<String>) -> Result<(), ApiError> {
+    match target {
+        None => Ok(()),
+        Some(target) => Err(bad_request(format!(
+            "a savepoint's directory is set by execution.checkpointing.savepoint-dir (default \
+             <checkpoint dir>/<job>/savepoints), not per request; leave out the target \
+             directory '{target}', or set the key on the control plane"
+        ))),
+    }
+}
+
+/// An empty body reads as `{}`.
+fn body_or_default<T: Default>(payload: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    match payload {
+        Err(JsonRejection::MissingJsonContentType(_)) => Ok(T::default()),
+        other => body(other),
+    }
+}
+
+fn triggered(result: Result<String, Refusal>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request = result?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "request-id": request }))))
+}
+
+async fn trigger_savepoint(
+    State(shared): State<Shared>,
+    Path(id): Path<String>,
+    payload: Result<Json<SavepointRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request = body_or_default(payload)?;
+    refuse_target(request.target_directory)?;
+    let kind = if request.cancel_job {
+        OperationKind::Stop { drain: false }
+    } else {
+        OperationKind::Savepoint
+    };
+    triggered(shared.cluster().savepoint(&id, kind))
+}
+
+async fn stop_job(
+    State(shared): State<Shared>,
+    Path(id): Path<String>,
+    payload: Result<Json<StopRequest>, JsonRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request = body_or_default(payload)?;
+    refuse_target(request.target_directory)?;
+    let kind = OperationKind::Stop {
+        drain: request.drain,
+    };
+    triggered(shared.cluster().savepoint(&id, kind))
+}
+
+/// `POST /jobs/:id/rescaling?parallelism=N`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RescaleQuery {
+    parallelism: usize,
+}
+
+async fn rescale_job(
+    State(shared): State<Shared>,
+    Path(id): Path<String>,
+    query: Result<Query<RescaleQuery>, QueryRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Query(query) = query.map_err(|e| {
+        bad_request(format!(
+            "{}; POST /jobs/:id/rescaling?parallelism=N takes the new parallelism",
+            e.body_text()
+        ))
+    })?;
+    if query.parallelism == 0 {
+        return Err(bad_request(
+            "parallelism must be at least 1 (the slots the job runs on)".into(),
+        ));
+    }
+    let kind = OperationKind::Rescale {
+        parallelism: query.parallelism,
+    };
+    triggered(shared.cluster().savepoint(&id, kind))
+}
+
+/// `GET /jobs/:id/savepoints/:trigger` and `/jobs/:id/rescaling/:trigger` (Flink's
+/// asynchronous operation result).
+async fn operation_status(
+    State(shared): State<Shared>,
+    Path((id, trigger)): Path<(String, String)>,
+) -> Answer {
+    let cluster = shared.cluster();
+    let job = find(&cluster.jobs, &id)?;
+    let operation = job
+        .operations
+        .iter()
+        .find(|o| o.id == trigger)
+        .ok_or_else(|| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("job {id} has no savepoint, stop or rescale request '{trigger}'"),
+            )
+        })?;
+    if !operation.done() {
+        return Ok(Json(json!({ "status": { "id": "IN_PROGRESS" } })));
+    }
+    let outcome = match operation.result.as_ref().expect("done") {
+        Ok(path) => json!({ "location": path }),
+        Err(cause) => json!({
+            "failure-cause": { "class": "SavepointError", "stack-trace": cause }
+        }),
+    };
+    Ok(Json(
+        json!({ "status": { "id": "COMPLETED" }, "operation": outcome }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_args;
+
+    #[test]
+    fn program_args_split_on_spaces_and_keep_quoted_words() {
+        assert_eq!(
+            split_args(r#" --input "a b.txt"  --events 5 --x '' "#).unwrap(),
+            ["--input", "a b.txt", "--events", "5", "--x", ""]
+        );
+        assert_eq!(split_args("").unwrap(), Vec::<String>::new());
+        let error = split_args("--input 'a").unwrap_err();
+        assert!(error.contains("unclosed '"), "{error}");
+    }
+}

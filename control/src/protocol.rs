@@ -1,0 +1,154 @@
+//! The messages between a worker and the control plane: JSON text frames of a WebSocket the
+//! worker opens to `ws://<rest.address>:<rest.port>/v1/workers` (with the REST API's bearer
+//! token, if one is set). The worker's first message is [`WorkerMessage::Register`], carrying
+//! [`PROTOCOL_VERSION`]; the control plane answers [`ControlMessage::Registered`], or
+//! [`ControlMessage::Refused`] naming both versions when they differ.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+use weir_engine::package::{DeploymentId, Outcome, RunSpec, Stop};
+
+/// The version of these messages. Raised with any change to them.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// `heartbeat.interval` and `heartbeat.timeout`, checked: an interval above 0 and a timeout
+/// longer than it.
+pub fn heartbeat_settings(
+    config: &weir_engine::Configuration,
+) -> anyhow::Result<(std::time::Duration, std::time::Duration)> {
+    let (interval, timeout) = config.heartbeat();
+    if interval.is_zero() || timeout <= interval {
+        anyhow::bail!(
+            "heartbeat.interval ({interval:?}) must be above 0 and heartbeat.timeout \
+             ({timeout:?}) longer than it; e.g. 10 s and 50 s (the defaults)"
+        );
+    }
+    Ok((interval, timeout))
+}
+
+/// The path workers connect to.
+pub const WORKERS_PATH: &str = "/v1/workers";
+
+/// A worker's message to the control plane.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum WorkerMessage {
+    /// The first message on every connection (also after a reconnect): who the worker is and
+    /// what its executors are doing, so that a restarted control plane finds its jobs again.
+    Register {
+        /// The worker's [`PROTOCOL_VERSION`].
+        protocol: u32,
+        /// The worker.
+        worker: WorkerInfo,
+        /// Its executors, running or ended but not yet acknowledged.
+        executors: Vec<ExecutorReport>,
+    },
+    /// Sent every `heartbeat.interval`.
+    Heartbeat,
+    /// An executor changed state.
+    Executor(ExecutorReport),
+    /// A savepoint asked for by [`ControlMessage::Savepoint`] completed or failed.
+    Savepoint {
+        /// Of which run.
+        deployment: DeploymentId,
+        /// The request's id.
+        request: String,
+        /// The savepoint's directory, or why there is none.
+        result: Result<PathBuf, String>,
+    },
+}
+
+/// What a worker offers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerInfo {
+    /// Its id (Flink's TaskManager id): stable across the worker's reconnects.
+    pub id: String,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// Its slots: the CPU core each is pinned to, in slot order.
+    pub cores: Vec<usize>,
+    /// The host's memory, bytes.
+    pub physical_memory: u64,
+    /// `taskmanager.memory.process.size` of the worker's executors, all slots together, bytes.
+    pub process_memory: u64,
+    /// Of that, managed memory (state backends), bytes.
+    pub managed_memory: u64,
+    /// Network segments, bytes.
+    pub network_memory: u64,
+    /// Heap, bytes.
+    pub heap_memory: u64,
+    /// Its engine's version.
+    pub engine_version: String,
+}
+
+/// An executor's state, as its worker reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutorReport {
+    /// Which run it is.
+    pub deployment: DeploymentId,
+    /// Where it is.
+    pub state: ExecutorState,
+}
+
+/// Where an executor is.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "kebab-case")]
+pub enum ExecutorState {
+    /// Its process started.
+    Deploying,
+    /// Its job is built and its tasks run.
+    Running,
+    /// It ended; the worker reports it until the control plane acknowledges it.
+    Ended(Outcome),
+}
+
+/// The control plane's message to a worker.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ControlMessage {
+    /// The registration is accepted.
+    Registered {
+        /// How often the worker heartbeats, ms.
+        heartbeat_interval_ms: u64,
+        /// How long the worker waits for the control plane before it reconnects, ms.
+        heartbeat_timeout_ms: u64,
+    },
+    /// The registration is refused (another protocol version): why.
+    Refused {
+        /// The reason, naming both versions.
+        reason: String,
+    },
+    /// Sent every `heartbeat.interval` in answer to the worker's heartbeats.
+    Heartbeat,
+    /// Start an executor on these slots.
+    Deploy {
+        /// What it runs.
+        run: RunSpec,
+        /// The slots (indexes into the worker's `cores`).
+        slots: Vec<usize>,
+    },
+    /// Take a savepoint of this run (and stop it with the savepoint if `stop` says so).
+    Savepoint {
+        /// Which run.
+        deployment: DeploymentId,
+        /// The request's id, which the answer carries.
+        request: String,
+        /// Stop the job with the savepoint.
+        stop: Option<Stop>,
+    },
+    /// Cancel this run (and kill its process if it does not end in time).
+    Cancel {
+        /// Which run.
+        deployment: DeploymentId,
+    },
+    /// The control plane stored this run's end; the worker may forget it.
+    Forget {
+        /// Which run.
+        deployment: DeploymentId,
+    },
+}

@@ -1,0 +1,773 @@
+//! `weir worker`: the agent of one server. It registers one slot per pinned core with the
+//! control plane, heartbeats, and runs each deployed job in an executor process of its own
+//! (the job's package, started with a deployment descriptor), which it supervises and reports
+//! on. Executors outlive a lost control plane (the worker reconnects and reports them again)
+//! but not their worker: each is started with a parent-death signal.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+use weir_engine::package::{
+    Deployment, DeploymentId, ExecutorCommand, ExecutorEvent, Outcome, RunSpec, ENGINE_VERSION,
+    PROTOCOL_VERSION as EXECUTOR_PROTOCOL,
+};
+use weir_engine::{Configuration, StreamEnvironment};
+
+use crate::protocol::{
+    ControlMessage, ExecutorReport, ExecutorState, WorkerInfo, WorkerMessage, PROTOCOL_VERSION,
+    WORKERS_PATH,
+};
+
+/// How long an executor asked to cancel may take before it is killed.
+const CANCEL_GRACE: Duration = Duration::from_secs(30);
+
+/// How long one attempt to reach and register with the control plane may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The file descriptor executors write their events to.
+const EVENTS_FD: i32 = 3;
+
+/// One executor process.
+struct Executor {
+    state: ExecutorState,
+    /// Its standard input (commands); `None` once it ended.
+    commands: Option<ChildStdin>,
+    /// A pidfd of the process, which signals only it even after it was reaped and its pid
+    /// reused; `None` for a run that never started.
+    process: Option<OwnedFd>,
+    /// Its slots.
+    slots: Vec<usize>,
+    /// When it was asked to cancel.
+    cancelled: Option<Instant>,
+}
+
+/// The worker's state: its slots and its executors.
+struct Agent {
+    info: WorkerInfo,
+    data_dir: PathBuf,
+    executors: BTreeMap<DeploymentId, Executor>,
+    /// Executor threads report here.
+    events: mpsc::UnboundedSender<Report>,
+}
+
+/// What an executor's supervising thread tells the worker.
+enum Report {
+    /// The executor's new state.
+    State(DeploymentId, ExecutorState),
+    /// The answer to a savepoint request.
+    Savepoint {
+        deployment: DeploymentId,
+        request: String,
+        result: Result<PathBuf, String>,
+    },
+}
+
+type Link =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Runs the worker until SIGINT or SIGTERM, which cancel its executors first.
+pub fn serve(config: Configuration, control: String) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(config, control))
+}
+
+fn worker_info(config: &Configuration) -> Result<WorkerInfo> {
+    let cores = match config.cores() {
+        Some(cores) => cores,
+        None => (0..StreamEnvironment::new(config.clone())?.slots()).collect(),
+    };
+    let budget = config.worker_budget(cores.len())?;
+    let host = hostname();
+    let pid = std::process::id();
+    Ok(WorkerInfo {
+        id: format!("{host}-{pid}-{:x}", crate::control_plane::nonce()),
+        host,
+        pid,
+        cores,
+        physical_memory: physical_memory(),
+        process_memory: budget.config.process_size,
+        managed_memory: budget.managed_total,
+        network_memory: budget.network_total,
+        heap_memory: budget.heap_total,
+        engine_version: ENGINE_VERSION.to_string(),
+    })
+}
+
+async fn run(config: Configuration, control: String) -> Result<()> {
+    let info = worker_info(&config)?;
+    let data_dir = config.worker_data_dir().join("deployments");
+    std::fs::create_dir_all(&data_dir).with_context(|| {
+        format!(
+            "cannot create {}; set worker.data-dir to a writable directory",
+            data_dir.display()
+        )
+    })?;
+    let (events, mut executor_events) = mpsc::unbounded_channel();
+    let (interval, timeout) = crate::protocol::heartbeat_settings(&config)?;
+    let token = config.rest_token().map(str::to_string);
+    let mut agent = Agent {
+        info,
+        data_dir,
+        executors: BTreeMap::new(),
+        events,
+    };
+    eprintln!(
+        "weir worker {}: {} slot(s) on cores {:?}, control plane {control}",
+        agent.info.id,
+        agent.info.cores.len(),
+        agent.info.cores
+    );
+    let mut link: Option<Link> = None;
+    let mut heard = Instant::now();
+    let mut silence_limit = timeout;
+    let mut heartbeats = tokio::time::interval(interval);
+    let mut retries = tokio::time::interval(Duration::from_secs(1));
+    let mut last_problem = String::new();
+    let mut registered_once = false;
+    let mut stop = stop_signals()?;
+    loop {
+        tokio::select! {
+            _ = retries.tick(), if link.is_none() => {
+                let attempt = tokio::time::timeout(CONNECT_TIMEOUT, connect(&control, token.as_deref(), &agent));
+                let outcome = attempt.await.unwrap_or_else(|_| {
+                    Err(Connect::Failed(format!("no registration within {CONNECT_TIMEOUT:?}")))
+                });
+                match outcome {
+                    Ok((connected, interval, timeout)) => {
+                        eprintln!("weir worker {}: registered with {control}", agent.info.id);
+                        link = Some(connected);
+                        heard = Instant::now();
+                        silence_limit = timeout;
+                        heartbeats = tokio::time::interval(interval);
+                        last_problem.clear();
+                        registered_once = true;
+                    }
+                    // At start, a refusal is a setting to fix; later (a token or version
+                    // changed under a running worker) its executors are worth more than an
+                    // exit, so it keeps trying.
+                    Err(Connect::Refused(reason)) if !registered_once => bail!("the control plane at {control} refused this worker: {reason}"),
+                    Err(Connect::Refused(reason)) => {
+                        if reason != last_problem {
+                            eprintln!("weir worker {}: the control plane at {control} refuses this worker now: {reason}; retrying every second", agent.info.id);
+                            last_problem = reason;
+                        }
+                    }
+                    Err(Connect::Failed(problem)) => {
+                        if problem != last_problem {
+                            eprintln!("weir worker {}: cannot reach the control plane at {control} ({problem}); retrying every second", agent.info.id);
+                            last_problem = problem;
+                        }
+                    }
+                }
+            }
+            incoming = next_message(&mut link) => {
+                match incoming {
+                    Some(message) => {
+                        heard = Instant::now();
+                        agent.handle(message, &mut link).await;
+                    }
+                    None => {
+                        eprintln!("weir worker {}: lost the control plane at {control}; reconnecting", agent.info.id);
+                        link = None;
+                    }
+                }
+            }
+            Some(report) = executor_events.recv() => match report {
+                Report::State(deployment, state) => agent.update(deployment, state, &mut link).await,
+                Report::Savepoint { deployment, request, result } => {
+                    send(&mut link, &WorkerMessage::Savepoint { deployment, request, result }).await;
+                }
+            },
+            _ = heartbeats.tick() => {
+                agent.kill_overdue();
+                if link.is_none() && heard.elapsed() > silence_limit {
+                    // The control plane fails this worker's jobs over after the same time:
+                    // they must not run twice.
+                    agent.cancel_all(&format!("no control plane for {silence_limit:?}"));
+                }
+                if link.is_some() {
+                    if heard.elapsed() > silence_limit {
+                        eprintln!("weir worker {}: no word from the control plane for {silence_limit:?}; reconnecting", agent.info.id);
+                        link = None;
+                    } else {
+                        send(&mut link, &WorkerMessage::Heartbeat).await;
+                    }
+                }
+            }
+            _ = stop.recv() => {
+                eprintln!("weir worker {}: stopping; cancelling its executors", agent.info.id);
+                agent.shut_down(&mut executor_events).await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Why a connection was not made.
+enum Connect {
+    /// The control plane refused the registration: no retry helps.
+    Refused(String),
+    /// Not reachable now.
+    Failed(String),
+}
+
+async fn connect(
+    control: &str,
+    token: Option<&str>,
+    agent: &Agent,
+) -> Result<(Link, Duration, Duration), Connect> {
+    let failed = |e: &dyn std::fmt::Display| Connect::Failed(e.to_string());
+    let mut request = format!("ws://{control}{WORKERS_PATH}")
+        .into_client_request()
+        .map_err(|e| Connect::Refused(format!("'{control}' is not HOST:PORT ({e})")))?;
+    if let Some(token) = token {
+        let value = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| Connect::Refused("rest.auth.token is not a valid header value".into()))?;
+        request.headers_mut().insert("authorization", value);
+    }
+    let (mut link, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .map_err(|e| match e {
+            tokio_tungstenite::tungstenite::Error::Http(response)
+                if response.status().as_u16() == 401 =>
+            {
+                Connect::Refused(
+                    "401: set rest.auth.token to the control plane's token".to_string(),
+                )
+            }
+            other => failed(&other),
+        })?;
+    let register = WorkerMessage::Register {
+        protocol: PROTOCOL_VERSION,
+        worker: agent.info.clone(),
+        executors: agent.reports(),
+    };
+    link.send(text(&register)).await.map_err(|e| failed(&e))?;
+    let answer = tokio::time::timeout(Duration::from_secs(10), link.next())
+        .await
+        .map_err(|_| Connect::Failed("no answer to the registration in 10 s".into()))?;
+    match answer {
+        Some(Ok(Message::Text(answer))) => match serde_json::from_str(answer.as_str()) {
+            Ok(ControlMessage::Registered {
+                heartbeat_interval_ms,
+                heartbeat_timeout_ms,
+            }) => Ok((
+                link,
+                Duration::from_millis(heartbeat_interval_ms),
+                Duration::from_millis(heartbeat_timeout_ms),
+            )),
+            Ok(ControlMessage::Refused { reason }) => Err(Connect::Refused(reason)),
+            Ok(other) => Err(Connect::Failed(format!(
+                "unexpected first answer {other:?}"
+            ))),
+            Err(error) => Err(Connect::Refused(format!(
+                "its answer does not parse ({error}): {answer}"
+            ))),
+        },
+        Some(Err(e)) => Err(failed(&e)),
+        _ => Err(Connect::Failed("closed before answering".into())),
+    }
+}
+
+fn text(message: &WorkerMessage) -> Message {
+    Message::Text(serde_json::to_string(message).expect("serializable").into())
+}
+
+async fn send(link: &mut Option<Link>, message: &WorkerMessage) {
+    if let Some(connected) = link {
+        if connected.send(text(message)).await.is_err() {
+            *link = None;
+        }
+    }
+}
+
+/// The next control message; `None` when the link broke. Pending forever without a link.
+async fn next_message(link: &mut Option<Link>) -> Option<ControlMessage> {
+    let Some(connected) = link else {
+        return std::future::pending().await;
+    };
+    loop {
+        match connected.next().await? {
+            Ok(Message::Text(text)) => match serde_json::from_str(text.as_str()) {
+                Ok(message) => return Some(message),
+                Err(error) => {
+                    tracing::warn!(
+                        "ignoring a control message that does not parse ({error}): {text}"
+                    );
+                }
+            },
+            Ok(Message::Close(_)) | Err(_) => return None,
+            Ok(_) => {}
+        }
+    }
+}
+
+impl Agent {
+    fn reports(&self) -> Vec<ExecutorReport> {
+        self.executors
+            .iter()
+            .map(|(deployment, e)| ExecutorReport {
+                deployment: deployment.clone(),
+                state: e.state.clone(),
+            })
+            .collect()
+    }
+
+    async fn handle(&mut self, message: ControlMessage, link: &mut Option<Link>) {
+        match message {
+            ControlMessage::Heartbeat
+            | ControlMessage::Registered { .. }
+            | ControlMessage::Refused { .. } => {}
+            ControlMessage::Deploy { run, slots } => {
+                let deployment = run.id.clone();
+                if let Some(executor) = self.executors.get(&deployment) {
+                    // Sent again (the control plane restarted, or the first one was lost):
+                    // say where it is.
+                    let state = executor.state.clone();
+                    let report = ExecutorReport { deployment, state };
+                    send(link, &WorkerMessage::Executor(report)).await;
+                    return;
+                }
+                let busy: Vec<usize> = self
+                    .executors
+                    .values()
+                    .filter(|e| !matches!(e.state, ExecutorState::Ended(_)))
+                    .flat_map(|e| e.slots.iter().copied())
+                    .filter(|s| slots.contains(s))
+                    .collect();
+                let started = if busy.is_empty() {
+                    self.start(run, &slots)
+                } else {
+                    Err(anyhow::anyhow!(
+                        "slots {busy:?} of worker {} still run another job's executor",
+                        self.info.id
+                    ))
+                };
+                let state = match started {
+                    Ok(()) => ExecutorState::Deploying,
+                    Err(error) => ExecutorState::Ended(Outcome::Failed {
+                        cause: format!("{error:#}"),
+                    }),
+                };
+                if let ExecutorState::Ended(_) = state {
+                    self.executors.insert(
+                        deployment.clone(),
+                        Executor {
+                            state: state.clone(),
+                            commands: None,
+                            process: None,
+                            slots: Vec::new(),
+                            cancelled: None,
+                        },
+                    );
+                }
+                send(
+                    link,
+                    &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+                )
+                .await;
+            }
+            ControlMessage::Cancel { deployment } => {
+                if let Some(executor) = self.executors.get_mut(&deployment) {
+                    executor.cancel();
+                }
+            }
+            ControlMessage::Savepoint {
+                deployment,
+                request,
+                stop,
+            } => {
+                let sent = self.executors.get_mut(&deployment).is_some_and(|e| {
+                    e.command(&ExecutorCommand::Savepoint {
+                        request: request.clone(),
+                        stop,
+                    })
+                });
+                if !sent {
+                    let result = Err(format!("run {deployment} is not running on this worker"));
+                    send(
+                        link,
+                        &WorkerMessage::Savepoint {
+                            deployment,
+                            request,
+                            result,
+                        },
+                    )
+                    .await;
+                }
+            }
+            ControlMessage::Forget { deployment } => {
+                if self
+                    .executors
+                    .get(&deployment)
+                    .is_some_and(|e| matches!(e.state, ExecutorState::Ended(_)))
+                {
+                    self.executors.remove(&deployment);
+                }
+            }
+        }
+    }
+
+    async fn update(
+        &mut self,
+        deployment: DeploymentId,
+        state: ExecutorState,
+        link: &mut Option<Link>,
+    ) {
+        let Some(executor) = self.executors.get_mut(&deployment) else {
+            return;
+        };
+        if let ExecutorState::Ended(outcome) = &state {
+            executor.commands = None;
+            tracing::info!(%deployment, ?outcome, "executor ended");
+        }
+        executor.state = state.clone();
+        send(
+            link,
+            &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+        )
+        .await;
+    }
+
+    /// Writes the descriptor and starts the executor on `slots`.
+    fn start(&mut self, mut run: RunSpec, slots: &[usize]) -> Result<()> {
+        let cores: Vec<String> = slots
+            .iter()
+            .map(|&s| {
+                self.info
+                    .cores
+                    .get(s)
+                    .map(ToString::to_string)
+                    .with_context(|| {
+                        format!(
+                            "slot {s} is not a slot of this worker ({} slots)",
+                            self.info.cores.len()
+                        )
+                    })
+            })
+            .collect::<Result<_>>()?;
+        let share = self.info.process_memory / self.info.cores.len().max(1) as u64;
+        run.config.extend([
+            ("taskmanager.cpu.cores".to_string(), cores.join(",")),
+            (
+                "taskmanager.numberOfTaskSlots".to_string(),
+                slots.len().to_string(),
+            ),
+            (
+                "taskmanager.memory.process.size".to_string(),
+                (share * slots.len() as u64).to_string(),
+            ),
+        ]);
+        let dir = self.data_dir.join(run.id.to_string());
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let deployment = run.id.clone();
+        let descriptor = dir.join("deployment.json");
+        let body = serde_json::to_vec_pretty(&Deployment {
+            protocol: EXECUTOR_PROTOCOL,
+            events_fd: EVENTS_FD,
+            run,
+        })?;
+        std::fs::write(&descriptor, body)
+            .with_context(|| format!("cannot write {}", descriptor.display()))?;
+        let package = std::env::current_exe().context("cannot find the weir executable")?;
+        let (child, events) = spawn_executor(&package, &descriptor, &dir.join("executor.log"))?;
+        let pid = child.id();
+        let process = pidfd(pid)?;
+        let mut child = child;
+        let commands = child.stdin.take();
+        self.executors.insert(
+            deployment.clone(),
+            Executor {
+                state: ExecutorState::Deploying,
+                commands,
+                process: Some(process),
+                slots: slots.to_vec(),
+                cancelled: None,
+            },
+        );
+        let reports = self.events.clone();
+        let log = dir.join("executor.log");
+        std::thread::Builder::new()
+            .name(format!("executor-{pid}"))
+            .spawn(move || supervise(deployment, child, events, &log, &reports))
+            .context("cannot start a thread to supervise the executor")?;
+        Ok(())
+    }
+
+    /// Kills executors that did not end within [`CANCEL_GRACE`] of their cancel.
+    fn kill_overdue(&mut self) {
+        for (deployment, executor) in &mut self.executors {
+            if executor
+                .cancelled
+                .is_some_and(|at| at.elapsed() > CANCEL_GRACE)
+                && !matches!(executor.state, ExecutorState::Ended(_))
+            {
+                tracing::warn!(%deployment, "executor did not end within {CANCEL_GRACE:?} of its cancel; killing it");
+                executor.kill();
+                executor.cancelled = None;
+            }
+        }
+    }
+
+    /// Cancels every executor still running that was not asked to already.
+    fn cancel_all(&mut self, why: &str) {
+        for (deployment, executor) in &mut self.executors {
+            let live = !matches!(executor.state, ExecutorState::Ended(_));
+            if live && executor.cancelled.is_none() {
+                eprintln!(
+                    "weir worker {}: cancelling {deployment}: {why}",
+                    self.info.id
+                );
+                executor.cancel();
+            }
+        }
+    }
+
+    /// Cancels every executor and waits for them (killing those that outstay the grace).
+    async fn shut_down(&mut self, events: &mut mpsc::UnboundedReceiver<Report>) {
+        for executor in self.executors.values_mut() {
+            executor.cancel();
+        }
+        let deadline = tokio::time::Instant::now() + CANCEL_GRACE;
+        while self
+            .executors
+            .values()
+            .any(|e| !matches!(e.state, ExecutorState::Ended(_)))
+        {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Some(Report::State(deployment, state))) => {
+                    if let Some(executor) = self.executors.get_mut(&deployment) {
+                        executor.state = state;
+                    }
+                }
+                Ok(Some(Report::Savepoint { .. })) => {}
+                _ => {
+                    for executor in self.executors.values_mut() {
+                        executor.kill();
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Executor {
+    /// Writes `command` to the executor; false when it has ended or cannot be written to.
+    fn command(&mut self, command: &ExecutorCommand) -> bool {
+        let Some(commands) = &mut self.commands else {
+            return false;
+        };
+        let mut line = serde_json::to_vec(command).expect("serializable");
+        line.push(b'\n');
+        commands
+            .write_all(&line)
+            .and_then(|()| commands.flush())
+            .is_ok()
+    }
+
+    fn cancel(&mut self) {
+        if self.commands.is_some() {
+            if !self.command(&ExecutorCommand::Cancel) {
+                self.kill();
+            }
+            self.cancelled.get_or_insert_with(Instant::now);
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(process) = &self.process {
+            // SAFETY: pidfd_send_signal on a pidfd this executor owns, with no siginfo; a
+            // process that already ended (reaped or not) gets nothing, and no other can.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    process.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            }
+        }
+    }
+}
+
+/// A pidfd of process `pid` (a child not yet reaped: its supervising thread starts after).
+fn pidfd(pid: u32) -> Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("pidfd_open of the executor");
+    }
+    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Starts `package --weir-execute descriptor` with its events on [`EVENTS_FD`], its output in
+/// `log`, and SIGKILL when this worker dies.
+fn spawn_executor(package: &Path, descriptor: &Path, log: &Path) -> Result<(Child, File)> {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into the local array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .context("cannot make the executor's event pipe");
+    }
+    // SAFETY: both descriptors were just created by pipe2 and are owned by nothing else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let output = File::create(log).with_context(|| format!("cannot create {}", log.display()))?;
+    let write_fd = write.as_raw_fd();
+    let worker = std::process::id();
+    let mut command = Command::new(package);
+    command
+        .arg("--weir-execute")
+        .arg(descriptor)
+        .stdin(Stdio::piped())
+        .stdout(output.try_clone()?)
+        .stderr(output);
+    // SAFETY: the closure runs in the child between fork and exec and calls only
+    // async-signal-safe functions (prctl, getppid, dup2, fcntl) on descriptors it owns.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The worker may have died between fork and prctl (the child was reparented).
+            if libc::getppid() as u32 != worker {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            if write_fd == EVENTS_FD {
+                if libc::fcntl(EVENTS_FD, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(write_fd, EVENTS_FD) != EVENTS_FD {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command
+        .spawn()
+        .with_context(|| format!("cannot start executor {}", package.display()))?;
+    drop(write);
+    Ok((child, File::from(read)))
+}
+
+/// Reads an executor's events until it ends, then reaps it, reporting each state change.
+fn supervise(
+    deployment: DeploymentId,
+    mut child: Child,
+    events: File,
+    log: &Path,
+    reports: &mpsc::UnboundedSender<Report>,
+) {
+    let mut ended: Option<Outcome> = None;
+    let mut refused: Option<String> = None;
+    for line in BufReader::new(events).lines() {
+        let Ok(line) = line else { break };
+        match serde_json::from_str::<ExecutorEvent>(&line) {
+            Ok(ExecutorEvent::Hello {
+                protocol,
+                engine_version,
+            }) => {
+                if protocol != EXECUTOR_PROTOCOL {
+                    refused = Some(format!(
+                        "the job's package speaks executor protocol {protocol} (engine \
+                         {engine_version}), this worker {EXECUTOR_PROTOCOL} (engine \
+                         {ENGINE_VERSION}); rebuild the package against this Weir release"
+                    ));
+                    let _ = child.kill();
+                }
+            }
+            Ok(ExecutorEvent::Running) => {
+                let _ = reports.send(Report::State(deployment.clone(), ExecutorState::Running));
+            }
+            Ok(ExecutorEvent::Savepoint { request, result }) => {
+                let _ = reports.send(Report::Savepoint {
+                    deployment: deployment.clone(),
+                    request,
+                    result,
+                });
+            }
+            Ok(ExecutorEvent::Ended(outcome)) => ended = Some(outcome),
+            Err(error) => {
+                tracing::warn!(%deployment, "ignoring an executor event that does not parse ({error}): {line}")
+            }
+        }
+    }
+    let status = child.wait();
+    let outcome = match (refused, ended) {
+        (Some(cause), _) => Outcome::Failed { cause },
+        (None, Some(outcome)) => outcome,
+        (None, None) => Outcome::Failed {
+            cause: format!(
+                "the executor ended without reporting ({}); the end of its log {}:\n{}",
+                match status {
+                    Ok(status) => status.to_string(),
+                    Err(error) => error.to_string(),
+                },
+                log.display(),
+                tail(log, 20)
+            ),
+        },
+    };
+    let _ = reports.send(Report::State(deployment, ExecutorState::Ended(outcome)));
+}
+
+/// The last `lines` lines of a file.
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
+
+fn physical_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// SIGINT and SIGTERM.
+fn stop_signals() -> Result<mpsc::UnboundedReceiver<()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}

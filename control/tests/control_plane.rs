@@ -1,0 +1,972 @@
+//! The control plane with real worker processes on loopback: jobs submitted over the REST API
+//! run in executor processes, finish, cancel and fail over; bad requests get clear 4xx answers;
+//! a SIGKILLed worker's job restarts from its checkpoint on another worker with nothing lost or
+//! repeated; a SIGKILLed control plane, started again, finds its running job.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use weir_examples::sequence_check::{
+    echo_problems, problems, EchoCheck, Echoed, KeyReport, SequenceSpec,
+};
+
+const WEIR: &str = env!("CARGO_BIN_EXE_weir");
+
+/// A process this test started, SIGKILLed when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A control plane on a free loopback port, with its store in `dir/control`.
+struct ControlPlane {
+    _process: Process,
+    address: String,
+}
+
+/// Settings every process of a test cluster gets: fast heartbeats (a lost worker's jobs fail
+/// over after 3 s), with room for a loaded 2-core machine.
+const FAST: [&str; 2] = ["heartbeat.interval=200ms", "heartbeat.timeout=3s"];
+
+fn start_control(dir: &Path, port: u16, settings: &[&str]) -> ControlPlane {
+    let mut command = Command::new(WEIR);
+    command.args([
+        "control",
+        "-D",
+        &format!("control.data-dir={}", dir.join("control").display()),
+    ]);
+    command.args([
+        "-D",
+        &format!("rest.port={port}"),
+        "-D",
+        "rest.address=127.0.0.1",
+    ]);
+    for setting in FAST.iter().chain(settings) {
+        command.args(["-D", setting]);
+    }
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start weir control");
+    // Its first line names the address it listens on; the rest of its log is drained so
+    // that it never blocks on a full pipe.
+    let lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let (found, address) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("weir control: REST API on http://") {
+                let _ = found.send(rest.to_string());
+            }
+        }
+    });
+    let address = address
+        .recv_timeout(Duration::from_secs(30))
+        .expect("weir control printed its address within 30 s");
+    ControlPlane {
+        _process: Process(child),
+        address,
+    }
+}
+
+/// A worker with `cores` as its slots, registered with `control`.
+fn start_worker(
+    dir: &Path,
+    name: &str,
+    control: &ControlPlane,
+    cores: &str,
+    settings: &[&str],
+) -> Process {
+    let mut command = Command::new(WEIR);
+    command.args(["worker", "--control", &control.address]);
+    command.args([
+        "-D",
+        &format!("worker.data-dir={}", dir.join(name).display()),
+    ]);
+    command.args(["-D", &format!("taskmanager.cpu.cores={cores}")]);
+    for setting in FAST.iter().chain(settings) {
+        command.args(["-D", setting]);
+    }
+    Process(
+        command
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start weir worker"),
+    )
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into()
+}
+
+/// A request's status and JSON answer.
+fn call(control: &ControlPlane, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    call_with(control, method, path, body, &[])
+}
+
+fn call_with(
+    control: &ControlPlane,
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
+    let url = format!("http://{}{path}", control.address);
+    let agent = agent();
+    let mut response = match method {
+        "GET" => {
+            let mut request = agent.get(&url);
+            for (k, v) in headers {
+                request = request.header(*k, *v);
+            }
+            request.call()
+        }
+        "DELETE" => agent.delete(&url).call(),
+        _ => {
+            let mut request = match method {
+                "POST" => agent.post(&url),
+                "PATCH" => agent.patch(&url),
+                "PUT" => agent.put(&url),
+                other => panic!("no method {other}"),
+            };
+            let mut json = true;
+            for (k, v) in headers {
+                json &= !k.eq_ignore_ascii_case("content-type");
+                request = request.header(*k, *v);
+            }
+            if json {
+                request = request.header("content-type", "application/json");
+            }
+            request.send(body.unwrap_or(""))
+        }
+    }
+    .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let status = response.status().as_u16();
+    let text = response.body_mut().read_to_string().expect("a body");
+    let value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{method} {path} answered {status} with no JSON ({e}): {text}"));
+    (status, value)
+}
+
+fn get(control: &ControlPlane, path: &str) -> Value {
+    let (status, value) = call(control, "GET", path, None);
+    assert_eq!(status, 200, "GET {path}: {value}");
+    value
+}
+
+/// Runs `command` to its end, killing it after `limit`.
+fn output_within(mut command: Command, limit: Duration) -> std::process::Output {
+    let child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start weir");
+    let pid = child.id();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output().expect("wait for weir"));
+    });
+    finished.recv_timeout(limit).unwrap_or_else(|_| {
+        // SAFETY: kill(2) of the child this test started and whose waiter still runs.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        panic!("{command:?} did not end within {limit:?}")
+    })
+}
+
+/// Waits up to `limit` for `done` to return something.
+fn wait_for<T>(what: &str, limit: Duration, mut done: impl FnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = done() {
+            return value;
+        }
+        assert!(started.elapsed() < limit, "waited {limit:?} for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_for_workers(control: &ControlPlane, count: usize) {
+    wait_for(
+        &format!("{count} worker(s)"),
+        Duration::from_secs(20),
+        || {
+            let workers = get(control, "/taskmanagers");
+            (workers["taskmanagers"].as_array().map_or(0, Vec::len) == count).then_some(())
+        },
+    );
+}
+
+/// Submits `job` of the built-in package; returns its id.
+fn submit(control: &ControlPlane, job: &str, args: &[&str], parallelism: usize) -> String {
+    let body = json!({ "entryClass": job, "programArgsList": args, "parallelism": parallelism });
+    let (status, answer) = call(
+        control,
+        "POST",
+        "/jars/weir-builtin/run",
+        Some(&body.to_string()),
+    );
+    assert_eq!(status, 200, "submit {job}: {answer}");
+    answer["jobid"].as_str().expect("a job id").to_string()
+}
+
+fn state(control: &ControlPlane, job: &str) -> String {
+    get(control, &format!("/jobs/{job}"))["state"]
+        .as_str()
+        .expect("a state")
+        .to_string()
+}
+
+fn wait_for_state(control: &ControlPlane, job: &str, wanted: &str, limit: Duration) -> Value {
+    wait_for(&format!("job {job} to be {wanted}"), limit, || {
+        let details = get(control, &format!("/jobs/{job}"));
+        let now = details["state"].as_str().unwrap_or_default();
+        assert!(
+            wanted == now || !matches!(now, "FINISHED" | "FAILED" | "CANCELED"),
+            "job {job} ended {now} instead of {wanted}: {details}\n{}",
+            get(control, &format!("/jobs/{job}/exceptions"))
+        );
+        (now == wanted).then_some(details)
+    })
+}
+
+/// The lines of the committed part files in `dir`, each subtask's in the order written.
+fn read_parts(dir: &Path) -> Vec<String> {
+    let mut parts: Vec<((usize, u64), PathBuf)> = std::fs::read_dir(dir)
+        .expect("the output directory")
+        .map(|entry| {
+            let path = entry.expect("an entry").path();
+            let name = path
+                .file_name()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned();
+            let (subtask, n) = name
+                .strip_prefix("part-")
+                .and_then(|rest| rest.split_once('-'))
+                .unwrap_or_else(|| panic!("'{name}' is left in the output directory"));
+            (
+                (
+                    subtask.parse().expect("a subtask"),
+                    n.parse().expect("a number"),
+                ),
+                path,
+            )
+        })
+        .collect();
+    parts.sort();
+    parts
+        .iter()
+        .flat_map(|(_, path)| {
+            std::fs::read_to_string(path)
+                .expect("a part file")
+                .lines()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_control(dir.path(), 0, &[]);
+    let _worker = start_worker(dir.path(), "worker", &control, "0,1", &[]);
+    wait_for_workers(&control, 1);
+    let overview = get(&control, "/overview");
+    assert_eq!(overview["slots-total"], 2, "{overview}");
+    let workers = get(&control, "/taskmanagers");
+    let worker = &workers["taskmanagers"][0];
+    assert_eq!(worker["slotsNumber"], 2, "{worker}");
+    assert!(
+        worker["memoryConfiguration"]["managedMemory"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{worker}"
+    );
+    let jars = get(&control, "/jars");
+    let entries: Vec<&str> = jars["files"][0]["entry"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        entries.contains(&"sequence-check") && entries.contains(&"word-count"),
+        "{jars}"
+    );
+
+    // A bounded job at parallelism 2 runs to its end and reports its counts.
+    let out = dir.path().join("out");
+    let spec = SequenceSpec::of_cli(64_000, 64, None);
+    let finished = submit(
+        &control,
+        "sequence-check",
+        &[
+            "--events",
+            "64000",
+            "--keys",
+            "64",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        2,
+    );
+    let details = wait_for_state(&control, &finished, "FINISHED", Duration::from_secs(60));
+    assert_eq!(details["attempts"], 1, "{details}");
+    let source = details["vertices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["metrics"]["write-records"] == 64_000)
+        .unwrap_or_else(|| panic!("no vertex wrote the 64000 records: {details}"));
+    assert_eq!(source["parallelism"], 2, "{details}");
+    let reports: Vec<KeyReport> = read_parts(&out)
+        .iter()
+        .map(|l| KeyReport::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
+        .collect();
+    assert_eq!(problems(spec, &reports), Vec::<String>::new());
+
+    // An unbounded-for-the-test job (throttled) runs until cancelled.
+    let slow = submit(
+        &control,
+        "sequence-check",
+        &["--events", "100000000", "--rate", "1000", "--discard"],
+        1,
+    );
+    wait_for(
+        "the slow job's tasks to run",
+        Duration::from_secs(30),
+        || {
+            get(&control, &format!("/jobs/{slow}"))["placement"]["running"]
+                .as_bool()
+                .filter(|&r| r)
+        },
+    );
+    assert_eq!(get(&control, "/overview")["slots-available"], 1);
+    // Without checkpointing a savepoint is refused by the job, and says so.
+    let (status, answer) = call(
+        &control,
+        "POST",
+        &format!("/jobs/{slow}/savepoints"),
+        Some("{}"),
+    );
+    assert_eq!(status, 202, "{answer}");
+    let trigger = answer["request-id"].as_str().unwrap();
+    let result = wait_for("the savepoint's answer", Duration::from_secs(30), || {
+        let result = get(&control, &format!("/jobs/{slow}/savepoints/{trigger}"));
+        (result["status"]["id"] == "COMPLETED").then_some(result)
+    });
+    let cause = result["operation"]["failure-cause"]["stack-trace"]
+        .as_str()
+        .unwrap();
+    assert!(cause.contains("checkpoint"), "{result}");
+    let refusals = [
+        (
+            "/stop",
+            "{\"targetDirectory\": \"/elsewhere\"}",
+            "execution.checkpointing.savepoint-dir",
+        ),
+        ("/rescaling", "", "parallelism"),
+        ("/rescaling?parallelism=0", "", "at least 1"),
+        (
+            "/savepoints",
+            "{\"formatType\": 1}",
+            "unknown field `formatType`",
+        ),
+    ];
+    for (path, body, fragment) in refusals {
+        let (status, answer) = call(&control, "POST", &format!("/jobs/{slow}{path}"), Some(body));
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert!(
+            answer["errors"][0].as_str().unwrap().contains(fragment),
+            "{path}: {answer}"
+        );
+    }
+    assert_eq!(state(&control, &slow), "RUNNING");
+    let (status, answer) = call(
+        &control,
+        "PATCH",
+        &format!("/jobs/{slow}?mode=cancel"),
+        None,
+    );
+    assert_eq!(status, 202, "{answer}");
+    wait_for_state(&control, &slow, "CANCELED", Duration::from_secs(30));
+    let (status, answer) = call(
+        &control,
+        "PATCH",
+        &format!("/jobs/{slow}?mode=cancel"),
+        None,
+    );
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("is CANCELED"),
+        "{answer}"
+    );
+
+    let overview = get(&control, "/overview");
+    assert_eq!(overview["jobs-finished"], 1, "{overview}");
+    assert_eq!(overview["jobs-cancelled"], 1, "{overview}");
+    assert_eq!(overview["slots-available"], 2, "{overview}");
+    let listed = get(&control, "/jobs/overview");
+    assert_eq!(listed["jobs"].as_array().unwrap().len(), 2, "{listed}");
+
+    // The CLI, as a client of the same API.
+    let cli = |args: &[&str]| {
+        let mut command = Command::new(WEIR);
+        command.args(args).args(["--control", &control.address]);
+        output_within(command, Duration::from_secs(60))
+    };
+    let listing = cli(&["list", "--all"]);
+    assert!(listing.status.success());
+    let text = String::from_utf8_lossy(&listing.stdout);
+    assert!(
+        text.contains(&finished) && text.contains("FINISHED") && text.contains("CANCELED"),
+        "{text}"
+    );
+    let status = cli(&["status", &slow]);
+    assert!(status.status.success());
+    assert!(String::from_utf8_lossy(&status.stdout).contains("CANCELED"));
+    let refused = cli(&["cancel", &finished]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("409"));
+    let (status, answer) = call(
+        &control,
+        "POST",
+        &format!("/jobs/{finished}/savepoints"),
+        Some("{}"),
+    );
+    assert_eq!(status, 409, "{answer}");
+    let submitted = cli(&["submit", "--json", "word-count"]);
+    assert!(
+        submitted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&submitted.stderr)
+    );
+    let id: Value = serde_json::from_slice(&submitted.stdout).unwrap();
+    wait_for_state(
+        &control,
+        id["jobid"].as_str().unwrap(),
+        "FINISHED",
+        Duration::from_secs(60),
+    );
+    let mut list = Command::new(WEIR);
+    list.args(["list", "--control", "127.0.0.1:1"]);
+    let unreachable = output_within(list, Duration::from_secs(60));
+    assert_eq!(unreachable.status.code(), Some(69));
+}
+
+#[test]
+fn bad_requests_get_a_clear_4xx_and_the_control_plane_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_control(dir.path(), 0, &[]);
+    let run = "/jars/weir-builtin/run";
+    let cases: [(&str, &str, Option<&str>, u16, &str); 13] = [
+        ("POST", run, Some("{\"entryClass\": "), 400, "request body"),
+        (
+            "POST",
+            run,
+            Some("{\"entryClass\": \"word-count\", \"colour\": 1}"),
+            400,
+            "unknown field `colour`",
+        ),
+        (
+            "POST",
+            run,
+            Some("{\"entryClass\": 7}"),
+            400,
+            "invalid type",
+        ),
+        (
+            "POST",
+            run,
+            Some("{\"entryClass\": \"word-count\", \"parallelism\": -1}"),
+            400,
+            "parallelism",
+        ),
+        (
+            "POST",
+            run,
+            Some("{\"entryClass\": \"word-count\", \"parallelism\": 0}"),
+            400,
+            "at least 1",
+        ),
+        ("POST", run, Some("{}"), 400, "entryClass is missing"),
+        (
+            "POST",
+            run,
+            Some("{\"entryClass\": \"nope\"}"),
+            400,
+            "'nope' is not a job of jar 'weir-builtin'",
+        ),
+        (
+            "POST",
+            run,
+            Some("{\"entryClass\": \"word-count\", \"programArgs\": \"--colour red\"}"),
+            400,
+            "'--colour'",
+        ),
+        (
+            "POST",
+            run,
+            Some("{\"entryClass\": \"word-count\", \"programArgs\": \"--input 'x\"}"),
+            400,
+            "unclosed",
+        ),
+        (
+            "POST",
+            "/jars/nope/run",
+            Some("{\"entryClass\": \"word-count\"}"),
+            404,
+            "no jar 'nope'",
+        ),
+        ("GET", "/jobs/0123", None, 404, "no job '0123'"),
+        ("DELETE", "/jobs", None, 405, "does not take DELETE"),
+        (
+            "GET",
+            "/nothing/here",
+            None,
+            404,
+            "no endpoint GET /nothing/here",
+        ),
+    ];
+    for (method, path, body, status, fragment) in cases {
+        let (got, answer) = call(&control, method, path, body);
+        let message = answer["errors"][0].as_str().unwrap_or_default();
+        assert_eq!(got, status, "{method} {path} {body:?}: {answer}");
+        assert!(
+            message.contains(fragment),
+            "{method} {path} {body:?}: '{message}' lacks '{fragment}'"
+        );
+    }
+    let (got, answer) = call_with(
+        &control,
+        "POST",
+        run,
+        Some("entryClass=x"),
+        &[("content-type", "text/plain")],
+    );
+    assert_eq!(got, 400, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("Content-Type: application/json"),
+        "{answer}"
+    );
+    let (got, answer) = call(&control, "PATCH", "/jobs/0123?mode=stop", None);
+    assert_eq!(got, 400, "{answer}");
+    // Still serving, with nothing accepted.
+    assert_eq!(get(&control, "/jobs")["jobs"], json!([]));
+}
+
+#[test]
+fn a_token_guards_every_request_and_the_workers_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "rest.auth.token=s3cret";
+    let control = start_control(dir.path(), 0, &[token]);
+    let (status, answer) = call(&control, "GET", "/overview", None);
+    assert_eq!(status, 401, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("no bearer token"),
+        "{answer}"
+    );
+    let (status, answer) = call_with(
+        &control,
+        "GET",
+        "/overview",
+        None,
+        &[("authorization", "Bearer guess")],
+    );
+    assert_eq!(status, 401, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("wrong bearer token"),
+        "{answer}"
+    );
+    let (status, _) = call_with(
+        &control,
+        "GET",
+        "/overview",
+        None,
+        &[("authorization", "Bearer s3cret")],
+    );
+    assert_eq!(status, 200);
+
+    // A worker without the token is refused and says why; one with it registers.
+    let mut worker = Command::new(WEIR);
+    worker
+        .args([
+            "worker",
+            "--control",
+            &control.address,
+            "-D",
+            "taskmanager.cpu.cores=0",
+        ])
+        .args([
+            "-D",
+            &format!("worker.data-dir={}", dir.path().join("w0").display()),
+        ]);
+    let refused = output_within(worker, Duration::from_secs(60));
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("rest.auth.token"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let _worker = start_worker(dir.path(), "w1", &control, "0", &[token]);
+    wait_for("the worker with the token", Duration::from_secs(20), || {
+        let (_, workers) = call_with(
+            &control,
+            "GET",
+            "/taskmanagers",
+            None,
+            &[("authorization", "Bearer s3cret")],
+        );
+        (workers["taskmanagers"].as_array().map_or(0, Vec::len) == 1).then_some(())
+    });
+}
+
+/// The run's checkpoint settings: every 100 ms into `dir/checkpoints`, restarts after 200 ms.
+fn checkpointed(dir: &Path) -> [String; 5] {
+    [
+        "execution.checkpointing.interval=100ms".into(),
+        format!(
+            "execution.checkpointing.dir={}",
+            dir.join("checkpoints").display()
+        ),
+        "restart-strategy.type=fixed-delay".into(),
+        "restart-strategy.fixed-delay.attempts=3".into(),
+        "restart-strategy.fixed-delay.delay=200ms".into(),
+    ]
+}
+
+/// Waits until a job completed a checkpoint in `dir` (`execution.checkpointing.dir/<job
+/// id>`), of generation `generation` (the starts from a savepoint after its submission),
+/// as job `name`.
+fn wait_for_checkpoint(dir: &Path, generation: &str, name: &str) {
+    let checkpoints = dir.join(generation).join(name);
+    wait_for("a completed checkpoint", Duration::from_secs(60), || {
+        std::fs::read_dir(&checkpoints)
+            .ok()?
+            .flatten()
+            .any(|e| {
+                e.file_name().to_string_lossy().starts_with("chk-")
+                    && e.path().join("_metadata").exists()
+            })
+            .then_some(())
+    });
+}
+
+#[test]
+fn a_killed_workers_job_restarts_on_another_from_its_checkpoint_losing_and_repeating_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = checkpointed(dir.path());
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let control = start_control(dir.path(), 0, &settings);
+    let mut workers = [
+        Some(start_worker(dir.path(), "a", &control, "0", &[])),
+        Some(start_worker(dir.path(), "b", &control, "1", &[])),
+    ];
+    wait_for_workers(&control, 2);
+    let out = dir.path().join("out");
+    let (events, keys) = (200_000, 64);
+    let job = submit(
+        &control,
+        "sequence-echo",
+        &[
+            "--events",
+            "200000",
+            "--keys",
+            "64",
+            "--rate",
+            "20000",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        1,
+    );
+    wait_for_checkpoint(
+        &dir.path().join("checkpoints").join(&job),
+        "0",
+        "sequence-echo",
+    );
+    let details = get(&control, &format!("/jobs/{job}"));
+    let holder = details["placement"]["taskmanager"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let pids: Vec<(String, u32)> = get(&control, "/taskmanagers")["taskmanagers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap().to_string(),
+                w["pid"].as_u64().unwrap() as u32,
+            )
+        })
+        .collect();
+    let pid = pids.iter().find(|(id, _)| *id == holder).unwrap().1;
+    let index = workers
+        .iter()
+        .position(|w| w.as_ref().is_some_and(|p| p.0.id() == pid))
+        .expect("the job's worker is one this test started");
+    // SIGKILL: its executor dies with it (parent-death signal).
+    drop(workers[index].take());
+
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(120));
+    assert_eq!(details["attempts"], 2, "{details}");
+    let exceptions = get(&control, &format!("/jobs/{job}/exceptions"));
+    assert!(
+        exceptions["root-exception"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("worker {holder}")),
+        "{exceptions}"
+    );
+    let survivor = ["a", "b"][1 - index];
+    let log = dir
+        .path()
+        .join(survivor)
+        .join("deployments")
+        .join(format!("{job}-2"))
+        .join("executor.log");
+    let log = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    assert!(
+        log.contains("resumes from checkpoint"),
+        "the restart did not resume:\n{log}"
+    );
+    let records: Vec<Echoed> = read_parts(&out)
+        .iter()
+        .map(|l| Echoed::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
+        .collect();
+    let check = echo_problems(SequenceSpec::of_cli(events, keys, None), &records);
+    assert_eq!(
+        check,
+        EchoCheck::default(),
+        "lost, duplicated, out of order or miscounted records"
+    );
+}
+
+#[test]
+fn a_restarted_control_plane_finds_its_running_job_and_sees_it_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_control(dir.path(), 0, &[]);
+    let port: u16 = control.address.rsplit(':').next().unwrap().parse().unwrap();
+    let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
+    wait_for_workers(&control, 1);
+    let out = dir.path().join("out");
+    let job = submit(
+        &control,
+        "sequence-check",
+        &[
+            "--events",
+            "96000",
+            "--keys",
+            "64",
+            "--rate",
+            "8000",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        2,
+    );
+    wait_for("the job's tasks to run", Duration::from_secs(30), || {
+        get(&control, &format!("/jobs/{job}"))["placement"]["running"]
+            .as_bool()
+            .filter(|&r| r)
+    });
+    drop(control);
+    let control = start_control(dir.path(), port, &[]);
+    let listed = state(&control, &job);
+    assert!(
+        matches!(listed.as_str(), "RECONCILING" | "RUNNING"),
+        "{listed}"
+    );
+    wait_for_state(&control, &job, "RUNNING", Duration::from_secs(20));
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(120));
+    assert_eq!(
+        details["attempts"], 1,
+        "the run went on without a restart: {details}"
+    );
+    let reports: Vec<KeyReport> = read_parts(&out)
+        .iter()
+        .map(|l| KeyReport::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
+        .collect();
+    assert_eq!(
+        problems(SequenceSpec::of_cli(96_000, 64, None), &reports),
+        Vec::<String>::new()
+    );
+}
+
+#[test]
+fn a_job_failing_at_every_start_ends_failed_while_another_on_its_worker_runs_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = [
+        "restart-strategy.type=fixed-delay",
+        "restart-strategy.fixed-delay.attempts=2",
+        "restart-strategy.fixed-delay.delay=100ms",
+    ];
+    let control = start_control(dir.path(), 0, &settings);
+    let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
+    wait_for_workers(&control, 1);
+    let steady = submit(
+        &control,
+        "sequence-check",
+        &["--events", "100000000", "--rate", "1000", "--discard"],
+        1,
+    );
+    wait_for_state(&control, &steady, "RUNNING", Duration::from_secs(30));
+    let missing = dir.path().join("no-such-input");
+    let failing = submit(
+        &control,
+        "word-count",
+        &["--input", missing.to_str().unwrap()],
+        1,
+    );
+    let details = wait_for_state(&control, &failing, "FAILED", Duration::from_secs(60));
+    assert_eq!(
+        details["attempts"], 3,
+        "the first run and 2 restarts: {details}"
+    );
+    let exceptions = get(&control, &format!("/jobs/{failing}/exceptions"));
+    let root = exceptions["root-exception"].as_str().unwrap();
+    assert!(
+        root.contains("does not exist") && root.contains("fixed-delay.attempts"),
+        "{root}"
+    );
+    assert_eq!(
+        exceptions["exceptionHistory"]["entries"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(state(&control, &steady), "RUNNING");
+    let (status, _) = call(
+        &control,
+        "PATCH",
+        &format!("/jobs/{steady}?mode=cancel"),
+        None,
+    );
+    assert_eq!(status, 202);
+    wait_for_state(&control, &steady, "CANCELED", Duration::from_secs(30));
+}
+
+#[test]
+fn savepoint_rescale_stop_and_resubmit_keep_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = checkpointed(dir.path());
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let control = start_control(dir.path(), 0, &settings);
+    let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
+    wait_for_workers(&control, 1);
+    let out = dir.path().join("out");
+    let (events, keys) = (240_000, 64);
+    let args = [
+        "--events",
+        "240000",
+        "--keys",
+        "64",
+        "--rate",
+        "8000",
+        "--output",
+        out.to_str().unwrap(),
+    ];
+    let job = submit(&control, "sequence-echo", &args, 1);
+    wait_for_checkpoint(
+        &dir.path().join("checkpoints").join(&job),
+        "0",
+        "sequence-echo",
+    );
+    let cli = |args: &[&str]| {
+        let mut command = Command::new(WEIR);
+        // The command's own options go before a job's arguments.
+        command
+            .arg(args[0])
+            .args(["--control", &control.address])
+            .args(&args[1..]);
+        let output = output_within(command, Duration::from_secs(120));
+        assert!(
+            output.status.success(),
+            "weir {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+
+    // A savepoint: the job runs on.
+    let printed = cli(&["savepoint", &job]);
+    let path = printed
+        .trim()
+        .strip_prefix("Savepoint completed. Path: ")
+        .unwrap_or_else(|| panic!("{printed}"));
+    assert!(Path::new(path).join("_metadata").exists(), "{path}");
+    assert_eq!(state(&control, &job), "RUNNING");
+
+    // Rescaled to 2: stopped with a savepoint and started from it, under the same id.
+    let printed = cli(&["rescale", &job, "-p", "2"]);
+    assert!(printed.contains("rescaled to parallelism 2"), "{printed}");
+    let details = wait_for_state(&control, &job, "RUNNING", Duration::from_secs(30));
+    assert_eq!(details["parallelism"], 2, "{details}");
+    assert_eq!(details["attempts"], 2, "{details}");
+    wait_for_checkpoint(
+        &dir.path().join("checkpoints").join(&job),
+        "1",
+        "sequence-echo",
+    );
+
+    // Stopped with a savepoint, and submitted again from it as a new job.
+    let printed = cli(&["stop", &job]);
+    let path = printed
+        .trim()
+        .strip_prefix("Savepoint completed. Path: ")
+        .unwrap_or_else(|| panic!("{printed}"))
+        .to_string();
+    wait_for_state(&control, &job, "FINISHED", Duration::from_secs(30));
+    let mut resubmit = vec![
+        "submit",
+        "--json",
+        "-p",
+        "2",
+        "--from-savepoint",
+        &path,
+        "sequence-echo",
+    ];
+    resubmit.extend(args);
+    let answer: Value = serde_json::from_str(&cli(&resubmit)).unwrap();
+    let resumed = answer["jobid"].as_str().unwrap();
+    wait_for_state(&control, resumed, "FINISHED", Duration::from_secs(120));
+
+    let records: Vec<Echoed> = read_parts(&out)
+        .iter()
+        .map(|l| Echoed::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
+        .collect();
+    let check = echo_problems(SequenceSpec::of_cli(events, keys, None), &records);
+    assert_eq!(
+        check,
+        EchoCheck::default(),
+        "lost, duplicated, out of order or miscounted records"
+    );
+}
