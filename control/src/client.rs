@@ -89,13 +89,42 @@ impl Client {
 }
 
 impl Client {
-    /// Polls an asynchronous operation's status (`…/savepoints/:trigger`,
-    /// `…/rescaling/:trigger`) until it is `COMPLETED`, and returns that answer.
-    pub fn wait_for(&self, path: &str) -> Result<Value, Failure> {
+    /// Polls job `job`'s asynchronous operation (`path`: `…/savepoints/:trigger`,
+    /// `…/rescaling/:trigger`) until it is `COMPLETED`, and returns that answer. Gives up when
+    /// the job ended with the operation still in progress, or after `limit`; rides out a
+    /// control plane that restarts meanwhile.
+    pub fn wait_for(&self, job: &str, path: &str, limit: Duration) -> Result<Value, Failure> {
+        let started = std::time::Instant::now();
         loop {
-            let status = self.call("GET", path, None)?;
-            if status["status"]["id"] == "COMPLETED" {
-                return Ok(status);
+            match self.call("GET", path, None) {
+                Ok(status) if status["status"]["id"] == "COMPLETED" => return Ok(status),
+                Ok(_) => {
+                    let details = self.call("GET", &format!("/jobs/{job}"), None)?;
+                    let state = details["state"].as_str().unwrap_or_default();
+                    if matches!(state, "FINISHED" | "CANCELED" | "FAILED") {
+                        // Ended meanwhile: the operation's result is final now, or never comes.
+                        let status = self.call("GET", path, None)?;
+                        if status["status"]["id"] == "COMPLETED" {
+                            return Ok(status);
+                        }
+                        return Err(Failure {
+                            message: format!(
+                                "job {job} ended {state} before the request completed"
+                            ),
+                            code: ExitCode::FAILURE,
+                        });
+                    }
+                }
+                Err(failure) if failure.code != ExitCode::from(UNREACHABLE) => return Err(failure),
+                Err(_) => {}
+            }
+            if started.elapsed() > limit {
+                return Err(Failure {
+                    message: format!(
+                        "{path} did not complete within {limit:?}; ask for it again with GET {path}"
+                    ),
+                    code: ExitCode::FAILURE,
+                });
             }
             std::thread::sleep(Duration::from_millis(100));
         }

@@ -717,6 +717,9 @@ mod protocol;
 mod signals;
 mod worker;
 
+/// How long `weir savepoint`, `stop` and `rescale` wait for their result.
+const OPERATION_LIMIT: Duration = Duration::from_secs(15 * 60);
+
 /// Runs the commands that are clients of the REST API, with their own exit codes
 /// ([`client`]); `None` for the others.
 fn api_command(command: &Command) -> Option<ExitCode> {
@@ -793,11 +796,19 @@ fn api_command(command: &Command) -> Option<ExitCode> {
                 // Asynchronous operations: wait for their result.
                 Command::Savepoint { job, .. } | Command::Stop { job, .. } => {
                     let request = answer["request-id"].as_str().unwrap_or_default();
-                    client.wait_for(&format!("/jobs/{job}/savepoints/{request}"))?
+                    client.wait_for(
+                        job,
+                        &format!("/jobs/{job}/savepoints/{request}"),
+                        OPERATION_LIMIT,
+                    )?
                 }
                 Command::Rescale { job, .. } => {
                     let request = answer["request-id"].as_str().unwrap_or_default();
-                    client.wait_for(&format!("/jobs/{job}/rescaling/{request}"))?
+                    client.wait_for(
+                        job,
+                        &format!("/jobs/{job}/rescaling/{request}"),
+                        OPERATION_LIMIT,
+                    )?
                 }
                 _ => serde_json::Value::Null,
             };
@@ -807,6 +818,9 @@ fn api_command(command: &Command) -> Option<ExitCode> {
         Ok((answer, more)) => {
             let location = more["operation"]["location"].as_str().map(str::to_string);
             if let Some(cause) = more["operation"]["failure-cause"]["stack-trace"].as_str() {
+                if api.json {
+                    println!("{more}");
+                }
                 eprintln!("error: {cause}");
                 return Some(ExitCode::FAILURE);
             }

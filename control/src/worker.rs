@@ -137,6 +137,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     let mut retries = tokio::time::interval(Duration::from_secs(1));
     let mut last_problem = String::new();
     let mut registered_once = false;
+    let mut answers: Vec<WorkerMessage> = Vec::new();
     let mut stop = stop_signals()?;
     loop {
         tokio::select! {
@@ -154,6 +155,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                         heartbeats = tokio::time::interval(interval);
                         last_problem.clear();
                         registered_once = true;
+                        flush(&mut link, &mut answers).await;
                     }
                     // At start, a refusal is a setting to fix; later (a token or version
                     // changed under a running worker) its executors are worth more than an
@@ -188,7 +190,10 @@ async fn run(config: Configuration, control: String) -> Result<()> {
             Some(report) = executor_events.recv() => match report {
                 Report::State(deployment, state) => agent.update(deployment, state, &mut link).await,
                 Report::Savepoint { deployment, request, result } => {
-                    send(&mut link, &WorkerMessage::Savepoint { deployment, request, result }).await;
+                    // Kept until a link takes it (a lost link's answers go after the next
+                    // registration).
+                    answers.push(WorkerMessage::Savepoint { deployment, request, result });
+                    flush(&mut link, &mut answers).await;
                 }
             },
             _ = heartbeats.tick() => {
@@ -292,6 +297,17 @@ async fn send(link: &mut Option<Link>, message: &WorkerMessage) {
         if connected.send(text(message)).await.is_err() {
             *link = None;
         }
+    }
+}
+
+/// Sends the savepoint answers waiting for a link, keeping those it could not send.
+async fn flush(link: &mut Option<Link>, answers: &mut Vec<WorkerMessage>) {
+    while let Some(answer) = answers.first() {
+        send(link, answer).await;
+        if link.is_none() {
+            return;
+        }
+        answers.remove(0);
     }
 }
 
@@ -485,10 +501,17 @@ impl Agent {
         std::fs::write(&descriptor, body)
             .with_context(|| format!("cannot write {}", descriptor.display()))?;
         let package = std::env::current_exe().context("cannot find the weir executable")?;
-        let (child, events) = spawn_executor(&package, &descriptor, &dir.join("executor.log"))?;
+        let (mut child, events) = spawn_executor(&package, &descriptor, &dir.join("executor.log"))?;
         let pid = child.id();
-        let process = pidfd(pid)?;
-        let mut child = child;
+        let process = match pidfd(pid) {
+            Ok(process) => process,
+            Err(error) => {
+                // Not supervised, so not left running.
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(error);
+            }
+        };
         let commands = child.stdin.take();
         self.executors.insert(
             deployment.clone(),

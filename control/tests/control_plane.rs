@@ -381,11 +381,10 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
         ),
         ("/rescaling", "", "parallelism"),
         ("/rescaling?parallelism=0", "", "at least 1"),
-        (
-            "/savepoints",
-            "{\"formatType\": 1}",
-            "unknown field `formatType`",
-        ),
+        ("/savepoints", "{\"formatType\": \"NATIVE\"}", "CANONICAL"),
+        ("/savepoints", "{\"colour\": 1}", "unknown field `colour`"),
+        // curl -d sends a form body: refused, never read as no body.
+        ("/stop", "drain=true", "request body"),
     ];
     for (path, body, fragment) in refusals {
         let (status, answer) = call(&control, "POST", &format!("/jobs/{slow}{path}"), Some(body));
@@ -883,17 +882,17 @@ fn savepoint_rescale_stop_and_resubmit_keep_every_record_once() {
     let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
     wait_for_workers(&control, 1);
     let out = dir.path().join("out");
-    let (events, keys) = (240_000, 64);
-    let args = [
+    // Throttled so that it is still running when it is stopped, on a loaded machine too.
+    let (events, keys) = (400_000, 64);
+    let spec = [
         "--events",
-        "240000",
+        "400000",
         "--keys",
         "64",
-        "--rate",
-        "8000",
         "--output",
         out.to_str().unwrap(),
     ];
+    let args: Vec<&str> = spec.iter().copied().chain(["--rate", "8000"]).collect();
     let job = submit(&control, "sequence-echo", &args, 1);
     wait_for_checkpoint(
         &dir.path().join("checkpoints").join(&job),
@@ -931,6 +930,21 @@ fn savepoint_rescale_stop_and_resubmit_keep_every_record_once() {
     let details = wait_for_state(&control, &job, "RUNNING", Duration::from_secs(30));
     assert_eq!(details["parallelism"], 2, "{details}");
     assert_eq!(details["attempts"], 2, "{details}");
+    let log = dir
+        .path()
+        .join(format!("w/deployments/{job}-2/executor.log"));
+    let log = wait_for(
+        "the rescaled run's restore",
+        Duration::from_secs(30),
+        || {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.contains("from savepoint").then_some(text)
+        },
+    );
+    assert!(
+        log.contains("starts from savepoint") && !log.contains("resumes from checkpoint"),
+        "the rescaled run did not start from its savepoint:\n{log}"
+    );
     wait_for_checkpoint(
         &dir.path().join("checkpoints").join(&job),
         "1",
@@ -954,7 +968,8 @@ fn savepoint_rescale_stop_and_resubmit_keep_every_record_once() {
         &path,
         "sequence-echo",
     ];
-    resubmit.extend(args);
+    // The rest unthrottled (the rate is no part of the job's state).
+    resubmit.extend(spec);
     let answer: Value = serde_json::from_str(&cli(&resubmit)).unwrap();
     let resumed = answer["jobid"].as_str().unwrap();
     wait_for_state(&control, resumed, "FINISHED", Duration::from_secs(120));

@@ -424,12 +424,17 @@ fn run_deployment(registry: &Registry, deployment: &RunSpec, events: &Events) ->
     std::thread::Builder::new()
         .name("commands".into())
         .spawn(move || {
+            // A control plane that lost a request's answer asks again: one savepoint each.
+            let mut requests = std::collections::HashSet::new();
             let stdin = std::io::stdin();
             for line in stdin.lock().lines() {
                 let Ok(line) = line else { break };
                 match serde_json::from_str::<ExecutorCommand>(&line) {
                     Ok(ExecutorCommand::Cancel) => cancel.cancel(),
                     Ok(ExecutorCommand::Savepoint { request, stop }) => {
+                        if !requests.insert(request.clone()) {
+                            continue;
+                        }
                         let pending = match stop {
                             None => savepoints.trigger(),
                             Some(Stop::Suspend) => {

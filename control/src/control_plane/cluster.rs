@@ -175,6 +175,19 @@ pub enum OperationKind {
     },
 }
 
+impl OperationKind {
+    /// How the run stops with the savepoint.
+    fn stop(self) -> Option<Stop> {
+        match self {
+            OperationKind::Savepoint => None,
+            OperationKind::Stop { drain: true } => Some(Stop::Drain),
+            OperationKind::Stop { drain: false } | OperationKind::Rescale { .. } => {
+                Some(Stop::Suspend)
+            }
+        }
+    }
+}
+
 /// A savepoint, stop or rescale asked for over the REST API.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
@@ -308,12 +321,17 @@ impl Cluster {
         &self.config
     }
 
-    /// Stores job `id`; a failure is logged (the change stands in memory, and the next
-    /// change of the job stores it again).
-    fn store_job(&self, id: &str) {
-        if let Some(job) = self.jobs.get(id) {
-            if let Err(error) = self.store.put(id, job) {
+    /// Stores job `id`: whether it was stored. A failure is logged (the change stands in
+    /// memory, and the next change of the job stores it again).
+    fn store_job(&self, id: &str) -> bool {
+        let Some(job) = self.jobs.get(id) else {
+            return true;
+        };
+        match self.store.put(id, job) {
+            Ok(()) => true,
+            Err(error) => {
                 tracing::error!("{error:#}");
+                false
             }
         }
     }
@@ -412,10 +430,26 @@ impl Cluster {
     }
 
     /// Asks job `id`'s run for a savepoint (and to stop or rescale with it): the trigger id.
-    pub fn savepoint(&mut self, id: &str, kind: OperationKind) -> Result<String, Refusal> {
-        let request = job_id(&mut self.random);
+    pub fn savepoint(
+        &mut self,
+        id: &str,
+        kind: OperationKind,
+        trigger: Option<String>,
+    ) -> Result<String, Refusal> {
         let now = now_ms();
+        let request = trigger.unwrap_or_else(|| job_id(&mut self.random));
+        let most_slots = self
+            .workers
+            .values()
+            .filter(|w| w.connected)
+            .map(|w| w.info.cores.len())
+            .max()
+            .unwrap_or(0);
         let job = self.jobs.get_mut(id).ok_or_else(|| no_job(id))?;
+        if job.operations.iter().any(|o| o.id == request) {
+            // A client's own trigger id, sent again: the same request.
+            return Ok(request);
+        }
         let placement = match (&job.placement, job.status) {
             (Some(placement), JobStatus::Running) => placement,
             _ => {
@@ -425,11 +459,19 @@ impl Cluster {
                 )))
             }
         };
-        if let Some(pending) = job
-            .operations
-            .iter()
-            .find(|o| !o.done() && o.kind != OperationKind::Savepoint)
-        {
+        let worker = self
+            .workers
+            .get(&placement.worker)
+            .filter(|w| w.connected)
+            .ok_or_else(|| {
+                Refusal::Conflict(format!(
+                    "job {id}'s worker {} is reconnecting; ask again in a moment",
+                    placement.worker
+                ))
+            })?;
+        if let Some(pending) = job.operations.iter().find(|o| {
+            !o.done() && o.kind != OperationKind::Savepoint && o.deployment == placement.deployment
+        }) {
             if kind != OperationKind::Savepoint {
                 return Err(Refusal::Conflict(format!(
                     "job {id} is already being stopped or rescaled (request {})",
@@ -437,21 +479,36 @@ impl Cluster {
                 )));
             }
         }
-        let stop = match kind {
-            OperationKind::Savepoint => None,
-            OperationKind::Stop { drain: true } => Some(Stop::Drain),
-            OperationKind::Stop { drain: false } | OperationKind::Rescale { .. } => {
-                Some(Stop::Suspend)
+        if let OperationKind::Rescale { parallelism } = kind {
+            if !job.checkpointed {
+                return Err(Refusal::Conflict(format!(
+                    "job {id} takes no checkpoints, and a rescale goes through a savepoint; set \
+                     execution.checkpointing.interval and execution.checkpointing.dir on the \
+                     control plane"
+                )));
             }
-        };
+            if parallelism > most_slots {
+                return Err(Refusal::Conflict(format!(
+                    "no worker has {parallelism} slots (the most is {most_slots}): until jobs \
+                     span workers, a job's parallelism is at most one worker's slots"
+                )));
+            }
+        }
+        let stop = kind.stop();
         let deployment = placement.deployment.clone();
-        if let Some(worker) = self.workers.get(&placement.worker) {
-            let _ = worker.link.send(ControlMessage::Savepoint {
+        worker
+            .link
+            .send(ControlMessage::Savepoint {
                 deployment: deployment.clone(),
                 request: request.clone(),
                 stop,
-            });
-        }
+            })
+            .map_err(|_| {
+                Refusal::Conflict(format!(
+                    "job {id}'s worker {} is reconnecting; ask again in a moment",
+                    placement.worker
+                ))
+            })?;
         job.operations.push(Operation {
             id: request.clone(),
             kind,
@@ -492,13 +549,16 @@ impl Cluster {
         self.store_job(&id);
     }
 
-    /// Ends every operation of `job`'s run `deployment` still waiting for its savepoint.
+    /// Ends every operation of `job`'s run `deployment` that is not done: one still waiting
+    /// for its savepoint, or a rescale that will not start from its savepoint.
     fn fail_operations(job: &mut Job, deployment: &DeploymentId, why: &str) {
         for operation in &mut job.operations {
-            if operation.deployment == *deployment && operation.result.is_none() {
-                operation.result = Some(Err(format!(
-                    "the run ended before the savepoint completed: {why}"
-                )));
+            if operation.deployment == *deployment && !operation.done() {
+                let message = match operation.result {
+                    None => format!("the run ended before the savepoint completed: {why}"),
+                    Some(_) => format!("the rescale did not happen: {why}"),
+                };
+                operation.result = Some(Err(message));
             }
         }
     }
@@ -534,6 +594,22 @@ impl Cluster {
         let reported: Vec<DeploymentId> = executors.iter().map(|r| r.deployment.clone()).collect();
         for report in executors {
             self.executor(&id, report);
+        }
+        // Savepoint requests a lost link or a restarted control plane may have dropped: the
+        // executor answers a request id once.
+        for job in self.jobs.values() {
+            let Some(placement) = job.placement.as_ref().filter(|p| p.worker == id) else {
+                continue;
+            };
+            for operation in &job.operations {
+                if operation.deployment == placement.deployment && operation.result.is_none() {
+                    let _ = self.workers[&id].link.send(ControlMessage::Savepoint {
+                        deployment: operation.deployment.clone(),
+                        request: operation.id.clone(),
+                        stop: operation.kind.stop(),
+                    });
+                }
+            }
         }
         // Deployments sent on a connection the worker had already given up: send them again.
         let unstarted: Vec<String> = self
@@ -648,68 +724,21 @@ impl Cluster {
                 self.store_job(&id);
             }
             ExecutorState::Ended(outcome) => {
-                match outcome {
+                let end = match outcome {
                     Outcome::Finished {
                         operators,
                         savepoint,
                         ..
-                    } => {
-                        let job = self.jobs.get_mut(&id).expect("found above");
-                        job.placement = None;
-                        job.due_ms = None;
-                        job.totals = operators;
-                        // The stop's answer may come after the end it caused.
-                        if let Some(path) = &savepoint {
-                            for operation in &mut job.operations {
-                                if operation.deployment == report.deployment
-                                    && operation.kind != OperationKind::Savepoint
-                                    && operation.result.is_none()
-                                {
-                                    operation.result = Some(Ok(path.clone()));
-                                }
-                            }
-                        }
-                        let rescale = job.operations.iter_mut().find(|o| {
-                            o.deployment == report.deployment
-                                && matches!(o.kind, OperationKind::Rescale { .. })
-                                && matches!(o.result, Some(Ok(_)))
-                        });
-                        match (rescale, savepoint) {
-                            (Some(operation), Some(path)) => {
-                                let OperationKind::Rescale { parallelism } = operation.kind else {
-                                    unreachable!("matched above")
-                                };
-                                operation.rescaled = true;
-                                job.submission.parallelism = parallelism;
-                                job.submission.savepoint_path = Some(path);
-                                job.submission.allow_non_restored_state = false;
-                                job.generation += 1;
-                                job.due_ms = Some(now);
-                                job.waiting_since = now;
-                                job.enter(JobStatus::Created, now);
-                            }
-                            _ => {
-                                Cluster::fail_operations(job, &report.deployment, "it finished");
-                                job.enter(JobStatus::Finished, now);
-                            }
-                        }
-                        self.store_job(&id);
-                    }
-                    Outcome::Canceled => {
-                        let job = self.jobs.get_mut(&id).expect("found above");
-                        if matches!(job.status, JobStatus::Cancelling) {
-                            Cluster::fail_operations(job, &report.deployment, "it was cancelled");
-                            job.placement = None;
-                            job.due_ms = None;
-                            job.enter(JobStatus::Canceled, now);
-                            self.store_job(&id);
-                        } else {
-                            self.run_failed(&id, "its executor was cancelled".into());
-                        }
-                    }
-                    Outcome::Failed { cause } => self.run_failed(&id, cause),
-                }
-                if let Some(link) = link {
+                    } => RunEnd::Finished {
+                        operators,
+                        savepoint,
+                    },
+                    Outcome::Canceled => RunEnd::Canceled,
+                    Outcome::Failed { cause } => RunEnd::Failed(cause),
+                };
+                let stored = self.run_ended(&id, end);
+                // Acknowledged only once stored: otherwise the worker reports it again.
+                if let (Some(link), true) = (link, stored) {
                     let _ = link.send(ControlMessage::Forget {
                         deployment: report.deployment,
                     });
@@ -719,16 +748,10 @@ impl Cluster {
         }
     }
 
-    /// The current run of job `id` failed: restart it as its strategy says, or fail it.
+    /// The current run of job `id` failed (its worker was lost, or no worker reported it):
+    /// cancel what is left of it and go on as its end says.
     fn run_failed(&mut self, id: &str, cause: String) {
-        let now = now_ms();
-        let random = next_random(&mut self.random);
-        let Some(job) = self.jobs.get_mut(id) else {
-            return;
-        };
-        let placement = job.placement.take();
-        if let Some(placement) = &placement {
-            Cluster::fail_operations(job, &placement.deployment, &cause);
+        if let Some(placement) = self.jobs.get(id).and_then(|j| j.placement.as_ref()) {
             // Whatever is left of the run must not run beside its restart.
             if let Some(worker) = self.workers.get(&placement.worker) {
                 let _ = worker.link.send(ControlMessage::Cancel {
@@ -736,38 +759,139 @@ impl Cluster {
                 });
             }
         }
-        let worker = placement.map(|p| p.worker);
-        job.failures.push(Failure {
-            timestamp: now,
-            cause: cause.clone(),
-            worker,
-        });
-        if job.status == JobStatus::Cancelling {
-            job.due_ms = None;
-            job.enter(JobStatus::Canceled, now);
-        } else {
-            let tracker = job.restarts.as_mut().expect("set when the job was made");
-            match tracker.on_failure(now, random) {
-                RestartDecision::RestartAfter(delay) => {
-                    tracing::warn!(job_id = %id, "restarting in {delay} ms after: {cause}");
-                    job.due_ms = Some(now + delay);
-                    job.waiting_since = now + delay;
-                    job.enter(JobStatus::Restarting, now);
-                }
-                RestartDecision::AlreadyRestarting => {
-                    job.waiting_since = *job.due_ms.get_or_insert(now);
-                    job.enter(JobStatus::Restarting, now);
-                }
-                RestartDecision::GiveUp(reason) => {
-                    if let Some(last) = job.failures.last_mut() {
-                        last.cause = format!("{cause}; not restarted: {reason}");
+        self.run_ended(id, RunEnd::Failed(cause));
+    }
+
+    /// Job `id`'s current run ended: the job finishes, is cancelled, rescales, or restarts as
+    /// its strategy says (or fails). Returns whether the change was stored.
+    fn run_ended(&mut self, id: &str, end: RunEnd) -> bool {
+        let now = now_ms();
+        let random = next_random(&mut self.random);
+        let Some(job) = self.jobs.get_mut(id) else {
+            return true;
+        };
+        let Some(placement) = job.placement.take() else {
+            return true;
+        };
+        job.due_ms = None;
+        let deployment = placement.deployment;
+        if let RunEnd::Finished {
+            operators,
+            savepoint,
+        } = &end
+        {
+            job.totals = operators.clone();
+            // The stop's answer may come after the end it caused.
+            if let Some(path) = savepoint {
+                for operation in &mut job.operations {
+                    if operation.deployment == deployment
+                        && operation.kind != OperationKind::Savepoint
+                        && operation.result.is_none()
+                    {
+                        operation.result = Some(Ok(path.clone()));
                     }
-                    job.due_ms = None;
-                    job.enter(JobStatus::Failed, now);
                 }
             }
         }
-        self.store_job(id);
+        let failure = match &end {
+            RunEnd::Finished { .. } => None,
+            RunEnd::Canceled => Some("its executor was cancelled".to_string()),
+            RunEnd::Failed(cause) => Some(cause.clone()),
+        };
+        // A stop or rescale whose savepoint completed settles the run whatever else it did
+        // after: its sinks committed at that savepoint, so only it may be resumed.
+        let settled = job
+            .operations
+            .iter()
+            .filter(|o| o.deployment == deployment && !o.rescaled)
+            .find_map(|o| match &o.result {
+                Some(Ok(path)) if o.kind != OperationKind::Savepoint => {
+                    Some((o.id.clone(), o.kind, path.clone()))
+                }
+                _ => None,
+            });
+        if job.status == JobStatus::Cancelling {
+            Cluster::fail_operations(job, &deployment, "the job was cancelled");
+            job.enter(JobStatus::Canceled, now);
+            return self.store_job(id);
+        }
+        match settled {
+            Some((request, OperationKind::Rescale { parallelism }, path)) => {
+                if let Some(cause) = failure {
+                    job.failures.push(Failure {
+                        timestamp: now,
+                        cause: format!(
+                            "the run failed after the savepoint of its rescale: {cause}"
+                        ),
+                        worker: Some(placement.worker),
+                    });
+                }
+                for operation in &mut job.operations {
+                    if operation.id == request {
+                        operation.rescaled = true;
+                    }
+                }
+                Cluster::fail_operations(job, &deployment, "the run was stopped for a rescale");
+                tracing::info!(job_id = %id, "rescaling to {parallelism} from {}", path.display());
+                job.submission.parallelism = parallelism;
+                job.submission.savepoint_path = Some(path);
+                job.submission.allow_non_restored_state = false;
+                job.generation += 1;
+                job.due_ms = Some(now);
+                job.waiting_since = now;
+                job.enter(JobStatus::Created, now);
+            }
+            Some((_, _, path)) => {
+                if let Some(cause) = failure {
+                    job.failures.push(Failure {
+                        timestamp: now,
+                        cause: format!(
+                            "the run failed while stopping, after its savepoint {} completed: \
+                             {cause}",
+                            path.display()
+                        ),
+                        worker: Some(placement.worker),
+                    });
+                }
+                Cluster::fail_operations(job, &deployment, "the job stopped");
+                job.enter(JobStatus::Finished, now);
+            }
+            None => match failure {
+                None => {
+                    Cluster::fail_operations(job, &deployment, "the job finished");
+                    job.enter(JobStatus::Finished, now);
+                }
+                Some(cause) => {
+                    Cluster::fail_operations(job, &deployment, &cause);
+                    job.failures.push(Failure {
+                        timestamp: now,
+                        cause: cause.clone(),
+                        worker: Some(placement.worker),
+                    });
+                    let tracker = job.restarts.as_mut().expect("set when the job was made");
+                    match tracker.on_failure(now, random) {
+                        RestartDecision::RestartAfter(delay) => {
+                            tracing::warn!(job_id = %id, "restarting in {delay} ms after: {cause}");
+                            job.due_ms = Some(now + delay);
+                            job.waiting_since = now + delay;
+                            job.enter(JobStatus::Restarting, now);
+                        }
+                        RestartDecision::AlreadyRestarting => {
+                            job.due_ms = Some(now);
+                            job.waiting_since = now;
+                            job.enter(JobStatus::Restarting, now);
+                        }
+                        RestartDecision::GiveUp(reason) => {
+                            if let Some(last) = job.failures.last_mut() {
+                                last.cause = format!("{cause}; not restarted: {reason}");
+                            }
+                            job.enter(JobStatus::Failed, now);
+                        }
+                    }
+                }
+            },
+        }
+        self.store_job(id)
     }
 
     /// Does what time decides: loses workers not heard from, restarts jobs whose run no
@@ -812,6 +936,30 @@ impl Cluster {
                  plane restarted"
                     .into(),
             );
+        }
+        // A savepoint not answered within the checkpoint timeout (and a minute for the
+        // answer's way back) is given up; the run goes on.
+        let deadline = self
+            .config
+            .checkpointing()
+            .ok()
+            .flatten()
+            .map_or(600_000, |c| c.settings.timeout_ms)
+            + 60_000;
+        let mut overdue = Vec::new();
+        for job in self.jobs.values_mut() {
+            for operation in &mut job.operations {
+                if operation.result.is_none() && now - operation.created > deadline {
+                    operation.result = Some(Err(format!(
+                        "no answer from the run within execution.checkpointing.timeout and a \
+                         minute ({deadline} ms)"
+                    )));
+                    overdue.push(job.id.clone());
+                }
+            }
+        }
+        for id in overdue {
+            self.store_job(&id);
         }
         let waiting: Vec<String> = self
             .jobs
@@ -903,6 +1051,19 @@ const CLUSTER_KEYS: [&str; 8] = [
     "taskmanager.memory.process.size",
 ];
 
+/// How a run ended.
+enum RunEnd {
+    /// Every source ended, or it stopped with a savepoint.
+    Finished {
+        operators: Vec<OperatorTotals>,
+        savepoint: Option<PathBuf>,
+    },
+    /// Its executor was cancelled.
+    Canceled,
+    /// It failed, or its worker was lost.
+    Failed(String),
+}
+
 /// What a worker needs beyond `heartbeat.timeout` to register again: it retries every second.
 const RECONNECT_SLACK_MS: i64 = 3_000;
 
@@ -966,4 +1127,267 @@ fn next_random(state: &mut u64) -> f64 {
 
 fn job_id(state: &mut u64) -> String {
     format!("{:016x}{:016x}", next_u64(state), next_u64(state))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+    use super::*;
+
+    fn cluster(dir: &Path) -> Cluster {
+        let config = Configuration::default()
+            .with("execution.checkpointing.interval", "1s")
+            .and_then(|c| {
+                c.with(
+                    "execution.checkpointing.dir",
+                    dir.join("chk").display().to_string(),
+                )
+            })
+            .and_then(|c| c.with("restart-strategy.type", "fixed-delay"))
+            .and_then(|c| c.with("restart-strategy.fixed-delay.attempts", "5"))
+            .and_then(|c| c.with("restart-strategy.fixed-delay.delay", "0"))
+            .unwrap();
+        Cluster::open(config, Store::open(dir).unwrap()).unwrap()
+    }
+
+    fn worker(cluster: &mut Cluster, id: &str, slots: usize) -> UnboundedReceiver<ControlMessage> {
+        let (link, messages) = unbounded_channel();
+        let info = WorkerInfo {
+            id: id.into(),
+            host: "host".into(),
+            pid: 1,
+            cores: (0..slots).collect(),
+            physical_memory: 0,
+            process_memory: 0,
+            managed_memory: 0,
+            network_memory: 0,
+            heap_memory: 0,
+            engine_version: "0".into(),
+        };
+        cluster.register(info, "127.0.0.1:1".into(), link, 1, Vec::new());
+        messages
+    }
+
+    fn submitted(cluster: &mut Cluster, parallelism: usize) -> String {
+        cluster
+            .submit(Submission {
+                package: "weir".into(),
+                entry: "sequence-echo".into(),
+                args: Vec::new(),
+                parallelism,
+                savepoint_path: None,
+                allow_non_restored_state: false,
+            })
+            .unwrap()
+    }
+
+    /// The next deployment sent, skipping other messages.
+    fn deployed(messages: &mut UnboundedReceiver<ControlMessage>) -> Option<(RunSpec, Vec<usize>)> {
+        while let Ok(message) = messages.try_recv() {
+            if let ControlMessage::Deploy { run, slots } = message {
+                return Some((run, slots));
+            }
+        }
+        None
+    }
+
+    fn report(cluster: &mut Cluster, run: &RunSpec, state: ExecutorState) {
+        let report = ExecutorReport {
+            deployment: run.id.clone(),
+            state,
+        };
+        cluster.executor("w", report);
+    }
+
+    fn setting<'a>(run: &'a RunSpec, key: &str) -> &'a str {
+        &run.config.iter().find(|(k, _)| k == key).unwrap().1
+    }
+
+    fn failed(cause: &str) -> ExecutorState {
+        ExecutorState::Ended(Outcome::Failed {
+            cause: cause.into(),
+        })
+    }
+
+    /// A job at parallelism 1, running, with a rescale to 2 whose savepoint completed.
+    fn rescale_answered(
+        cluster: &mut Cluster,
+        messages: &mut UnboundedReceiver<ControlMessage>,
+    ) -> (String, RunSpec, String) {
+        let job = submitted(cluster, 1);
+        let (run, _) = deployed(messages).expect("deployed");
+        report(cluster, &run, ExecutorState::Running);
+        let request = cluster
+            .savepoint(&job, OperationKind::Rescale { parallelism: 2 }, None)
+            .unwrap();
+        cluster.savepoint_done(&run.id, &request, Ok(PathBuf::from("/sp")));
+        (job, run, request)
+    }
+
+    #[test]
+    fn a_rescale_starts_from_its_savepoint_in_a_new_generation_even_if_the_run_then_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut messages = worker(&mut cluster, "w", 2);
+        let (job, run, request) = rescale_answered(&mut cluster, &mut messages);
+        assert!(setting(&run, "execution.checkpointing.dir").ends_with(&format!("{job}/0")));
+        report(&mut cluster, &run, failed("boom while stopping"));
+        let (again, slots) = deployed(&mut messages).expect("deployed again");
+        assert_eq!(slots.len(), 2);
+        assert_eq!(setting(&again, "parallelism.default"), "2");
+        assert!(setting(&again, "execution.checkpointing.dir").ends_with(&format!("{job}/1")));
+        assert_eq!(again.from_savepoint, Some(PathBuf::from("/sp")));
+        assert!(
+            again.resume,
+            "restarts of the new run resume its own checkpoints"
+        );
+        let job = &cluster.jobs[&job];
+        let operation = job.operations.iter().find(|o| o.id == request).unwrap();
+        assert!(operation.done() && operation.result == Some(Ok(PathBuf::from("/sp"))));
+        assert_eq!(job.status, JobStatus::Running);
+        assert_eq!(
+            job.restarts.as_ref().unwrap().restarts(),
+            0,
+            "not a restart"
+        );
+    }
+
+    #[test]
+    fn a_stop_whose_savepoint_completed_ends_the_job_whatever_the_run_did_after() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut messages = worker(&mut cluster, "w", 1);
+        let job = submitted(&mut cluster, 1);
+        let (run, _) = deployed(&mut messages).unwrap();
+        report(&mut cluster, &run, ExecutorState::Running);
+        let request = cluster
+            .savepoint(&job, OperationKind::Stop { drain: false }, None)
+            .unwrap();
+        cluster.savepoint_done(&run.id, &request, Ok(PathBuf::from("/sp")));
+        report(&mut cluster, &run, failed("boom"));
+        assert_eq!(cluster.jobs[&job].status, JobStatus::Finished);
+        assert!(deployed(&mut messages).is_none(), "not restarted");
+        assert!(cluster.jobs[&job].failures[0]
+            .cause
+            .contains("after its savepoint /sp completed"));
+    }
+
+    #[test]
+    fn a_stop_answered_only_by_the_runs_end_completes_with_the_ends_savepoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut messages = worker(&mut cluster, "w", 1);
+        let job = submitted(&mut cluster, 1);
+        let (run, _) = deployed(&mut messages).unwrap();
+        let request = cluster
+            .savepoint(&job, OperationKind::Stop { drain: true }, None)
+            .unwrap();
+        let end = ExecutorState::Ended(Outcome::Finished {
+            duration_ms: 1,
+            operators: Vec::new(),
+            savepoint: Some(PathBuf::from("/sp")),
+        });
+        report(&mut cluster, &run, end);
+        // The answer, after the end: ignored.
+        cluster.savepoint_done(&run.id, &request, Err("late".into()));
+        let job = &cluster.jobs[&job];
+        assert_eq!(job.status, JobStatus::Finished);
+        assert_eq!(job.operations[0].result, Some(Ok(PathBuf::from("/sp"))));
+    }
+
+    #[test]
+    fn a_cancel_during_a_rescale_cancels_the_job_and_fails_the_rescale() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut messages = worker(&mut cluster, "w", 2);
+        let (job, run, request) = rescale_answered(&mut cluster, &mut messages);
+        cluster.cancel(&job).unwrap();
+        let end = ExecutorState::Ended(Outcome::Finished {
+            duration_ms: 1,
+            operators: Vec::new(),
+            savepoint: Some(PathBuf::from("/sp")),
+        });
+        report(&mut cluster, &run, end);
+        let job = &cluster.jobs[&job];
+        assert_eq!(job.status, JobStatus::Canceled);
+        assert!(deployed(&mut messages).is_none(), "not deployed again");
+        let operation = job.operations.iter().find(|o| o.id == request).unwrap();
+        assert!(matches!(&operation.result, Some(Err(e)) if e.contains("cancelled")));
+    }
+
+    #[test]
+    fn a_plain_savepoint_pending_when_a_rescale_ends_the_run_fails_and_refusals_name_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut messages = worker(&mut cluster, "w", 2);
+        let job = submitted(&mut cluster, 1);
+        let (run, _) = deployed(&mut messages).unwrap();
+        let plain = cluster
+            .savepoint(&job, OperationKind::Savepoint, None)
+            .unwrap();
+        let too_wide = cluster.savepoint(&job, OperationKind::Rescale { parallelism: 3 }, None);
+        assert!(matches!(too_wide, Err(Refusal::Conflict(m)) if m.contains("the most is 2")));
+        let rescale = cluster
+            .savepoint(&job, OperationKind::Rescale { parallelism: 2 }, None)
+            .unwrap();
+        let again = cluster.savepoint(&job, OperationKind::Stop { drain: false }, None);
+        assert!(matches!(again, Err(Refusal::Conflict(m)) if m.contains(&rescale)));
+        // The same trigger id again is the same request.
+        assert_eq!(
+            cluster.savepoint(&job, OperationKind::Savepoint, Some(plain.clone())),
+            Ok(plain.clone())
+        );
+        cluster.savepoint_done(&run.id, &rescale, Ok(PathBuf::from("/sp")));
+        report(&mut cluster, &run, failed("stopped"));
+        let operation = |id: &str| {
+            cluster.jobs[&job]
+                .operations
+                .iter()
+                .find(|o| o.id == id)
+                .unwrap()
+                .clone()
+        };
+        assert!(matches!(operation(&plain).result, Some(Err(e)) if e.contains("rescale")));
+        assert!(operation(&rescale).done());
+    }
+
+    #[test]
+    fn a_silent_worker_is_lost_its_run_cancelled_and_the_job_redeployed_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut first = worker(&mut cluster, "w", 1);
+        let job = submitted(&mut cluster, 1);
+        let (run, _) = deployed(&mut first).unwrap();
+        let mut second = worker(&mut cluster, "v", 1);
+        // Its link closed: it gets heartbeat.timeout to come back.
+        cluster.disconnected("w", 1);
+        cluster.tick();
+        assert_eq!(cluster.jobs[&job].status, JobStatus::Running);
+        cluster.workers.get_mut("w").unwrap().last_heartbeat = 0;
+        cluster.tick();
+        let (again, _) = deployed(&mut second).expect("deployed on the other worker");
+        assert_eq!(again.id.attempt, 2);
+        assert!(std::iter::from_fn(|| first.try_recv().ok())
+            .any(|m| matches!(m, ControlMessage::Cancel { deployment } if deployment == run.id)));
+        assert!(cluster.jobs[&job].failures[0]
+            .cause
+            .contains("worker w lost"));
+    }
+
+    #[test]
+    fn a_worker_registering_again_without_a_deployed_run_gets_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut lost = worker(&mut cluster, "w", 1);
+        let job = submitted(&mut cluster, 1);
+        let (run, _) = deployed(&mut lost).unwrap();
+        // The same worker, on a new link, reporting no executor.
+        let mut messages = worker(&mut cluster, "w", 1);
+        let (again, _) = deployed(&mut messages).expect("sent again");
+        assert_eq!(again.id, run.id);
+        assert_eq!(cluster.jobs[&job].attempts, 1);
+    }
 }

@@ -54,7 +54,10 @@ pub(crate) fn router(shared: Shared) -> Router {
         .route("/jobs/{job}/savepoints", post(trigger_savepoint))
         .route("/jobs/{job}/savepoints/{trigger}", get(operation_status))
         .route("/jobs/{job}/stop", post(stop_job))
-        .route("/jobs/{job}/rescaling", post(rescale_job))
+        .route(
+            "/jobs/{job}/rescaling",
+            post(rescale_job).patch(rescale_job),
+        )
         .route("/jobs/{job}/rescaling/{trigger}", get(operation_status))
         .route(WORKERS_PATH, get(links::connect))
         .fallback(unknown_path)
@@ -420,7 +423,7 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
         .collect();
     let extra = json!({
         "now": now,
-        "isStoppable": false,
+        "isStoppable": job.status == JobStatus::Running,
         "timestamps": job.timestamps,
         "parallelism": job.submission.parallelism,
         "programArgs": job.submission.args,
@@ -499,6 +502,10 @@ struct SavepointRequest {
     target_directory: Option<String>,
     #[serde(default)]
     cancel_job: bool,
+    #[serde(rename = "formatType")]
+    format_type: Option<String>,
+    #[serde(rename = "triggerId")]
+    trigger_id: Option<String>,
 }
 
 /// `POST /jobs/:id/stop` (Flink's `StopWithSavepointRequestBody`).
@@ -508,27 +515,36 @@ struct StopRequest {
     target_directory: Option<String>,
     #[serde(default)]
     drain: bool,
+    format_type: Option<String>,
+    trigger_id: Option<String>,
 }
 
-/// Savepoints go where the job's configuration says; a request naming another place is
-/// refused rather than ignored.
-fn refuse_target(target: Option<String>) -> Result<(), ApiError> {
-    match target {
-        None => Ok(()),
-        Some(target) => Err(bad_request(format!(
+/// Savepoints go where the job's configuration says, in Weir's canonical format; a request
+/// asking for another place or format is refused rather than ignored.
+fn refuse_unsupported(target: Option<String>, format: Option<String>) -> Result<(), ApiError> {
+    if let Some(target) = target {
+        return Err(bad_request(format!(
             "a savepoint's directory is set by execution.checkpointing.savepoint-dir (default \
-             <checkpoint dir>/<job>/savepoints), not per request; leave out the target \
-             directory '{target}', or set the key on the control plane"
+             <checkpoint dir>/<job id>/<generation>/<job name>/savepoints), not per request; \
+             leave out the target directory '{target}', or set the key on the control plane"
+        )));
+    }
+    match format.as_deref() {
+        None | Some("CANONICAL") => Ok(()),
+        Some(other) => Err(bad_request(format!(
+            "formatType '{other}' is not supported: Weir's savepoints are CANONICAL (restorable \
+             on either state backend); leave it out"
         ))),
     }
 }
 
-/// An empty body reads as `{}`.
-fn body_or_default<T: Default>(payload: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    match payload {
-        Err(JsonRejection::MissingJsonContentType(_)) => Ok(T::default()),
-        other => body(other),
+/// A trigger's JSON body; an empty body is `{}`. Content types are not checked: these
+/// bodies are small and optional, and what they hold is.
+fn trigger_body<T: Default + serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
     }
+    serde_json::from_slice(bytes).map_err(|e| bad_request(format!("request body: {e}")))
 }
 
 fn triggered(result: Result<String, Refusal>) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -539,32 +555,32 @@ fn triggered(result: Result<String, Refusal>) -> Result<(StatusCode, Json<Value>
 async fn trigger_savepoint(
     State(shared): State<Shared>,
     Path(id): Path<String>,
-    payload: Result<Json<SavepointRequest>, JsonRejection>,
+    bytes: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let request = body_or_default(payload)?;
-    refuse_target(request.target_directory)?;
+    let request: SavepointRequest = trigger_body(&bytes)?;
+    refuse_unsupported(request.target_directory, request.format_type)?;
     let kind = if request.cancel_job {
         OperationKind::Stop { drain: false }
     } else {
         OperationKind::Savepoint
     };
-    triggered(shared.cluster().savepoint(&id, kind))
+    triggered(shared.cluster().savepoint(&id, kind, request.trigger_id))
 }
 
 async fn stop_job(
     State(shared): State<Shared>,
     Path(id): Path<String>,
-    payload: Result<Json<StopRequest>, JsonRejection>,
+    bytes: axum::body::Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let request = body_or_default(payload)?;
-    refuse_target(request.target_directory)?;
+    let request: StopRequest = trigger_body(&bytes)?;
+    refuse_unsupported(request.target_directory, request.format_type)?;
     let kind = OperationKind::Stop {
         drain: request.drain,
     };
-    triggered(shared.cluster().savepoint(&id, kind))
+    triggered(shared.cluster().savepoint(&id, kind, request.trigger_id))
 }
 
-/// `POST /jobs/:id/rescaling?parallelism=N`.
+/// `PATCH` (Flink's verb) or `POST /jobs/:id/rescaling?parallelism=N`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RescaleQuery {
@@ -578,7 +594,7 @@ async fn rescale_job(
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Query(query) = query.map_err(|e| {
         bad_request(format!(
-            "{}; POST /jobs/:id/rescaling?parallelism=N takes the new parallelism",
+            "{}; /jobs/:id/rescaling?parallelism=N takes the new parallelism",
             e.body_text()
         ))
     })?;
@@ -590,7 +606,7 @@ async fn rescale_job(
     let kind = OperationKind::Rescale {
         parallelism: query.parallelism,
     };
-    triggered(shared.cluster().savepoint(&id, kind))
+    triggered(shared.cluster().savepoint(&id, kind, None))
 }
 
 /// `GET /jobs/:id/savepoints/:trigger` and `/jobs/:id/rescaling/:trigger` (Flink's
