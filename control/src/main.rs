@@ -713,6 +713,7 @@ fn run_bench(bench: Bench) -> Result<()> {
 mod builtin;
 mod client;
 mod control_plane;
+mod exposition;
 mod protocol;
 mod signals;
 mod worker;

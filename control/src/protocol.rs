@@ -7,10 +7,11 @@
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
+use weir_engine::monitor::Figures;
 use weir_engine::package::{DeploymentId, Outcome, RunSpec, Stop};
 
 /// The version of these messages. Raised with any change to them.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// `heartbeat.interval` and `heartbeat.timeout`, checked: an interval above 0 and a timeout
 /// longer than it.
@@ -26,6 +27,9 @@ pub fn heartbeat_settings(
     }
     Ok((interval, timeout))
 }
+
+/// Where workers fetch uploaded packages' executables (`{jar}`: the package's id).
+pub const PACKAGES_PATH: &str = "/v1/packages/{jar}";
 
 /// The path workers connect to.
 pub const WORKERS_PATH: &str = "/v1/workers";
@@ -48,6 +52,13 @@ pub enum WorkerMessage {
     Heartbeat,
     /// An executor changed state.
     Executor(ExecutorReport),
+    /// A run's live figures (about once a second while it runs).
+    Figures {
+        /// Which run.
+        deployment: DeploymentId,
+        /// Its figures.
+        figures: Box<Figures>,
+    },
     /// A savepoint asked for by [`ControlMessage::Savepoint`] completed or failed.
     Savepoint {
         /// Of which run.

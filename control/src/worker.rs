@@ -11,6 +11,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -18,15 +19,18 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
+use weir_engine::monitor::Figures;
 use weir_engine::package::{
     Deployment, DeploymentId, ExecutorCommand, ExecutorEvent, Outcome, RunSpec, ENGINE_VERSION,
     PROTOCOL_VERSION as EXECUTOR_PROTOCOL,
 };
 use weir_engine::{Configuration, StreamEnvironment};
 
+use crate::exposition::Exposition;
+
 use crate::protocol::{
-    ControlMessage, ExecutorReport, ExecutorState, WorkerInfo, WorkerMessage, PROTOCOL_VERSION,
-    WORKERS_PATH,
+    ControlMessage, ExecutorReport, ExecutorState, WorkerInfo, WorkerMessage, PACKAGES_PATH,
+    PROTOCOL_VERSION, WORKERS_PATH,
 };
 
 /// How long an executor asked to cancel may take before it is killed.
@@ -59,12 +63,77 @@ struct Agent {
     executors: BTreeMap<DeploymentId, Executor>,
     /// Executor threads report here.
     events: mpsc::UnboundedSender<Report>,
+    /// What `/metrics` shows: the running executors' latest figures.
+    figures: Arc<Mutex<Shown>>,
+    /// The control plane's address and token (uploaded packages are fetched from it).
+    control: String,
+    token: Option<String>,
+    /// Where fetched packages are kept.
+    packages_dir: PathBuf,
+}
+
+/// The worker's figures for `/metrics`.
+#[derive(Clone, Default)]
+struct Shown {
+    tm_id: String,
+    slots: usize,
+    /// Per running executor: its job's name, its slots and its latest figures.
+    runs: BTreeMap<DeploymentId, (String, usize, Option<Box<Figures>>)>,
+}
+
+impl Shown {
+    fn render(&self) -> String {
+        let mut exposition = Exposition::default();
+        let tm = [("tm_id", self.tm_id.as_str())];
+        exposition.gauge(
+            "weir_worker_slots",
+            "Slots (pinned cores) of the worker.",
+            &tm,
+            self.slots as f64,
+        );
+        exposition.gauge(
+            "weir_worker_slots_in_use",
+            "Slots of the worker its executors hold.",
+            &tm,
+            self.runs
+                .values()
+                .map(|(_, slots, _)| *slots)
+                .sum::<usize>() as f64,
+        );
+        exposition.gauge(
+            "weir_worker_executors",
+            "Executor processes the worker runs.",
+            &tm,
+            self.runs.len() as f64,
+        );
+        for (deployment, (job_name, _, figures)) in &self.runs {
+            // One run per job: a newer attempt's executor may start here before an older
+            // one's cancel took effect, and both would give the same series.
+            let newest = self
+                .runs
+                .range(deployment..)
+                .nth(1)
+                .is_none_or(|(next, _)| next.job_id != deployment.job_id);
+            if let (Some(figures), true) = (figures, newest) {
+                exposition.job_figures(&deployment.job_id, job_name, &self.tm_id, figures);
+            }
+        }
+        exposition.render()
+    }
 }
 
 /// What an executor's supervising thread tells the worker.
 enum Report {
     /// The executor's new state.
     State(DeploymentId, ExecutorState),
+    /// Its job's latest figures.
+    Figures(DeploymentId, Box<Figures>),
+    /// A run's package was fetched (or not).
+    Fetched {
+        run: RunSpec,
+        slots: Vec<usize>,
+        result: Result<(), String>,
+    },
     /// The answer to a savepoint request.
     Savepoint {
         deployment: DeploymentId,
@@ -118,11 +187,60 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     let (events, mut executor_events) = mpsc::unbounded_channel();
     let (interval, timeout) = crate::protocol::heartbeat_settings(&config)?;
     let token = config.rest_token().map(str::to_string);
+    let figures = Arc::new(Mutex::new(Shown {
+        tm_id: info.id.clone(),
+        slots: info.cores.len(),
+        runs: BTreeMap::new(),
+    }));
+    let (host, port) = config.metrics_endpoint();
+    let listener = tokio::net::TcpListener::bind((host.as_str(), port))
+        .await
+        .with_context(|| {
+            format!(
+                "cannot serve /metrics on {host}:{port}; set metrics.reporter.prom.host and \
+                 metrics.reporter.prom.port to a free address"
+            )
+        })?;
+    eprintln!(
+        "weir worker {}: metrics on http://{}/metrics",
+        info.id,
+        listener.local_addr()?
+    );
+    let shown = Arc::clone(&figures);
+    let metrics = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            // Rendered outside the lock, which the worker's loop takes.
+            let text = shown
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .render();
+            async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, prometheus::TEXT_FORMAT)],
+                    text,
+                )
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, metrics).await {
+            tracing::error!("the worker's /metrics stopped: {error}");
+        }
+    });
+    let packages_dir = config.worker_data_dir().join("packages");
+    std::fs::create_dir_all(&packages_dir)
+        .with_context(|| format!("cannot create {}", packages_dir.display()))?;
     let mut agent = Agent {
         info,
         data_dir,
         executors: BTreeMap::new(),
         events,
+        figures,
+        control: control.clone(),
+        token: token.clone(),
+        packages_dir,
     };
     eprintln!(
         "weir worker {}: {} slot(s) on cores {:?}, control plane {control}",
@@ -189,6 +307,13 @@ async fn run(config: Configuration, control: String) -> Result<()> {
             }
             Some(report) = executor_events.recv() => match report {
                 Report::State(deployment, state) => agent.update(deployment, state, &mut link).await,
+                Report::Fetched { run, slots, result } => agent.fetched(run, slots, result, &mut link).await,
+                Report::Figures(deployment, figures) => {
+                    if let Some(run) = agent.shown().runs.get_mut(&deployment) {
+                        run.2 = Some(figures.clone());
+                    }
+                    send(&mut link, &WorkerMessage::Figures { deployment, figures }).await;
+                }
                 Report::Savepoint { deployment, request, result } => {
                     // Kept until a link takes it (a lost link's answers go after the next
                     // registration).
@@ -365,37 +490,39 @@ impl Agent {
                     .flat_map(|e| e.slots.iter().copied())
                     .filter(|s| slots.contains(s))
                     .collect();
-                let started = if busy.is_empty() {
-                    self.start(run, &slots)
-                } else {
-                    Err(anyhow::anyhow!(
+                if !busy.is_empty() {
+                    let cause = format!(
                         "slots {busy:?} of worker {} still run another job's executor",
                         self.info.id
-                    ))
-                };
-                let state = match started {
-                    Ok(()) => ExecutorState::Deploying,
-                    Err(error) => ExecutorState::Ended(Outcome::Failed {
-                        cause: format!("{error:#}"),
-                    }),
-                };
-                if let ExecutorState::Ended(_) = state {
-                    self.executors.insert(
-                        deployment.clone(),
-                        Executor {
-                            state: state.clone(),
-                            commands: None,
-                            process: None,
-                            slots: Vec::new(),
-                            cancelled: None,
-                        },
                     );
+                    self.ended(deployment, Outcome::Failed { cause }, link)
+                        .await;
+                    return;
                 }
-                send(
-                    link,
-                    &WorkerMessage::Executor(ExecutorReport { deployment, state }),
-                )
-                .await;
+                match &run.package {
+                    // An uploaded package this worker has not run yet: fetched off the
+                    // loop, the run holding its slots meanwhile.
+                    Some(package) if !self.package_path(package).exists() => {
+                        self.executors.insert(
+                            deployment.clone(),
+                            Executor {
+                                state: ExecutorState::Deploying,
+                                commands: None,
+                                process: None,
+                                slots: slots.clone(),
+                                cancelled: None,
+                            },
+                        );
+                        self.fetch(run, slots);
+                        let state = ExecutorState::Deploying;
+                        send(
+                            link,
+                            &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+                        )
+                        .await;
+                    }
+                    _ => self.launch(run, slots, link).await,
+                }
             }
             ControlMessage::Cancel { deployment } => {
                 if let Some(executor) = self.executors.get_mut(&deployment) {
@@ -438,6 +565,88 @@ impl Agent {
         }
     }
 
+    /// Starts run `run` on `slots` and reports it.
+    async fn launch(&mut self, run: RunSpec, slots: Vec<usize>, link: &mut Option<Link>) {
+        let deployment = run.id.clone();
+        match self.start(run, &slots) {
+            Ok(()) => {
+                let state = ExecutorState::Deploying;
+                send(
+                    link,
+                    &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+                )
+                .await;
+            }
+            Err(error) => {
+                let cause = format!("{error:#}");
+                self.ended(deployment, Outcome::Failed { cause }, link)
+                    .await;
+            }
+        }
+    }
+
+    /// Records and reports a run that ended without (or before) its executor.
+    async fn ended(&mut self, deployment: DeploymentId, outcome: Outcome, link: &mut Option<Link>) {
+        let state = ExecutorState::Ended(outcome);
+        self.executors.insert(
+            deployment.clone(),
+            Executor {
+                state: state.clone(),
+                commands: None,
+                process: None,
+                slots: Vec::new(),
+                cancelled: None,
+            },
+        );
+        send(
+            link,
+            &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+        )
+        .await;
+    }
+
+    /// Where uploaded package `id` is kept on this worker.
+    fn package_path(&self, id: &str) -> PathBuf {
+        self.packages_dir.join(id)
+    }
+
+    /// Fetches run `run`'s package from the control plane on a blocking thread; the result
+    /// comes back as [`Report::Fetched`].
+    fn fetch(&self, run: RunSpec, slots: Vec<usize>) {
+        let package = run.package.clone().expect("an uploaded package");
+        let url = format!(
+            "http://{}{}",
+            self.control,
+            PACKAGES_PATH.replace("{jar}", &package)
+        );
+        let token = self.token.clone();
+        let target = self.package_path(&package);
+        let reports = self.events.clone();
+        tokio::task::spawn_blocking(move || {
+            let result = download(&url, token.as_deref(), &target)
+                .map_err(|e| format!("cannot fetch package {package} from {url}: {e:#}"));
+            let _ = reports.send(Report::Fetched { run, slots, result });
+        });
+    }
+
+    /// A fetch ended: start the run, unless it was cancelled meanwhile.
+    async fn fetched(
+        &mut self,
+        run: RunSpec,
+        slots: Vec<usize>,
+        result: Result<(), String>,
+        link: &mut Option<Link>,
+    ) {
+        let Some(waiting) = self.executors.remove(&run.id) else {
+            return;
+        };
+        match (waiting.cancelled, result) {
+            (Some(_), _) => self.ended(run.id, Outcome::Canceled, link).await,
+            (None, Err(cause)) => self.ended(run.id, Outcome::Failed { cause }, link).await,
+            (None, Ok(())) => self.launch(run, slots, link).await,
+        }
+    }
+
     async fn update(
         &mut self,
         deployment: DeploymentId,
@@ -450,6 +659,11 @@ impl Agent {
         if let ExecutorState::Ended(outcome) = &state {
             executor.commands = None;
             tracing::info!(%deployment, ?outcome, "executor ended");
+            self.figures
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .runs
+                .remove(&deployment);
         }
         executor.state = state.clone();
         send(
@@ -492,6 +706,11 @@ impl Agent {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let deployment = run.id.clone();
+        let job_name = run.entry.clone();
+        let package = match &run.package {
+            Some(id) => self.package_path(id),
+            None => std::env::current_exe().context("cannot find the weir executable")?,
+        };
         let descriptor = dir.join("deployment.json");
         let body = serde_json::to_vec_pretty(&Deployment {
             protocol: EXECUTOR_PROTOCOL,
@@ -500,7 +719,7 @@ impl Agent {
         })?;
         std::fs::write(&descriptor, body)
             .with_context(|| format!("cannot write {}", descriptor.display()))?;
-        let package = std::env::current_exe().context("cannot find the weir executable")?;
+
         let (mut child, events) = spawn_executor(&package, &descriptor, &dir.join("executor.log"))?;
         let pid = child.id();
         let process = match pidfd(pid) {
@@ -513,6 +732,9 @@ impl Agent {
             }
         };
         let commands = child.stdin.take();
+        self.shown()
+            .runs
+            .insert(deployment.clone(), (job_name, slots.len(), None));
         self.executors.insert(
             deployment.clone(),
             Executor {
@@ -547,6 +769,10 @@ impl Agent {
         }
     }
 
+    fn shown(&self) -> std::sync::MutexGuard<'_, Shown> {
+        self.figures.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Cancels every executor still running that was not asked to already.
     fn cancel_all(&mut self, why: &str) {
         for (deployment, executor) in &mut self.executors {
@@ -578,7 +804,9 @@ impl Agent {
                         executor.state = state;
                     }
                 }
-                Ok(Some(Report::Savepoint { .. })) => {}
+                Ok(Some(
+                    Report::Savepoint { .. } | Report::Figures(..) | Report::Fetched { .. },
+                )) => {}
                 _ => {
                     for executor in self.executors.values_mut() {
                         executor.kill();
@@ -719,6 +947,9 @@ fn supervise(
             Ok(ExecutorEvent::Running) => {
                 let _ = reports.send(Report::State(deployment.clone(), ExecutorState::Running));
             }
+            Ok(ExecutorEvent::Figures(figures)) => {
+                let _ = reports.send(Report::Figures(deployment.clone(), figures));
+            }
             Ok(ExecutorEvent::Savepoint { request, result }) => {
                 let _ = reports.send(Report::Savepoint {
                     deployment: deployment.clone(),
@@ -749,6 +980,29 @@ fn supervise(
         },
     };
     let _ = reports.send(Report::State(deployment, ExecutorState::Ended(outcome)));
+}
+
+/// Downloads a package's executable into `target` (written beside it, then renamed).
+fn download(url: &str, token: Option<&str>, target: &Path) -> Result<()> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(300)))
+        .build()
+        .into();
+    let mut request = agent.get(url);
+    if let Some(token) = token {
+        request = request.header("Authorization", &format!("Bearer {token}"));
+    }
+    let mut response = request.call()?;
+    let partial = target.with_extension("partial");
+    let mut file = File::create(&partial)?;
+    std::io::copy(&mut response.body_mut().as_reader(), &mut file)?;
+    file.sync_all()?;
+    std::fs::set_permissions(
+        &partial,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    std::fs::rename(&partial, target)?;
+    Ok(())
 }
 
 /// The last `lines` lines of a file.

@@ -91,6 +91,9 @@ fn start_worker(
         &format!("worker.data-dir={}", dir.join(name).display()),
     ]);
     command.args(["-D", &format!("taskmanager.cpu.cores={cores}")]);
+    // Several workers on one host: each its own /metrics port.
+    command.args(["-D", "metrics.reporter.prom.port=0"]);
+    command.args(["-D", "metrics.reporter.prom.host=127.0.0.1"]);
     for setting in FAST.iter().chain(settings) {
         command.args(["-D", setting]);
     }
@@ -296,6 +299,15 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
             > 0,
         "{worker}"
     );
+    let (status, answer) = upload(&control, "jarfile", "p", b"#!/bin/sh\n");
+    assert_eq!(status, 403, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("web.upload.enabled"),
+        "{answer}"
+    );
     let jars = get(&control, "/jars");
     let entries: Vec<&str> = jars["files"][0]["entry"]
         .as_array()
@@ -473,7 +485,11 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
 #[test]
 fn bad_requests_get_a_clear_4xx_and_the_control_plane_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let control = start_control(dir.path(), 0, &[]);
+    let limits = [
+        "web.upload.enabled=true",
+        "rest.server.max-content-length=1m",
+    ];
+    let control = start_control(dir.path(), 0, &limits);
     let run = "/jars/weir-builtin/run";
     let cases: [(&str, &str, Option<&str>, u16, &str); 13] = [
         ("POST", run, Some("{\"entryClass\": "), 400, "request body"),
@@ -570,6 +586,13 @@ fn bad_requests_get_a_clear_4xx_and_the_control_plane_keeps_serving() {
     );
     let (got, answer) = call(&control, "PATCH", "/jobs/0123?mode=stop", None);
     assert_eq!(got, 400, "{answer}");
+    let (got, answer) = upload(&control, "jarfile", "big", &vec![0u8; 2 << 20]);
+    assert_eq!(got, 413, "{answer}");
+    let message = answer["errors"][0].as_str().unwrap();
+    assert!(
+        message.contains("rest.server.max-content-length"),
+        "{message}"
+    );
     // Still serving, with nothing accepted.
     assert_eq!(get(&control, "/jobs")["jobs"], json!([]));
 }
@@ -625,7 +648,8 @@ fn a_token_guards_every_request_and_the_workers_link() {
         .args([
             "-D",
             &format!("worker.data-dir={}", dir.path().join("w0").display()),
-        ]);
+        ])
+        .args(["-D", "metrics.reporter.prom.port=0"]);
     let refused = output_within(worker, Duration::from_secs(60));
     assert!(!refused.status.success());
     assert!(
@@ -984,4 +1008,459 @@ fn savepoint_rescale_stop_and_resubmit_keep_every_record_once() {
         EchoCheck::default(),
         "lost, duplicated, out of order or miscounted records"
     );
+}
+
+/// `promtool check metrics` of an exposition: its complaints (empty when it passes). Without
+/// promtool (Debian's `prometheus` package) the check is skipped, unless
+/// `WEIR_REQUIRE_PROMETHEUS` is set (as `.ci/run` does).
+fn promtool_problems(text: &str) -> Option<String> {
+    let child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(_) if std::env::var_os("WEIR_REQUIRE_PROMETHEUS").is_none() => {
+            eprintln!("promtool is not installed: the exposition check is skipped");
+            return None;
+        }
+        Err(error) => panic!("promtool: {error} (install Debian's prometheus package)"),
+    };
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), text.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    Some(if output.status.success() {
+        String::new()
+    } else {
+        said
+    })
+}
+
+fn scrape(url: &str) -> String {
+    agent()
+        .get(url)
+        .call()
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"))
+        .body_mut()
+        .read_to_string()
+        .unwrap()
+}
+
+#[test]
+fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrapes_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = checkpointed(dir.path());
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let control = start_control(dir.path(), 0, &settings);
+    let mut worker = Command::new(WEIR);
+    worker
+        .args(["worker", "--control", &control.address])
+        .args([
+            "-D",
+            &format!("worker.data-dir={}", dir.path().join("w").display()),
+        ])
+        .args([
+            "-D",
+            "taskmanager.cpu.cores=0,1",
+            "-D",
+            "metrics.reporter.prom.host=127.0.0.1",
+        ])
+        .args(["-D", "metrics.reporter.prom.port=0"]);
+    for setting in FAST {
+        worker.args(["-D", setting]);
+    }
+    let mut child = worker
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let _worker = Process(child);
+    let (found, metrics) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if let Some((_, url)) = line.split_once(": metrics on ") {
+                let _ = found.send(url.to_string());
+            }
+        }
+    });
+    let worker_metrics = metrics
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the worker's /metrics address");
+    wait_for_workers(&control, 1);
+    let job = submit(
+        &control,
+        "sequence-check",
+        &["--events", "100000000", "--rate", "5000", "--discard"],
+        2,
+    );
+
+    // Figures flow: the worker's counters, the REST API's vertices and checkpoints.
+    let text = wait_for(
+        "the job's figures on the worker",
+        Duration::from_secs(60),
+        || {
+            let text = scrape(&worker_metrics);
+            let ready = text.contains(&format!(
+                "weir_operator_records_out_total{{job_id=\"{job}\""
+            )) && text.contains("weir_job_checkpoints_total{")
+                && text.contains("status=\"completed\"} ")
+                && !text.contains("status=\"completed\"} 0");
+            ready.then_some(text)
+        },
+    );
+    for family in [
+        "weir_worker_slots",
+        "weir_shard_busy_seconds_total",
+        "weir_slot_network_memory_bytes",
+        "weir_job_checkpoint_duration_seconds_bucket",
+        "weir_job_last_checkpoint_size_bytes",
+    ] {
+        assert!(text.contains(family), "{family} missing:\n{text}");
+    }
+    let details = wait_for(
+        "the job's figures on the control plane",
+        Duration::from_secs(30),
+        || {
+            let details = get(&control, &format!("/jobs/{job}"));
+            (details["vertices"][0]["subtasks"]
+                .as_array()
+                .map_or(0, Vec::len)
+                == 2)
+                .then_some(details)
+        },
+    );
+    let source = &details["vertices"][0];
+    assert_eq!(source["parallelism"], 2, "{details}");
+    assert!(
+        source["metrics"]["write-records"].as_u64().unwrap() > 0,
+        "{details}"
+    );
+    assert_eq!(source["subtasks"].as_array().unwrap().len(), 2, "{details}");
+    let checkpoints = get(&control, &format!("/jobs/{job}/checkpoints"));
+    assert!(
+        checkpoints["counts"]["completed"].as_u64().unwrap() > 0,
+        "{checkpoints}"
+    );
+    assert_eq!(
+        checkpoints["latest"]["completed"]["status"], "COMPLETED",
+        "{checkpoints}"
+    );
+    let control_metrics = format!("http://{}/metrics", control.address);
+    let control_text = scrape(&control_metrics);
+    assert!(
+        control_text.contains(&format!(
+            "weir_job_status{{job_id=\"{job}\",job_name=\"sequence-check\",status=\"RUNNING\"}} 1"
+        )),
+        "{control_text}"
+    );
+    for (what, text) in [("worker", &text), ("control plane", &control_text)] {
+        if let Some(problems) = promtool_problems(text) {
+            assert!(
+                problems.is_empty(),
+                "promtool on the {what}'s /metrics:\n{problems}\n{text}"
+            );
+        }
+    }
+
+    // A real Prometheus server scrapes both and answers a query for the job's records/s.
+    let Ok(prometheus) = Command::new("prometheus").arg("--version").output() else {
+        assert!(
+            std::env::var_os("WEIR_REQUIRE_PROMETHEUS").is_none(),
+            "prometheus is not installed (Debian's prometheus package)"
+        );
+        return;
+    };
+    assert!(prometheus.status.success());
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let targets = |url: &str| {
+        url.trim_start_matches("http://")
+            .trim_end_matches("/metrics")
+            .to_string()
+    };
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: weir\n    static_configs:\n      - targets: ['{}', '{}']\n",
+            targets(&worker_metrics),
+            control.address
+        ),
+    )
+    .unwrap();
+    let _prometheus = Process(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let query = format!("sum(rate(weir_operator_records_out_total{{job_id=\"{job}\",operator_name=\"Source: sequence\"}}[5s]))");
+    let rate = wait_for(
+        "Prometheus to answer the job's records/s",
+        Duration::from_secs(90),
+        || {
+            let mut response = agent()
+                .get(&format!("http://127.0.0.1:{port}/api/v1/query"))
+                .query("query", &query)
+                .call()
+                .ok()?;
+            let answer: Value =
+                serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()?;
+            let value = answer["data"]["result"][0]["value"][1]
+                .as_str()?
+                .parse::<f64>()
+                .ok()?;
+            (value > 0.0).then_some(value)
+        },
+    );
+    eprintln!("Prometheus: {rate} records/s");
+    // Two subtasks at 5000 records/s each.
+    assert!((2_000.0..20_000.0).contains(&rate), "{rate} records/s");
+    let up = wait_for("both targets up", Duration::from_secs(30), || {
+        let mut response = agent()
+            .get(&format!("http://127.0.0.1:{port}/api/v1/query"))
+            .query("query", "sum(up)")
+            .call()
+            .ok()?;
+        let answer: Value =
+            serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()?;
+        let value = answer["data"]["result"][0]["value"][1]
+            .as_str()?
+            .parse::<f64>()
+            .ok()?;
+        (value == 2.0).then_some(value)
+    });
+    assert_eq!(up, 2.0);
+    let (status, _) = call(&control, "PATCH", &format!("/jobs/{job}?mode=cancel"), None);
+    assert_eq!(status, 202);
+}
+
+/// `POST /jars/upload` of `bytes` as the multipart field `field`, named `file_name`.
+fn upload(control: &ControlPlane, field: &str, file_name: &str, bytes: &[u8]) -> (u16, Value) {
+    let boundary = "weir-test-boundary-7f3a9c";
+    let mut body = format!(
+        "--{boundary}\r\nContent-Disposition: form-data; name=\"{field}\"; filename=\"{file_name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    body.extend_from_slice(bytes);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    let mut response = agent()
+        .post(&format!("http://{}/jars/upload", control.address))
+        .header(
+            "content-type",
+            &format!("multipart/form-data; boundary={boundary}"),
+        )
+        .send(&body[..])
+        .expect("POST /jars/upload");
+    let status = response.status().as_u16();
+    let text = response.body_mut().read_to_string().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{status} {text}: {e}")),
+    )
+}
+
+/// The example package (examples/src/bin), stripped of its debug information as one would
+/// ship it.
+fn example_package(dir: &Path) -> Vec<u8> {
+    let built = Path::new(WEIR).with_file_name("weir-example-package");
+    let stripped = dir.join("weir-example-package");
+    let status = Command::new("strip")
+        .args(["--strip-debug", "-o"])
+        .arg(&stripped)
+        .arg(&built)
+        .status()
+        .expect("strip (binutils)");
+    assert!(status.success(), "strip {}", built.display());
+    std::fs::read(&stripped).unwrap()
+}
+
+#[test]
+fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = [
+        "web.upload.enabled=true",
+        "restart-strategy.type=fixed-delay",
+        "restart-strategy.fixed-delay.attempts=2",
+        "restart-strategy.fixed-delay.delay=100ms",
+    ];
+    let control = start_control(dir.path(), 0, &settings);
+    let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
+    wait_for_workers(&control, 1);
+
+    let (status, answer) = upload(
+        &control,
+        "jarfile",
+        "weir-example-package",
+        &example_package(dir.path()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let jar = answer["filename"].as_str().unwrap().to_string();
+    let jars = get(&control, "/jars");
+    let listed = jars["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["id"] == jar.as_str())
+        .unwrap_or_else(|| panic!("{jars}"));
+    assert_eq!(listed["package"], "weir-example-package");
+    assert_eq!(listed["entry"][0]["name"], "even-squares", "{listed}");
+
+    // Its job runs in an executor started from the uploaded file, fetched by the worker.
+    let body =
+        json!({ "entryClass": "even-squares", "programArgs": "--to 100000", "parallelism": 2 });
+    let (status, answer) = call(
+        &control,
+        "POST",
+        &format!("/jars/{jar}/run"),
+        Some(&body.to_string()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let job = answer["jobid"].as_str().unwrap().to_string();
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(60));
+    let written = |name: &str| {
+        details["vertices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no vertex {name}: {details}"))["metrics"]["write-records"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(written("Source: numbers"), 100_000, "{details}");
+    assert_eq!(written("even numbers"), 50_000, "{details}");
+    assert!(
+        dir.path().join(format!("w/packages/{jar}")).exists(),
+        "the worker keeps the package"
+    );
+
+    // A package job that fails at every start ends FAILED; a job beside it runs on.
+    let steady = submit(
+        &control,
+        "sequence-check",
+        &["--events", "100000000", "--rate", "1000", "--discard"],
+        1,
+    );
+    wait_for_state(&control, &steady, "RUNNING", Duration::from_secs(30));
+    let body = json!({ "entryClass": "fail-at-start" });
+    let (_, answer) = call(
+        &control,
+        "POST",
+        &format!("/jars/{jar}/run"),
+        Some(&body.to_string()),
+    );
+    let failing = answer["jobid"].as_str().unwrap().to_string();
+    let details = wait_for_state(&control, &failing, "FAILED", Duration::from_secs(60));
+    assert_eq!(details["attempts"], 3, "{details}");
+    let exceptions = get(&control, &format!("/jobs/{failing}/exceptions"));
+    assert!(
+        exceptions["root-exception"]
+            .as_str()
+            .unwrap()
+            .contains("fail-at-start fails on record"),
+        "{exceptions}"
+    );
+    assert_eq!(state(&control, &steady), "RUNNING");
+
+    // Bad arguments fail the package's job naming them (the package parses its own).
+    let body = json!({ "entryClass": "even-squares", "programArgs": "--to lots" });
+    let (_, answer) = call(
+        &control,
+        "POST",
+        &format!("/jars/{jar}/run"),
+        Some(&body.to_string()),
+    );
+    let bad = answer["jobid"].as_str().unwrap().to_string();
+    wait_for_state(&control, &bad, "FAILED", Duration::from_secs(60));
+    let exceptions = get(&control, &format!("/jobs/{bad}/exceptions"));
+    assert!(
+        exceptions["root-exception"]
+            .as_str()
+            .unwrap()
+            .contains("--to takes a whole number, not 'lots'"),
+        "{exceptions}"
+    );
+
+    // Uploads that are no package for this Weir are refused, naming why.
+    let (status, answer) = upload(&control, "jarfile", "notes.txt", b"not a program");
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("'notes.txt' is not a Weir job package"),
+        "{answer}"
+    );
+    let other = b"#!/bin/sh\necho '{\"package\":\"old\",\"protocol\":99,\"engine_version\":\"0.0.1\",\"jobs\":[{\"name\":\"x\",\"description\":\"\"}]}'\n";
+    let (status, answer) = upload(&control, "jarfile", "old-package", other);
+    assert_eq!(status, 400, "{answer}");
+    let message = answer["errors"][0].as_str().unwrap();
+    assert!(
+        message.contains("protocol 99") && message.contains("rebuild it"),
+        "{message}"
+    );
+    let (status, answer) = upload(&control, "file", "x", b"x");
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("no field 'jarfile'"),
+        "{answer}"
+    );
+    assert_eq!(
+        get(&control, "/jars")["files"].as_array().unwrap().len(),
+        2,
+        "nothing else kept"
+    );
+
+    // A package a running job uses stays (its restarts need it); once its jobs ended it can go.
+    let body = json!({ "entryClass": "even-squares", "programArgs": "--to 100000000000" });
+    let (_, answer) = call(
+        &control,
+        "POST",
+        &format!("/jars/{jar}/run"),
+        Some(&body.to_string()),
+    );
+    let long = answer["jobid"].as_str().unwrap().to_string();
+    let (status, answer) = call(&control, "DELETE", &format!("/jars/{jar}"), None);
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["errors"][0].as_str().unwrap().contains(&long),
+        "{answer}"
+    );
+    let (status, _) = call(
+        &control,
+        "PATCH",
+        &format!("/jobs/{long}?mode=cancel"),
+        None,
+    );
+    assert_eq!(status, 202);
+    wait_for_state(&control, &long, "CANCELED", Duration::from_secs(60));
+    let (status, answer) = call(&control, "DELETE", &format!("/jars/{jar}"), None);
+    assert_eq!(status, 200, "{answer}");
+    let (status, _) = call(&control, "DELETE", "/jars/weir-builtin", None);
+    assert_eq!(status, 400);
+    assert_eq!(get(&control, "/jars")["files"].as_array().unwrap().len(), 1);
+    let (status, _) = call(
+        &control,
+        "PATCH",
+        &format!("/jobs/{steady}?mode=cancel"),
+        None,
+    );
+    assert_eq!(status, 202);
 }

@@ -244,10 +244,18 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Port of the control plane's REST API (Flink's default); 0 takes a free port, which `weir control` prints."),
     option!("rest.auth.token", OptionKind::Text, "",
         "When set, every request to the control plane (REST and workers) must carry `Authorization: Bearer <token>`; others get 401. Default: no token."),
+    option!("web.upload.enabled", OptionKind::Bool, "false",
+        "Whether the control plane takes job packages over POST /jars/upload (Flink's key). Off by default: a package is a program the workers run."),
+    option!("rest.server.max-content-length", OptionKind::Size, "100m",
+        "The largest request body the control plane takes, an uploaded package included (Flink's key)."),
     option!("heartbeat.interval", OptionKind::Duration, "10 s",
         "How often a worker and the control plane tell each other they are alive."),
     option!("heartbeat.timeout", OptionKind::Duration, "50 s",
         "A worker not heard from this long is lost: its jobs fail over (restart from their latest checkpoint on free slots); a worker that does not hear from the control plane this long reconnects. After a control plane restart, a running job that no worker reports within this time is restarted."),
+    option!("metrics.reporter.prom.host", OptionKind::Text, "0.0.0.0",
+        "Address a worker serves its Prometheus `/metrics` on (every interface by default, as Flink's reporter)."),
+    option!("metrics.reporter.prom.port", OptionKind::Range(0, 65535), "9249",
+        "Port of a worker's Prometheus `/metrics` (Flink's reporter port); 0 takes a free port, which `weir worker` prints. The control plane serves its own on its REST port."),
     option!("slot.request.timeout", OptionKind::Duration, "5 min",
         "A submitted or restarting job waits this long for enough free slots on one worker before it fails."),
     option!("control.data-dir", OptionKind::Path, "/var/lib/weir/control",
@@ -785,6 +793,29 @@ impl Configuration {
             self.raw("rest.address").expect("has a default").to_string(),
             u16::try_from(port).expect("validated"),
         )
+    }
+
+    /// `metrics.reporter.prom.host`:`metrics.reporter.prom.port`, a worker's `/metrics`.
+    pub fn metrics_endpoint(&self) -> (String, u16) {
+        let port = self
+            .count("metrics.reporter.prom.port")
+            .expect("has a default");
+        (
+            self.raw("metrics.reporter.prom.host")
+                .expect("has a default")
+                .to_string(),
+            u16::try_from(port).expect("validated"),
+        )
+    }
+
+    /// `web.upload.enabled`.
+    pub fn upload_enabled(&self) -> bool {
+        self.raw("web.upload.enabled") == Some("true")
+    }
+
+    /// `rest.server.max-content-length`, bytes.
+    pub fn rest_max_content_length(&self) -> u64 {
+        self.size("rest.server.max-content-length")
     }
 
     /// `rest.auth.token`, if set.

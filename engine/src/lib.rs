@@ -22,6 +22,7 @@ pub mod connector;
 pub mod error;
 pub mod graph;
 pub mod metrics;
+pub mod monitor;
 mod operator;
 pub mod package;
 pub mod record;

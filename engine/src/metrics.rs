@@ -88,6 +88,11 @@ impl MetricsRegistry {
         metrics
     }
 
+    /// The counters of every operator in every subtask, as registered.
+    pub fn subtasks(&self) -> Vec<Arc<OperatorMetrics>> {
+        self.operators.lock().expect("metrics lock").clone()
+    }
+
     /// Current counts per operator, in stream node order.
     pub fn snapshot(&self) -> Vec<OperatorCounts> {
         let operators = self.operators.lock().expect("metrics lock");

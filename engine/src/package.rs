@@ -21,11 +21,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::RunOptions;
 use crate::checkpoint::StopMode;
+use crate::monitor::Figures;
+use crate::runtime::PeriodicThread;
 use crate::{Configuration, JobError, StreamEnvironment};
 
 /// The version of the worker ↔ executor protocol (descriptor, commands, events) this engine
 /// build speaks. A worker refuses an executor of another version, naming both.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// How often a running executor reports its job's figures to its worker.
+pub const FIGURES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The engine build's version.
 pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -187,6 +192,9 @@ pub struct Deployment {
 pub struct RunSpec {
     /// Which run this is.
     pub id: DeploymentId,
+    /// The uploaded package (its id) the run starts from; `None`: the worker's own `weir`
+    /// binary, the package of the built-in jobs.
+    pub package: Option<String>,
     /// The job (entry) to build.
     pub entry: String,
     /// Its program arguments.
@@ -241,6 +249,8 @@ pub enum ExecutorEvent {
     },
     /// The job is built and its tasks are starting.
     Running,
+    /// The job's live figures, every [`FIGURES_INTERVAL`] while it runs.
+    Figures(Box<Figures>),
     /// A savepoint asked for by [`ExecutorCommand::Savepoint`] completed or failed.
     Savepoint {
         /// The request's id.
@@ -296,13 +306,13 @@ pub fn main(registry: Registry) -> ExitCode {
     }
     let info = registry.info();
     eprintln!(
-        "{} is a Weir job package (engine {}, protocol {}) holding: {}.\nSubmit it to a control \
-         plane and run a job with `weir submit --jar {} JOB [ARGS…]`; a worker starts it.",
+        "{} is a Weir job package (engine {}, protocol {}) holding: {}.\nUpload it to a control \
+         plane (POST /jars/upload, with web.upload.enabled) and run a job with `weir submit \
+         --jar ID JOB [ARGS…]`; a worker starts it.",
         info.package,
         info.engine_version,
         info.protocol,
         registry.names().join(", "),
-        std::env::args().next().unwrap_or_default()
     );
     ExitCode::from(2)
 }
@@ -457,6 +467,15 @@ fn run_deployment(registry: &Registry, deployment: &RunSpec, events: &Events) ->
         })
         .expect("a thread for the worker's commands");
     events.send(&ExecutorEvent::Running);
+    let monitor = options.monitor.clone();
+    let reporter = events.clone();
+    // Off the shards: it sums their single-writer counters. Stopped (dropped) at the end.
+    let _figures = PeriodicThread::spawn("figures", FIGURES_INTERVAL, move || {
+        if let Some(figures) = monitor.figures() {
+            reporter.send(&ExecutorEvent::Figures(Box::new(figures)));
+        }
+    })
+    .expect("a thread for the job's figures");
     match env.execute_with(&deployment.entry, options) {
         Ok(result) => Outcome::Finished {
             duration_ms: u64::try_from(result.duration.as_millis()).unwrap_or(u64::MAX),
@@ -491,6 +510,7 @@ mod tests {
                     job_id: "0123456789abcdef0123456789abcdef".into(),
                     attempt: 2,
                 },
+                package: Some("p".into()),
                 entry: "word-count".into(),
                 args: vec!["--input".into(), "x y".into()],
                 config: vec![("parallelism.default".into(), "2".into())],

@@ -11,6 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use weir_engine::checkpoint::restart::{RestartDecision, RestartTracker};
+use weir_engine::monitor::{Checkpoints, Figures};
 use weir_engine::package::{DeploymentId, OperatorTotals, Outcome, RunSpec, Stop};
 use weir_engine::Configuration;
 
@@ -47,6 +48,18 @@ pub enum JobStatus {
 }
 
 impl JobStatus {
+    /// Every state.
+    pub const ALL: [JobStatus; 8] = [
+        JobStatus::Created,
+        JobStatus::Running,
+        JobStatus::Restarting,
+        JobStatus::Cancelling,
+        JobStatus::Reconciling,
+        JobStatus::Finished,
+        JobStatus::Canceled,
+        JobStatus::Failed,
+    ];
+
     /// Whether the job has ended.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -155,6 +168,12 @@ pub struct Job {
     /// Not stored: since when it waits for slots (`slot.request.timeout` counts from here).
     #[serde(skip)]
     waiting_since: i64,
+    /// Not stored: the current run's latest figures.
+    #[serde(skip)]
+    pub live: Option<Box<Figures>>,
+    /// Not stored: the checkpoints of the last run that ended.
+    #[serde(skip)]
+    pub last_checkpoints: Option<Checkpoints>,
 }
 
 /// What an asynchronous operation on a job does.
@@ -389,6 +408,8 @@ impl Cluster {
             )),
             due_ms: Some(now),
             waiting_since: now,
+            live: None,
+            last_checkpoints: None,
         };
         job.enter(JobStatus::Created, now);
         // A job is accepted only once it is stored.
@@ -519,6 +540,84 @@ impl Cluster {
         });
         self.store_job(id);
         Ok(request)
+    }
+
+    /// The control plane's figures for `/metrics`: workers and slots, jobs by state, and per
+    /// job its state, attempts and checkpoint counts.
+    pub fn exposition(&self) -> String {
+        let mut exposition = crate::exposition::Exposition::default();
+        exposition.gauge(
+            "weir_control_taskmanagers",
+            "Registered workers.",
+            &[],
+            self.workers.len() as f64,
+        );
+        let total: usize = self.workers.values().map(|w| w.info.cores.len()).sum();
+        let free: usize = self.workers.keys().map(|w| self.free_slots(w).len()).sum();
+        exposition.gauge(
+            "weir_control_slots",
+            "Slots of the registered workers.",
+            &[("state", "total")],
+            total as f64,
+        );
+        exposition.gauge(
+            "weir_control_slots",
+            "Slots of the registered workers.",
+            &[("state", "available")],
+            free as f64,
+        );
+        for status in JobStatus::ALL {
+            let count = self.jobs.values().filter(|j| j.status == status).count();
+            exposition.gauge(
+                "weir_control_jobs",
+                "Jobs by state.",
+                &[("status", status.name())],
+                count as f64,
+            );
+        }
+        let now = now_ms();
+        // Ended jobs are counted above; their own series would only grow the scrape.
+        for job in self.jobs.values().filter(|j| !j.status.is_terminal()) {
+            let labels = [
+                ("job_id", job.id.as_str()),
+                ("job_name", job.submission.entry.as_str()),
+            ];
+            for status in JobStatus::ALL {
+                let state = [labels[0], labels[1], ("status", status.name())];
+                exposition.gauge(
+                    "weir_job_status",
+                    "1 for the job's state, 0 for the others.",
+                    &state,
+                    f64::from(u8::from(job.status == status)),
+                );
+            }
+            exposition.counter(
+                "weir_job_restarts_total",
+                "Runs of the job started after its first (restarts and rescales).",
+                &labels,
+                f64::from(job.attempts.saturating_sub(1)),
+            );
+            exposition.gauge(
+                "weir_job_uptime_seconds",
+                "Time since the job was submitted (to its end, once ended).",
+                &labels,
+                (job.end_time.unwrap_or(now) - job.start_time) as f64 / 1000.0,
+            );
+        }
+        exposition.render()
+    }
+
+    /// A run's latest figures.
+    pub fn figures(&mut self, deployment: &DeploymentId, figures: Box<Figures>) {
+        if let Some(job) = self.jobs.get_mut(&deployment.job_id) {
+            if job
+                .placement
+                .as_ref()
+                .is_some_and(|p| p.deployment == *deployment)
+            {
+                job.live = Some(figures);
+            }
+        }
     }
 
     /// A run answered a savepoint request.
@@ -774,6 +873,9 @@ impl Cluster {
             return true;
         };
         job.due_ms = None;
+        if let Some(live) = job.live.take() {
+            job.last_checkpoints = Some(live.checkpoints);
+        }
         let deployment = placement.deployment;
         if let RunEnd::Finished {
             operators,
@@ -961,6 +1063,8 @@ impl Cluster {
         for id in overdue {
             self.store_job(&id);
         }
+        // Restarts decided above are due from a later instant than this tick's start.
+        let now = now_ms();
         let waiting: Vec<String> = self
             .jobs
             .values()
@@ -1085,6 +1189,8 @@ fn run_spec(job: &Job, deployment: DeploymentId) -> RunSpec {
     ));
     RunSpec {
         id: deployment,
+        package: (job.submission.package != super::packages::BUILTIN)
+            .then(|| job.submission.package.clone()),
         entry: job.submission.entry.clone(),
         args: job.submission.args.clone(),
         config,
@@ -1174,7 +1280,7 @@ mod tests {
     fn submitted(cluster: &mut Cluster, parallelism: usize) -> String {
         cluster
             .submit(Submission {
-                package: "weir".into(),
+                package: crate::control_plane::packages::BUILTIN.into(),
                 entry: "sequence-echo".into(),
                 args: Vec::new(),
                 parallelism,

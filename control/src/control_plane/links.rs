@@ -87,6 +87,11 @@ async fn link(shared: Shared, address: SocketAddr, mut socket: WebSocket) {
                         cluster.heartbeat(&id, connection);
                         cluster.executor(&id, report);
                     }
+                    Ok(WorkerMessage::Figures { deployment, figures }) => {
+                        let mut cluster = shared.cluster();
+                        cluster.heartbeat(&id, connection);
+                        cluster.figures(&deployment, figures);
+                    }
                     Ok(WorkerMessage::Savepoint { deployment, request, result }) => {
                         let mut cluster = shared.cluster();
                         cluster.heartbeat(&id, connection);

@@ -4,6 +4,7 @@
 
 mod cluster;
 mod links;
+mod packages;
 mod rest;
 mod store;
 
@@ -26,8 +27,12 @@ pub fn nonce() -> u64 {
 #[derive(Clone)]
 pub(crate) struct Shared {
     cluster: Arc<Mutex<Cluster>>,
-    /// The packages jobs can be run from (the built-in one).
-    packages: Arc<Vec<Package>>,
+    /// The packages jobs can be run from.
+    packages: Arc<tokio::sync::Mutex<packages::Packages>>,
+    /// Whether `POST /jars/upload` takes packages (`web.upload.enabled`).
+    uploads: bool,
+    /// The largest request body, bytes (`rest.server.max-content-length`).
+    max_body: usize,
     token: Option<Arc<str>>,
     /// Numbers the workers' connections.
     connections: Arc<std::sync::atomic::AtomicU64>,
@@ -39,19 +44,6 @@ impl Shared {
         // done; the store holds what was complete, so go on with it.
         self.cluster.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// A package jobs are run from.
-#[derive(Clone, Debug)]
-pub(crate) struct Package {
-    /// Its id in `/jars`.
-    id: String,
-    /// What it holds.
-    info: PackageInfo,
-    /// When it was registered, ms since the epoch.
-    uploaded: i64,
-    /// Checks a job's program arguments before it is accepted.
-    check_args: fn(&[String]) -> Result<(), String>,
 }
 
 /// Runs the control plane until the process is stopped: binds `rest.address`:`rest.port`,
@@ -82,15 +74,22 @@ pub fn serve(
             })?;
         let store = store::Store::open(&config.control_data_dir())?;
         let token = config.rest_token().map(Arc::from);
+        let builtin = packages::Package {
+            id: packages::BUILTIN.to_string(),
+            file_name: "weir".into(),
+            info: builtin,
+            uploaded: now_ms(),
+            check_args: Some(check_args),
+        };
+        let packages = packages::Packages::open(&config.control_data_dir().join("jars"), builtin)?;
+        let uploads = config.upload_enabled();
+        let max_body = usize::try_from(config.rest_max_content_length()).unwrap_or(usize::MAX);
         let cluster = Cluster::open(config, store)?;
         let shared = Shared {
             cluster: Arc::new(Mutex::new(cluster)),
-            packages: Arc::new(vec![Package {
-                id: format!("{}-builtin", builtin.package),
-                info: builtin,
-                uploaded: now_ms(),
-                check_args,
-            }]),
+            packages: Arc::new(tokio::sync::Mutex::new(packages)),
+            uploads,
+            max_body,
             token,
             connections: Arc::default(),
         };

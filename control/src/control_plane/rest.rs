@@ -11,9 +11,12 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use weir_engine::monitor::{Figures, SubtaskFigures};
+
 use super::cluster::{now_ms, Job, JobStatus, OperationKind, Refusal, Submission};
+use super::packages::BUILTIN;
 use super::{links, Shared};
-use crate::protocol::WORKERS_PATH;
+use crate::protocol::{PACKAGES_PATH, WORKERS_PATH};
 
 /// An error answer.
 pub(crate) struct ApiError(StatusCode, String);
@@ -47,10 +50,18 @@ pub(crate) fn router(shared: Shared) -> Router {
         .route("/taskmanagers", get(taskmanagers))
         .route("/jars", get(jars))
         .route("/jars/{jar}/run", post(run_jar))
+        .route(
+            "/jars/upload",
+            post(upload_jar).layer(axum::extract::DefaultBodyLimit::max(shared.max_body)),
+        )
+        .route("/jars/{jar}", axum::routing::delete(delete_jar))
+        .route(PACKAGES_PATH, get(package_binary))
         .route("/jobs", get(jobs))
         .route("/jobs/overview", get(jobs_overview))
         .route("/jobs/{job}", get(job_details).patch(patch_job))
         .route("/jobs/{job}/exceptions", get(job_exceptions))
+        .route("/jobs/{job}/checkpoints", get(job_checkpoints))
+        .route("/metrics", get(metrics))
         .route("/jobs/{job}/savepoints", post(trigger_savepoint))
         .route("/jobs/{job}/savepoints/{trigger}", get(operation_status))
         .route("/jobs/{job}/stop", post(stop_job))
@@ -211,13 +222,15 @@ async fn taskmanagers(State(shared): State<Shared>) -> Answer {
 }
 
 async fn jars(State(shared): State<Shared>) -> Answer {
-    let files: Vec<Value> = shared
-        .packages
+    let packages = shared.packages.lock().await;
+    let files: Vec<Value> = packages
+        .list()
         .iter()
         .map(|p| {
             json!({
                 "id": p.id,
-                "name": p.info.package,
+                "name": p.file_name,
+                "package": p.info.package,
                 "uploaded": p.uploaded,
                 "protocol": p.info.protocol,
                 "engineVersion": p.info.engine_version,
@@ -229,6 +242,172 @@ async fn jars(State(shared): State<Shared>) -> Answer {
         })
         .collect();
     Ok(Json(json!({ "address": "", "files": files })))
+}
+
+/// `POST /jars/upload`: a job package in the multipart field `jarfile` (Flink's name), kept
+/// once it says what it holds.
+async fn upload_jar(
+    State(shared): State<Shared>,
+    multipart: Result<axum::extract::Multipart, axum::extract::multipart::MultipartRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    if !shared.uploads {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "package upload is off: a package is a program the workers run; set \
+             web.upload.enabled: true on the control plane to allow it"
+                .into(),
+        ));
+    }
+    let mut multipart = multipart.map_err(|e| {
+        bad_request(format!(
+            "the upload must be multipart/form-data: {}",
+            e.body_text()
+        ))
+    })?;
+    let too_large = |e: axum::extract::multipart::MultipartError| {
+        let status = e.status();
+        ApiError(
+            status,
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!(
+                    "the package is larger than rest.server.max-content-length ({} bytes); \
+                     strip its debug information (strip --strip-debug) or raise the limit",
+                    shared.max_body
+                )
+            } else {
+                format!("the upload cannot be read: {}", e.body_text())
+            },
+        )
+    };
+    let mut packages = shared.packages.lock().await;
+    while let Some(mut field) = multipart.next_field().await.map_err(too_large)? {
+        if field.name() != Some("jarfile") {
+            continue;
+        }
+        let file_name = field.file_name().unwrap_or("package").to_string();
+        let (id, staging) = packages.staging(&file_name);
+        let write = async {
+            tokio::fs::create_dir_all(&staging).await?;
+            let mut file = tokio::fs::File::create(staging.join("package")).await?;
+            while let Some(chunk) = field.chunk().await.map_err(std::io::Error::other)? {
+                tokio::io::AsyncWriteExt::write_all(&mut file, &chunk).await?;
+            }
+            tokio::io::AsyncWriteExt::flush(&mut file).await?;
+            file.sync_all().await
+        };
+        let written: std::io::Result<()> = write.await;
+        let kept = match written {
+            Ok(()) => packages.keep(id, file_name, &staging).await,
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                let refused = error
+                    .get_ref()
+                    .and_then(|e| e.downcast_ref::<axum::extract::multipart::MultipartError>())
+                    .map(|e| e.status() == StatusCode::PAYLOAD_TOO_LARGE)
+                    .unwrap_or(false);
+                return Err(if refused {
+                    ApiError(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "the package is larger than rest.server.max-content-length ({} \
+                             bytes); strip its debug information (strip --strip-debug) or raise \
+                             the limit",
+                            shared.max_body
+                        ),
+                    )
+                } else {
+                    ApiError(
+                        StatusCode::BAD_REQUEST,
+                        format!("the upload cannot be read: {error}"),
+                    )
+                });
+            }
+        };
+        return match kept {
+            Ok(Ok(package)) => Ok((
+                StatusCode::OK,
+                Json(json!({ "filename": package.id, "status": "success" })),
+            )),
+            Ok(Err(refused)) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                Err(bad_request(refused.0))
+            }
+            Err(error) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                Err(ApiError(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("the package cannot be kept: {error:#}"),
+                ))
+            }
+        };
+    }
+    Err(bad_request(
+        "the upload has no field 'jarfile': send the package as multipart field jarfile, e.g. \
+         curl -F jarfile=@PACKAGE …/jars/upload"
+            .into(),
+    ))
+}
+
+/// `DELETE /jars/:id`: refused for the built-in package and for packages a job not yet ended
+/// runs from (its restarts need it).
+async fn delete_jar(
+    State(shared): State<Shared>,
+    Path(jar): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let mut packages = shared.packages.lock().await;
+    if packages.executable(&jar).is_none() {
+        return Err(if jar == BUILTIN {
+            bad_request("the built-in package cannot be deleted".into())
+        } else {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no jar '{jar}'; GET /jars lists them"),
+            )
+        });
+    }
+    let users: Vec<String> = shared
+        .cluster()
+        .jobs
+        .values()
+        .filter(|j| j.submission.package == jar && !j.status.is_terminal())
+        .map(|j| j.id.clone())
+        .collect();
+    if !users.is_empty() {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "jar '{jar}' runs jobs {}; cancel or stop them first",
+                users.join(", ")
+            ),
+        ));
+    }
+    packages.remove(&jar).map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot delete jar '{jar}': {e:#}"),
+        )
+    })?;
+    Ok(Json(json!({})))
+}
+
+/// `GET /v1/packages/:id`: an uploaded package's executable, for the workers.
+async fn package_binary(
+    State(shared): State<Shared>,
+    Path(jar): Path<String>,
+) -> Result<Response, ApiError> {
+    let path = shared
+        .packages
+        .lock()
+        .await
+        .executable(&jar)
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, format!("no uploaded jar '{jar}'")))?;
+    let bytes = tokio::fs::read(&path).await.map_err(|e| {
+        ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot read {}: {e}", path.display()),
+        )
+    })?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
 /// `POST /jars/:id/run`'s body (Flink's `JarRunRequestBody`, the fields Weir uses).
@@ -250,16 +429,13 @@ async fn run_jar(
     payload: Result<Json<RunRequest>, JsonRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let request = body(payload)?;
-    let package = shared
-        .packages
-        .iter()
-        .find(|p| p.id == jar)
-        .ok_or_else(|| {
-            ApiError(
-                StatusCode::NOT_FOUND,
-                format!("no jar '{jar}'; GET /jars lists them"),
-            )
-        })?;
+    let packages = shared.packages.lock().await;
+    let package = packages.get(&jar).ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no jar '{jar}'; GET /jars lists them"),
+        )
+    })?;
     let names: Vec<&str> = package.info.jobs.iter().map(|j| j.name.as_str()).collect();
     let entry = match request.entry_class {
         Some(entry) if names.contains(&entry.as_str()) => entry,
@@ -285,11 +461,14 @@ async fn run_jar(
         (Some(text), None) => split_args(&text).map_err(bad_request)?,
         (None, list) => list.unwrap_or_default(),
     };
-    (package.check_args)(&args).map_err(|e| {
-        bad_request(format!(
-            "programArgs of '{entry}' do not parse: {e}; `weir run {entry} --help` lists them"
-        ))
-    })?;
+    if let Some(check) = package.check_args {
+        check(&args).map_err(|e| {
+            bad_request(format!(
+                "programArgs of '{entry}' do not parse: {e}; `weir run {entry} --help` lists \
+                 them"
+            ))
+        })?;
+    }
     let parallelism = match request.parallelism {
         Some(0) => {
             return Err(bad_request(
@@ -309,7 +488,7 @@ async fn run_jar(
         }
     }
     let submission = Submission {
-        package: package.info.package.clone(),
+        package: package.id.clone(),
         entry,
         args,
         parallelism,
@@ -409,18 +588,21 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
     let job = find(&cluster.jobs, &id)?;
     let now = now_ms();
     let mut details = summary(job, now);
-    let vertices: Vec<Value> = job
-        .totals
-        .iter()
-        .map(|o| {
-            json!({
-                "name": o.name,
-                "parallelism": o.parallelism,
-                "status": JobStatus::Finished.name(),
-                "metrics": { "read-records": o.records_in, "write-records": o.records_out },
+    let vertices = match &job.live {
+        Some(figures) => live_vertices(figures),
+        None => job
+            .totals
+            .iter()
+            .map(|o| {
+                json!({
+                    "name": o.name,
+                    "parallelism": o.parallelism,
+                    "status": JobStatus::Finished.name(),
+                    "metrics": { "read-records": o.records_in, "write-records": o.records_out },
+                })
             })
-        })
-        .collect();
+            .collect(),
+    };
     let extra = json!({
         "now": now,
         "isStoppable": job.status == JobStatus::Running,
@@ -441,6 +623,95 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
         details.extend(extra);
     }
     Ok(Json(details))
+}
+
+/// The running operators (Weir reports per operator, Flink per chained vertex), each with
+/// its subtasks' counts, from a run's latest figures.
+fn live_vertices(figures: &Figures) -> Vec<Value> {
+    let mut nodes: Vec<usize> = figures.subtasks.iter().map(|s| s.node).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes
+        .into_iter()
+        .map(|node| {
+            let subtasks: Vec<_> = figures.subtasks.iter().filter(|s| s.node == node).collect();
+            let sum =
+                |field: fn(&SubtaskFigures) -> u64| subtasks.iter().map(|s| field(s)).sum::<u64>();
+            json!({
+                "id": node,
+                "name": subtasks[0].operator,
+                "parallelism": subtasks.len(),
+                "status": JobStatus::Running.name(),
+                "metrics": {
+                    "read-records": sum(|s| s.records_in),
+                    "write-records": sum(|s| s.records_out),
+                    "backpressure-waits": sum(|s| s.backpressure_waits),
+                },
+                "subtasks": subtasks.iter().map(|s| json!({
+                    "subtask": s.subtask,
+                    "read-records": s.records_in,
+                    "write-records": s.records_out,
+                    "backpressure-waits": s.backpressure_waits,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect()
+}
+
+/// `GET /jobs/:id/checkpoints` (Flink's `CheckpointingStatistics`, the fields Weir has): the
+/// checkpoints of the job's current run (its executor process: a failover or a rescale starts
+/// the counts again), or of its last run once it ended.
+async fn job_checkpoints(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
+    let cluster = shared.cluster();
+    let job = find(&cluster.jobs, &id)?;
+    // The running one's, else the last run's.
+    let checkpoints = job
+        .live
+        .as_ref()
+        .map(|f| f.checkpoints.clone())
+        .or_else(|| job.last_checkpoints.clone())
+        .unwrap_or_default();
+    let entry = |c: &weir_engine::monitor::CheckpointRecord| {
+        json!({
+            "id": c.id,
+            "status": if c.completed { "COMPLETED" } else { "FAILED" },
+            "is_savepoint": c.savepoint,
+            "latest_ack_timestamp": c.end_timestamp,
+            "end_to_end_duration": c.duration_ms,
+            "state_size": c.full_bytes,
+            "checkpointed_size": c.incremental_bytes,
+            "max_sync_pause_ms": c.max_sync_pause_ms,
+            "failure_message": c.failure,
+        })
+    };
+    let latest = |pick: fn(&weir_engine::monitor::CheckpointRecord) -> bool| {
+        checkpoints
+            .history
+            .iter()
+            .rev()
+            .find(|c| pick(c))
+            .map(entry)
+    };
+    Ok(Json(json!({
+        "counts": {
+            "completed": checkpoints.completed,
+            "failed": checkpoints.failed,
+            "savepoints": checkpoints.savepoints,
+            "total": checkpoints.completed + checkpoints.failed + checkpoints.savepoints,
+        },
+        "latest": {
+            "completed": checkpoints.latest_completed.as_ref().map(entry),
+            "savepoint": latest(|c| c.completed && c.savepoint),
+            "failed": latest(|c| !c.completed),
+        },
+        "history": checkpoints.history.iter().rev().map(entry).collect::<Vec<_>>(),
+    })))
+}
+
+/// `GET /metrics`: the control plane's Prometheus text exposition.
+async fn metrics(State(shared): State<Shared>) -> Response {
+    let text = shared.cluster().exposition();
+    ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response()
 }
 
 /// `PATCH /jobs/:id?mode=cancel`.

@@ -342,6 +342,8 @@ pub(crate) struct DriverPlan {
     pub(crate) savepoint_dir: PathBuf,
     /// The state backend the job runs on (the payload records it).
     pub(crate) backend: BackendType,
+    /// Where completed and aborted checkpoints are counted for the job's live figures.
+    pub(crate) monitor: crate::monitor::JobMonitor,
 }
 
 /// How the coordinator thread ended.
@@ -658,7 +660,13 @@ impl Host {
             }
             Command::NotifyAborted { checkpoint, reason } => {
                 tracing::warn!(job = %self.plan.job, checkpoint, ?reason, "checkpoint aborted");
-                self.answer_savepoint(checkpoint, Err(describe_abort(&reason)));
+                let why = describe_abort(&reason);
+                // A checkpoint a newer one subsumed did not fail.
+                if !matches!(reason, super::AbortReason::Subsumed { .. }) {
+                    let savepoint = self.savepoint_dirs.contains_key(&checkpoint);
+                    self.plan.monitor.aborted(checkpoint, savepoint, &why);
+                }
+                self.answer_savepoint(checkpoint, Err(why));
                 self.forget(checkpoint);
                 self.post(SourceCommand::NotifyAborted(checkpoint));
             }
@@ -751,12 +759,20 @@ impl Host {
             .sum::<u64>();
         let bytes = (full, full - earlier);
         let triggered = self.triggered.remove(&checkpoint);
+        // Counted once committed: a commit that fails is an abort.
+        let monitored = |savepoint: bool, monitor: &crate::monitor::JobMonitor| {
+            if let Some((at, pauses)) = &triggered {
+                let max_pause = pauses.iter().max().copied().unwrap_or_default();
+                monitor.completed(checkpoint, savepoint, at.elapsed(), bytes, max_pause);
+            }
+        };
         if pending.is_savepoint() {
             self.savepoint_dirs.remove(&checkpoint);
             let completed = self
                 .storage
                 .commit_savepoint(pending, &metadata)
                 .map_err(|e| e.to_string())?;
+            monitored(true, &self.plan.monitor);
             return Ok(completed.dir);
         }
         let completed = self
@@ -764,6 +780,7 @@ impl Host {
             .commit(pending, &metadata)
             .map_err(|e| e.to_string())?;
         tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint committed");
+        monitored(false, &self.plan.monitor);
         if let Some((triggered, pauses)) = triggered {
             self.stats.completed(triggered.elapsed(), bytes, pauses);
         }
@@ -1199,6 +1216,7 @@ mod tests {
             savepoints: SavepointHandle::default(),
             savepoint_dir: PathBuf::new(),
             backend: BackendType::RocksDb,
+            monitor: crate::monitor::JobMonitor::default(),
         };
         let bytes = encode_payload(&plan, &[("abc".into(), vec![9, 8])]);
         let payload = decode_payload(&bytes, "_metadata").unwrap();

@@ -117,6 +117,8 @@ pub struct RunOptions {
     /// Leave out (with a warning) state of operators the job no longer has, instead of
     /// refusing to restore it (`--allow-non-restored-state`).
     pub allow_non_restored_state: bool,
+    /// The job's live figures, read from any thread while it runs.
+    pub monitor: crate::monitor::JobMonitor,
     /// Asks the running job for savepoints, and to stop with one.
     pub savepoints: SavepointHandle,
 }
@@ -759,6 +761,7 @@ fn run_attempts(
             options.cancel.stop.store(true, Ordering::Relaxed);
             return Err(JobError::Cancelled { job });
         }
+        options.monitor.restarted();
         restarts.push(Restart { cause, delay });
         if checkpointed {
             resume = Some(if options.resume {
@@ -971,7 +974,7 @@ fn run_attempt(
                 checkpoint_config,
                 &job_name,
                 &start,
-                options.savepoints.clone(),
+                options,
                 config.state_backend(),
             );
             Some(CheckpointDriver::start(
@@ -1000,6 +1003,11 @@ fn run_attempt(
         per_slot[placed.slot].push(plan);
     }
     let loads: Vec<Arc<ShardLoad>> = (0..slots).map(|_| Arc::new(ShardLoad::default())).collect();
+    options
+        .monitor
+        .attach(metrics.clone(), loads.clone(), pools.clone(), cores.clone());
+    // Let go of the attempt's pools and counters however it ends.
+    let _attached = Detach(&options.monitor);
     let progress = options.progress.map(|interval| {
         ProgressReporter::start(interval, metrics.clone(), source_names, loads.clone())
     });
@@ -1064,6 +1072,15 @@ fn run_attempt(
         restarts: Vec::new(),
         savepoint: stopped_with,
     })
+}
+
+/// Detaches a job's monitor from its attempt when dropped.
+struct Detach<'a>(&'a crate::monitor::JobMonitor);
+
+impl Drop for Detach<'_> {
+    fn drop(&mut self) {
+        self.0.detach();
+    }
 }
 
 /// Every operator of the job with its id and parallelism, as checkpoints record them.
@@ -1248,7 +1265,7 @@ fn driver_plan(
     checkpoint_config: &CheckpointConfig,
     job_name: &str,
     start: &CheckpointStart,
-    savepoints: SavepointHandle,
+    options: &RunOptions,
     backend: BackendType,
 ) -> DriverPlan {
     let job = &exec.job;
@@ -1300,12 +1317,13 @@ fn driver_plan(
         incremental: checkpoint_config.incremental,
         unaligned: checkpoint_config.unaligned,
         first: start.first,
-        savepoints,
+        savepoints: options.savepoints.clone(),
         // Savepoints go beside the job's checkpoints unless configured elsewhere.
         savepoint_dir: checkpoint_config
             .savepoint_dir
             .clone()
             .unwrap_or_else(|| start.storage.dir().join("savepoints")),
         backend,
+        monitor: options.monitor.clone(),
     }
 }

@@ -1,0 +1,343 @@
+//! Live figures of a running job, read from any thread while it runs (`RunOptions::monitor`):
+//! what an executor hands its worker for `/metrics` and the REST API. The shards' counters stay
+//! single-writer (a load and a store, no read-modify-write, in the record loop); a reading
+//! sums them, off the shards.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use weir_memory::SegmentPool;
+
+use crate::metrics::MetricsRegistry;
+use crate::runtime::shard::ShardLoad;
+
+/// Upper bounds, in seconds, of the checkpoint duration histogram's buckets.
+pub const CHECKPOINT_SECONDS_BUCKETS: [f64; 10] =
+    [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+
+/// Checkpoints kept in the history.
+const HISTORY: usize = 10;
+
+/// A running job's live figures; cloning shares them.
+#[derive(Clone, Debug, Default)]
+pub struct JobMonitor {
+    inner: Arc<Mutex<Monitored>>,
+}
+
+#[derive(Debug, Default)]
+struct Monitored {
+    attempt: Option<Attempt>,
+    checkpoints: Checkpoints,
+    restarts: u64,
+}
+
+/// What the running attempt's figures are read from.
+#[derive(Debug)]
+struct Attempt {
+    metrics: MetricsRegistry,
+    loads: Vec<Arc<ShardLoad>>,
+    pools: Vec<SegmentPool>,
+    cores: Vec<usize>,
+    started: Instant,
+}
+
+/// A reading of a running job.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Figures {
+    /// Per operator and subtask.
+    pub subtasks: Vec<SubtaskFigures>,
+    /// Per shard (slot).
+    pub shards: Vec<ShardFigures>,
+    /// The job's checkpoints so far (over its restarts).
+    pub checkpoints: Checkpoints,
+    /// Restarts of the job's tasks inside this run (the engine's own, before a run fails).
+    pub restarts: u64,
+    /// Seconds since the running attempt's tasks started.
+    pub uptime_seconds: f64,
+}
+
+/// One operator in one subtask.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubtaskFigures {
+    /// The operator's name.
+    pub operator: String,
+    /// Its stream node id.
+    pub node: usize,
+    /// The subtask index.
+    pub subtask: usize,
+    /// Records received.
+    pub records_in: u64,
+    /// Records emitted.
+    pub records_out: u64,
+    /// Times a full segment waited for credit (backpressure from downstream).
+    pub backpressure_waits: u64,
+    /// Records dropped as too late for their window.
+    pub late_records_dropped: u64,
+}
+
+/// One shard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShardFigures {
+    /// The shard (= slot) index.
+    pub shard: usize,
+    /// The core it is pinned to.
+    pub core: usize,
+    /// Seconds its record processing queue ran.
+    pub busy_seconds: f64,
+    /// Seconds its checkpoint I/O queue ran.
+    pub checkpoint_io_seconds: f64,
+    /// Network segments of its pool in use.
+    pub segments_used: u64,
+    /// Network segments of its pool.
+    pub segments_total: u64,
+    /// Bytes a segment holds.
+    pub segment_bytes: u64,
+}
+
+/// Checkpoint counts, the duration histogram and the latest ones.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoints {
+    /// Completed checkpoints (savepoints not counted).
+    pub completed: u64,
+    /// Checkpoints aborted (expired, declined, not committed; not those a newer one
+    /// subsumed, nor savepoints).
+    pub failed: u64,
+    /// Completed savepoints.
+    pub savepoints: u64,
+    /// Completed checkpoints per duration bucket ([`CHECKPOINT_SECONDS_BUCKETS`]; not
+    /// cumulative), the last entry over the highest bound.
+    pub duration_buckets: Vec<u64>,
+    /// Sum of the completed checkpoints' durations, seconds.
+    pub duration_seconds_sum: f64,
+    /// The latest checkpoints and savepoints, newest last.
+    pub history: VecDeque<CheckpointRecord>,
+    /// The latest completed checkpoint (kept when it falls out of the history).
+    pub latest_completed: Option<CheckpointRecord>,
+}
+
+/// One checkpoint or savepoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointRecord {
+    /// Its number.
+    pub id: u64,
+    /// Whether it is a savepoint.
+    pub savepoint: bool,
+    /// Whether it completed (else it was aborted).
+    pub completed: bool,
+    /// When it ended, ms since the epoch.
+    pub end_timestamp: i64,
+    /// From trigger to commit, ms (completed ones).
+    pub duration_ms: u64,
+    /// All its files, bytes.
+    pub full_bytes: u64,
+    /// What it wrote itself, bytes (less files shared with earlier checkpoints).
+    pub incremental_bytes: u64,
+    /// The longest any task's shard paused for its snapshot, ms.
+    pub max_sync_pause_ms: f64,
+    /// Why it was aborted.
+    pub failure: Option<String>,
+}
+
+fn epoch_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl JobMonitor {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Monitored> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// An attempt of the job's tasks starts: read its counters from now on.
+    pub(crate) fn attach(
+        &self,
+        metrics: MetricsRegistry,
+        loads: Vec<Arc<ShardLoad>>,
+        pools: Vec<SegmentPool>,
+        cores: Vec<usize>,
+    ) {
+        self.lock().attempt = Some(Attempt {
+            metrics,
+            loads,
+            pools,
+            cores,
+            started: Instant::now(),
+        });
+    }
+
+    /// The attempt's tasks ended: its counters and pools are let go (a restart attaches the
+    /// next attempt's).
+    pub(crate) fn detach(&self) {
+        self.lock().attempt = None;
+    }
+
+    /// The job's tasks restart.
+    pub(crate) fn restarted(&self) {
+        self.lock().restarts += 1;
+    }
+
+    /// A checkpoint (or savepoint) completed.
+    pub(crate) fn completed(
+        &self,
+        id: u64,
+        savepoint: bool,
+        took: Duration,
+        (full_bytes, incremental_bytes): (u64, u64),
+        max_pause: Duration,
+    ) {
+        let mut monitored = self.lock();
+        let checkpoints = &mut monitored.checkpoints;
+        if savepoint {
+            checkpoints.savepoints += 1;
+        } else {
+            checkpoints.completed += 1;
+            let seconds = took.as_secs_f64();
+            checkpoints
+                .duration_buckets
+                .resize(CHECKPOINT_SECONDS_BUCKETS.len() + 1, 0);
+            let bucket = CHECKPOINT_SECONDS_BUCKETS
+                .iter()
+                .position(|&bound| seconds <= bound)
+                .unwrap_or(CHECKPOINT_SECONDS_BUCKETS.len());
+            checkpoints.duration_buckets[bucket] += 1;
+            checkpoints.duration_seconds_sum += seconds;
+        }
+        let record = CheckpointRecord {
+            id,
+            savepoint,
+            completed: true,
+            end_timestamp: epoch_ms(),
+            duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            full_bytes,
+            incremental_bytes,
+            max_sync_pause_ms: max_pause.as_secs_f64() * 1000.0,
+            failure: None,
+        };
+        if !savepoint {
+            checkpoints.latest_completed = Some(record.clone());
+        }
+        checkpoints.remember(record);
+    }
+
+    /// A checkpoint was aborted.
+    pub(crate) fn aborted(&self, id: u64, savepoint: bool, reason: &str) {
+        let mut monitored = self.lock();
+        if !savepoint {
+            monitored.checkpoints.failed += 1;
+        }
+        monitored.checkpoints.remember(CheckpointRecord {
+            id,
+            savepoint,
+            completed: false,
+            end_timestamp: epoch_ms(),
+            duration_ms: 0,
+            full_bytes: 0,
+            incremental_bytes: 0,
+            max_sync_pause_ms: 0.0,
+            failure: Some(reason.to_string()),
+        });
+    }
+
+    /// Reads the figures now (`None` before the first attempt's tasks started).
+    pub fn figures(&self) -> Option<Figures> {
+        let monitored = self.lock();
+        let attempt = monitored.attempt.as_ref()?;
+        let subtasks = attempt
+            .metrics
+            .subtasks()
+            .into_iter()
+            .map(|m| SubtaskFigures {
+                operator: m.name.clone(),
+                node: m.node,
+                subtask: m.subtask,
+                records_in: m.records_in.get(),
+                records_out: m.records_out.get(),
+                backpressure_waits: m.backpressure_waits.get(),
+                late_records_dropped: m.late_records_dropped.get(),
+            })
+            .collect();
+        let seconds = |ns: u64| ns as f64 / 1e9;
+        let shards = attempt
+            .loads
+            .iter()
+            .zip(&attempt.pools)
+            .enumerate()
+            .map(|(shard, (load, pool))| {
+                let pool = pool.stats();
+                ShardFigures {
+                    shard,
+                    core: attempt.cores.get(shard).copied().unwrap_or(shard),
+                    busy_seconds: seconds(load.processing_ns.load(Ordering::Relaxed)),
+                    checkpoint_io_seconds: seconds(load.checkpoint_io_ns.load(Ordering::Relaxed)),
+                    segments_used: pool.in_use as u64,
+                    segments_total: pool.segments as u64,
+                    segment_bytes: pool.segment_size as u64,
+                }
+            })
+            .collect();
+        Some(Figures {
+            subtasks,
+            shards,
+            checkpoints: monitored.checkpoints.clone(),
+            restarts: monitored.restarts,
+            uptime_seconds: attempt.started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+impl Checkpoints {
+    fn remember(&mut self, record: CheckpointRecord) {
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(record);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoints_fill_their_buckets_and_keep_the_latest_ten() {
+        let monitor = JobMonitor::default();
+        for id in 1..=12 {
+            let took = Duration::from_millis(if id % 2 == 0 { 80 } else { 3000 });
+            monitor.completed(id, false, took, (100, 10), Duration::from_millis(2));
+        }
+        monitor.completed(13, true, Duration::from_millis(1), (5, 5), Duration::ZERO);
+        monitor.aborted(14, false, "expired");
+        let checkpoints = monitor.lock().checkpoints.clone();
+        assert_eq!(
+            (
+                checkpoints.completed,
+                checkpoints.savepoints,
+                checkpoints.failed
+            ),
+            (12, 1, 1)
+        );
+        // 80 ms falls in the 0.1 s bucket, 3 s in the 5 s one.
+        assert_eq!(checkpoints.duration_buckets[1], 6);
+        assert_eq!(checkpoints.duration_buckets[6], 6);
+        assert_eq!(checkpoints.duration_buckets.iter().sum::<u64>(), 12);
+        assert!((checkpoints.duration_seconds_sum - (6.0 * 0.08 + 6.0 * 3.0)).abs() < 1e-9);
+        assert_eq!(checkpoints.history.len(), HISTORY);
+        assert_eq!(
+            checkpoints.history.back().unwrap().failure.as_deref(),
+            Some("expired")
+        );
+        assert_eq!(checkpoints.history.front().unwrap().id, 5);
+        assert_eq!(checkpoints.latest_completed.as_ref().unwrap().id, 12);
+        monitor.aborted(15, true, "declined");
+        assert_eq!(
+            monitor.lock().checkpoints.failed,
+            1,
+            "a savepoint's abort is no failed checkpoint"
+        );
+        assert!(monitor.figures().is_none(), "no attempt yet");
+    }
+}
