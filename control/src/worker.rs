@@ -70,6 +70,9 @@ struct Agent {
     token: Option<String>,
     /// Where fetched packages are kept.
     packages_dir: PathBuf,
+    /// Packages being fetched, and the runs waiting for them.
+    fetching: std::collections::BTreeSet<String>,
+    waiting: BTreeMap<DeploymentId, (RunSpec, Vec<usize>)>,
 }
 
 /// The worker's figures for `/metrics`.
@@ -128,10 +131,9 @@ enum Report {
     State(DeploymentId, ExecutorState),
     /// Its job's latest figures.
     Figures(DeploymentId, Box<Figures>),
-    /// A run's package was fetched (or not).
+    /// A package was fetched (or not).
     Fetched {
-        run: RunSpec,
-        slots: Vec<usize>,
+        package: String,
         result: Result<(), String>,
     },
     /// The answer to a savepoint request.
@@ -241,6 +243,8 @@ async fn run(config: Configuration, control: String) -> Result<()> {
         control: control.clone(),
         token: token.clone(),
         packages_dir,
+        fetching: Default::default(),
+        waiting: BTreeMap::new(),
     };
     eprintln!(
         "weir worker {}: {} slot(s) on cores {:?}, control plane {control}",
@@ -307,7 +311,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
             }
             Some(report) = executor_events.recv() => match report {
                 Report::State(deployment, state) => agent.update(deployment, state, &mut link).await,
-                Report::Fetched { run, slots, result } => agent.fetched(run, slots, result, &mut link).await,
+                Report::Fetched { package, result } => agent.fetched(package, result, &mut link).await,
                 Report::Figures(deployment, figures) => {
                     if let Some(run) = agent.shown().runs.get_mut(&deployment) {
                         run.2 = Some(figures.clone());
@@ -526,7 +530,11 @@ impl Agent {
             }
             ControlMessage::Cancel { deployment } => {
                 if let Some(executor) = self.executors.get_mut(&deployment) {
-                    executor.cancel();
+                    if executor.cancel() {
+                        let state = executor.state.clone();
+                        let report = ExecutorReport { deployment, state };
+                        send(link, &WorkerMessage::Executor(report)).await;
+                    }
                 }
             }
             ControlMessage::Savepoint {
@@ -610,10 +618,15 @@ impl Agent {
         self.packages_dir.join(id)
     }
 
-    /// Fetches run `run`'s package from the control plane on a blocking thread; the result
-    /// comes back as [`Report::Fetched`].
-    fn fetch(&self, run: RunSpec, slots: Vec<usize>) {
+    /// Makes run `run` wait for its package, fetching it from the control plane on a blocking
+    /// thread unless a fetch of it is under way; the result comes back as
+    /// [`Report::Fetched`].
+    fn fetch(&mut self, run: RunSpec, slots: Vec<usize>) {
         let package = run.package.clone().expect("an uploaded package");
+        self.waiting.insert(run.id.clone(), (run, slots));
+        if !self.fetching.insert(package.clone()) {
+            return;
+        }
         let url = format!(
             "http://{}{}",
             self.control,
@@ -625,25 +638,41 @@ impl Agent {
         tokio::task::spawn_blocking(move || {
             let result = download(&url, token.as_deref(), &target)
                 .map_err(|e| format!("cannot fetch package {package} from {url}: {e:#}"));
-            let _ = reports.send(Report::Fetched { run, slots, result });
+            let _ = reports.send(Report::Fetched { package, result });
         });
     }
 
-    /// A fetch ended: start the run, unless it was cancelled meanwhile.
+    /// A package's fetch ended: start the runs waiting for it, but those cancelled meanwhile.
     async fn fetched(
         &mut self,
-        run: RunSpec,
-        slots: Vec<usize>,
+        package: String,
         result: Result<(), String>,
         link: &mut Option<Link>,
     ) {
-        let Some(waiting) = self.executors.remove(&run.id) else {
-            return;
-        };
-        match (waiting.cancelled, result) {
-            (Some(_), _) => self.ended(run.id, Outcome::Canceled, link).await,
-            (None, Err(cause)) => self.ended(run.id, Outcome::Failed { cause }, link).await,
-            (None, Ok(())) => self.launch(run, slots, link).await,
+        self.fetching.remove(&package);
+        let runs: Vec<DeploymentId> = self
+            .waiting
+            .iter()
+            .filter(|(_, (run, _))| run.package.as_deref() == Some(package.as_str()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in runs {
+            let (run, slots) = self.waiting.remove(&id).expect("listed above");
+            let still_waiting = self
+                .executors
+                .get(&id)
+                .is_some_and(|e| !matches!(e.state, ExecutorState::Ended(_)));
+            if !still_waiting {
+                continue;
+            }
+            self.executors.remove(&id);
+            match &result {
+                Ok(()) => self.launch(run, slots, link).await,
+                Err(cause) => {
+                    let cause = cause.clone();
+                    self.ended(id, Outcome::Failed { cause }, link).await;
+                }
+            }
         }
     }
 
@@ -832,13 +861,22 @@ impl Executor {
             .is_ok()
     }
 
-    fn cancel(&mut self) {
+    /// Asks the executor to end; a run still waiting for its package ends here and now
+    /// (returns true: its end is to be reported).
+    fn cancel(&mut self) -> bool {
         if self.commands.is_some() {
             if !self.command(&ExecutorCommand::Cancel) {
                 self.kill();
             }
             self.cancelled.get_or_insert_with(Instant::now);
+            return false;
         }
+        let fetching = self.process.is_none() && !matches!(self.state, ExecutorState::Ended(_));
+        if fetching {
+            self.state = ExecutorState::Ended(Outcome::Canceled);
+            self.slots.clear();
+        }
+        fetching
     }
 
     fn kill(&mut self) {
@@ -993,16 +1031,27 @@ fn download(url: &str, token: Option<&str>, target: &Path) -> Result<()> {
         request = request.header("Authorization", &format!("Bearer {token}"));
     }
     let mut response = request.call()?;
-    let partial = target.with_extension("partial");
-    let mut file = File::create(&partial)?;
-    std::io::copy(&mut response.body_mut().as_reader(), &mut file)?;
-    file.sync_all()?;
-    std::fs::set_permissions(
-        &partial,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )?;
-    std::fs::rename(&partial, target)?;
-    Ok(())
+    // A name of its own: nothing else writes it, and it is never taken for the package.
+    let partial = target.with_file_name(format!(
+        ".{}.{:x}.partial",
+        target.file_name().unwrap_or_default().to_string_lossy(),
+        crate::control_plane::nonce()
+    ));
+    let mut write = || -> std::io::Result<()> {
+        let mut file = File::create(&partial)?;
+        std::io::copy(&mut response.body_mut().as_reader(), &mut file)?;
+        file.sync_all()?;
+        std::fs::set_permissions(
+            &partial,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
+        std::fs::rename(&partial, target)
+    };
+    let written = write();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    Ok(written?)
 }
 
 /// The last `lines` lines of a file.

@@ -1320,16 +1320,17 @@ fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
     assert_eq!(listed["entry"][0]["name"], "even-squares", "{listed}");
 
     // Its job runs in an executor started from the uploaded file, fetched by the worker.
-    let body =
-        json!({ "entryClass": "even-squares", "programArgs": "--to 100000", "parallelism": 2 });
-    let (status, answer) = call(
-        &control,
-        "POST",
-        &format!("/jars/{jar}/run"),
-        Some(&body.to_string()),
-    );
-    assert_eq!(status, 200, "{answer}");
-    let job = answer["jobid"].as_str().unwrap().to_string();
+    // Two runs at once, both waiting for the worker's first fetch of the package.
+    let body = json!({ "entryClass": "even-squares", "programArgs": "--to 100000" });
+    let runs: Vec<String> = (0..2)
+        .map(|_| {
+            let run = format!("/jars/{jar}/run");
+            let (status, answer) = call(&control, "POST", &run, Some(&body.to_string()));
+            assert_eq!(status, 200, "{answer}");
+            answer["jobid"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let job = runs[0].clone();
     let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(60));
     let written = |name: &str| {
         details["vertices"]
@@ -1347,6 +1348,7 @@ fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
         dir.path().join(format!("w/packages/{jar}")).exists(),
         "the worker keeps the package"
     );
+    wait_for_state(&control, &runs[1], "FINISHED", Duration::from_secs(60));
 
     // A package job that fails at every start ends FAILED; a job beside it runs on.
     let steady = submit(
@@ -1426,6 +1428,15 @@ fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
         get(&control, "/jars")["files"].as_array().unwrap().len(),
         2,
         "nothing else kept"
+    );
+    let kept: Vec<String> = std::fs::read_dir(dir.path().join("control/jars"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        kept,
+        std::slice::from_ref(&jar),
+        "refused uploads leave nothing behind"
     );
 
     // A package a running job uses stays (its restarts need it); once its jobs ended it can go.

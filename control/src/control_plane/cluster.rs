@@ -1189,7 +1189,8 @@ fn run_spec(job: &Job, deployment: DeploymentId) -> RunSpec {
     ));
     RunSpec {
         id: deployment,
-        package: (job.submission.package != super::packages::BUILTIN)
+        // ("weir": the built-in package's name in jobs stored before packages were uploaded.)
+        package: (![super::packages::BUILTIN, "weir"].contains(&job.submission.package.as_str()))
             .then(|| job.submission.package.clone()),
         entry: job.submission.entry.clone(),
         args: job.submission.args.clone(),

@@ -83,6 +83,13 @@ pub fn serve(
         };
         let packages = packages::Packages::open(&config.control_data_dir().join("jars"), builtin)?;
         let uploads = config.upload_enabled();
+        if uploads && token.is_none() {
+            tracing::warn!(
+                "web.upload.enabled without rest.auth.token: anyone who reaches {host}:{port} can \
+                 run programs on the workers (and on this host, which asks each upload what it \
+                 holds); set rest.auth.token"
+            );
+        }
         let max_body = usize::try_from(config.rest_max_content_length()).unwrap_or(usize::MAX);
         let cluster = Cluster::open(config, store)?;
         let shared = Shared {

@@ -62,13 +62,34 @@ impl Packages {
         })?;
         let mut list = vec![builtin];
         for entry in std::fs::read_dir(dir)? {
-            let path = entry?.path().join("info.json");
+            let entry = entry?;
+            // What an upload cut short left (a staging directory, a temporary file).
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                let _ = std::fs::remove_dir_all(entry.path());
+                continue;
+            }
+            let path = entry.path().join("info.json");
             match std::fs::read(&path)
                 .map_err(|e| e.to_string())
                 .and_then(|bytes| {
                     serde_json::from_slice::<Package>(&bytes).map_err(|e| e.to_string())
                 }) {
-                Ok(package) => list.push(package),
+                Ok(package) if entry.file_name().to_string_lossy() == package.id => {
+                    if package.info.protocol != PROTOCOL_VERSION {
+                        tracing::warn!(
+                            "package {} speaks executor protocol {}, this Weir {PROTOCOL_VERSION}: \
+                             its jobs are refused until it is rebuilt and uploaded again",
+                            package.id,
+                            package.info.protocol
+                        );
+                    }
+                    list.push(package)
+                }
+                Ok(package) => tracing::error!(
+                    "package directory {} holds package {}; it is left out",
+                    entry.path().display(),
+                    package.id
+                ),
                 Err(error) if path.parent().is_some_and(|p| p.join("package").exists()) => {
                     tracing::error!(
                         "package {} cannot be read ({error}); it is left out",
@@ -101,8 +122,35 @@ impl Packages {
         (id != BUILTIN && self.get(id).is_some()).then(|| self.dir.join(id).join("package"))
     }
 
-    /// A directory for an upload under way, and the id it gets.
-    pub fn staging(&self, file_name: &str) -> (String, PathBuf) {
+    /// Where uploaded packages are kept.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Adds a package [`checked`] kept in this directory.
+    pub fn add(&mut self, package: Package) {
+        self.list.push(package);
+    }
+
+    /// Removes uploaded package `id`.
+    pub fn remove(&mut self, id: &str) -> Result<()> {
+        std::fs::remove_dir_all(self.dir.join(id))?;
+        self.list.retain(|p| p.id != id);
+        Ok(())
+    }
+}
+
+/// An upload under way: a staging directory in the packages' directory, removed unless the
+/// upload is kept (also when the request is dropped half way).
+pub(crate) struct Staging {
+    pub id: String,
+    pub dir: PathBuf,
+    kept: bool,
+}
+
+impl Staging {
+    /// A staging directory in `packages` for a file named `file_name`.
+    pub fn new(packages: &Path, file_name: &str) -> Staging {
         let clean: String = file_name
             .chars()
             .map(|c| {
@@ -115,49 +163,65 @@ impl Packages {
             .take(64)
             .collect();
         let id = format!("{:016x}_{clean}", super::nonce());
-        let staging = self.dir.join(format!(".{id}"));
-        (id, staging)
+        let dir = packages.join(format!(".{id}"));
+        Staging {
+            id,
+            dir,
+            kept: false,
+        }
     }
 
-    /// Checks the executable uploaded into `staging` and keeps it as package `id`.
-    pub async fn keep(
-        &mut self,
-        id: String,
-        file_name: String,
-        staging: &Path,
-    ) -> Result<Result<Package, NotAPackage>> {
-        let executable = staging.join("package");
-        std::fs::set_permissions(&executable, std::fs::Permissions::from_mode(0o755))?;
-        let info = match describe(&executable, &file_name).await {
-            Ok(info) => info,
-            Err(refusal) => return Ok(Err(refusal)),
-        };
-        let package = Package {
-            id: id.clone(),
-            file_name,
-            info,
-            uploaded: now_ms(),
-            check_args: None,
-        };
-        std::fs::write(
-            staging.join("info.json"),
-            serde_json::to_vec_pretty(&package)?,
-        )?;
-        std::fs::rename(staging, self.dir.join(&id))?;
-        std::fs::File::open(&self.dir)?.sync_all()?;
-        self.list.push(package.clone());
-        Ok(Ok(package))
-    }
-
-    /// Removes uploaded package `id`.
-    pub fn remove(&mut self, id: &str) -> Result<()> {
-        std::fs::remove_dir_all(self.dir.join(id))?;
-        self.list.retain(|p| p.id != id);
-        Ok(())
+    /// The uploaded executable.
+    pub fn executable(&self) -> PathBuf {
+        self.dir.join("package")
     }
 }
 
-/// Asks an uploaded executable what it holds.
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if !self.kept {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Checks the executable uploaded into `staging` and keeps it under the packages' directory
+/// `packages` (the list is the caller's to update).
+pub(crate) async fn checked(
+    mut staging: Staging,
+    file_name: String,
+    packages: &Path,
+) -> Result<Result<Package, NotAPackage>> {
+    let executable = staging.executable();
+    std::fs::set_permissions(&executable, std::fs::Permissions::from_mode(0o755))?;
+    let info = match describe(&executable, &file_name).await {
+        Ok(info) => info,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    let package = Package {
+        id: staging.id.clone(),
+        file_name,
+        info,
+        uploaded: now_ms(),
+        check_args: None,
+    };
+    // The directory's name is the package's id; a staging directory (a dot name) is never
+    // loaded, so a crash before the rename keeps nothing.
+    std::fs::write(
+        staging.dir.join("info.json"),
+        serde_json::to_vec_pretty(&package)?,
+    )?;
+    std::fs::rename(&staging.dir, packages.join(&package.id))?;
+    staging.kept = true;
+    std::fs::File::open(packages)?.sync_all()?;
+    Ok(Ok(package))
+}
+
+/// Most of a package's answer to `--weir-package-info` read.
+const INFO_LIMIT: u64 = 1 << 20;
+
+/// Asks an uploaded executable what it holds: run with no environment, in an empty
+/// directory, in a process group of its own that is killed whole after [`INFO_TIMEOUT`].
 async fn describe(executable: &Path, file_name: &str) -> Result<PackageInfo, NotAPackage> {
     let refuse = |why: String| {
         NotAPackage(format!(
@@ -165,21 +229,51 @@ async fn describe(executable: &Path, file_name: &str) -> Result<PackageInfo, Not
              against weir-engine whose main calls weir_engine::package::main"
         ))
     };
-    let run = tokio::process::Command::new(executable)
+    let cwd = executable.parent().unwrap_or(Path::new("/"));
+    let mut child = match tokio::process::Command::new(executable)
         .arg("--weir-package-info")
+        .env_clear()
+        .current_dir(cwd)
         .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .process_group(0)
         .kill_on_drop(true)
-        .output();
-    let output = match tokio::time::timeout(INFO_TIMEOUT, run).await {
-        Ok(Ok(output)) => output,
-        Ok(Err(error)) => return Err(refuse(format!("it does not run here ({error})"))),
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(error) => return Err(refuse(format!("it does not run here ({error})"))),
+    };
+    let group = child.id();
+    let mut stdout = child.stdout.take().expect("piped");
+    let read = async {
+        let mut answer = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(
+            &mut tokio::io::AsyncReadExt::take(&mut stdout, INFO_LIMIT),
+            &mut answer,
+        )
+        .await
+        .map(|_| answer)
+    };
+    let answer = tokio::time::timeout(INFO_TIMEOUT, read).await;
+    if let Some(group) = group {
+        // SAFETY: killpg of the process group this child leads (it was started with one of
+        // its own), whatever it left running.
+        unsafe {
+            libc::killpg(group as libc::pid_t, libc::SIGKILL);
+        }
+    }
+    let _ = child.wait().await;
+    let answer = match answer {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(error)) => return Err(refuse(format!("its answer cannot be read ({error})"))),
         Err(_) => {
             return Err(refuse(format!(
                 "it did not answer --weir-package-info within {INFO_TIMEOUT:?}"
             )))
         }
     };
-    let info: PackageInfo = serde_json::from_slice(&output.stdout)
+    let info: PackageInfo = serde_json::from_slice(&answer)
         .map_err(|_| refuse("it does not answer --weir-package-info".into()))?;
     if info.protocol != PROTOCOL_VERSION {
         return Err(NotAPackage(format!(

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use weir_engine::monitor::{Figures, SubtaskFigures};
 
 use super::cluster::{now_ms, Job, JobStatus, OperationKind, Refusal, Submission};
-use super::packages::BUILTIN;
+use super::packages::{self, Staging, BUILTIN};
 use super::{links, Shared};
 use crate::protocol::{PACKAGES_PATH, WORKERS_PATH};
 
@@ -264,31 +264,34 @@ async fn upload_jar(
             e.body_text()
         ))
     })?;
-    let too_large = |e: axum::extract::multipart::MultipartError| {
-        let status = e.status();
-        ApiError(
-            status,
-            if status == StatusCode::PAYLOAD_TOO_LARGE {
+    let limit = shared.max_body;
+    let refused = move |status: StatusCode, what: String| {
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError(
+                status,
                 format!(
-                    "the package is larger than rest.server.max-content-length ({} bytes); \
-                     strip its debug information (strip --strip-debug) or raise the limit",
-                    shared.max_body
-                )
-            } else {
-                format!("the upload cannot be read: {}", e.body_text())
-            },
-        )
+                    "the package is larger than rest.server.max-content-length ({limit} bytes); \
+                     strip its debug information (strip --strip-debug) or raise the limit"
+                ),
+            )
+        } else {
+            bad_request(format!("the upload cannot be read: {what}"))
+        }
     };
-    let mut packages = shared.packages.lock().await;
-    while let Some(mut field) = multipart.next_field().await.map_err(too_large)? {
+    let field_error =
+        |e: axum::extract::multipart::MultipartError| refused(e.status(), e.body_text());
+    // No lock while the file comes in and is checked: other requests go on meanwhile.
+    let packages_dir = shared.packages.lock().await.dir().to_path_buf();
+    while let Some(mut field) = multipart.next_field().await.map_err(field_error)? {
         if field.name() != Some("jarfile") {
             continue;
         }
         let file_name = field.file_name().unwrap_or("package").to_string();
-        let (id, staging) = packages.staging(&file_name);
+        let staging = Staging::new(&packages_dir, &file_name);
+        let executable = staging.executable();
         let write = async {
-            tokio::fs::create_dir_all(&staging).await?;
-            let mut file = tokio::fs::File::create(staging.join("package")).await?;
+            tokio::fs::create_dir_all(&staging.dir).await?;
+            let mut file = tokio::fs::File::create(&executable).await?;
             while let Some(chunk) = field.chunk().await.map_err(std::io::Error::other)? {
                 tokio::io::AsyncWriteExt::write_all(&mut file, &chunk).await?;
             }
@@ -296,49 +299,27 @@ async fn upload_jar(
             file.sync_all().await
         };
         let written: std::io::Result<()> = write.await;
-        let kept = match written {
-            Ok(()) => packages.keep(id, file_name, &staging).await,
-            Err(error) => {
-                let _ = std::fs::remove_dir_all(&staging);
-                let refused = error
-                    .get_ref()
-                    .and_then(|e| e.downcast_ref::<axum::extract::multipart::MultipartError>())
-                    .map(|e| e.status() == StatusCode::PAYLOAD_TOO_LARGE)
-                    .unwrap_or(false);
-                return Err(if refused {
-                    ApiError(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        format!(
-                            "the package is larger than rest.server.max-content-length ({} \
-                             bytes); strip its debug information (strip --strip-debug) or raise \
-                             the limit",
-                            shared.max_body
-                        ),
-                    )
-                } else {
-                    ApiError(
-                        StatusCode::BAD_REQUEST,
-                        format!("the upload cannot be read: {error}"),
-                    )
-                });
-            }
-        };
-        return match kept {
-            Ok(Ok(package)) => Ok((
-                StatusCode::OK,
-                Json(json!({ "filename": package.id, "status": "success" })),
-            )),
-            Ok(Err(refused)) => {
-                let _ = std::fs::remove_dir_all(&staging);
-                Err(bad_request(refused.0))
-            }
-            Err(error) => {
-                let _ = std::fs::remove_dir_all(&staging);
-                Err(ApiError(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("the package cannot be kept: {error:#}"),
+        if let Err(error) = written {
+            let status = error
+                .get_ref()
+                .and_then(|e| e.downcast_ref::<axum::extract::multipart::MultipartError>())
+                .map_or(StatusCode::BAD_REQUEST, |e| e.status());
+            return Err(refused(status, error.to_string()));
+        }
+        return match packages::checked(staging, file_name, &packages_dir).await {
+            Ok(Ok(package)) => {
+                let id = package.id.clone();
+                shared.packages.lock().await.add(package);
+                Ok((
+                    StatusCode::OK,
+                    Json(json!({ "filename": id, "status": "success" })),
                 ))
             }
+            Ok(Err(refusal)) => Err(bad_request(refusal.0)),
+            Err(error) => Err(ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("the package cannot be kept: {error:#}"),
+            )),
         };
     }
     Err(bad_request(
@@ -436,6 +417,14 @@ async fn run_jar(
             format!("no jar '{jar}'; GET /jars lists them"),
         )
     })?;
+    if package.info.protocol != weir_engine::package::PROTOCOL_VERSION {
+        return Err(bad_request(format!(
+            "jar '{jar}' speaks executor protocol {}, this Weir {}; rebuild it against this Weir \
+             release and upload it again",
+            package.info.protocol,
+            weir_engine::package::PROTOCOL_VERSION
+        )));
+    }
     let names: Vec<&str> = package.info.jobs.iter().map(|j| j.name.as_str()).collect();
     let entry = match request.entry_class {
         Some(entry) if names.contains(&entry.as_str()) => entry,
