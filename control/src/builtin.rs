@@ -134,6 +134,13 @@ pub fn build(env: &StreamEnvironment, job: Job, args: &JobArgs) -> Result<&'stat
     Ok(job.name())
 }
 
+/// A built-in job's program arguments, parsed.
+pub fn parse_args(args: &[String]) -> Result<JobArgs, String> {
+    ProgramArgs::try_parse_from(args)
+        .map(|p| p.args)
+        .map_err(|e| e.to_string())
+}
+
 /// Checks a built-in job's program arguments without building it (the control plane refuses
 /// a submission whose arguments do not parse); the error is clap's first line.
 pub fn check_args(args: &[String]) -> Result<(), String> {

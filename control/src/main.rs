@@ -238,6 +238,20 @@ enum CheckpointCommand {
 
 #[derive(Subcommand)]
 enum Bench {
+    /// Submission over the REST API to the first record processed, on a control plane and a
+    /// worker started for it on loopback, against the same job started embedded, and from a
+    /// savepoint holding state.
+    Submit {
+        /// Submissions of each kind.
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// Keys of the savepointed job's state.
+        #[arg(long, default_value_t = 100_000)]
+        keys: u32,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Source → map → filter → discard, chained on one shard, against a hand-written loop.
     Chain {
         /// Records to generate.
@@ -579,6 +593,9 @@ fn print_report<R: serde::Serialize + std::fmt::Debug>(report: &R, json: bool) -
 fn run_bench(bench: Bench) -> Result<()> {
     match bench {
         Bench::Chain { records, json } => print_report(&weir_bench::chain::run(records)?, json),
+        Bench::Submit { rounds, keys, json } => {
+            print_report(&bench_submit::run(rounds.max(1), keys)?, json)
+        }
         Bench::Exchange {
             records,
             shards,
@@ -710,6 +727,7 @@ fn run_bench(bench: Bench) -> Result<()> {
     }
 }
 
+mod bench_submit;
 mod builtin;
 mod client;
 mod control_plane;

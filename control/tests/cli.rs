@@ -459,3 +459,24 @@ fn bench_commands_print_one_json_object() {
         "4096",
     );
 }
+
+#[test]
+fn bench_submit_measures_a_submission_through_a_control_plane_and_a_worker() {
+    let json = bench_json(
+        &[
+            "bench", "submit", "--rounds", "1", "--keys", "1000", "--json",
+        ],
+        &[
+            "submit_to_first_record_ms",
+            "embedded_to_first_record_ms",
+            "ratio",
+            "restore_submit_to_first_record_ms",
+            "savepoint_bytes",
+        ],
+    );
+    assert!(
+        json["submit_to_first_record_ms"]["p50"].as_f64().unwrap() > 0.0,
+        "{json}"
+    );
+    assert!(json["savepoint_bytes"].as_u64().unwrap() > 0, "{json}");
+}

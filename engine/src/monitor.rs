@@ -32,6 +32,7 @@ struct Monitored {
     attempt: Option<Attempt>,
     checkpoints: Checkpoints,
     restarts: u64,
+    first_record_at: Option<i64>,
 }
 
 /// What the running attempt's figures are read from.
@@ -57,6 +58,10 @@ pub struct Figures {
     pub restarts: u64,
     /// Seconds since the running attempt's tasks started.
     pub uptime_seconds: f64,
+    /// When the run's first record left an operator, ms since the epoch (as its executor
+    /// saw it).
+    #[serde(default)]
+    pub first_record_at: Option<i64>,
 }
 
 /// One operator in one subtask.
@@ -141,7 +146,8 @@ pub struct CheckpointRecord {
     pub failure: Option<String>,
 }
 
-fn epoch_ms() -> i64 {
+/// Milliseconds since the epoch.
+pub fn epoch_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -173,6 +179,23 @@ impl JobMonitor {
     /// next attempt's).
     pub(crate) fn detach(&self) {
         self.lock().attempt = None;
+    }
+
+    /// Whether any operator of the running attempt emitted a record (a cheap poll).
+    pub fn emitted_any(&self) -> bool {
+        let monitored = self.lock();
+        monitored.attempt.as_ref().is_some_and(|attempt| {
+            attempt
+                .metrics
+                .subtasks()
+                .iter()
+                .any(|m| m.records_out.get() > 0)
+        })
+    }
+
+    /// Notes when the run's first record was emitted (the first call counts).
+    pub fn first_record(&self, at_ms: i64) {
+        self.lock().first_record_at.get_or_insert(at_ms);
     }
 
     /// The job's tasks restart.
@@ -285,6 +308,7 @@ impl JobMonitor {
             checkpoints: monitored.checkpoints.clone(),
             restarts: monitored.restarts,
             uptime_seconds: attempt.started.elapsed().as_secs_f64(),
+            first_record_at: monitored.first_record_at,
         })
     }
 }

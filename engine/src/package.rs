@@ -476,6 +476,26 @@ fn run_deployment(registry: &Registry, deployment: &RunSpec, events: &Events) ->
         }
     })
     .expect("a thread for the job's figures");
+    // The first record, to the millisecond (what submission-to-first-record is measured by):
+    // polled off the shards until it comes, for a minute at most.
+    let watched = options.monitor.clone();
+    let announcer = events.clone();
+    std::thread::Builder::new()
+        .name("first-record".into())
+        .spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while std::time::Instant::now() < deadline {
+                if watched.emitted_any() {
+                    watched.first_record(crate::monitor::epoch_ms());
+                    if let Some(figures) = watched.figures() {
+                        announcer.send(&ExecutorEvent::Figures(Box::new(figures)));
+                    }
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        })
+        .expect("a thread watching for the first record");
     match env.execute_with(&deployment.entry, options) {
         Ok(result) => Outcome::Finished {
             duration_ms: u64::try_from(result.duration.as_millis()).unwrap_or(u64::MAX),

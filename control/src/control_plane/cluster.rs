@@ -174,6 +174,9 @@ pub struct Job {
     /// Not stored: the checkpoints of the last run that ended.
     #[serde(skip)]
     pub last_checkpoints: Option<Checkpoints>,
+    /// Not stored: when the latest run's first record was processed, ms since the epoch.
+    #[serde(skip)]
+    pub first_record: Option<i64>,
 }
 
 /// What an asynchronous operation on a job does.
@@ -410,6 +413,7 @@ impl Cluster {
             waiting_since: now,
             live: None,
             last_checkpoints: None,
+            first_record: None,
         };
         job.enter(JobStatus::Created, now);
         // A job is accepted only once it is stored.
@@ -615,6 +619,9 @@ impl Cluster {
                 .as_ref()
                 .is_some_and(|p| p.deployment == *deployment)
             {
+                if figures.first_record_at.is_some() {
+                    job.first_record = figures.first_record_at;
+                }
                 job.live = Some(figures);
             }
         }
@@ -1126,6 +1133,7 @@ impl Cluster {
             attempt: job.attempts,
         };
         let run = run_spec(job, deployment.clone());
+        job.first_record = None;
         job.placement = Some(Placement {
             deployment,
             worker: worker.clone(),

@@ -606,6 +606,7 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
             "attempt": p.deployment.attempt,
             "running": p.running,
         })),
+        "firstRecordTime": job.first_record,
         "vertices": vertices,
     });
     if let (Value::Object(details), Value::Object(extra)) = (&mut details, extra) {

@@ -1,0 +1,291 @@
+//! `weir bench submit`: how long a job takes from its submission over the REST API to its
+//! first record processed, on a control plane and a worker started for the purpose on
+//! loopback; against the same job started embedded (`weir run`'s path, in this process) in
+//! the same run; and from a savepoint holding state.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use serde_json::{json, Value};
+use weir_engine::api::RunOptions;
+use weir_engine::monitor::epoch_ms;
+use weir_engine::{Configuration, StreamEnvironment};
+
+use crate::builtin::{self, Job};
+use crate::client::Client;
+
+/// What `weir bench submit` prints.
+#[derive(Debug, Serialize)]
+pub struct SubmitReport {
+    /// Rounds of each measurement.
+    pub rounds: usize,
+    /// POST /jars/:id/run → the first record, through the control plane, a worker and a new
+    /// executor process, ms.
+    pub submit_to_first_record_ms: Quantiles,
+    /// The same job started in this process (`weir run`'s path) → its first record, ms.
+    pub embedded_to_first_record_ms: Quantiles,
+    /// Median over median.
+    pub ratio: f64,
+    /// POST /jars/:id/run with a savepoint → the first record, ms.
+    pub restore_submit_to_first_record_ms: Quantiles,
+    /// Bytes of that savepoint.
+    pub savepoint_bytes: u64,
+}
+
+/// The median and the largest of a set of durations.
+#[derive(Debug, Serialize)]
+pub struct Quantiles {
+    /// Median.
+    pub p50: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Quantiles {
+    fn of(mut values: Vec<f64>) -> Quantiles {
+        values.sort_by(f64::total_cmp);
+        Quantiles {
+            p50: values[values.len() / 2],
+            max: *values.last().expect("at least one round"),
+        }
+    }
+}
+
+/// A process this benchmark started, killed when dropped.
+struct Started(Child);
+
+impl Drop for Started {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `weir ARGS` and waits for the stderr line holding `marker`; returns what follows it.
+fn start(args: &[String], marker: &'static str) -> Result<(Started, String)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let (found, wait) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            if let Some((_, rest)) = line.split_once(marker) {
+                let _ = found.send(rest.to_string());
+            }
+        }
+    });
+    let started = Started(child);
+    let rest = wait
+        .recv_timeout(Duration::from_secs(60))
+        .with_context(|| format!("weir {} did not print '{marker}'", args[0]))?;
+    Ok((started, rest))
+}
+
+fn settings(pairs: &[String]) -> Vec<String> {
+    pairs
+        .iter()
+        .flat_map(|p| ["-D".to_string(), p.clone()])
+        .collect()
+}
+
+/// Polls `what` every millisecond until it gives a value, for `limit` at most.
+fn poll<T>(limit: Duration, mut what: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = what()? {
+            return Ok(value);
+        }
+        if started.elapsed() > limit {
+            bail!("nothing within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn call(client: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+    client
+        .call(method, path, body)
+        .map_err(|f| anyhow::anyhow!("{}", f.message))
+}
+
+/// Submits `body` and returns (ms from the request to the first record, the job id).
+fn first_record(client: &Client, body: &Value) -> Result<(f64, String)> {
+    let sent = epoch_ms();
+    let answer = call(client, "POST", "/jars/weir-builtin/run", Some(body))?;
+    let job = answer["jobid"].as_str().context("a job id")?.to_string();
+    let mut last = Value::Null;
+    let first = poll(Duration::from_secs(60), || {
+        let details = call(client, "GET", &format!("/jobs/{job}"), None)?;
+        if details["state"] == "FAILED" {
+            bail!("job {job} failed: {details}");
+        }
+        let first = details["firstRecordTime"].as_i64();
+        last = details;
+        Ok(first)
+    })
+    .with_context(|| format!("job {job} reported no first record: {last}"))?;
+    Ok(((first - sent) as f64, job))
+}
+
+fn wait_for_end(client: &Client, job: &str) -> Result<()> {
+    poll(Duration::from_secs(120), || {
+        let details = call(client, "GET", &format!("/jobs/{job}"), None)?;
+        Ok(matches!(details["state"].as_str(), Some("FINISHED" | "CANCELED")).then_some(()))
+    })
+    .with_context(|| format!("job {job} did not end"))
+}
+
+/// Long enough (about a second) that the first record is seen while the job still runs.
+const ARGS: [&str; 5] = ["--events", "1000000", "--keys", "64", "--discard"];
+
+/// The same job in this process, as `weir run` starts it (the environment made, the job
+/// built, its tasks deployed) → its first record.
+fn embedded_first_record() -> Result<f64> {
+    let args = builtin::parse_args(&ARGS.map(String::from)).map_err(anyhow::Error::msg)?;
+    let options = RunOptions::default();
+    let monitor = options.monitor.clone();
+    let started = Instant::now();
+    let run = std::thread::spawn(move || -> Result<()> {
+        let config = Configuration::default().with("taskmanager.numberOfTaskSlots", "1")?;
+        let env = StreamEnvironment::new(config)?;
+        let name = builtin::build(&env, Job::SequenceCheck, &args)?;
+        env.execute_with(name, options)?;
+        Ok(())
+    });
+    let first = poll(Duration::from_secs(60), || {
+        Ok(monitor
+            .emitted_any()
+            .then(|| started.elapsed().as_secs_f64() * 1000.0))
+    })
+    .context("the embedded job's first record was not seen")?;
+    run.join().expect("the job's thread")?;
+    Ok(first)
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Runs the benchmark: `rounds` submissions, as many embedded starts alternating with them,
+/// and `rounds` submissions from one savepoint of a job holding `keys` keys of state.
+pub fn run(rounds: usize, keys: u32) -> Result<SubmitReport> {
+    let dir: PathBuf = std::env::temp_dir().join(format!(
+        "weir-bench-submit-{:x}",
+        crate::control_plane::nonce()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    // Declared first, so dropped after the processes.
+    let _cleanup = Cleanup(dir.clone());
+    let checkpoints = dir.join("checkpoints");
+    let control_settings = settings(&[
+        format!("control.data-dir={}", dir.join("control").display()),
+        "rest.address=127.0.0.1".into(),
+        "rest.port=0".into(),
+        "heartbeat.interval=1s".into(),
+        "heartbeat.timeout=10s".into(),
+        "execution.checkpointing.interval=1s".into(),
+        format!("execution.checkpointing.dir={}", checkpoints.display()),
+    ]);
+    let mut args = vec!["control".to_string()];
+    args.extend(control_settings);
+    let (_control, address) = start(&args, "REST API on http://")?;
+    let mut args = vec!["worker".to_string(), "--control".into(), address.clone()];
+    args.extend(settings(&[
+        format!("worker.data-dir={}", dir.join("worker").display()),
+        "taskmanager.cpu.cores=0".into(),
+        "metrics.reporter.prom.host=127.0.0.1".into(),
+        "metrics.reporter.prom.port=0".into(),
+    ]));
+    let (_worker, _) = start(&args, "registered with")?;
+    let client = Client::new(&address, None);
+
+    let body = json!({ "entryClass": "sequence-check", "programArgsList": ARGS });
+    let (mut submitted, mut embedded) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let (ms, job) = first_record(&client, &body)?;
+        submitted.push(ms);
+        wait_for_end(&client, &job)?;
+        embedded.push(embedded_first_record()?);
+    }
+
+    // A savepoint of a job holding `keys` keys, then starts from it.
+    let stateful = [
+        "--events".to_string(),
+        "1000000000".into(),
+        "--keys".into(),
+        keys.to_string(),
+        "--rate".into(),
+        "200000".into(),
+        "--discard".into(),
+    ];
+    let body = json!({ "entryClass": "sequence-check", "programArgsList": stateful });
+    let (_, job) = first_record(&client, &body)?;
+    std::thread::sleep(Duration::from_secs(3));
+    let stopped = call(
+        &client,
+        "POST",
+        &format!("/jobs/{job}/stop"),
+        Some(&json!({})),
+    )?;
+    let request = stopped["request-id"].as_str().context("a request id")?;
+    let savepoint = client
+        .wait_for(
+            &job,
+            &format!("/jobs/{job}/savepoints/{request}"),
+            Duration::from_secs(120),
+        )
+        .map_err(|f| anyhow::anyhow!("{}", f.message))?;
+    let path = savepoint["operation"]["location"]
+        .as_str()
+        .context("the savepoint's location")?
+        .to_string();
+    // Its slot is free once the stopped run ended.
+    wait_for_end(&client, &job)?;
+    let mut restored = Vec::new();
+    for _ in 0..rounds {
+        let body = json!({
+            "entryClass": "sequence-check",
+            "programArgsList": stateful,
+            "savepointPath": path,
+        });
+        let (ms, job) = first_record(&client, &body)?;
+        restored.push(ms);
+        call(&client, "PATCH", &format!("/jobs/{job}?mode=cancel"), None)?;
+        wait_for_end(&client, &job)?;
+    }
+    let submit = Quantiles::of(submitted);
+    let embed = Quantiles::of(embedded);
+    Ok(SubmitReport {
+        rounds,
+        ratio: submit.p50 / embed.p50,
+        submit_to_first_record_ms: submit,
+        embedded_to_first_record_ms: embed,
+        restore_submit_to_first_record_ms: Quantiles::of(restored),
+        savepoint_bytes: dir_bytes(Path::new(&path)),
+    })
+}
+
+/// Removes the benchmark's directory when dropped.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
