@@ -48,8 +48,9 @@ pub struct Quantiles {
 impl Quantiles {
     fn of(mut values: Vec<f64>) -> Quantiles {
         values.sort_by(f64::total_cmp);
+        let n = values.len();
         Quantiles {
-            p50: values[values.len() / 2],
+            p50: (values[(n - 1) / 2] + values[n / 2]) / 2.0,
             max: *values.last().expect("at least one round"),
         }
     }
@@ -123,10 +124,15 @@ fn first_record(client: &Client, body: &Value) -> Result<(f64, String)> {
     let mut last = Value::Null;
     let first = poll(Duration::from_secs(60), || {
         let details = call(client, "GET", &format!("/jobs/{job}"), None)?;
-        if details["state"] == "FAILED" {
-            bail!("job {job} failed: {details}");
-        }
         let first = details["firstRecordTime"].as_i64();
+        if first.is_none()
+            && matches!(
+                details["state"].as_str(),
+                Some("FAILED" | "FINISHED" | "CANCELED")
+            )
+        {
+            bail!("job {job} ended without a first record: {details}");
+        }
         last = details;
         Ok(first)
     })

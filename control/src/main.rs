@@ -245,7 +245,9 @@ enum Bench {
         /// Submissions of each kind.
         #[arg(long, default_value_t = 10)]
         rounds: usize,
-        /// Keys of the savepointed job's state.
+        /// `--keys` of the job the savepoint is taken of (its one reader reads its 16 splits
+        /// one after another: in the 3 s before the savepoint, the keys of the first hold
+        /// state).
         #[arg(long, default_value_t = 100_000)]
         keys: u32,
         /// Print one JSON object.

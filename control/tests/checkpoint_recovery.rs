@@ -6,6 +6,10 @@
 //! every record through the file sink: the committed part files hold each record once, each
 //! key's in order, which only holds when the sink commits exactly what its checkpoints hold.
 
+#[path = "common/parts.rs"]
+mod parts;
+
+use parts::read_parts;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -108,36 +112,6 @@ fn command_on(
 /// Where the runs checkpointing into `checkpoints` keep RocksDB's working files.
 fn rocksdb_local_dir(checkpoints: &Path) -> std::path::PathBuf {
     checkpoints.with_file_name("rocksdb")
-}
-
-/// The lines of an output directory's committed part files, each subtask's parts in the order
-/// they were written; fails on a file the sink left uncommitted.
-fn read_parts(dir: &Path) -> Vec<String> {
-    let mut parts = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("the output directory") {
-        let path = entry.expect("an entry").path();
-        let name = path
-            .file_name()
-            .expect("a name")
-            .to_string_lossy()
-            .into_owned();
-        let (subtask, n) = name
-            .strip_prefix("part-")
-            .and_then(|rest| rest.split_once('-'))
-            .unwrap_or_else(|| panic!("'{name}' is left in the output directory"));
-        let order: (usize, u64) = (
-            subtask.parse().expect("a subtask"),
-            n.parse().expect("a number"),
-        );
-        parts.push((order, path));
-    }
-    parts.sort();
-    let mut lines = Vec::new();
-    for (_, path) in parts {
-        let text = std::fs::read_to_string(&path).expect("a part file");
-        lines.extend(text.lines().map(str::to_string));
-    }
-    lines
 }
 
 /// The key reports in an output directory's part files.

@@ -3,8 +3,12 @@
 //! a SIGKILLed worker's job restarts from its checkpoint on another worker with nothing lost or
 //! repeated; a SIGKILLed control plane, started again, finds its running job.
 
+#[path = "common/parts.rs"]
+mod parts;
+
+use parts::read_parts;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -242,43 +246,6 @@ fn wait_for_state(control: &ControlPlane, job: &str, wanted: &str, limit: Durati
         );
         (now == wanted).then_some(details)
     })
-}
-
-/// The lines of the committed part files in `dir`, each subtask's in the order written.
-fn read_parts(dir: &Path) -> Vec<String> {
-    let mut parts: Vec<((usize, u64), PathBuf)> = std::fs::read_dir(dir)
-        .expect("the output directory")
-        .map(|entry| {
-            let path = entry.expect("an entry").path();
-            let name = path
-                .file_name()
-                .expect("a name")
-                .to_string_lossy()
-                .into_owned();
-            let (subtask, n) = name
-                .strip_prefix("part-")
-                .and_then(|rest| rest.split_once('-'))
-                .unwrap_or_else(|| panic!("'{name}' is left in the output directory"));
-            (
-                (
-                    subtask.parse().expect("a subtask"),
-                    n.parse().expect("a number"),
-                ),
-                path,
-            )
-        })
-        .collect();
-    parts.sort();
-    parts
-        .iter()
-        .flat_map(|(_, path)| {
-            std::fs::read_to_string(path)
-                .expect("a part file")
-                .lines()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .collect()
 }
 
 #[test]

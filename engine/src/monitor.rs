@@ -178,7 +178,18 @@ impl JobMonitor {
     /// The attempt's tasks ended: its counters and pools are let go (a restart attaches the
     /// next attempt's).
     pub(crate) fn detach(&self) {
-        self.lock().attempt = None;
+        let mut monitored = self.lock();
+        // A run that emitted and ended between two polls of the first-record watcher: late,
+        // but never missing.
+        if monitored.first_record_at.is_none()
+            && monitored
+                .attempt
+                .as_ref()
+                .is_some_and(|a| a.metrics.subtasks().iter().any(|m| m.records_out.get() > 0))
+        {
+            monitored.first_record_at = Some(epoch_ms());
+        }
+        monitored.attempt = None;
     }
 
     /// Whether any operator of the running attempt emitted a record (a cheap poll).

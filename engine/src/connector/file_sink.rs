@@ -296,16 +296,7 @@ fn now_ms() -> i64 {
 fn date_time_bucket(ms: i64, period: BucketPeriod) -> String {
     let days = ms.div_euclid(86_400_000);
     let hour = ms.rem_euclid(86_400_000) / 3_600_000;
-    // Howard Hinnant's days-to-civil.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = crate::time::civil_from_days(days);
     match period {
         BucketPeriod::Hour => format!("{year:04}-{month:02}-{day:02}--{hour:02}"),
         BucketPeriod::Day => format!("{year:04}-{month:02}-{day:02}"),

@@ -12,6 +12,20 @@ pub use watermark::{
 
 use std::cell::Cell;
 
+/// The civil date (year, month, day; UTC) of `days` days since 1970-01-01 (Howard Hinnant's
+/// days-to-civil).
+pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
 /// The wall clock in milliseconds since the Unix epoch: processing time.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
