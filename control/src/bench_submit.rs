@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 use weir_engine::api::RunOptions;
-use weir_engine::monitor::epoch_ms;
+use weir_engine::time::now_ms;
 use weir_engine::{Configuration, StreamEnvironment};
 
 use crate::builtin::{self, Job};
@@ -118,7 +118,7 @@ fn call(client: &Client, method: &str, path: &str, body: Option<&Value>) -> Resu
 
 /// Submits `body` and returns (ms from the request to the first record, the job id).
 fn first_record(client: &Client, body: &Value) -> Result<(f64, String)> {
-    let sent = epoch_ms();
+    let sent = now_ms();
     let answer = call(client, "POST", "/jars/weir-builtin/run", Some(body))?;
     let job = answer["jobid"].as_str().context("a job id")?.to_string();
     let mut last = Value::Null;

@@ -192,6 +192,31 @@ fn output_within(mut command: Command, limit: Duration) -> std::process::Output 
     })
 }
 
+/// Runs the CLI command `args` against `control` (`--control` right after the subcommand:
+/// the command's own options go before a job's arguments), killed after `limit`.
+fn weir_cli(control: &ControlPlane, args: &[&str], limit: Duration) -> std::process::Output {
+    let mut command = Command::new(WEIR);
+    command
+        .arg(args[0])
+        .args(["--control", &control.address])
+        .args(&args[1..]);
+    output_within(command, limit)
+}
+
+/// The first value a Prometheus server on `port` answers `query` with.
+fn prometheus_value(port: u16, query: &str) -> Option<f64> {
+    let mut response = agent()
+        .get(&format!("http://127.0.0.1:{port}/api/v1/query"))
+        .query("query", query)
+        .call()
+        .ok()?;
+    let answer: Value = serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()?;
+    answer["data"]["result"][0]["value"][1]
+        .as_str()?
+        .parse::<f64>()
+        .ok()
+}
+
 /// Waits up to `limit` for `done` to return something.
 fn wait_for<T>(what: &str, limit: Duration, mut done: impl FnMut() -> Option<T>) -> T {
     let started = Instant::now();
@@ -405,11 +430,7 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
     assert_eq!(listed["jobs"].as_array().unwrap().len(), 2, "{listed}");
 
     // The CLI, as a client of the same API.
-    let cli = |args: &[&str]| {
-        let mut command = Command::new(WEIR);
-        command.args(args).args(["--control", &control.address]);
-        output_within(command, Duration::from_secs(60))
-    };
+    let cli = |args: &[&str]| weir_cli(&control, args, Duration::from_secs(60));
     let listing = cli(&["list", "--all"]);
     assert!(listing.status.success());
     let text = String::from_utf8_lossy(&listing.stdout);
@@ -891,13 +912,7 @@ fn savepoint_rescale_stop_and_resubmit_keep_every_record_once() {
         "sequence-echo",
     );
     let cli = |args: &[&str]| {
-        let mut command = Command::new(WEIR);
-        // The command's own options go before a job's arguments.
-        command
-            .arg(args[0])
-            .args(["--control", &control.address])
-            .args(&args[1..]);
-        let output = output_within(command, Duration::from_secs(120));
+        let output = weir_cli(&control, args, Duration::from_secs(120));
         assert!(
             output.status.success(),
             "weir {args:?}: {}",
@@ -1179,17 +1194,7 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
         "Prometheus to answer the job's records/s",
         Duration::from_secs(90),
         || {
-            let mut response = agent()
-                .get(&format!("http://127.0.0.1:{port}/api/v1/query"))
-                .query("query", &query)
-                .call()
-                .ok()?;
-            let answer: Value =
-                serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()?;
-            let value = answer["data"]["result"][0]["value"][1]
-                .as_str()?
-                .parse::<f64>()
-                .ok()?;
+            let value = prometheus_value(port, &query)?;
             (value > 0.0).then_some(value)
         },
     );
@@ -1197,17 +1202,7 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
     // Two subtasks at 5000 records/s each.
     assert!((2_000.0..20_000.0).contains(&rate), "{rate} records/s");
     let up = wait_for("both targets up", Duration::from_secs(30), || {
-        let mut response = agent()
-            .get(&format!("http://127.0.0.1:{port}/api/v1/query"))
-            .query("query", "sum(up)")
-            .call()
-            .ok()?;
-        let answer: Value =
-            serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()?;
-        let value = answer["data"]["result"][0]["value"][1]
-            .as_str()?
-            .parse::<f64>()
-            .ok()?;
+        let value = prometheus_value(port, "sum(up)")?;
         (value == 2.0).then_some(value)
     });
     assert_eq!(up, 2.0);

@@ -6,13 +6,14 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use weir_memory::SegmentPool;
 
 use crate::metrics::MetricsRegistry;
 use crate::runtime::shard::ShardLoad;
+use crate::time::now_ms;
 
 /// Upper bounds, in seconds, of the checkpoint duration histogram's buckets.
 pub const CHECKPOINT_SECONDS_BUCKETS: [f64; 10] =
@@ -146,13 +147,6 @@ pub struct CheckpointRecord {
     pub failure: Option<String>,
 }
 
-/// Milliseconds since the epoch.
-pub fn epoch_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 impl JobMonitor {
     fn lock(&self) -> std::sync::MutexGuard<'_, Monitored> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -187,7 +181,7 @@ impl JobMonitor {
                 .as_ref()
                 .is_some_and(|a| a.metrics.subtasks().iter().any(|m| m.records_out.get() > 0))
         {
-            monitored.first_record_at = Some(epoch_ms());
+            monitored.first_record_at = Some(now_ms());
         }
         monitored.attempt = None;
     }
@@ -244,7 +238,7 @@ impl JobMonitor {
             id,
             savepoint,
             completed: true,
-            end_timestamp: epoch_ms(),
+            end_timestamp: now_ms(),
             duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
             full_bytes,
             incremental_bytes,
@@ -267,7 +261,7 @@ impl JobMonitor {
             id,
             savepoint,
             completed: false,
-            end_timestamp: epoch_ms(),
+            end_timestamp: now_ms(),
             duration_ms: 0,
             full_bytes: 0,
             incremental_bytes: 0,

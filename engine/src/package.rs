@@ -486,7 +486,7 @@ fn run_deployment(registry: &Registry, deployment: &RunSpec, events: &Events) ->
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
             while std::time::Instant::now() < deadline {
                 if watched.emitted_any() {
-                    watched.first_record(crate::monitor::epoch_ms());
+                    watched.first_record(crate::time::now_ms());
                     if let Some(figures) = watched.figures() {
                         announcer.send(&ExecutorEvent::Figures(Box::new(figures)));
                     }

@@ -6,24 +6,17 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use weir_engine::checkpoint::restart::{RestartDecision, RestartTracker};
 use weir_engine::monitor::{Checkpoints, Figures};
 use weir_engine::package::{DeploymentId, OperatorTotals, Outcome, RunSpec, Stop};
+pub use weir_engine::time::now_ms;
 use weir_engine::Configuration;
 
 use super::store::Store;
 use crate::protocol::{ControlMessage, ExecutorReport, ExecutorState, WorkerInfo};
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
 
 /// A job's state, with Flink's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -29,7 +29,9 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::time::now_ms;
 
 use futures::future::LocalBoxFuture;
 use glommio::io::{BufferedFile, Directory, DmaBuffer, DmaFile};
@@ -284,12 +286,6 @@ impl<T> BucketAssigner<T> {
             assign: Arc::new(move |record: &T, _| Ok(bucket(record))),
         }
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// `ms` since the epoch as `yyyy-MM-dd--HH` or `yyyy-MM-dd`, UTC.

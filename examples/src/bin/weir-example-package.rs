@@ -39,36 +39,34 @@ fn upper_bound(args: &[String]) -> Result<u64, String> {
     }
 }
 
-fn even_squares(env: &StreamEnvironment, args: &[String]) -> Result<(), String> {
-    let to = upper_bound(args)?;
+/// The numbers below `to`, the source of both jobs.
+fn numbers(env: &StreamEnvironment, to: u64) -> DataStream<u64> {
     env.from_source(
         DataGeneratorSource::new(Some(to), |i| i),
         WatermarkStrategy::no_watermarks(),
         "numbers",
     )
     .uid("numbers")
-    .filter(|n: &u64| n.is_multiple_of(2))
-    .name("even numbers")
-    .map(|n: u64| (n % 10, n * n))
-    .name("squares by last digit")
-    .key_by(|(digit, _): &(u64, u64)| *digit)
-    .reduce(|(digit, a), (_, b)| (digit, a.wrapping_add(b)))
-    .name("sum per digit")
-    .uid("sum-per-digit")
-    .sink_to(PrintSink::new(), "print");
+}
+
+fn even_squares(env: &StreamEnvironment, args: &[String]) -> Result<(), String> {
+    numbers(env, upper_bound(args)?)
+        .filter(|n: &u64| n.is_multiple_of(2))
+        .name("even numbers")
+        .map(|n: u64| (n % 10, n * n))
+        .name("squares by last digit")
+        .key_by(|(digit, _): &(u64, u64)| *digit)
+        .reduce(|(digit, a), (_, b)| (digit, a.wrapping_add(b)))
+        .name("sum per digit")
+        .uid("sum-per-digit")
+        .sink_to(PrintSink::new(), "print");
     Ok(())
 }
 
 fn fail_at_start(env: &StreamEnvironment, args: &[String]) -> Result<(), String> {
-    let to = upper_bound(args)?;
-    env.from_source(
-        DataGeneratorSource::new(Some(to), |i| i),
-        WatermarkStrategy::no_watermarks(),
-        "numbers",
-    )
-    .uid("numbers")
-    .map(|n: u64| -> u64 { panic!("fail-at-start fails on record {n}, as it always does") })
-    .name("always fails")
-    .sink_to(DiscardSink::new(), "discard");
+    numbers(env, upper_bound(args)?)
+        .map(|n: u64| -> u64 { panic!("fail-at-start fails on record {n}, as it always does") })
+        .name("always fails")
+        .sink_to(DiscardSink::new(), "discard");
     Ok(())
 }
