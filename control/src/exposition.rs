@@ -9,6 +9,7 @@ use prometheus::proto::{
 };
 use prometheus::{Encoder, TextEncoder};
 use weir_engine::monitor::{Figures, CHECKPOINT_SECONDS_BUCKETS};
+use weir_engine::time::now_ms;
 
 /// Metric families being filled, by name.
 #[derive(Default)]
@@ -114,7 +115,7 @@ impl Exposition {
     }
 
     /// The figures of one job's run on a worker: labels `job_id`, `job_name`, `tm_id`, and
-    /// `operator_name`, `subtask_index` or `shard` where they apply.
+    /// `operator_name`, `task_name`, `subtask_index` or `shard` where they apply.
     pub fn job_figures(&mut self, job_id: &str, job_name: &str, tm_id: &str, figures: &Figures) {
         let job: [(&'static str, &str); 3] =
             [("job_id", job_id), ("job_name", job_name), ("tm_id", tm_id)];
@@ -122,12 +123,18 @@ impl Exposition {
             let subtask = s.subtask.to_string();
             // Names repeat ("Map"); the id tells operators apart.
             let operator = s.node.to_string();
+            let task = figures
+                .tasks
+                .iter()
+                .find(|t| t.subtask == s.subtask && t.operators.contains(&s.node))
+                .map_or(s.operator.as_str(), |t| t.name.as_str());
             let labels = [
                 job[0],
                 job[1],
                 job[2],
                 ("operator_id", operator.as_str()),
                 ("operator_name", s.operator.as_str()),
+                ("task_name", task),
                 ("subtask_index", subtask.as_str()),
             ];
             self.counter(
@@ -154,6 +161,66 @@ impl Exposition {
                 &labels,
                 s.late_records_dropped as f64,
             );
+        }
+        let now = now_ms();
+        for t in &figures.tasks {
+            let subtask = t.subtask.to_string();
+            let head = t.head().to_string();
+            let labels = [
+                job[0],
+                job[1],
+                job[2],
+                ("task_id", head.as_str()),
+                ("task_name", t.name.as_str()),
+                ("subtask_index", subtask.as_str()),
+            ];
+            self.counter(
+                "weir_task_busy_seconds_total",
+                "Time the task worked: neither waiting for input nor for credit downstream.",
+                &labels,
+                t.busy_seconds,
+            );
+            self.counter(
+                "weir_task_idle_seconds_total",
+                "Time the task waited for input.",
+                &labels,
+                t.idle_seconds,
+            );
+            self.counter(
+                "weir_task_backpressured_seconds_total",
+                "Time the task waited for credit downstream (backpressure).",
+                &labels,
+                t.backpressured_seconds,
+            );
+            self.counter(
+                "weir_task_bytes_in_total",
+                "Bytes of the network segments the task read from other shards.",
+                &labels,
+                t.bytes_in as f64,
+            );
+            self.counter(
+                "weir_task_bytes_out_total",
+                "Bytes of the network segments the task sent to other shards.",
+                &labels,
+                t.bytes_out as f64,
+            );
+            // Before its first watermark and after its input ended a task has no event time
+            // to show.
+            if let Some(watermark) = t.watermark.filter(|&w| w != i64::MAX) {
+                self.gauge(
+                    "weir_task_input_watermark_seconds",
+                    "The event time the task is at (its input watermark; a source's, the \
+                     watermark it emitted), seconds since the epoch.",
+                    &labels,
+                    watermark as f64 / 1000.0,
+                );
+                self.gauge(
+                    "weir_task_watermark_lag_seconds",
+                    "How far the task's event time trails the wall clock.",
+                    &labels,
+                    (now - watermark) as f64 / 1000.0,
+                );
+            }
         }
         for shard in &figures.shards {
             let index = shard.shard.to_string();

@@ -1096,6 +1096,11 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
     );
     for family in [
         "weir_worker_slots",
+        "weir_task_busy_seconds_total{",
+        "weir_task_idle_seconds_total{",
+        "weir_task_backpressured_seconds_total{",
+        "weir_task_bytes_out_total{",
+        "task_name=\"Source: sequence\"",
         "weir_shard_busy_seconds_total",
         "weir_slot_network_memory_bytes",
         "weir_job_checkpoint_duration_seconds_bucket",
@@ -1437,3 +1442,157 @@ fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
     );
     assert_eq!(status, 202);
 }
+
+#[test]
+fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let control = start_control(dir.path(), 0, &["web.upload.enabled=true"]);
+    let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
+    wait_for_workers(&control, 1);
+    let (status, answer) = upload(
+        &control,
+        "jarfile",
+        "weir-example-package",
+        &example_package(dir.path()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let jar = answer["filename"].as_str().unwrap().to_string();
+    // Two sources, split 1's event time a minute behind split 0's, feeding a map that sleeps
+    // 200 µs per record.
+    let body = json!({
+        "entryClass": "lagging-split",
+        "programArgs": "--lag-ms 60000 --sleep-us 200",
+        "parallelism": 2,
+    });
+    let (status, answer) = call(
+        &control,
+        "POST",
+        &format!("/jars/{jar}/run"),
+        Some(&body.to_string()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let job = answer["jobid"].as_str().unwrap().to_string();
+    let (status, answer) = call(&control, "GET", &format!("/jobs/{job}/bottleneck"), None);
+    assert!(
+        status == 200 || status == 409,
+        "before its first figures a job's bottleneck is a 409: {status} {answer}"
+    );
+
+    // The map's task cannot keep up: the sources wait for credit, the map works.
+    let bottleneck = wait_for(
+        "the map named the bottleneck",
+        Duration::from_secs(60),
+        || {
+            let (status, answer) = call(&control, "GET", &format!("/jobs/{job}/bottleneck"), None);
+            (status == 200 && answer["bottleneck"]["name"] == "slow map -> Sink: discard")
+                .then_some(answer)
+        },
+    );
+    let reason = bottleneck["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("'Source: numbers' is backpressured by 'slow map -> Sink: discard'"),
+        "{bottleneck}"
+    );
+    let details = get(&control, &format!("/jobs/{job}"));
+    let vertex = |name: &str| {
+        details["vertices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no vertex {name}: {details}"))
+            .clone()
+    };
+    let (source, map) = (vertex("Source: numbers"), vertex("slow map"));
+    assert!(
+        source["metrics"]["write-bytes"].as_u64().unwrap() > 0,
+        "records cross shards in segments: {source}"
+    );
+    assert!(map["metrics"]["read-bytes"].as_u64().unwrap() > 0, "{map}");
+    let backpressure = |vertex: &Value| {
+        get(
+            &control,
+            &format!("/jobs/{job}/vertices/{}/backpressure", vertex["id"]),
+        )
+    };
+    let sources = backpressure(&source);
+    assert_eq!(sources["backpressure-level"], "high", "{sources}");
+    assert_eq!(sources["subtasks"].as_array().unwrap().len(), 2);
+    let maps = backpressure(&map);
+    assert_eq!(maps["backpressure-level"], "ok", "{maps}");
+    assert!(
+        maps["subtasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["busyRatio"].as_f64().unwrap() > 0.5),
+        "{maps}"
+    );
+
+    // Event time: the map's input watermark is split 1's, which the holdback names.
+    let watermarks = wait_for("the map's watermarks", Duration::from_secs(30), || {
+        let path = format!("/jobs/{job}/vertices/{}/watermarks", map["id"]);
+        let watermarks = get(&control, &path);
+        let none = i64::MIN.to_string();
+        (watermarks
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["value"] != none.as_str()))
+        .then_some(watermarks)
+    });
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    for entry in watermarks.as_array().unwrap() {
+        let value: i64 = entry["value"].as_str().unwrap().parse().unwrap();
+        assert!(
+            (now - 120_000..now - 55_000).contains(&value),
+            "a minute behind: {watermarks}"
+        );
+    }
+    let holdback = get(&control, &format!("/jobs/{job}/watermarks/holdback"));
+    let hold = &holdback["holdback"];
+    assert_eq!(hold["kind"], "split", "{holdback}");
+    assert_eq!(hold["split"], "generator-1-of-2", "{holdback}");
+    assert_eq!(hold["task"]["name"], "Source: numbers", "{holdback}");
+    let behind = hold["behindMs"].as_i64().unwrap();
+    assert!((50_000..70_000).contains(&behind), "{holdback}");
+
+    // What cannot be answered gets a 4xx naming why.
+    let (status, answer) = call(
+        &control,
+        "GET",
+        &format!("/jobs/{job}/vertices/999/backpressure"),
+        None,
+    );
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("no vertex '999' in this job"),
+        "{answer}"
+    );
+    let (status, _) = call(&control, "GET", "/jobs/0000/bottleneck", None);
+    assert_eq!(status, 404);
+    let (status, _) = call(&control, "PATCH", &format!("/jobs/{job}?mode=cancel"), None);
+    assert_eq!(status, 202);
+    wait_for_state(&control, &job, "CANCELED", Duration::from_secs(60));
+    let (status, answer) = call(
+        &control,
+        "GET",
+        &format!("/jobs/{job}/watermarks/holdback"),
+        None,
+    );
+    assert_eq!(status, 409, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("is CANCELED"),
+        "{answer}"
+    );
+}
+

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use weir_memory::SegmentPool;
 
-use crate::metrics::MetricsRegistry;
+use crate::metrics::{ChannelFigures, MetricsRegistry, SplitFigures, TaskMetrics};
 use crate::runtime::shard::ShardLoad;
 use crate::time::now_ms;
 
@@ -51,6 +51,9 @@ struct Attempt {
 pub struct Figures {
     /// Per operator and subtask.
     pub subtasks: Vec<SubtaskFigures>,
+    /// Per task (a chain of operators in one subtask).
+    #[serde(default)]
+    pub tasks: Vec<TaskFigures>,
     /// Per shard (slot).
     pub shards: Vec<ShardFigures>,
     /// The job's checkpoints so far (over its restarts).
@@ -82,6 +85,43 @@ pub struct SubtaskFigures {
     pub backpressure_waits: u64,
     /// Records dropped as too late for their window.
     pub late_records_dropped: u64,
+}
+
+/// One task: a chain of operators in one subtask.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskFigures {
+    /// Its chain, `first -> second -> …` (Flink's task name).
+    pub name: String,
+    /// The stream node ids of its operators, in chain order; the first names the task.
+    pub operators: Vec<usize>,
+    /// The subtask index.
+    pub subtask: usize,
+    /// Seconds since it started.
+    pub elapsed_seconds: f64,
+    /// Seconds it worked: neither idle nor backpressured.
+    pub busy_seconds: f64,
+    /// Seconds it waited for input.
+    pub idle_seconds: f64,
+    /// Seconds it waited for credit downstream.
+    pub backpressured_seconds: f64,
+    /// Bytes read from other shards.
+    pub bytes_in: u64,
+    /// Bytes sent to other shards.
+    pub bytes_out: u64,
+    /// The event time its chain is at (`None` before the first watermark; `i64::MAX` once
+    /// its input ended).
+    pub watermark: Option<i64>,
+    /// Its input channels (a task reading an exchange).
+    pub channels: Vec<ChannelFigures>,
+    /// Its splits (a source task whose records get watermarks).
+    pub splits: Vec<SplitFigures>,
+}
+
+impl TaskFigures {
+    /// The stream node id of its first operator.
+    pub fn head(&self) -> usize {
+        self.operators[0]
+    }
 }
 
 /// One shard.
@@ -274,10 +314,9 @@ impl JobMonitor {
     pub fn figures(&self) -> Option<Figures> {
         let monitored = self.lock();
         let attempt = monitored.attempt.as_ref()?;
-        let subtasks = attempt
-            .metrics
-            .subtasks()
-            .into_iter()
+        let operators = attempt.metrics.subtasks();
+        let subtasks = operators
+            .iter()
             .map(|m| SubtaskFigures {
                 operator: m.name.clone(),
                 node: m.node,
@@ -309,6 +348,7 @@ impl JobMonitor {
             .collect();
         Some(Figures {
             subtasks,
+            tasks: task_figures(&operators),
             shards,
             checkpoints: monitored.checkpoints.clone(),
             restarts: monitored.restarts,
@@ -316,6 +356,50 @@ impl JobMonitor {
             first_record_at: monitored.first_record_at,
         })
     }
+}
+
+/// The figures of each task the operators run in, in the order their first operators were
+/// registered.
+fn task_figures(operators: &[Arc<crate::metrics::OperatorMetrics>]) -> Vec<TaskFigures> {
+    /// A task and its operators' (node id, name).
+    type Chain<'a> = (&'a Arc<TaskMetrics>, Vec<(usize, &'a str)>);
+    let mut tasks: Vec<Chain<'_>> = Vec::new();
+    for operator in operators {
+        let entry = (operator.node, operator.name.as_str());
+        match tasks
+            .iter_mut()
+            .find(|(t, _)| Arc::ptr_eq(t, &operator.task))
+        {
+            Some((_, chain)) => chain.push(entry),
+            None => tasks.push((&operator.task, vec![entry])),
+        }
+    }
+    tasks
+        .into_iter()
+        .map(|(task, mut chain)| {
+            // Chains run from lower to higher node ids; the head first in any case.
+            chain.sort_by_key(|&(node, _)| (node != task.head, node));
+            let time = task.time();
+            TaskFigures {
+                name: chain
+                    .iter()
+                    .map(|(_, name)| *name)
+                    .collect::<Vec<_>>()
+                    .join(" -> "),
+                operators: chain.iter().map(|&(node, _)| node).collect(),
+                subtask: task.subtask,
+                elapsed_seconds: time.elapsed,
+                busy_seconds: time.busy,
+                idle_seconds: time.idle,
+                backpressured_seconds: time.backpressured,
+                bytes_in: task.bytes_in.get(),
+                bytes_out: task.bytes_out.get(),
+                watermark: task.watermark(),
+                channels: task.channels(),
+                splits: task.splits(),
+            }
+        })
+        .collect()
 }
 
 impl Checkpoints {

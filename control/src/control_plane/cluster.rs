@@ -164,6 +164,10 @@ pub struct Job {
     /// Not stored: the current run's latest figures.
     #[serde(skip)]
     pub live: Option<Box<Figures>>,
+    /// Not stored: the current run's figures before those (what the shares of time over the
+    /// last interval are measured from).
+    #[serde(skip)]
+    pub previous: Option<Box<Figures>>,
     /// Not stored: the checkpoints of the last run that ended.
     #[serde(skip)]
     pub last_checkpoints: Option<Checkpoints>,
@@ -405,6 +409,7 @@ impl Cluster {
             due_ms: Some(now),
             waiting_since: now,
             live: None,
+            previous: None,
             last_checkpoints: None,
             first_record: None,
         };
@@ -615,7 +620,7 @@ impl Cluster {
                 if figures.first_record_at.is_some() {
                     job.first_record = figures.first_record_at;
                 }
-                job.live = Some(figures);
+                job.previous = job.live.replace(figures);
             }
         }
     }
@@ -873,6 +878,7 @@ impl Cluster {
             return true;
         };
         job.due_ms = None;
+        job.previous = None;
         if let Some(live) = job.live.take() {
             job.last_checkpoints = Some(live.checkpoints);
         }

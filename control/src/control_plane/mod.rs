@@ -3,6 +3,7 @@
 //! kept in (see `docs/design/control-plane.md`).
 
 mod cluster;
+mod insight;
 mod links;
 mod packages;
 mod rest;

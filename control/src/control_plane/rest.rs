@@ -15,7 +15,7 @@ use weir_engine::monitor::{Figures, SubtaskFigures};
 
 use super::cluster::{now_ms, Job, JobStatus, OperationKind, Refusal, Submission};
 use super::packages::{self, Staging, BUILTIN};
-use super::{links, Shared};
+use super::{insight, links, Shared};
 use crate::protocol::{PACKAGES_PATH, WORKERS_PATH};
 
 /// An error answer.
@@ -61,6 +61,16 @@ pub(crate) fn router(shared: Shared) -> Router {
         .route("/jobs/{job}", get(job_details).patch(patch_job))
         .route("/jobs/{job}/exceptions", get(job_exceptions))
         .route("/jobs/{job}/checkpoints", get(job_checkpoints))
+        .route(
+            "/jobs/{job}/vertices/{vertex}/backpressure",
+            get(vertex_backpressure),
+        )
+        .route(
+            "/jobs/{job}/vertices/{vertex}/watermarks",
+            get(vertex_watermarks),
+        )
+        .route("/jobs/{job}/bottleneck", get(job_bottleneck))
+        .route("/jobs/{job}/watermarks/holdback", get(job_holdback))
         .route("/metrics", get(metrics))
         .route("/jobs/{job}/savepoints", post(trigger_savepoint))
         .route("/jobs/{job}/savepoints/{trigger}", get(operation_status))
@@ -616,8 +626,25 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
 }
 
 /// The running operators (Weir reports per operator, Flink per chained vertex), each with
-/// its subtasks' counts, from a run's latest figures.
+/// its subtasks' counts, from a run's latest figures. Bytes are its task's: read by the
+/// chain's first operator, written by its last.
 fn live_vertices(figures: &Figures) -> Vec<Value> {
+    let task_of = |node: usize, subtask: usize| {
+        figures
+            .tasks
+            .iter()
+            .find(|t| t.subtask == subtask && t.operators.contains(&node))
+    };
+    let read_bytes = |node: usize, subtask: usize| {
+        task_of(node, subtask)
+            .filter(|t| t.head() == node)
+            .map_or(0, |t| t.bytes_in)
+    };
+    let written_bytes = |node: usize, subtask: usize| {
+        task_of(node, subtask)
+            .filter(|t| t.operators.last() == Some(&node))
+            .map_or(0, |t| t.bytes_out)
+    };
     let mut nodes: Vec<usize> = figures.subtasks.iter().map(|s| s.node).collect();
     nodes.sort_unstable();
     nodes.dedup();
@@ -627,21 +654,30 @@ fn live_vertices(figures: &Figures) -> Vec<Value> {
             let subtasks: Vec<_> = figures.subtasks.iter().filter(|s| s.node == node).collect();
             let sum =
                 |field: fn(&SubtaskFigures) -> u64| subtasks.iter().map(|s| field(s)).sum::<u64>();
+            let bytes = |of: &dyn Fn(usize, usize) -> u64| {
+                subtasks.iter().map(|s| of(node, s.subtask)).sum::<u64>()
+            };
             json!({
                 "id": node,
                 "name": subtasks[0].operator,
+                "task": task_of(node, subtasks[0].subtask).map(|t| &t.name),
                 "parallelism": subtasks.len(),
                 "status": JobStatus::Running.name(),
                 "metrics": {
                     "read-records": sum(|s| s.records_in),
                     "write-records": sum(|s| s.records_out),
+                    "read-bytes": bytes(&read_bytes),
+                    "write-bytes": bytes(&written_bytes),
                     "backpressure-waits": sum(|s| s.backpressure_waits),
                 },
                 "subtasks": subtasks.iter().map(|s| json!({
                     "subtask": s.subtask,
                     "read-records": s.records_in,
                     "write-records": s.records_out,
+                    "read-bytes": read_bytes(node, s.subtask),
+                    "write-bytes": written_bytes(node, s.subtask),
                     "backpressure-waits": s.backpressure_waits,
+                    "watermark": task_of(node, s.subtask).and_then(|t| t.watermark),
                 })).collect::<Vec<_>>(),
             })
         })
@@ -696,6 +732,106 @@ async fn job_checkpoints(State(shared): State<Shared>, Path(id): Path<String>) -
         },
         "history": checkpoints.history.iter().rev().map(entry).collect::<Vec<_>>(),
     })))
+}
+
+/// The latest figures of a job's run, or a 409 when it has none (it is not running, or its
+/// executor has not reported yet).
+fn running(job: &Job) -> Result<&Figures, ApiError> {
+    job.live.as_deref().ok_or_else(|| {
+        let why = if job.status == JobStatus::Running {
+            "RUNNING, but its executor has not reported its tasks' figures yet (it does every \
+             second); ask again in a second"
+                .to_string()
+        } else {
+            format!(
+                "{}: its tasks' figures are known while it runs",
+                job.status.name()
+            )
+        };
+        ApiError(StatusCode::CONFLICT, format!("job '{}' is {why}", job.id))
+    })
+}
+
+/// A vertex id of the path: an operator's id, as `GET /jobs/:id` lists them.
+fn vertex_of(text: &str, figures: &Figures) -> Result<usize, ApiError> {
+    let known = || {
+        let mut ids: Vec<usize> = figures.subtasks.iter().map(|s| s.node).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.iter()
+            .map(usize::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    text.parse::<usize>()
+        .ok()
+        .filter(|id| figures.subtasks.iter().any(|s| s.node == *id))
+        .ok_or_else(|| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no vertex '{text}' in this job; its vertices are {} (the ids of GET \
+                     /jobs/:id)",
+                    known()
+                ),
+            )
+        })
+}
+
+/// `GET /jobs/:id/vertices/:vid/backpressure`: the shares of the last second each subtask of
+/// the vertex's task was backpressured, idle and busy (measured, not sampled).
+async fn vertex_backpressure(
+    State(shared): State<Shared>,
+    Path((id, vertex)): Path<(String, String)>,
+) -> Answer {
+    let cluster = shared.cluster();
+    let job = find(&cluster.jobs, &id)?;
+    let live = running(job)?;
+    let vertex = vertex_of(&vertex, live)?;
+    let loads = insight::loads(job.previous.as_deref(), live);
+    insight::backpressure(&loads, vertex, now_ms(), job.attempts)
+        .map(Json)
+        .ok_or_else(|| {
+            ApiError(
+                StatusCode::NOT_FOUND,
+                format!("vertex {vertex} runs no task"),
+            )
+        })
+}
+
+/// `GET /jobs/:id/vertices/:vid/watermarks`.
+async fn vertex_watermarks(
+    State(shared): State<Shared>,
+    Path((id, vertex)): Path<(String, String)>,
+) -> Answer {
+    let cluster = shared.cluster();
+    let job = find(&cluster.jobs, &id)?;
+    let live = running(job)?;
+    let vertex = vertex_of(&vertex, live)?;
+    insight::watermarks(live, vertex).map(Json).ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            format!("vertex {vertex} runs no task"),
+        )
+    })
+}
+
+/// `GET /jobs/:id/bottleneck`.
+async fn job_bottleneck(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
+    let cluster = shared.cluster();
+    let job = find(&cluster.jobs, &id)?;
+    let live = running(job)?;
+    Ok(Json(insight::bottleneck(&insight::loads(
+        job.previous.as_deref(),
+        live,
+    ))))
+}
+
+/// `GET /jobs/:id/watermarks/holdback`.
+async fn job_holdback(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
+    let cluster = shared.cluster();
+    let job = find(&cluster.jobs, &id)?;
+    Ok(Json(insight::holdback(running(job)?, now_ms())))
 }
 
 /// `GET /metrics`: the control plane's Prometheus text exposition.

@@ -14,7 +14,7 @@ use weir_memory::{Segment, SegmentPool};
 use crate::checkpoint::driver::TaskCheckpointing;
 use crate::connector::Boundedness;
 use crate::error::TaskResult;
-use crate::metrics::OperatorMetrics;
+use crate::metrics::{OperatorMetrics, TaskMetrics};
 use crate::operator::{RuntimeContext, SideOutputs};
 use crate::runtime::exchange::inflight::Announcements;
 use crate::runtime::exchange::PartitionKind;
@@ -28,6 +28,7 @@ pub(crate) type NetworkTaskFn = fn(
     &TaskSettings,
     Option<TaskCheckpointing>,
     Arc<AtomicBool>,
+    Arc<TaskMetrics>,
 ) -> Box<dyn Subtask>;
 
 /// A `Box<dyn Output<T>>` for the `T` of the edge it stands on, boxed once more so that graph

@@ -37,7 +37,9 @@ use crate::graph::{
     within_slot, AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
     SharedEnumerator, TypeOps, WriterParts,
 };
-use crate::metrics::{MetricsRegistry, OperatorCounts, OperatorMetrics};
+use crate::metrics::{
+    ChannelSource, MetricsRegistry, OperatorCounts, OperatorMetrics, TaskMetrics,
+};
 use crate::operator::{scope, RuntimeContext, SideOutputs};
 use crate::state::{self, BackendType, JobRocksDb, OperatorStateId, StateEnv};
 
@@ -191,6 +193,8 @@ struct SubtaskPlan {
     /// Per outgoing exchange edge: its senders, in channel order.
     senders: Vec<(usize, Vec<EndPlan<SharedSender<Segment>>>)>,
     receivers: Vec<EndPlan<SharedReceiver<Segment>>>,
+    /// Who sends on each of `receivers`.
+    channel_sources: Vec<ChannelSource>,
 }
 
 /// What every shard shares about the job.
@@ -257,6 +261,8 @@ struct ChainBuilder<'a> {
     slot: usize,
     pool: &'a SegmentPool,
     senders: HashMap<usize, Vec<SenderEnd>>,
+    /// The task's own figures, shared by its chain's operators.
+    task_metrics: Arc<TaskMetrics>,
     metrics: HashMap<usize, Arc<OperatorMetrics>>,
     /// Each node's operator state in this subtask.
     operator_states: HashMap<usize, OperatorStateId>,
@@ -352,11 +358,11 @@ impl ChainBuilder<'_> {
     fn metrics(&mut self, node: usize) -> Arc<OperatorMetrics> {
         let name = &self.shared.exec.job.graph.nodes[node].name;
         let registry = &self.shared.metrics;
-        let subtask = self.subtask;
+        let task = &self.task_metrics;
         Arc::clone(
             self.metrics
                 .entry(node)
-                .or_insert_with(|| registry.register(node, name, subtask)),
+                .or_insert_with(|| registry.register_in(task, node, name)),
         )
     }
 
@@ -514,6 +520,7 @@ impl ChainBuilder<'_> {
                     &self.shared.settings,
                     checkpointing,
                     Arc::clone(&self.shared.cancel),
+                    Arc::clone(&self.task_metrics),
                 ))
             }
         }
@@ -533,6 +540,7 @@ async fn run_subtask(
         slot,
         senders,
         receivers,
+        channel_sources,
     } = plan;
     // Connect every endpoint at once: a connect waits for its peer, which may be doing the same.
     let locals = &locals;
@@ -569,6 +577,11 @@ async fn run_subtask(
         slot,
         pool: &pool,
         senders: senders.into_iter().collect(),
+        task_metrics: Arc::new(TaskMetrics::new(
+            shared.exec.job.vertices[vertex].head,
+            subtask,
+            channel_sources,
+        )),
         metrics: HashMap::new(),
         operator_states: HashMap::new(),
     };
@@ -829,6 +842,7 @@ fn run_attempt(
             slot: s.slot,
             senders: Vec::new(),
             receivers: Vec::new(),
+            channel_sources: Vec::new(),
         })
         .collect();
     let plan_index: HashMap<(usize, usize), usize> = exec
@@ -863,7 +877,12 @@ fn run_attempt(
                 (EndPlan::Remote(tx), EndPlan::Remote(rx))
             };
             per_sender.entry(sender).or_default().push(tx);
-            plans[plan_index[&(to, receiver)]].receivers.push(rx);
+            let plan = &mut plans[plan_index[&(to, receiver)]];
+            plan.receivers.push(rx);
+            plan.channel_sources.push(ChannelSource {
+                head: exec.job.vertices[from].head,
+                subtask: sender,
+            });
         }
         for (sender, txs) in per_sender {
             plans[plan_index[&(from, sender)]]

@@ -23,7 +23,7 @@ use crate::graph::{
     AnyOutput, OperatorFactory, ReceiverEnd, SinkFactory, SourceFactory, TypeOps, WriterFactory,
     WriterParts,
 };
-use crate::metrics::OperatorMetrics;
+use crate::metrics::{OperatorMetrics, TaskMetrics};
 use crate::operator::{
     FanOut, FilterLink, Operator, OperatorLink, Output, RuntimeContext, SideOutputs,
 };
@@ -72,6 +72,7 @@ fn network_task<T: Record>(
     settings: &TaskSettings,
     mut checkpointing: Option<TaskCheckpointing>,
     cancel: Arc<AtomicBool>,
+    metrics: Arc<TaskMetrics>,
 ) -> Box<dyn Subtask> {
     let alignment = match &checkpointing {
         Some(c) if !c.job.exactly_once => BarrierAlignment::AtLeastOnce,
@@ -97,6 +98,7 @@ fn network_task<T: Record>(
         settings: settings.clone(),
         checkpointing,
         cancel,
+        metrics,
     })
 }
 
@@ -416,8 +418,10 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
         if let Some(splits) = restored {
             let splits = splits.map_err(|e| TaskError::internal(e).in_operator(&metrics.name))?;
             for (_, split) in splits {
+                metrics
+                    .task
+                    .split_added(watermarks.on_split_added(), split.split_id());
                 reader.add_split(split);
-                watermarks.on_split_added();
             }
         }
         Ok(Box::new(SourceTask {

@@ -19,7 +19,7 @@ use crate::checkpoint::task_state::{OperatorSnapshot, TaskState, PART_SPLITS};
 use crate::checkpoint::{CheckpointBarrier, StopMode};
 use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, SourceSplit};
 use crate::error::{TaskError, TaskResult};
-use crate::metrics::OperatorMetrics;
+use crate::metrics::{OperatorMetrics, TaskMetrics};
 use crate::operator::{nothing_to_do, scope, snapshot_operator, Batch, ChainEvent, Output};
 use crate::record::{Record, Watermark};
 use crate::state::OperatorStateId;
@@ -276,6 +276,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
     async fn emit_update(&mut self, update: WatermarkUpdate) -> TaskResult {
         match update {
             WatermarkUpdate::Advanced(watermark) => {
+                self.metrics.task.set_watermark(watermark.0);
                 self.chain.event(ChainEvent::Watermark(watermark)).await
             }
             WatermarkUpdate::Idle => {
@@ -342,6 +343,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                     }
                     // Nothing more is read until the savepoint completes or is aborted.
                     (false, _) => {
+                        let _idle = self.metrics.task.idle();
                         glommio::timer::sleep(MAILBOX_POLL).await;
                         continue;
                     }
@@ -376,7 +378,10 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                         timer.dirty = true;
                     }
                 }
-                ReadStatus::SplitFinished { split } => self.watermarks.on_split_finished(split),
+                ReadStatus::SplitFinished { split } => {
+                    self.watermarks.on_split_finished(split);
+                    self.metrics.task.split_finished(split);
+                }
                 ReadStatus::NeedSplit => {
                     let next = self
                         .enumerator
@@ -385,11 +390,15 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                         .next_split(self.subtask);
                     match next {
                         NextSplit::Split(split) => {
+                            let number = self.watermarks.on_split_added();
+                            self.metrics.task.split_added(number, split.split_id());
                             self.reader.add_split(split);
-                            self.watermarks.on_split_added();
                         }
                         NextSplit::NoMore => break,
-                        NextSplit::Held => glommio::timer::sleep(HELD_RETRY).await,
+                        NextSplit::Held => {
+                            let _idle = self.metrics.task.idle();
+                            glommio::timer::sleep(HELD_RETRY).await
+                        }
                     }
                 }
                 ReadStatus::Idle(wait) => {
@@ -406,11 +415,14 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                     if let Some(timer) = until_next_timer(&*self.chain) {
                         wait = wait.min(timer);
                     }
+                    let _idle = self.metrics.task.idle();
                     glommio::timer::sleep(wait).await;
                 }
             }
             if self.watermarks.generates() {
-                self.watermarks.on_periodic(Instant::now());
+                if self.watermarks.on_periodic(Instant::now()) {
+                    self.metrics.task.set_splits(self.watermarks.split_states());
+                }
                 timer.dirty |= self.emit_watermarks(&mut updates).await?;
             }
             fire_processing_timers(&mut self.chain).await?;
@@ -438,6 +450,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             return Ok(());
         }
         self.finished = true;
+        self.metrics.task.set_watermark(Watermark::MAX.0);
         self.chain
             .event(ChainEvent::Watermark(Watermark::MAX))
             .await?;
@@ -465,6 +478,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                     StopMode::Drain => ChainEvent::End,
                 });
             }
+            let _idle = self.metrics.task.idle();
             glommio::timer::sleep(MAILBOX_POLL).await;
         }
     }
@@ -487,6 +501,8 @@ pub(crate) struct NetworkTask<T> {
     /// Set when the job stops (a subtask failed, or it is cancelled): the task stops at its
     /// next delivery rather than working through the input queued for it.
     pub(crate) cancel: Arc<AtomicBool>,
+    /// Its time, bytes read and event time.
+    pub(crate) metrics: Arc<TaskMetrics>,
 }
 
 impl<T: Record> NetworkTask<T> {
@@ -494,6 +510,7 @@ impl<T: Record> NetworkTask<T> {
         for event in events.drain(..) {
             match event {
                 GateEvent::Watermark(watermark) => {
+                    self.metrics.set_watermark(watermark.0);
                     self.chain.event(ChainEvent::Watermark(watermark)).await?
                 }
                 GateEvent::Status { idle } => {
@@ -539,6 +556,14 @@ impl<T: Record> NetworkTask<T> {
         event: Event,
         events: &mut Vec<GateEvent>,
     ) -> TaskResult {
+        // What changes the channel's event time, shown to the task's figures.
+        let timed = matches!(
+            event,
+            Event::Watermark(_)
+                | Event::WatermarkStatus { .. }
+                | Event::EndOfPartition
+                | Event::EndOfData
+        );
         match event {
             Event::Watermark(w) => self.gate.on_watermark(channel, w, events),
             Event::WatermarkStatus { idle } => self.gate.on_watermark_status(channel, idle, events),
@@ -552,6 +577,10 @@ impl<T: Record> NetworkTask<T> {
             Event::CheckpointAborted(checkpoint) => {
                 self.gate.on_checkpoint_notice(checkpoint, false, events)
             }
+        }
+        if timed {
+            let (watermark, idle) = self.gate.channel_time(channel);
+            self.metrics.set_channel(channel, watermark, idle);
         }
         self.on_gate_events(events).await
     }
@@ -620,15 +649,23 @@ impl<T: Record> NetworkTask<T> {
                 .alignment_deadline()
                 .map(|deadline| deadline.saturating_duration_since(Instant::now()));
             let wait = match (until_next_timer(&*self.chain), deadline) {
-                (None, None) => return self.gate.next().await,
+                (None, None) => {
+                    let _idle = self.metrics.idle();
+                    return self.gate.next().await;
+                }
                 (timer, deadline) => timer
                     .unwrap_or(Duration::MAX)
                     .min(deadline.unwrap_or(Duration::MAX)),
             };
             let sleep = glommio::timer::sleep(wait);
-            if let Either::Left((next, _)) =
-                future::select(Box::pin(self.gate.next()), Box::pin(sleep)).await
-            {
+            let woken = {
+                let _idle = self.metrics.idle();
+                match future::select(Box::pin(self.gate.next()), Box::pin(sleep)).await {
+                    Either::Left((next, _)) => Some(next),
+                    Either::Right(_) => None,
+                }
+            };
+            if let Some(next) = woken {
                 return next;
             }
             self.gate.poll_checkpoint(&mut events);
@@ -665,6 +702,7 @@ impl<T: Record> NetworkTask<T> {
             };
             match delivery {
                 Delivery::Segment(segment) => {
+                    self.metrics.bytes_in.add(segment.filled().len() as u64);
                     self.on_entries(channel, segment.filled(), false, &mut batch, &mut events)
                         .await?
                 }

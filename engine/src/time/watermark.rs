@@ -306,12 +306,21 @@ impl<T: 'static> SplitWatermarkTracker<T> {
 
     /// The reader was given its next split (numbered in order from 0, as readers number
     /// them): it holds event time back from now on, until it is read to its end or idle.
-    pub(crate) fn on_split_added(&mut self) {
+    /// Returns the split's number.
+    pub(crate) fn on_split_added(&mut self) -> u32 {
         let number = self.added;
         self.added += 1;
         if self.strategy.generates {
             self.split(number);
         }
+        number
+    }
+
+    /// Each split's number, watermark and idleness.
+    pub(crate) fn split_states(&self) -> impl Iterator<Item = (u32, i64, bool)> + '_ {
+        self.splits
+            .iter()
+            .map(|(number, s)| (*number, s.output.watermark.0, s.output.idle))
     }
 
     /// Stamps `records` (all read from `split`) into `timestamps` and shows them to the split's
@@ -371,13 +380,13 @@ impl<T: 'static> SplitWatermarkTracker<T> {
         (self.strategy.generates && self.interval.is_some()).then_some(self.next_periodic)
     }
 
-    /// Runs periodic emission (and idleness checks) if due at `now`.
-    pub(crate) fn on_periodic(&mut self, now: Instant) {
+    /// Runs periodic emission (and idleness checks) if due at `now`; returns whether it ran.
+    pub(crate) fn on_periodic(&mut self, now: Instant) -> bool {
         let Some(interval) = self.interval else {
-            return;
+            return false;
         };
         if now < self.next_periodic {
-            return;
+            return false;
         }
         self.next_periodic = now + interval;
         let idleness = self.strategy.idleness;
@@ -393,6 +402,7 @@ impl<T: 'static> SplitWatermarkTracker<T> {
                 _ => split.generator.on_periodic_emit(&mut split.output),
             }
         }
+        true
     }
 
     /// What changed since the last call: the subtask became active, its combined watermark

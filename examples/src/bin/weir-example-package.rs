@@ -22,6 +22,14 @@ fn main() -> ExitCode {
                 "fail-at-start",
                 "Fails on its first record, at every start (a job whose restarts give up).",
                 fail_at_start,
+            )
+            .job(
+                "lagging-split",
+                "Numbers without end in one split per subtask, stamped with the wall clock, \
+                 those of split 1 --lag-ms behind (default 60000), through a map that takes \
+                 --sleep-us per record (default 100) into a discard sink: a job whose \
+                 bottleneck and event-time holdback are known (run it at parallelism 2).",
+                lagging_split,
             ),
     )
 }
@@ -60,6 +68,53 @@ fn even_squares(env: &StreamEnvironment, args: &[String]) -> Result<(), String> 
         .name("sum per digit")
         .uid("sum-per-digit")
         .sink_to(PrintSink::new(), "print");
+    Ok(())
+}
+
+/// `--lag-ms N --sleep-us N`, in any order, each optional.
+fn lag_and_sleep(args: &[String]) -> Result<(i64, u64), String> {
+    let (mut lag_ms, mut sleep_us) = (60_000, 100);
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or_else(|| format!("{flag} takes a value"))?;
+        let number = || {
+            value
+                .parse::<u64>()
+                .map_err(|_| format!("{flag} takes a whole number, not '{value}'"))
+        };
+        match flag.as_str() {
+            "--lag-ms" => lag_ms = number()? as i64,
+            "--sleep-us" => sleep_us = number()?,
+            other => {
+                return Err(format!(
+                    "unexpected argument '{other}'; use --lag-ms N, --sleep-us N"
+                ))
+            }
+        }
+    }
+    Ok((lag_ms, sleep_us))
+}
+
+fn lagging_split(env: &StreamEnvironment, args: &[String]) -> Result<(), String> {
+    let (lag_ms, sleep_us) = lag_and_sleep(args)?;
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    };
+    // Subtask s of p generates the indices s, s + p, …: at parallelism 2 the odd ones are
+    // split 1's.
+    let stamped = WatermarkStrategy::for_bounded_out_of_orderness(std::time::Duration::ZERO)
+        .with_timestamp_assigner(move |n: &u64, _| now_ms() - if n % 2 == 1 { lag_ms } else { 0 });
+    env.from_source(DataGeneratorSource::new(None, |i| i), stamped, "numbers")
+        .uid("numbers")
+        .rebalance()
+        .map(move |n: u64| {
+            std::thread::sleep(std::time::Duration::from_micros(sleep_us));
+            n
+        })
+        .name("slow map")
+        .sink_to(DiscardSink::new(), "discard");
     Ok(())
 }
 

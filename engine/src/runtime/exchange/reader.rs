@@ -916,6 +916,11 @@ impl<T: Record> InputGate<T> {
     pub(crate) fn is_suspended(&self) -> bool {
         self.suspended
     }
+
+    /// A channel's watermark (`i64::MIN` before its first) and whether it is idle.
+    pub(crate) fn channel_time(&self, channel: usize) -> (i64, bool) {
+        (self.watermarks[channel].0, self.idle[channel])
+    }
 }
 
 /// What the gate tells its task's chain about event time.

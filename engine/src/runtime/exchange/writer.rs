@@ -68,13 +68,15 @@ enum Put<T> {
 }
 
 /// Waits until `ready` says the receiver granted credit; the wait also ends when the job is
-/// cancelled (counted as one backpressure wait of the producing operator).
+/// cancelled (counted as one backpressure wait of the producing operator, and timed as its
+/// task's backpressured time).
 async fn wait_for_credit<O>(
     metrics: &OperatorMetrics,
     cancel: &AtomicBool,
     mut ready: impl FnMut(&mut std::task::Context<'_>) -> Poll<TaskResult<O>>,
 ) -> TaskResult<O> {
     metrics.backpressure_waits.add(1);
+    let _backpressured = metrics.task.backpressured();
     std::future::poll_fn(|cx| match ready(cx) {
         Poll::Ready(result) => Poll::Ready(result),
         Poll::Pending if cancel.load(Ordering::Relaxed) => Poll::Ready(Err(TaskError::cancelled(
@@ -99,7 +101,9 @@ async fn send_segment(
     let Some(builder) = open.take() else {
         return Ok(());
     };
-    match sender.try_send(builder.finish()) {
+    let segment = builder.finish();
+    metrics.task.bytes_out.add(segment.len() as u64);
+    match sender.try_send(segment) {
         Ok(()) => Ok(()),
         Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
             // glommio 0.9's `send` waits for free space only: if the receiver goes away while
