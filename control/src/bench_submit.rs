@@ -70,6 +70,8 @@ impl Drop for Started {
 fn start(args: &[String], marker: &'static str) -> Result<(Started, String)> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(args)
+        // The marker is read from text lines, whatever this process logs in.
+        .env(weir_engine::logging::FORMAT_VARIABLE, "text")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;
@@ -77,7 +79,9 @@ fn start(args: &[String], marker: &'static str) -> Result<(Started, String)> {
     let (found, wait) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
+            // What follows the marker, up to the fields a log line carries after its message.
             if let Some((_, rest)) = line.split_once(marker) {
+                let rest = rest.split_whitespace().next().unwrap_or_default();
                 let _ = found.send(rest.to_string());
             }
         }

@@ -124,9 +124,7 @@ impl Exposition {
             // Names repeat ("Map"); the id tells operators apart.
             let operator = s.node.to_string();
             let task = figures
-                .tasks
-                .iter()
-                .find(|t| t.subtask == s.subtask && t.operators.contains(&s.node))
+                .task_of(s.node, s.subtask)
                 .map_or(s.operator.as_str(), |t| t.name.as_str());
             let labels = [
                 job[0],
@@ -150,6 +148,12 @@ impl Exposition {
                 s.records_out as f64,
             );
             self.counter(
+                "weir_operator_bytes_out_total",
+                "Bytes of the network segments the operator sent to other shards.",
+                &labels,
+                s.bytes_out as f64,
+            );
+            self.counter(
                 "weir_operator_backpressure_waits_total",
                 "Times a full network segment of the operator waited for credit downstream.",
                 &labels,
@@ -165,7 +169,7 @@ impl Exposition {
         let now = now_ms();
         for t in &figures.tasks {
             let subtask = t.subtask.to_string();
-            let head = t.head().to_string();
+            let head = t.head.to_string();
             let labels = [
                 job[0],
                 job[1],
@@ -336,6 +340,7 @@ mod tests {
             records_out: 1,
             backpressure_waits: 0,
             late_records_dropped: 0,
+            bytes_out: 0,
         };
         let figures = Figures {
             subtasks: vec![subtask(1), subtask(2)],

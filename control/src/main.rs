@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use weir_engine::api::RunOptions;
 use weir_engine::connector::DeliveryGuarantee;
+use weir_engine::logging::{self, LogFormat};
 use weir_engine::{Configuration, StreamEnvironment};
 use weir_memory::CountingAllocator;
 
@@ -25,8 +26,36 @@ static GLOBAL: CountingAllocator<mimalloc::MiMalloc> = CountingAllocator::new(mi
     about = "Weir: a thread-per-core stream processing engine with Flink's semantics"
 )]
 struct Cli {
+    /// Write log lines as text or as one JSON object per line (text, json; also
+    /// WEIR_LOG_FORMAT). Give it before the command: `weir --log-format json control`. The
+    /// executors a worker starts log in the worker's format.
+    #[arg(long, value_name = "FORMAT", value_parser = ["text", "json"])]
+    log_format: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The log format `--log-format` (before the command) or `WEIR_LOG_FORMAT` names. Read before
+/// the command line is parsed: an executor's arguments are not this CLI's.
+fn log_format() -> Result<LogFormat, String> {
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let value = if arg == "--log-format" {
+            args.next()
+        } else if let Some(value) = arg.strip_prefix("--log-format=") {
+            Some(value.to_string())
+        } else if arg.starts_with('-') {
+            continue;
+        } else {
+            // The command: what follows is its own.
+            break;
+        };
+        return value
+            .ok_or_else(|| "--log-format takes text or json".to_string())?
+            .parse()
+            .map_err(|e| format!("--log-format: {e}"));
+    }
+    LogFormat::from_env()
 }
 
 /// Configuration sources shared by every subcommand: file, then environment, then flags.
@@ -445,6 +474,10 @@ enum Bench {
         /// -D state.backend.rocksdb.memory.write-back-ratio=0 (repeatable).
         #[arg(short = 'D', value_name = "KEY=VALUE")]
         settings: Vec<String>,
+        /// Read the job's live figures every MS milliseconds during the run, as an executor
+        /// does for its worker's /metrics (what scraping costs the job).
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
+        scrape_ms: Option<u64>,
         /// Print one JSON object (an array with --all).
         #[arg(long)]
         json: bool,
@@ -698,6 +731,7 @@ fn run_bench(bench: Bench) -> Result<()> {
             seed,
             checkpoint_interval_ms,
             settings,
+            scrape_ms,
             json,
         } => {
             use weir_bench::nexmark::harness;
@@ -711,6 +745,7 @@ fn run_bench(bench: Bench) -> Result<()> {
                 seed,
                 checkpoint_interval_ms,
                 settings,
+                scrape_ms,
             };
             if all {
                 let rows = harness::run_suite(&options)?;
@@ -887,16 +922,17 @@ fn main() -> ExitCode {
     // Before any shard starts (see weir_memory::disable_transparent_huge_pages); the engine
     // runs without huge pages too, so a kernel without the setting gets a warning, not an error.
     let huge_pages = weir_memory::disable_transparent_huge_pages();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
-                // Where a job's checkpoints start from is worth a line too.
-                .unwrap_or_else(|_| "warn,weir_engine::checkpoint::driver=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: executors' and services' logs go to files.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let format = match log_format() {
+        Ok(format) => format,
+        Err(error) => {
+            eprintln!("error: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    // The processes this one starts (a worker's executors) log alike. Set while this process
+    // has one thread.
+    std::env::set_var(logging::FORMAT_VARIABLE, format.name());
+    logging::init(format);
     if let Err(error) = huge_pages {
         tracing::warn!("could not turn transparent huge pages off for this process: {error}");
     }

@@ -203,7 +203,8 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                  metrics.reporter.prom.port to a free address"
             )
         })?;
-    eprintln!(
+    tracing::info!(
+        tm_id = %info.id,
         "weir worker {}: metrics on http://{}/metrics",
         info.id,
         listener.local_addr()?
@@ -246,7 +247,8 @@ async fn run(config: Configuration, control: String) -> Result<()> {
         fetching: Default::default(),
         waiting: BTreeMap::new(),
     };
-    eprintln!(
+    tracing::info!(
+        tm_id = %agent.info.id,
         "weir worker {}: {} slot(s) on cores {:?}, control plane {control}",
         agent.info.id,
         agent.info.cores.len(),
@@ -270,7 +272,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                 });
                 match outcome {
                     Ok((connected, interval, timeout)) => {
-                        eprintln!("weir worker {}: registered with {control}", agent.info.id);
+                        tracing::info!(tm_id = %agent.info.id, "weir worker {}: registered with {control}", agent.info.id);
                         link = Some(connected);
                         heard = Instant::now();
                         silence_limit = timeout;
@@ -285,13 +287,13 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                     Err(Connect::Refused(reason)) if !registered_once => bail!("the control plane at {control} refused this worker: {reason}"),
                     Err(Connect::Refused(reason)) => {
                         if reason != last_problem {
-                            eprintln!("weir worker {}: the control plane at {control} refuses this worker now: {reason}; retrying every second", agent.info.id);
+                            tracing::warn!(tm_id = %agent.info.id, "weir worker {}: the control plane at {control} refuses this worker now: {reason}; retrying every second", agent.info.id);
                             last_problem = reason;
                         }
                     }
                     Err(Connect::Failed(problem)) => {
                         if problem != last_problem {
-                            eprintln!("weir worker {}: cannot reach the control plane at {control} ({problem}); retrying every second", agent.info.id);
+                            tracing::warn!(tm_id = %agent.info.id, "weir worker {}: cannot reach the control plane at {control} ({problem}); retrying every second", agent.info.id);
                             last_problem = problem;
                         }
                     }
@@ -304,7 +306,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                         agent.handle(message, &mut link).await;
                     }
                     None => {
-                        eprintln!("weir worker {}: lost the control plane at {control}; reconnecting", agent.info.id);
+                        tracing::warn!(tm_id = %agent.info.id, "weir worker {}: lost the control plane at {control}; reconnecting", agent.info.id);
                         link = None;
                     }
                 }
@@ -334,7 +336,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                 }
                 if link.is_some() {
                     if heard.elapsed() > silence_limit {
-                        eprintln!("weir worker {}: no word from the control plane for {silence_limit:?}; reconnecting", agent.info.id);
+                        tracing::warn!(tm_id = %agent.info.id, "weir worker {}: no word from the control plane for {silence_limit:?}; reconnecting", agent.info.id);
                         link = None;
                     } else {
                         send(&mut link, &WorkerMessage::Heartbeat).await;
@@ -342,7 +344,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                 }
             }
             _ = stop.recv() => {
-                eprintln!("weir worker {}: stopping; cancelling its executors", agent.info.id);
+                tracing::info!(tm_id = %agent.info.id, "weir worker {}: stopping; cancelling its executors", agent.info.id);
                 agent.shut_down(&mut executor_events).await;
                 return Ok(());
             }
@@ -807,7 +809,8 @@ impl Agent {
         for (deployment, executor) in &mut self.executors {
             let live = !matches!(executor.state, ExecutorState::Ended(_));
             if live && executor.cancelled.is_none() {
-                eprintln!(
+                tracing::warn!(
+                    tm_id = %self.info.id,
                     "weir worker {}: cancelling {deployment}: {why}",
                     self.info.id
                 );

@@ -66,8 +66,10 @@ fn start_control(dir: &Path, port: u16, settings: &[&str]) -> ControlPlane {
     let (found, address) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("weir control: REST API on http://") {
-                let _ = found.send(rest.to_string());
+            // The address ends the message (text lines carry fields after it).
+            if let Some((_, rest)) = line.split_once("weir control: REST API on http://") {
+                let address = rest.split_whitespace().next().unwrap_or_default();
+                let _ = found.send(address.to_string());
             }
         }
     });
@@ -1065,6 +1067,7 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
     std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
             if let Some((_, url)) = line.split_once(": metrics on ") {
+                let url = url.split_whitespace().next().unwrap_or_default();
                 let _ = found.send(url.to_string());
             }
         }
@@ -1154,46 +1157,15 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
     }
 
     // A real Prometheus server scrapes both and answers a query for the job's records/s.
-    let Ok(prometheus) = Command::new("prometheus").arg("--version").output() else {
-        assert!(
-            std::env::var_os("WEIR_REQUIRE_PROMETHEUS").is_none(),
-            "prometheus is not installed (Debian's prometheus package)"
-        );
+    let Some((_prometheus, port)) = start_prometheus(
+        dir.path(),
+        &[
+            &worker_metrics,
+            &format!("http://{}/metrics", control.address),
+        ],
+    ) else {
         return;
     };
-    assert!(prometheus.status.success());
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
-    let targets = |url: &str| {
-        url.trim_start_matches("http://")
-            .trim_end_matches("/metrics")
-            .to_string()
-    };
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: weir\n    static_configs:\n      - targets: ['{}', '{}']\n",
-            targets(&worker_metrics),
-            control.address
-        ),
-    )
-    .unwrap();
-    let _prometheus = Process(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
     let query = format!("sum(rate(weir_operator_records_out_total{{job_id=\"{job}\",operator_name=\"Source: sequence\"}}[5s]))");
     let rate = wait_for(
         "Prometheus to answer the job's records/s",
@@ -1213,6 +1185,56 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
     assert_eq!(up, 2.0);
     let (status, _) = call(&control, "PATCH", &format!("/jobs/{job}?mode=cancel"), None);
     assert_eq!(status, 202);
+}
+
+/// A Prometheus server on a free loopback port scraping the `/metrics` URLs `targets` every
+/// second, with its data in `dir`; `None` where Debian's prometheus is not installed (a
+/// failure under `WEIR_REQUIRE_PROMETHEUS`, as in CI).
+fn start_prometheus(dir: &Path, targets: &[&str]) -> Option<(Process, u16)> {
+    let Ok(prometheus) = Command::new("prometheus").arg("--version").output() else {
+        assert!(
+            std::env::var_os("WEIR_REQUIRE_PROMETHEUS").is_none(),
+            "prometheus is not installed (Debian's prometheus package)"
+        );
+        return None;
+    };
+    assert!(prometheus.status.success());
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let targets: Vec<String> = targets
+        .iter()
+        .map(|url| {
+            let host = url
+                .trim_start_matches("http://")
+                .trim_end_matches("/metrics");
+            format!("'{host}'")
+        })
+        .collect();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: weir\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let process = Process(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    Some((process, port))
 }
 
 /// `POST /jars/upload` of `bytes` as the multipart field `field`, named `file_name`.
@@ -1515,18 +1537,24 @@ fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back()
             &format!("/jobs/{job}/vertices/{}/backpressure", vertex["id"]),
         )
     };
-    let sources = backpressure(&source);
-    assert_eq!(sources["backpressure-level"], "high", "{sources}");
-    assert_eq!(sources["subtasks"].as_array().unwrap().len(), 2);
-    let maps = backpressure(&map);
-    assert_eq!(maps["backpressure-level"], "ok", "{maps}");
-    assert!(
-        maps["subtasks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .all(|s| s["busyRatio"].as_f64().unwrap() > 0.5),
-        "{maps}"
+    // Over one second's reading (a loaded machine may take a second to show it).
+    wait_for("the sources backpressured", Duration::from_secs(30), || {
+        let sources = backpressure(&source);
+        assert_eq!(sources["subtasks"].as_array().unwrap().len(), 2);
+        (sources["backpressure-level"] == "high").then_some(())
+    });
+    wait_for(
+        "the maps busy and free of backpressure",
+        Duration::from_secs(30),
+        || {
+            let maps = backpressure(&map);
+            let busy = maps["subtasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["busyRatio"].as_f64().unwrap() > 0.5);
+            (maps["backpressure-level"] == "ok" && busy).then_some(())
+        },
     );
 
     // Event time: the map's input watermark is split 1's, which the holdback names.
@@ -1541,10 +1569,7 @@ fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back()
             .all(|w| w["value"] != none.as_str()))
         .then_some(watermarks)
     });
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now = weir_engine::time::now_ms();
     for entry in watermarks.as_array().unwrap() {
         let value: i64 = entry["value"].as_str().unwrap().parse().unwrap();
         assert!(
@@ -1552,9 +1577,15 @@ fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back()
             "a minute behind: {watermarks}"
         );
     }
-    let holdback = get(&control, &format!("/jobs/{job}/watermarks/holdback"));
+    let holdback = wait_for(
+        "a split named the holdback",
+        Duration::from_secs(30),
+        || {
+            let holdback = get(&control, &format!("/jobs/{job}/watermarks/holdback"));
+            (holdback["holdback"]["kind"] == "split").then_some(holdback)
+        },
+    );
     let hold = &holdback["holdback"];
-    assert_eq!(hold["kind"], "split", "{holdback}");
     assert_eq!(hold["split"], "generator-1-of-2", "{holdback}");
     assert_eq!(hold["task"]["name"], "Source: numbers", "{holdback}");
     let behind = hold["behindMs"].as_i64().unwrap();
@@ -1596,3 +1627,482 @@ fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back()
     );
 }
 
+/// Starts `command` with its standard error read into lines (kept, in order), and returns the
+/// process and the lines so far.
+fn spawn_logging(mut command: Command) -> (Process, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start weir");
+    let lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let kept = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let into = std::sync::Arc::clone(&kept);
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            into.lock().unwrap().push(line);
+        }
+    });
+    (Process(child), kept)
+}
+
+/// Each line as a JSON object with a timestamp, a level and a message, or a panic naming the
+/// line that is not.
+fn json_lines(lines: &[String], whose: &str) -> Vec<Value> {
+    lines
+        .iter()
+        .map(|line| {
+            let value: Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{whose} wrote a line that is not JSON ({e}): {line}"));
+            for field in ["timestamp", "level", "message", "target"] {
+                assert!(value.get(field).is_some(), "{whose}: no {field} in {line}");
+            }
+            value
+        })
+        .collect()
+}
+
+#[test]
+fn json_logs_carry_one_line_per_job_state_change_down_to_the_executors() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = Command::new(WEIR);
+    command.args(["--log-format", "json", "control"]);
+    let data = format!("control.data-dir={}", dir.path().join("control").display());
+    let checkpoints = checkpointed(dir.path());
+    for setting in [data.as_str(), "rest.port=0", "rest.address=127.0.0.1"]
+        .into_iter()
+        .chain(FAST)
+        .chain(checkpoints.iter().map(String::as_str))
+    {
+        command.args(["-D", setting]);
+    }
+    let (process, control_lines) = spawn_logging(command);
+    let address = wait_for(
+        "the control plane's address",
+        Duration::from_secs(30),
+        || {
+            let lines = control_lines.lock().unwrap().clone();
+            json_lines(&lines, "weir control")
+                .iter()
+                .find_map(|line| line["address"].as_str().map(str::to_string))
+        },
+    );
+    let control = ControlPlane {
+        _process: process,
+        address,
+    };
+    let mut command = Command::new(WEIR);
+    command.args(["--log-format=json", "worker", "--control", &control.address]);
+    let data = format!("worker.data-dir={}", dir.path().join("w").display());
+    for setting in [
+        data.as_str(),
+        "taskmanager.cpu.cores=0",
+        "metrics.reporter.prom.port=0",
+        "metrics.reporter.prom.host=127.0.0.1",
+    ]
+    .into_iter()
+    .chain(FAST)
+    {
+        command.args(["-D", setting]);
+    }
+    let (_worker, worker_lines) = spawn_logging(command);
+    wait_for_workers(&control, 1);
+    let job = submit(
+        &control,
+        "sequence-check",
+        &["--events", "200000", "--rate", "100000", "--discard"],
+        1,
+    );
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(60));
+
+    // One line per state the job entered, in order, with its id, name and state as fields.
+    let lines = wait_for(
+        "the job's last state change logged",
+        Duration::from_secs(10),
+        || {
+            let lines = json_lines(&control_lines.lock().unwrap(), "weir control");
+            let changes: Vec<Value> = lines
+                .into_iter()
+                .filter(|l| l["message"] == "job state changed" && l["job_id"] == job.as_str())
+                .collect();
+            (changes.last().is_some_and(|l| l["status"] == "FINISHED")).then_some(changes)
+        },
+    );
+    let states: Vec<&str> = lines
+        .iter()
+        .map(|l| l["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(states.first(), Some(&"CREATED"), "{states:?}");
+    assert!(states.contains(&"RUNNING"), "{states:?}");
+    assert_eq!(
+        states.len(),
+        details["timestamps"].as_object().unwrap().len(),
+        "one line per state entered: {states:?} {details}"
+    );
+    assert!(lines
+        .iter()
+        .all(|l| l["job_name"] == "sequence-check" && l["level"] == "INFO"));
+
+    // The worker's lines, and its executor's (which inherits the format), are JSON too.
+    let worker = json_lines(&worker_lines.lock().unwrap(), "weir worker");
+    assert!(
+        worker.iter().any(
+            |l| l["message"].as_str().unwrap().contains("registered with")
+                && l["tm_id"].is_string()
+        ),
+        "{worker:?}"
+    );
+    let deployments = std::fs::read_dir(dir.path().join("w/deployments")).unwrap();
+    let run = deployments
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with(job.as_str()))
+        .expect("the run's deployment directory");
+    let log = std::fs::read_to_string(run.path().join("executor.log")).unwrap();
+    let executor: Vec<String> = log.lines().map(str::to_string).collect();
+    let executor = json_lines(&executor, "the executor");
+    assert!(
+        executor
+            .iter()
+            .any(|l| l["target"] == "weir_engine::package"
+                && l["run_id"].as_str().unwrap().starts_with(job.as_str())),
+        "an executor logs its start: {log}"
+    );
+
+    // A format nobody knows is refused before anything starts.
+    let output = Command::new(WEIR)
+        .args(["--log-format", "yaml", "list"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("unknown log format 'yaml'; the formats are text and json"),
+        "{stderr}"
+    );
+}
+
+/// The metric names a PromQL expression reads (`weir_…`), each with the exact label matchers
+/// (`label="value"`) its selector has.
+fn selectors(expr: &str) -> Vec<(String, Vec<String>)> {
+    let mut found = Vec::new();
+    let mut rest = expr;
+    while let Some(at) = rest.find("weir_") {
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(tail.len());
+        let name = tail[..end].to_string();
+        let mut matchers = Vec::new();
+        if let Some(inside) = tail[end..].strip_prefix('{') {
+            let inside = &inside[..inside.find('}').expect("a closed selector")];
+            for matcher in inside.split(',') {
+                // Exact matchers only: `=~` ones hold template variables.
+                if let Some((label, value)) = matcher.split_once('=') {
+                    if !value.starts_with('~') {
+                        matchers.push(format!("{}={}", label.trim(), value.trim()));
+                    }
+                }
+            }
+        }
+        found.push((name, matchers));
+        rest = &tail[end..];
+    }
+    found
+}
+
+#[test]
+fn the_grafana_dashboard_queries_only_what_real_scrapes_hold() {
+    let dashboard: Value =
+        serde_json::from_str(include_str!("../../docs/grafana/weir.json")).unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|panel| panel["targets"].as_array())
+        .flatten()
+        .map(|target| target["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(exprs.len() > 15, "{exprs:?}");
+
+    // A checkpointed job with event time, backpressure and bytes across shards.
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = checkpointed(dir.path()).to_vec();
+    settings.push("web.upload.enabled=true".into());
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let control = start_control(dir.path(), 0, &settings);
+    let mut command = Command::new(WEIR);
+    command.args(["worker", "--control", &control.address]);
+    let data = format!("worker.data-dir={}", dir.path().join("w").display());
+    for setting in [
+        data.as_str(),
+        "taskmanager.cpu.cores=0,1",
+        "metrics.reporter.prom.port=0",
+        "metrics.reporter.prom.host=127.0.0.1",
+    ]
+    .into_iter()
+    .chain(FAST)
+    {
+        command.args(["-D", setting]);
+    }
+    let (_worker, lines) = spawn_logging(command);
+    let worker_metrics = wait_for(
+        "the worker's /metrics address",
+        Duration::from_secs(30),
+        || {
+            lines.lock().unwrap().iter().find_map(|line| {
+                let (_, url) = line.split_once(": metrics on ")?;
+                url.split_whitespace().next().map(str::to_string)
+            })
+        },
+    );
+    wait_for_workers(&control, 1);
+    let (status, answer) = upload(
+        &control,
+        "jarfile",
+        "weir-example-package",
+        &example_package(dir.path()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let body = json!({
+        "entryClass": "lagging-split",
+        "programArgs": "--lag-ms 1000 --sleep-us 20",
+        "parallelism": 2,
+    });
+    let run = format!("/jars/{}/run", answer["filename"].as_str().unwrap());
+    let (status, answer) = call(&control, "POST", &run, Some(&body.to_string()));
+    assert_eq!(status, 200, "{answer}");
+    let job = answer["jobid"].as_str().unwrap().to_string();
+    let control_metrics = format!("http://{}/metrics", control.address);
+    let (worker_text, control_text) = wait_for(
+        "a completed checkpoint and watermarks in the scrapes",
+        Duration::from_secs(90),
+        || {
+            let text = scrape(&worker_metrics);
+            (text.contains("weir_job_last_checkpoint_size_bytes{")
+                && text.contains("weir_task_watermark_lag_seconds{"))
+            .then(|| (text, scrape(&control_metrics)))
+        },
+    );
+
+    // Every metric a panel reads is in a scrape, with the label values it selects.
+    for expr in &exprs {
+        for (name, matchers) in selectors(expr) {
+            let series: Vec<&str> = worker_text
+                .lines()
+                .chain(control_text.lines())
+                .filter(|line| {
+                    line.strip_prefix(name.as_str())
+                        .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                })
+                .collect();
+            assert!(!series.is_empty(), "{name} (in {expr}) is in no scrape");
+            for matcher in &matchers {
+                assert!(
+                    series.iter().any(|line| line.contains(matcher.as_str())),
+                    "no {name} series has {matcher} (in {expr})"
+                );
+            }
+        }
+    }
+
+    // And a real Prometheus answers every panel's query with data.
+    if let Some((_prometheus, port)) =
+        start_prometheus(dir.path(), &[&worker_metrics, &control_metrics])
+    {
+        for expr in &exprs {
+            let query = expr
+                .replace("$job", ".*")
+                .replace("$__rate_interval", "10s");
+            wait_for(
+                &format!("data for {query}"),
+                Duration::from_secs(60),
+                || {
+                    let mut response = agent()
+                        .get(&format!("http://127.0.0.1:{port}/api/v1/query"))
+                        .query("query", &query)
+                        .call()
+                        .ok()?;
+                    let answer: Value =
+                        serde_json::from_str(&response.body_mut().read_to_string().ok()?).ok()?;
+                    assert_ne!(answer["status"], "error", "{query}: {answer}");
+                    (!answer["data"]["result"].as_array()?.is_empty()).then_some(())
+                },
+            );
+        }
+    }
+    let (status, _) = call(&control, "PATCH", &format!("/jobs/{job}?mode=cancel"), None);
+    assert_eq!(status, 202);
+}
+
+/// A JSON value of any shape, its objects' keys mostly the API's own field names.
+fn any_json() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::from),
+        any::<i64>().prop_map(Value::from),
+        (-1e12f64..1e12).prop_map(Value::from),
+        "\\PC{0,24}".prop_map(Value::from),
+        Just(Value::from("sequence-check")),
+    ];
+    leaf.prop_recursive(3, 24, 6, |inner| {
+        let key = prop_oneof![
+            Just("entryClass".to_string()),
+            Just("programArgs".to_string()),
+            Just("programArgsList".to_string()),
+            Just("parallelism".to_string()),
+            Just("savepointPath".to_string()),
+            Just("allowNonRestoredState".to_string()),
+            Just("target-directory".to_string()),
+            Just("cancel-job".to_string()),
+            Just("drain".to_string()),
+            Just("triggerId".to_string()),
+            "[a-zA-Z-]{1,12}",
+        ];
+        prop_oneof![
+            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            prop::collection::btree_map(key, inner, 0..5)
+                .prop_map(|fields| Value::Object(fields.into_iter().collect())),
+        ]
+    })
+}
+
+#[test]
+fn generated_requests_to_every_documented_endpoint_get_no_5xx() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+
+    let dir = tempfile::tempdir().unwrap();
+    // No worker: jobs submitted wait for slots, and a job's paths reach its handlers.
+    let control = start_control(dir.path(), 0, &["web.upload.enabled=true"]);
+    let job = submit(
+        &control,
+        "sequence-check",
+        &["--events", "1000", "--discard"],
+        1,
+    );
+    let document = get(&control, "/openapi.json");
+    assert!(
+        document["openapi"].as_str().unwrap().starts_with("3."),
+        "{document}"
+    );
+    let endpoints: Vec<(String, String)> = document["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, item)| {
+            item.as_object()
+                .unwrap()
+                .keys()
+                .filter(|m| ["get", "post", "put", "patch", "delete"].contains(&m.as_str()))
+                .map(move |m| (m.to_uppercase(), path.clone()))
+        })
+        .collect();
+    assert!(endpoints.len() >= 25, "{endpoints:?}");
+
+    let segment = prop_oneof![
+        Just(job.clone()),
+        Just("weir-builtin".to_string()),
+        Just("0".to_string()),
+        Just("999999999999999999999".to_string()),
+        "[a-zA-Z0-9._~-]{0,40}",
+        "%[0-9A-F]{2}[a-z]{0,3}",
+    ];
+    let query = prop_oneof![
+        Just(String::new()),
+        Just("?mode=cancel".to_string()),
+        Just("?mode=stop".to_string()),
+        Just("?parallelism=0".to_string()),
+        Just("?parallelism=2".to_string()),
+        Just("?parallelism=-1".to_string()),
+        "\\?[a-z]{1,8}=[a-zA-Z0-9%]{0,8}",
+    ];
+    let body = prop_oneof![
+        Just(Vec::new()),
+        prop::collection::vec(any::<u8>(), 0..256),
+        any_json().prop_map(|value| value.to_string().into_bytes()),
+    ];
+    let content_type = prop_oneof![
+        Just("application/json"),
+        Just("text/plain"),
+        Just("multipart/form-data; boundary=x"),
+    ];
+    let requests = (
+        0..endpoints.len(),
+        segment.clone(),
+        segment,
+        query,
+        body,
+        content_type,
+    );
+    let mut runner = TestRunner::new(Config {
+        cases: 600,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let outcome = runner.run(
+        &requests,
+        |(index, first, second, query, body, content_type)| {
+            let (method, template) = &endpoints[index];
+            // The template's parameters, in order, take the generated segments.
+            let mut path = String::new();
+            let mut values = [first.as_str(), second.as_str()].into_iter();
+            for (i, part) in template.split('{').enumerate() {
+                match part.split_once('}') {
+                    Some((_, rest)) if i > 0 => {
+                        path.push_str(values.next().unwrap_or("x"));
+                        path.push_str(rest);
+                    }
+                    _ => path.push_str(part),
+                }
+            }
+            let url = format!("http://{}{path}{query}", control.address);
+            let request = ureq::http::Request::builder()
+                .method(method.as_str())
+                .uri(&url)
+                .header("content-type", content_type)
+                .body(body.clone())
+                .unwrap();
+            let mut response = match agent().run(request) {
+                Ok(response) => response,
+                Err(ureq::Error::Io(error)) => {
+                    prop_assert!(
+                        false,
+                        "{method} {path}{query}: the control plane is gone: {error}"
+                    );
+                    unreachable!()
+                }
+                // A URI the client itself refuses to send reaches no endpoint.
+                Err(_) => return Ok(()),
+            };
+            let status = response.status().as_u16();
+            let text = response.body_mut().read_to_string().unwrap_or_default();
+            prop_assert!(
+                status < 500,
+                "{method} {path}{query} with {} bytes ({content_type}): {status} {text}",
+                body.len()
+            );
+            if status >= 400 {
+                let answer: Value = serde_json::from_str(&text).unwrap_or_default();
+                prop_assert!(
+                    answer["errors"][0].as_str().is_some_and(|e| !e.is_empty()),
+                    "{method} {path}{query}: {status} without an error message: {text}"
+                );
+            }
+            Ok(())
+        },
+    );
+    if let Err(failure) = outcome {
+        panic!("{failure}");
+    }
+    // It serves on, its jobs kept.
+    let jobs = get(&control, "/jobs");
+    assert!(
+        jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["id"] == job.as_str()),
+        "{jobs}"
+    );
+}

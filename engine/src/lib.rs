@@ -21,6 +21,7 @@ pub mod config;
 pub mod connector;
 pub mod error;
 pub mod graph;
+pub mod logging;
 pub mod metrics;
 pub mod monitor;
 mod operator;

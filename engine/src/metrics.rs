@@ -47,8 +47,17 @@ pub struct TaskMetrics {
     watermark: AtomicI64,
     /// Its input channels, in the input gate's order.
     channels: Vec<ChannelGauge>,
-    /// A source's splits, with their watermarks as of the last periodic emission.
+    /// A source's splits, with their watermarks as of their last publication.
     splits: Mutex<Vec<SplitFigures>>,
+    /// The highest busy, idle and backpressured nanoseconds a reading reported: readings
+    /// never go back (a reading can race a wait that starts or ends, by the time the writer
+    /// takes to publish it).
+    reported: [AtomicU64; 3],
+}
+
+/// A watermark gauge's value, `None` while it holds `i64::MIN` (none yet).
+fn known(watermark: i64) -> Option<i64> {
+    Some(watermark).filter(|&w| w != i64::MIN)
 }
 
 /// Total nanoseconds spent in a state, and when the state was entered if the task is in it
@@ -66,6 +75,11 @@ struct Stopwatch {
 
 impl Stopwatch {
     fn start(&self, started: Instant) {
+        debug_assert_eq!(
+            self.since.load(Ordering::Relaxed),
+            0,
+            "a wait started inside another of the same kind"
+        );
         self.since
             .store(started.elapsed().as_nanos() as u64 + 1, Ordering::Release);
     }
@@ -184,8 +198,8 @@ pub struct SplitFigures {
 pub struct TaskTime {
     /// Seconds since the task started.
     pub elapsed: f64,
-    /// Working: neither idle nor backpressured (never decreasing from one reading to the
-    /// next, as the parts are subtracted in whole nanoseconds).
+    /// Working: neither idle nor backpressured. None of the three goes back from one
+    /// reading to the next (so they may add up to a little more than `elapsed`).
     pub busy: f64,
     /// Waiting for input.
     pub idle: f64,
@@ -214,6 +228,7 @@ impl TaskMetrics {
                 })
                 .collect(),
             splits: Mutex::new(Vec::new()),
+            reported: Default::default(),
         }
     }
 
@@ -242,10 +257,13 @@ impl TaskMetrics {
         let (idle, backpressured) = (self.idle.read(), self.backpressured.read());
         let now_ns = self.started.elapsed().as_nanos() as u64;
         let (idle, backpressured) = (idle.at(now_ns), backpressured.at(now_ns));
+        let busy = now_ns.saturating_sub(idle + backpressured);
+        let kept = |i: usize, ns: u64| self.reported[i].fetch_max(ns, Ordering::Relaxed).max(ns);
+        let (busy, idle, backpressured) = (kept(0, busy), kept(1, idle), kept(2, backpressured));
         let seconds = |ns: u64| ns as f64 / 1e9;
         TaskTime {
             elapsed: seconds(now_ns),
-            busy: seconds(now_ns.saturating_sub(idle + backpressured)),
+            busy: seconds(busy),
             idle: seconds(idle),
             backpressured: seconds(backpressured),
         }
@@ -259,7 +277,7 @@ impl TaskMetrics {
 
     /// The chain's event time (`None` before the first watermark).
     pub fn watermark(&self) -> Option<i64> {
-        Some(self.watermark.load(Ordering::Relaxed)).filter(|&w| w != i64::MIN)
+        known(self.watermark.load(Ordering::Relaxed))
     }
 
     /// Input channel `channel` is at `watermark` and (not) idle.
@@ -276,7 +294,7 @@ impl TaskMetrics {
             .iter()
             .map(|gauge| ChannelFigures {
                 from: gauge.from,
-                watermark: Some(gauge.watermark.load(Ordering::Relaxed)).filter(|&w| w != i64::MIN),
+                watermark: known(gauge.watermark.load(Ordering::Relaxed)),
                 idle: gauge.idle.load(Ordering::Relaxed),
             })
             .collect()
@@ -307,7 +325,7 @@ impl TaskMetrics {
         let mut splits = self.lock_splits();
         for (number, watermark, idle) in states {
             if let Some(split) = splits.iter_mut().find(|s| s.number == number) {
-                split.watermark = Some(watermark).filter(|&w| w != i64::MIN);
+                split.watermark = known(watermark);
                 split.idle = idle;
             }
         }
@@ -338,6 +356,8 @@ pub struct OperatorMetrics {
     /// Records that arrived after their window's allowed lateness and were dropped (Flink's
     /// `numLateRecordsDropped`).
     pub late_records_dropped: Counter,
+    /// Bytes of the segments it sent to other shards.
+    pub bytes_out: Counter,
     /// The task it runs in (shared by the operators chained in it).
     pub task: Arc<TaskMetrics>,
 }
@@ -389,6 +409,7 @@ impl MetricsRegistry {
             records_out: Counter::default(),
             backpressure_waits: Counter::default(),
             late_records_dropped: Counter::default(),
+            bytes_out: Counter::default(),
             task: Arc::clone(task),
         });
         self.operators
@@ -476,6 +497,9 @@ mod tests {
         assert_eq!(task.watermark(), Some(7));
         task.set_channel(1, 40, true);
         task.set_channel(9, 1, false);
+        // Readings never go back.
+        let first = task.time();
+        assert!(task.time().busy >= first.busy);
         let channels = task.channels();
         assert_eq!(channels[0].watermark, None);
         assert_eq!((channels[1].watermark, channels[1].idle), (Some(40), true));

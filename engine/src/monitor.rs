@@ -85,6 +85,9 @@ pub struct SubtaskFigures {
     pub backpressure_waits: u64,
     /// Records dropped as too late for their window.
     pub late_records_dropped: u64,
+    /// Bytes of the segments it sent to other shards.
+    #[serde(default)]
+    pub bytes_out: u64,
 }
 
 /// One task: a chain of operators in one subtask.
@@ -92,7 +95,9 @@ pub struct SubtaskFigures {
 pub struct TaskFigures {
     /// Its chain, `first -> second -> …` (Flink's task name).
     pub name: String,
-    /// The stream node ids of its operators, in chain order; the first names the task.
+    /// The stream node id of its first operator, which names the task.
+    pub head: usize,
+    /// The stream node ids of its operators, the first one first.
     pub operators: Vec<usize>,
     /// The subtask index.
     pub subtask: usize,
@@ -117,10 +122,12 @@ pub struct TaskFigures {
     pub splits: Vec<SplitFigures>,
 }
 
-impl TaskFigures {
-    /// The stream node id of its first operator.
-    pub fn head(&self) -> usize {
-        self.operators[0]
+impl Figures {
+    /// The task that runs operator `node` in `subtask`.
+    pub fn task_of(&self, node: usize, subtask: usize) -> Option<&TaskFigures> {
+        self.tasks
+            .iter()
+            .find(|t| t.subtask == subtask && t.operators.contains(&node))
     }
 }
 
@@ -325,6 +332,7 @@ impl JobMonitor {
                 records_out: m.records_out.get(),
                 backpressure_waits: m.backpressure_waits.get(),
                 late_records_dropped: m.late_records_dropped.get(),
+                bytes_out: m.bytes_out.get(),
             })
             .collect();
         let seconds = |ns: u64| ns as f64 / 1e9;
@@ -386,6 +394,7 @@ fn task_figures(operators: &[Arc<crate::metrics::OperatorMetrics>]) -> Vec<TaskF
                     .map(|(_, name)| *name)
                     .collect::<Vec<_>>()
                     .join(" -> "),
+                head: task.head,
                 operators: chain.iter().map(|&(node, _)| node).collect(),
                 subtask: task.subtask,
                 elapsed_seconds: time.elapsed,

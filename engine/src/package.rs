@@ -359,19 +359,28 @@ impl Events {
 }
 
 fn execute(registry: &Registry, path: &Path) -> ExitCode {
+    // In the format the worker logs in (it hands its executors WEIR_LOG_FORMAT), unless the
+    // package set up logging of its own.
+    crate::logging::init(crate::logging::LogFormat::from_env().unwrap_or_default());
     let deployment: Deployment = match std::fs::read(path)
         .map_err(|e| e.to_string())
         .and_then(|bytes| serde_json::from_slice(&bytes).map_err(|e| e.to_string()))
     {
         Ok(deployment) => deployment,
         Err(error) => {
-            eprintln!(
+            tracing::error!(
                 "cannot read deployment descriptor {}: {error}",
                 path.display()
             );
             return ExitCode::from(2);
         }
     };
+    tracing::info!(
+        run_id = %deployment.run.id,
+        job_name = %deployment.run.entry,
+        "executor of job '{}' started (engine {ENGINE_VERSION}, protocol {PROTOCOL_VERSION})",
+        deployment.run.entry
+    );
     let events = Events(Arc::new(Mutex::new(events_file(deployment.events_fd))));
     events.send(&ExecutorEvent::Hello {
         protocol: PROTOCOL_VERSION,
@@ -381,7 +390,7 @@ fn execute(registry: &Registry, path: &Path) -> ExitCode {
     let code = match &outcome {
         Outcome::Failed { cause } => {
             let run = &deployment.run;
-            eprintln!("job '{}' ({}) failed: {cause}", run.entry, run.id);
+            tracing::error!(run_id = %run.id, "job '{}' failed: {cause}", run.entry);
             ExitCode::FAILURE
         }
         _ => ExitCode::SUCCESS,

@@ -74,13 +74,6 @@ fn a_producer_behind_a_slow_task_is_timed_backpressured_and_the_slow_task_busy()
     let sources = tasks_named(&figures, "Source: numbers -> triple");
     let slow = tasks_named(&figures, "slow -> Sink: discard");
     assert_eq!((sources.len(), slow.len()), (slots, slots), "{figures:#?}");
-    for task in sources.iter().chain(&slow) {
-        let sum = task.busy_seconds + task.idle_seconds + task.backpressured_seconds;
-        assert!(
-            (sum - task.elapsed_seconds).abs() < 1e-3,
-            "busy, idle and backpressured make up the task's time: {task:#?}"
-        );
-    }
     for task in &slow {
         assert!(
             task.busy_seconds > task.idle_seconds && task.backpressured_seconds < 0.1,
@@ -91,9 +84,13 @@ fn a_producer_behind_a_slow_task_is_timed_backpressured_and_the_slow_task_busy()
         // Half of a rebalance's channels cross shards, in segments.
         assert!(sources.iter().all(|t| t.bytes_out > 0), "{figures:#?}");
         assert!(slow.iter().all(|t| t.bytes_in > 0), "{figures:#?}");
-        let sent: u64 = sources.iter().map(|t| t.bytes_out).sum();
-        let read: u64 = slow.iter().map(|t| t.bytes_in).sum();
-        assert!(read <= sent, "read {read} of {sent} bytes sent");
+        // The operator that writes to the exchange sent them, not the one chained before it.
+        for s in &figures.subtasks {
+            match s.operator.as_str() {
+                "triple" => assert!(s.bytes_out > 0, "{s:?}"),
+                _ => assert_eq!(s.bytes_out, 0, "{s:?}"),
+            }
+        }
     }
     assert_eq!(sources[0].operators.len(), 2, "source and triple chain");
 }
@@ -158,9 +155,12 @@ fn each_task_split_and_channel_shows_its_event_time() {
             format!("generator-{}-of-{slots}", source.subtask)
         );
         assert!(!split.idle);
+        // A subtask of one split is at the split's event time, give or take the 100 ms
+        // between two showings of the split's (20 s of event time a second here).
         let watermark = source.watermark.unwrap();
         assert!(
-            watermark <= split.watermark.unwrap() && watermark > 1_000_000_000 - 600_000,
+            (watermark - split.watermark.unwrap()).abs() < 10_000
+                && watermark > 1_000_000_000 - 600_000,
             "{source:#?}"
         );
         assert!(source.channels.is_empty());
@@ -170,10 +170,7 @@ fn each_task_split_and_channel_shows_its_event_time() {
         let mut senders: Vec<usize> = task.channels.iter().map(|c| c.from.subtask).collect();
         senders.sort_unstable();
         assert_eq!(senders, (0..slots).collect::<Vec<_>>());
-        assert!(task
-            .channels
-            .iter()
-            .all(|c| c.from.head == sources[0].head()));
+        assert!(task.channels.iter().all(|c| c.from.head == sources[0].head));
         // The input watermark is the lowest channel's, never ahead of it.
         let lowest = task.channels.iter().filter_map(|c| c.watermark).min();
         assert!(task.watermark <= lowest, "{task:#?}");

@@ -22,8 +22,9 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 use weir_engine::checkpoint::CheckpointStats;
 use weir_engine::connector::{ConnectorError, Generator, LocalBoxFuture, Sink, SinkWriter};
+use weir_engine::monitor::JobMonitor;
 use weir_engine::prelude::*;
-use weir_engine::runtime::PeriodicThread;
+use weir_engine::runtime::{PeriodicThread, RunOptions};
 use weir_engine::NO_TIMESTAMP;
 
 use super::baseline;
@@ -159,6 +160,9 @@ pub struct NexmarkOptions {
     pub checkpoint_interval_ms: Option<u64>,
     /// Further engine settings, `KEY=VALUE` (`-D`), applied after the ones above.
     pub settings: Vec<String>,
+    /// Read the job's live figures this often and encode them as an executor does for its
+    /// worker's `/metrics` (`None`: no monitor is read).
+    pub scrape_ms: Option<u64>,
 }
 
 /// Milliseconds at the median and the maximum.
@@ -290,6 +294,9 @@ pub struct NexmarkReport {
     /// The checkpoints' figures (`None`: the run was not checkpointed).
     #[serde(flatten)]
     pub checkpoints: Option<CheckpointFigures>,
+    /// Readings of the live figures taken during the run (`--scrape-ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scrapes: Option<u64>,
 }
 
 fn generator(options: &NexmarkOptions) -> Result<NexmarkGenerator, BenchError> {
@@ -350,6 +357,7 @@ pub fn run_baseline(options: &NexmarkOptions) -> Result<NexmarkReport, BenchErro
         state_backend: None,
         settings: Vec::new(),
         checkpoints: None,
+        scrapes: None,
     })
 }
 
@@ -686,9 +694,20 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         }
     };
     let progress = progress(query, event_rate, Arc::clone(&timeline), counter);
+    let monitor = JobMonitor::default();
+    let scrapes = Arc::new(AtomicU64::new(0));
+    let scraper = options
+        .scrape_ms
+        .map(|ms| scraper(&monitor, Duration::from_millis(ms), Arc::clone(&scrapes)))
+        .transpose()?;
+    let run = RunOptions {
+        monitor,
+        ..RunOptions::default()
+    };
     let result = env
-        .execute(&format!("nexmark {}", query.name()))
+        .execute_with(&format!("nexmark {}", query.name()), run)
         .map_err(BenchError::job("nexmark"))?;
+    drop(scraper);
     drop(progress);
     drop(checkpoint_dir);
     let output = take();
@@ -712,7 +731,26 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
             .checkpoint_interval_ms
             .zip(result.checkpoints.as_ref())
             .map(|(interval, stats)| CheckpointFigures::of(interval, stats)),
+        scrapes: options.scrape_ms.map(|_| scrapes.load(Ordering::Relaxed)),
     })
+}
+
+/// Reads `monitor` every `period` and encodes the figures as an executor does to hand them
+/// to its worker (what a `/metrics` scrape costs the job's process), counting the readings.
+fn scraper(
+    monitor: &JobMonitor,
+    period: Duration,
+    scrapes: Arc<AtomicU64>,
+) -> Result<PeriodicThread, BenchError> {
+    let monitor = monitor.clone();
+    PeriodicThread::spawn("nexmark-scrape", period, move || {
+        if let Some(figures) = monitor.figures() {
+            let encoded = serde_json::to_vec(&figures).expect("figures encode");
+            std::hint::black_box(encoded);
+            scrapes.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+    .map_err(|e| BenchError::Nexmark(format!("cannot start the scraping thread: {e}")))
 }
 
 /// Latency percentiles of `samples` (see the module docs).
@@ -822,7 +860,31 @@ mod tests {
             seed: 0,
             checkpoint_interval_ms: None,
             settings: Vec::new(),
+            scrape_ms: None,
         }
+    }
+
+    /// A scraped run reads its figures as often as asked, and gives the same results.
+    #[test]
+    fn a_scraped_run_counts_its_readings() {
+        // The rate sets the events' times: both runs have it.
+        let plain = NexmarkOptions {
+            rate: Some(100_000.0),
+            ..options(Query::Q1, 50_000)
+        };
+        let scraped = NexmarkOptions {
+            scrape_ms: Some(20),
+            ..plain.clone()
+        };
+        let reference = run_engine(&plain).unwrap();
+        assert_eq!(reference.scrapes, None);
+        let report = run_engine(&scraped).unwrap();
+        assert_eq!(report.checksum, reference.checksum);
+        // Half a second at 20 ms.
+        let scrapes = report.scrapes.expect("scrapes are reported");
+        assert!((5..=40).contains(&scrapes), "{scrapes} readings");
+        let json = serde_json::to_value(&report).unwrap();
+        assert_eq!(json["scrapes"], scrapes);
     }
 
     /// A checkpointed run gives the same results, and reports its checkpoints in its JSON.

@@ -88,26 +88,18 @@ fn round(share: f64) -> f64 {
 }
 
 /// `GET /jobs/:id/vertices/:vid/backpressure` (Flink's `JobVertexBackPressureInfo`): each
-/// subtask of the task that runs operator `vertex`; `None` if no running task does.
-pub fn backpressure(
-    loads: &[TaskLoad<'_>],
-    vertex: usize,
-    now: i64,
-    attempt: u32,
-) -> Option<Value> {
+/// subtask of the task that runs operator `vertex` (one that [`runs`] says runs).
+pub fn backpressure(loads: &[TaskLoad<'_>], vertex: usize, now: i64, attempt: u32) -> Value {
     let subtasks: Vec<&TaskLoad<'_>> = loads
         .iter()
         .filter(|l| l.task.operators.contains(&vertex))
         .collect();
-    if subtasks.is_empty() {
-        return None;
-    }
     let worst = subtasks.iter().map(|l| l.backpressured).fold(0.0, f64::max);
-    Some(json!({
+    json!({
         "status": "ok",
         "backpressure-level": level(worst),
         "end-timestamp": now,
-        "task": subtasks[0].task.name,
+        "task": subtasks.first().map(|l| &l.task.name),
         "subtasks": subtasks.iter().map(|l| json!({
             "subtask": l.task.subtask,
             "attempt-number": attempt.saturating_sub(1),
@@ -117,31 +109,29 @@ pub fn backpressure(
             "idleRatio": round(l.idle),
             "busyRatio": round(l.busy),
         })).collect::<Vec<_>>(),
-    }))
+    })
+}
+
+/// Whether a running task runs operator `vertex`.
+pub fn runs(live: &Figures, vertex: usize) -> bool {
+    live.tasks.iter().any(|t| t.operators.contains(&vertex))
 }
 
 /// `GET /jobs/:id/vertices/:vid/watermarks` (Flink's shape): each subtask's current input
-/// watermark of the task that runs operator `vertex`, `i64::MIN` before the first; `None` if
-/// no running task does.
-pub fn watermarks(live: &Figures, vertex: usize) -> Option<Value> {
-    let tasks: Vec<&TaskFigures> = live
-        .tasks
-        .iter()
-        .filter(|t| t.operators.contains(&vertex))
-        .collect();
-    (!tasks.is_empty()).then(|| {
-        Value::Array(
-            tasks
-                .iter()
-                .map(|t| {
-                    json!({
-                        "id": format!("{}.currentInputWatermark", t.subtask),
-                        "value": t.watermark.unwrap_or(i64::MIN).to_string(),
-                    })
+/// watermark of the task that runs operator `vertex`, `i64::MIN` before the first.
+pub fn watermarks(live: &Figures, vertex: usize) -> Value {
+    Value::Array(
+        live.tasks
+            .iter()
+            .filter(|t| t.operators.contains(&vertex))
+            .map(|t| {
+                json!({
+                    "id": format!("{}.currentInputWatermark", t.subtask),
+                    "value": t.watermark.unwrap_or(i64::MIN).to_string(),
                 })
-                .collect(),
-        )
-    })
+            })
+            .collect(),
+    )
 }
 
 /// One task vertex (all subtasks of a chain) over the last interval: the worst subtask's
@@ -159,7 +149,7 @@ struct VertexLoad<'a> {
 fn vertex_loads<'a>(loads: &[TaskLoad<'a>]) -> Vec<VertexLoad<'a>> {
     let mut vertices: Vec<VertexLoad<'a>> = Vec::new();
     for load in loads {
-        let head = load.task.head();
+        let head = load.task.head;
         let index = match vertices.iter().position(|v| v.head == head) {
             Some(index) => index,
             None => {
@@ -196,17 +186,18 @@ pub fn bottleneck(loads: &[TaskLoad<'_>]) -> Value {
     let backpressured = |head: usize| {
         vertices
             .iter()
-            .any(|v| v.head == head && v.backpressured > HIGH)
+            .any(|v| v.head == head && v.backpressured > LOW)
     };
     let limiting = vertices
         .iter()
         .filter(|v| v.backpressured <= LOW && v.upstream.iter().any(|&u| backpressured(u)))
         .max_by(|a, b| a.busy.total_cmp(&b.busy));
+    let busiest = vertices.iter().max_by(|a, b| a.busy.total_cmp(&b.busy));
     let (vertex, reason) = match limiting {
         Some(v) => {
             let feeding: Vec<&str> = vertices
                 .iter()
-                .filter(|u| v.upstream.contains(&u.head) && u.backpressured > HIGH)
+                .filter(|u| v.upstream.contains(&u.head) && u.backpressured > LOW)
                 .map(|u| u.name)
                 .collect();
             let reason = format!(
@@ -219,7 +210,19 @@ pub fn bottleneck(loads: &[TaskLoad<'_>]) -> Value {
             );
             (Some(v), reason)
         }
-        None => match vertices.iter().max_by(|a, b| a.busy.total_cmp(&b.busy)) {
+        None if vertices.iter().any(|v| v.backpressured > LOW) => match busiest {
+            Some(v) => (
+                Some(v),
+                format!(
+                    "backpressure shows, but every task below it is backpressured too; '{}' \
+                     is the busiest ({:.0}%)",
+                    v.name,
+                    v.busy * 100.0
+                ),
+            ),
+            None => (None, "the job runs no tasks".to_string()),
+        },
+        None => match busiest {
             Some(v) if v.upstream.is_empty() => (
                 Some(v),
                 format!(
@@ -292,7 +295,7 @@ pub fn holdback(live: &Figures, now: i64) -> Value {
     let find = |head: usize, subtask: usize| {
         tasks
             .iter()
-            .find(|t| t.head() == head && t.subtask == subtask)
+            .find(|t| t.head == head && t.subtask == subtask)
     };
     // The most advanced event time of any input: what the slowest one is behind.
     let ahead = tasks
@@ -313,7 +316,7 @@ pub fn holdback(live: &Figures, now: i64) -> Value {
                 other
                     .channels
                     .iter()
-                    .any(|c| c.from.head == t.head() && c.from.subtask == t.subtask)
+                    .any(|c| c.from.head == t.head && c.from.subtask == t.subtask)
             })
         })
         .filter(|t| holds(t.watermark))
@@ -326,7 +329,14 @@ pub fn holdback(live: &Figures, now: i64) -> Value {
         });
     };
     let job_watermark = task.watermark;
+    // Each step goes one task upstream: a job's graph has no cycles, so it ends within as
+    // many steps as there are tasks (the bound guards against figures that say otherwise).
+    let mut steps = tasks.len() + 1;
     let hold = loop {
+        steps = steps.saturating_sub(1);
+        if steps == 0 {
+            break Hold::Source { task };
+        }
         let slowest = task
             .channels
             .iter()
@@ -378,7 +388,7 @@ pub fn holdback(live: &Figures, now: i64) -> Value {
             .map(|(ahead, w)| ahead.saturating_sub(w).max(0))
     };
     let task_entry =
-        |t: &TaskFigures| json!({ "id": t.head(), "name": t.name, "subtask": t.subtask });
+        |t: &TaskFigures| json!({ "id": t.head, "name": t.name, "subtask": t.subtask });
     let detail = match hold {
         Hold::Split {
             task,
@@ -429,6 +439,7 @@ mod tests {
         let (elapsed, idle, backpressured) = times;
         TaskFigures {
             name: format!("task {}", operators[0]),
+            head: operators[0],
             operators: operators.to_vec(),
             subtask,
             elapsed_seconds: elapsed,
@@ -489,6 +500,14 @@ mod tests {
             .as_str()
             .unwrap()
             .contains("'task 0' is backpressured by 'task 2'"));
+        // Backpressure eases on its way down (high, then low): the first task free of it.
+        let mut easing = task(&[2], 0, (1.0, 0.0, 0.3));
+        easing.channels = vec![channel(0, 0, 0)];
+        let mut last = task(&[5], 0, (1.0, 0.0, 0.0));
+        last.channels = vec![channel(2, 0, 0)];
+        let live = figures(vec![task(&[0], 0, (1.0, 0.0, 0.9)), easing, last]);
+        let answer = bottleneck(&loads(None, &live));
+        assert_eq!(answer["bottleneck"]["id"], 5, "{answer}");
         // Nothing backpressured: the busiest, here the source.
         let mut idle_map = task(&[2], 0, (1.0, 0.8, 0.0));
         idle_map.channels = vec![channel(0, 0, 0)];

@@ -13,6 +13,15 @@ use super::Shared;
 use crate::protocol::{ControlMessage, WorkerMessage, PROTOCOL_VERSION};
 
 /// `GET /v1/workers`: a worker's link.
+#[utoipa::path(
+    get,
+    path = "/v1/workers",
+    tag = "workers",
+    responses(
+        (status = 101, description = "A worker's link: a WebSocket of typed, versioned messages (control/src/protocol.rs)"),
+        (status = 400, description = "Not a WebSocket upgrade", body = super::rest::ErrorBody),
+    )
+)]
 pub(crate) async fn connect(
     State(shared): State<Shared>,
     ConnectInfo(address): ConnectInfo<SocketAddr>,

@@ -110,8 +110,7 @@ pub fn serve(
             }
         });
         let address = listener.local_addr()?;
-        tracing::info!("control plane listening on http://{address}");
-        eprintln!("weir control: REST API on http://{address}");
+        tracing::info!(%address, "weir control: REST API on http://{address}");
         axum::serve(
             listener,
             rest::router(shared).into_make_service_with_connect_info::<SocketAddr>(),

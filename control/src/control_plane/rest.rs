@@ -6,7 +6,6 @@ use axum::extract::{Path, Query, Request, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -15,7 +14,9 @@ use weir_engine::monitor::{Figures, SubtaskFigures};
 
 use super::cluster::{now_ms, Job, JobStatus, OperationKind, Refusal, Submission};
 use super::packages::{self, Staging, BUILTIN};
-use super::{insight, links, Shared};
+// The workers' link is served here too (`__path_connect` is its OpenAPI description).
+use super::links::{__path_connect, connect};
+use super::{insight, Shared};
 use crate::protocol::{PACKAGES_PATH, WORKERS_PATH};
 
 /// An error answer.
@@ -23,7 +24,10 @@ pub(crate) struct ApiError(StatusCode, String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({ "errors": [self.1] }))).into_response()
+        let body = ErrorBody {
+            errors: vec![self.1],
+        };
+        (self.0, Json(body)).into_response()
     }
 }
 
@@ -42,45 +46,187 @@ fn bad_request(message: String) -> ApiError {
 
 type Answer = Result<Json<Value>, ApiError>;
 
+/// Every endpoint once, by path, with its methods' handlers: the router serves this table and
+/// the OpenAPI document lists it (each handler's `#[utoipa::path]` says what it takes and
+/// answers; a test checks that the two agree).
+macro_rules! endpoints {
+    ($shared:ident; $($path:literal => [$($($method:ident)|+ $handler:ident),+] $(limit $limit:expr)?;)+) => {
+        /// Method and path of every endpoint the router serves.
+        #[cfg(test)]
+        const ENDPOINTS: &[(&str, &str)] = &[$($($((stringify!($method), $path)),+),+),+];
+
+        /// The routes of the table.
+        fn endpoints($shared: &Shared) -> Router<Shared> {
+            Router::new()$(.route(
+                $path,
+                axum::routing::MethodRouter::new()$($(.$method($handler))+)+
+                    $(.layer(axum::extract::DefaultBodyLimit::max($limit)))?,
+            ))+
+        }
+
+        /// The OpenAPI document of the table (`GET /openapi.json`).
+        #[derive(utoipa::OpenApi)]
+        #[openapi(
+            info(
+                title = "Weir control plane",
+                description = "Flink's REST paths, verbs and field names where Flink has them. \
+                    Errors are {\"errors\": [\"…\"]} with a 4xx naming what to fix. With \
+                    rest.auth.token set, every request sends Authorization: Bearer <token>."
+            ),
+            paths($($($handler),+),+),
+            components(schemas(ErrorBody)),
+            modifiers(&BearerToken),
+        )]
+        pub(crate) struct ApiDoc;
+    };
+}
+
+endpoints! { shared;
+    "/overview" => [get overview];
+    "/config" => [get config];
+    "/taskmanagers" => [get taskmanagers];
+    "/jars" => [get jars];
+    "/jars/upload" => [post upload_jar] limit shared.max_body;
+    "/jars/{jar}" => [delete delete_jar];
+    "/jars/{jar}/run" => [post run_jar];
+    "/v1/packages/{jar}" => [get package_binary];
+    "/v1/workers" => [get connect];
+    "/jobs" => [get jobs];
+    "/jobs/overview" => [get jobs_overview];
+    "/jobs/{job}" => [get job_details, patch patch_job];
+    "/jobs/{job}/exceptions" => [get job_exceptions];
+    "/jobs/{job}/checkpoints" => [get job_checkpoints];
+    "/jobs/{job}/vertices/{vertex}/backpressure" => [get vertex_backpressure];
+    "/jobs/{job}/vertices/{vertex}/watermarks" => [get vertex_watermarks];
+    "/jobs/{job}/bottleneck" => [get job_bottleneck];
+    "/jobs/{job}/watermarks/holdback" => [get job_holdback];
+    "/jobs/{job}/savepoints" => [post trigger_savepoint];
+    "/jobs/{job}/savepoints/{trigger}" => [get savepoint_status];
+    "/jobs/{job}/stop" => [post stop_job];
+    "/jobs/{job}/rescaling" => [post | patch rescale_job];
+    "/jobs/{job}/rescaling/{trigger}" => [get rescaling_status];
+    "/metrics" => [get metrics];
+    "/openapi.json" => [get openapi];
+}
+
+/// An error answer's body.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub(crate) struct ErrorBody {
+    /// What went wrong and what to do about it.
+    errors: Vec<String>,
+}
+
+/// Every endpoint may answer 401: with `rest.auth.token` set, each request needs it as a
+/// bearer token (the document says so once, here, for all of them).
+struct BearerToken;
+
+impl utoipa::Modify for BearerToken {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+        let refused = ResponseBuilder::new()
+            .description("No or a wrong bearer token (with rest.auth.token set)")
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build();
+        for item in openapi.paths.paths.values_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.post,
+                &mut item.put,
+                &mut item.patch,
+                &mut item.delete,
+            ];
+            for operation in operations.into_iter().flatten() {
+                operation
+                    .responses
+                    .responses
+                    .insert("401".into(), refused.clone().into());
+            }
+        }
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "rest.auth.token",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// A job's id in a path.
+#[allow(dead_code)]
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+struct JobId {
+    /// The job's id (GET /jobs lists them).
+    job: String,
+}
+
+/// A job's vertex in a path.
+#[allow(dead_code)]
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+struct JobVertex {
+    /// The job's id (GET /jobs lists them).
+    job: String,
+    /// An operator's id (GET /jobs/:id lists them).
+    vertex: String,
+}
+
+/// A job's asynchronous request in a path.
+#[allow(dead_code)]
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+struct JobTrigger {
+    /// The job's id (GET /jobs lists them).
+    job: String,
+    /// The request id its trigger answered.
+    trigger: String,
+}
+
+/// A package's id in a path.
+#[allow(dead_code)]
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Path)]
+struct JarId {
+    /// The package's id (GET /jars lists them).
+    jar: String,
+}
+
+/// `POST /jars/upload`'s multipart form.
+#[allow(dead_code)]
+#[derive(utoipa::ToSchema)]
+struct PackageUpload {
+    /// The package: an executable built against weir-engine (stripped, at most
+    /// rest.server.max-content-length).
+    #[schema(value_type = String, format = Binary)]
+    jarfile: Vec<u8>,
+}
+
+/// `GET /openapi.json`: this API's OpenAPI 3 document, made from the code.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "The OpenAPI document of every endpoint", body = Object),
+    )
+)]
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(<ApiDoc as utoipa::OpenApi>::openapi())
+}
+
 /// Every route.
 pub(crate) fn router(shared: Shared) -> Router {
-    Router::new()
-        .route("/overview", get(overview))
-        .route("/config", get(config))
-        .route("/taskmanagers", get(taskmanagers))
-        .route("/jars", get(jars))
-        .route("/jars/{jar}/run", post(run_jar))
-        .route(
-            "/jars/upload",
-            post(upload_jar).layer(axum::extract::DefaultBodyLimit::max(shared.max_body)),
-        )
-        .route("/jars/{jar}", axum::routing::delete(delete_jar))
-        .route(PACKAGES_PATH, get(package_binary))
-        .route("/jobs", get(jobs))
-        .route("/jobs/overview", get(jobs_overview))
-        .route("/jobs/{job}", get(job_details).patch(patch_job))
-        .route("/jobs/{job}/exceptions", get(job_exceptions))
-        .route("/jobs/{job}/checkpoints", get(job_checkpoints))
-        .route(
-            "/jobs/{job}/vertices/{vertex}/backpressure",
-            get(vertex_backpressure),
-        )
-        .route(
-            "/jobs/{job}/vertices/{vertex}/watermarks",
-            get(vertex_watermarks),
-        )
-        .route("/jobs/{job}/bottleneck", get(job_bottleneck))
-        .route("/jobs/{job}/watermarks/holdback", get(job_holdback))
-        .route("/metrics", get(metrics))
-        .route("/jobs/{job}/savepoints", post(trigger_savepoint))
-        .route("/jobs/{job}/savepoints/{trigger}", get(operation_status))
-        .route("/jobs/{job}/stop", post(stop_job))
-        .route(
-            "/jobs/{job}/rescaling",
-            post(rescale_job).patch(rescale_job),
-        )
-        .route("/jobs/{job}/rescaling/{trigger}", get(operation_status))
-        .route(WORKERS_PATH, get(links::connect))
+    debug_assert_eq!(
+        (PACKAGES_PATH, WORKERS_PATH),
+        ("/v1/packages/{jar}", "/v1/workers"),
+        "the endpoint table names the workers' paths"
+    );
+    endpoints(&shared)
         .fallback(unknown_path)
         .method_not_allowed_fallback(wrong_method)
         .layer(middleware::from_fn_with_state(shared.clone(), authorize))
@@ -162,6 +308,14 @@ fn body<T>(payload: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
         })
 }
 
+#[utoipa::path(
+    get,
+    path = "/overview",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "Workers, slots and jobs by state", body = Object),
+    )
+)]
 async fn overview(State(shared): State<Shared>) -> Answer {
     let cluster = shared.cluster();
     let count = |status: JobStatus| cluster.jobs.values().filter(|j| j.status == status).count();
@@ -183,6 +337,14 @@ async fn overview(State(shared): State<Shared>) -> Answer {
     })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/config",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "The control plane's settings the web UI reads", body = Object),
+    )
+)]
 async fn config(State(shared): State<Shared>) -> Answer {
     let cluster = shared.cluster();
     let (interval, timeout) = cluster.config().heartbeat();
@@ -198,6 +360,14 @@ async fn config(State(shared): State<Shared>) -> Answer {
     })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/taskmanagers",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "The workers: slots total and free, cores, memory shares, last heartbeat", body = Object),
+    )
+)]
 async fn taskmanagers(State(shared): State<Shared>) -> Answer {
     let cluster = shared.cluster();
     let workers: Vec<Value> = cluster
@@ -231,6 +401,14 @@ async fn taskmanagers(State(shared): State<Shared>) -> Answer {
     Ok(Json(json!({ "taskmanagers": workers })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/jars",
+    tag = "jars",
+    responses(
+        (status = 200, description = "The job packages and their jobs (the built-in one is weir-builtin)", body = Object),
+    )
+)]
 async fn jars(State(shared): State<Shared>) -> Answer {
     let packages = shared.packages.lock().await;
     let files: Vec<Value> = packages
@@ -256,6 +434,18 @@ async fn jars(State(shared): State<Shared>) -> Answer {
 
 /// `POST /jars/upload`: a job package in the multipart field `jarfile` (Flink's name), kept
 /// once it says what it holds.
+#[utoipa::path(
+    post,
+    path = "/jars/upload",
+    tag = "jars",
+    request_body(content = inline(PackageUpload), content_type = "multipart/form-data"),
+    responses(
+        (status = 200, description = "The package was stored: its id is `filename`", body = Object),
+        (status = 400, description = "A malformed or unsupported request, named", body = ErrorBody),
+        (status = 403, description = "Uploads are off (web.upload.enabled)", body = ErrorBody),
+        (status = 413, description = "Over rest.server.max-content-length", body = ErrorBody),
+    )
+)]
 async fn upload_jar(
     State(shared): State<Shared>,
     multipart: Result<axum::extract::Multipart, axum::extract::multipart::MultipartRejection>,
@@ -341,6 +531,18 @@ async fn upload_jar(
 
 /// `DELETE /jars/:id`: refused for the built-in package and for packages a job not yet ended
 /// runs from (its restarts need it).
+#[utoipa::path(
+    delete,
+    path = "/jars/{jar}",
+    params(JarId),
+    tag = "jars",
+    responses(
+        (status = 200, description = "The package was removed", body = Object),
+        (status = 400, description = "A malformed or unsupported request, named", body = ErrorBody),
+        (status = 404, description = "No such package", body = ErrorBody),
+        (status = 409, description = "A job that has not ended uses it", body = ErrorBody),
+    )
+)]
 async fn delete_jar(
     State(shared): State<Shared>,
     Path(jar): Path<String>,
@@ -382,6 +584,16 @@ async fn delete_jar(
 }
 
 /// `GET /v1/packages/:id`: an uploaded package's executable, for the workers.
+#[utoipa::path(
+    get,
+    path = "/v1/packages/{jar}",
+    params(JarId),
+    tag = "workers",
+    responses(
+        (status = 200, description = "The package's executable, for a worker to run", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 404, description = "No such package", body = ErrorBody),
+    )
+)]
 async fn package_binary(
     State(shared): State<Shared>,
     Path(jar): Path<String>,
@@ -402,7 +614,7 @@ async fn package_binary(
 }
 
 /// `POST /jars/:id/run`'s body (Flink's `JarRunRequestBody`, the fields Weir uses).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct RunRequest {
     entry_class: Option<String>,
@@ -414,6 +626,18 @@ struct RunRequest {
     allow_non_restored_state: bool,
 }
 
+#[utoipa::path(
+    post,
+    path = "/jars/{jar}/run",
+    params(JarId),
+    tag = "jars",
+    request_body(content = RunRequest, description = "Flink's JarRunRequestBody, the fields Weir uses", content_type = "application/json"),
+    responses(
+        (status = 200, description = "The job was accepted: its id is `jobid`", body = Object),
+        (status = 400, description = "A malformed or unsupported request, named", body = ErrorBody),
+        (status = 404, description = "No such package", body = ErrorBody),
+    )
+)]
 async fn run_jar(
     State(shared): State<Shared>,
     Path(jar): Path<String>,
@@ -530,6 +754,14 @@ fn split_args(text: &str) -> Result<Vec<String>, String> {
     Ok(words)
 }
 
+#[utoipa::path(
+    get,
+    path = "/jobs",
+    tag = "jobs",
+    responses(
+        (status = 200, description = "Every job's id and state", body = Object),
+    )
+)]
 async fn jobs(State(shared): State<Shared>) -> Answer {
     let cluster = shared.cluster();
     let jobs: Vec<Value> = cluster
@@ -563,6 +795,14 @@ fn summary(job: &Job, now: i64) -> Value {
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/jobs/overview",
+    tag = "jobs",
+    responses(
+        (status = 200, description = "Every job with its name, state, times and task counts", body = Object),
+    )
+)]
 async fn jobs_overview(State(shared): State<Shared>) -> Answer {
     let cluster = shared.cluster();
     let now = now_ms();
@@ -582,6 +822,16 @@ fn find<'a>(
     })
 }
 
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}",
+    params(JobId),
+    tag = "jobs",
+    responses(
+        (status = 200, description = "The job: state, placement, attempts, and its vertices with records and bytes in and out per subtask", body = Object),
+        (status = 404, description = "No such job", body = ErrorBody),
+    )
+)]
 async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
     let cluster = shared.cluster();
     let job = find(&cluster.jobs, &id)?;
@@ -626,24 +876,15 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
 }
 
 /// The running operators (Weir reports per operator, Flink per chained vertex), each with
-/// its subtasks' counts, from a run's latest figures. Bytes are its task's: read by the
-/// chain's first operator, written by its last.
+/// its subtasks' counts, from a run's latest figures. Bytes read are its task's, shown on
+/// the chain's first operator; bytes written, the operator's own (what it sent to other
+/// shards).
 fn live_vertices(figures: &Figures) -> Vec<Value> {
-    let task_of = |node: usize, subtask: usize| {
-        figures
-            .tasks
-            .iter()
-            .find(|t| t.subtask == subtask && t.operators.contains(&node))
-    };
+    let task_of = |node: usize, subtask: usize| figures.task_of(node, subtask);
     let read_bytes = |node: usize, subtask: usize| {
         task_of(node, subtask)
-            .filter(|t| t.head() == node)
+            .filter(|t| t.head == node)
             .map_or(0, |t| t.bytes_in)
-    };
-    let written_bytes = |node: usize, subtask: usize| {
-        task_of(node, subtask)
-            .filter(|t| t.operators.last() == Some(&node))
-            .map_or(0, |t| t.bytes_out)
     };
     let mut nodes: Vec<usize> = figures.subtasks.iter().map(|s| s.node).collect();
     nodes.sort_unstable();
@@ -654,9 +895,6 @@ fn live_vertices(figures: &Figures) -> Vec<Value> {
             let subtasks: Vec<_> = figures.subtasks.iter().filter(|s| s.node == node).collect();
             let sum =
                 |field: fn(&SubtaskFigures) -> u64| subtasks.iter().map(|s| field(s)).sum::<u64>();
-            let bytes = |of: &dyn Fn(usize, usize) -> u64| {
-                subtasks.iter().map(|s| of(node, s.subtask)).sum::<u64>()
-            };
             json!({
                 "id": node,
                 "name": subtasks[0].operator,
@@ -666,8 +904,8 @@ fn live_vertices(figures: &Figures) -> Vec<Value> {
                 "metrics": {
                     "read-records": sum(|s| s.records_in),
                     "write-records": sum(|s| s.records_out),
-                    "read-bytes": bytes(&read_bytes),
-                    "write-bytes": bytes(&written_bytes),
+                    "read-bytes": subtasks.iter().map(|s| read_bytes(node, s.subtask)).sum::<u64>(),
+                    "write-bytes": sum(|s| s.bytes_out),
                     "backpressure-waits": sum(|s| s.backpressure_waits),
                 },
                 "subtasks": subtasks.iter().map(|s| json!({
@@ -675,7 +913,7 @@ fn live_vertices(figures: &Figures) -> Vec<Value> {
                     "read-records": s.records_in,
                     "write-records": s.records_out,
                     "read-bytes": read_bytes(node, s.subtask),
-                    "write-bytes": written_bytes(node, s.subtask),
+                    "write-bytes": s.bytes_out,
                     "backpressure-waits": s.backpressure_waits,
                     "watermark": task_of(node, s.subtask).and_then(|t| t.watermark),
                 })).collect::<Vec<_>>(),
@@ -687,6 +925,16 @@ fn live_vertices(figures: &Figures) -> Vec<Value> {
 /// `GET /jobs/:id/checkpoints` (Flink's `CheckpointingStatistics`, the fields Weir has): the
 /// checkpoints of the job's current run (its executor process: a failover or a rescale starts
 /// the counts again), or of its last run once it ended.
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/checkpoints",
+    params(JobId),
+    tag = "checkpoints",
+    responses(
+        (status = 200, description = "Checkpoint counts, the latest completed, savepoint and failed ones, and the last ten", body = Object),
+        (status = 404, description = "No such job", body = ErrorBody),
+    )
+)]
 async fn job_checkpoints(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
     let cluster = shared.cluster();
     let job = find(&cluster.jobs, &id)?;
@@ -752,71 +1000,100 @@ fn running(job: &Job) -> Result<&Figures, ApiError> {
     })
 }
 
-/// A vertex id of the path: an operator's id, as `GET /jobs/:id` lists them.
-fn vertex_of(text: &str, figures: &Figures) -> Result<usize, ApiError> {
-    let known = || {
-        let mut ids: Vec<usize> = figures.subtasks.iter().map(|s| s.node).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.iter()
-            .map(usize::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
+/// A running job's vertex named by the path (an operator's id, as `GET /jobs/:id` lists
+/// them), with the job's latest figures: a 404 naming the vertices there are, or a 409 when
+/// the job does not run or its executor reports no task figures.
+fn running_vertex<'a>(job: &'a Job, text: &str) -> Result<(&'a Figures, usize), ApiError> {
+    let live = running(job)?;
+    let mut ids: Vec<usize> = live.subtasks.iter().map(|s| s.node).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let Some(vertex) = text.parse::<usize>().ok().filter(|id| ids.contains(id)) else {
+        let ids: Vec<String> = ids.iter().map(usize::to_string).collect();
+        return Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no vertex '{text}' in this job; its vertices are {} (the ids of GET /jobs/:id)",
+                ids.join(", ")
+            ),
+        ));
     };
-    text.parse::<usize>()
-        .ok()
-        .filter(|id| figures.subtasks.iter().any(|s| s.node == *id))
-        .ok_or_else(|| {
-            ApiError(
-                StatusCode::NOT_FOUND,
-                format!(
-                    "no vertex '{text}' in this job; its vertices are {} (the ids of GET \
-                     /jobs/:id)",
-                    known()
-                ),
-            )
-        })
+    if !insight::runs(live, vertex) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!(
+                "job '{}' reports no task figures for vertex {vertex}: its package was built \
+                 with an older engine; rebuild it against this one",
+                job.id
+            ),
+        ));
+    }
+    Ok((live, vertex))
 }
 
 /// `GET /jobs/:id/vertices/:vid/backpressure`: the shares of the last second each subtask of
 /// the vertex's task was backpressured, idle and busy (measured, not sampled).
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/vertices/{vertex}/backpressure",
+    params(JobVertex),
+    tag = "jobs",
+    responses(
+        (status = 200, description = "Per subtask, the shares of the last second backpressured, idle and busy, with a level (ok, low, high)", body = Object),
+        (status = 404, description = "No such job or vertex", body = ErrorBody),
+        (status = 409, description = "The job does not run, or its executor has not reported yet", body = ErrorBody),
+    )
+)]
 async fn vertex_backpressure(
     State(shared): State<Shared>,
     Path((id, vertex)): Path<(String, String)>,
 ) -> Answer {
     let cluster = shared.cluster();
     let job = find(&cluster.jobs, &id)?;
-    let live = running(job)?;
-    let vertex = vertex_of(&vertex, live)?;
+    let (live, vertex) = running_vertex(job, &vertex)?;
     let loads = insight::loads(job.previous.as_deref(), live);
-    insight::backpressure(&loads, vertex, now_ms(), job.attempts)
-        .map(Json)
-        .ok_or_else(|| {
-            ApiError(
-                StatusCode::NOT_FOUND,
-                format!("vertex {vertex} runs no task"),
-            )
-        })
+    Ok(Json(insight::backpressure(
+        &loads,
+        vertex,
+        now_ms(),
+        job.attempts,
+    )))
 }
 
 /// `GET /jobs/:id/vertices/:vid/watermarks`.
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/vertices/{vertex}/watermarks",
+    params(JobVertex),
+    tag = "jobs",
+    responses(
+        (status = 200, description = "Per subtask, the input watermark (`N.currentInputWatermark`)", body = serde_json::Value),
+        (status = 404, description = "No such job or vertex", body = ErrorBody),
+        (status = 409, description = "The job does not run, or its executor has not reported yet", body = ErrorBody),
+    )
+)]
 async fn vertex_watermarks(
     State(shared): State<Shared>,
     Path((id, vertex)): Path<(String, String)>,
 ) -> Answer {
     let cluster = shared.cluster();
     let job = find(&cluster.jobs, &id)?;
-    let live = running(job)?;
-    let vertex = vertex_of(&vertex, live)?;
-    insight::watermarks(live, vertex).map(Json).ok_or_else(|| {
-        ApiError(
-            StatusCode::NOT_FOUND,
-            format!("vertex {vertex} runs no task"),
-        )
-    })
+    let (live, vertex) = running_vertex(job, &vertex)?;
+    Ok(Json(insight::watermarks(live, vertex)))
 }
 
 /// `GET /jobs/:id/bottleneck`.
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/bottleneck",
+    params(JobId),
+    tag = "jobs",
+    responses(
+        (status = 200, description = "The task that limits the job, why, and every task's shares of time", body = Object),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job does not run, or its executor has not reported yet", body = ErrorBody),
+    )
+)]
 async fn job_bottleneck(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
     let cluster = shared.cluster();
     let job = find(&cluster.jobs, &id)?;
@@ -828,6 +1105,17 @@ async fn job_bottleneck(State(shared): State<Shared>, Path(id): Path<String>) ->
 }
 
 /// `GET /jobs/:id/watermarks/holdback`.
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/watermarks/holdback",
+    params(JobId),
+    tag = "jobs",
+    responses(
+        (status = 200, description = "The source split or input channel holding the job's event time back, with its lag", body = Object),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job does not run, or its executor has not reported yet", body = ErrorBody),
+    )
+)]
 async fn job_holdback(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
     let cluster = shared.cluster();
     let job = find(&cluster.jobs, &id)?;
@@ -835,6 +1123,14 @@ async fn job_holdback(State(shared): State<Shared>, Path(id): Path<String>) -> A
 }
 
 /// `GET /metrics`: the control plane's Prometheus text exposition.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "metrics",
+    responses(
+        (status = 200, description = "Prometheus text exposition of the workers, slots and jobs", content_type = "text/plain; version=0.0.4", body = String),
+    )
+)]
 async fn metrics(State(shared): State<Shared>) -> Response {
     let text = shared.cluster().exposition();
     ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response()
@@ -847,6 +1143,18 @@ struct PatchQuery {
     mode: Option<String>,
 }
 
+#[utoipa::path(
+    patch,
+    path = "/jobs/{job}",
+    tag = "jobs",
+    params(JobId, ("mode" = Option<String>, Query, description = "cancel (the only mode)")),
+    responses(
+        (status = 202, description = "The job is being cancelled", body = Object),
+        (status = 400, description = "A malformed or unsupported request, named", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job ended already", body = ErrorBody),
+    )
+)]
 async fn patch_job(
     State(shared): State<Shared>,
     Path(id): Path<String>,
@@ -865,6 +1173,16 @@ async fn patch_job(
     Ok((StatusCode::ACCEPTED, Json(json!({}))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/exceptions",
+    params(JobId),
+    tag = "jobs",
+    responses(
+        (status = 200, description = "The job's failures, newest first", body = Object),
+        (status = 404, description = "No such job", body = ErrorBody),
+    )
+)]
 async fn job_exceptions(State(shared): State<Shared>, Path(id): Path<String>) -> Answer {
     let cluster = shared.cluster();
     let job = find(&cluster.jobs, &id)?;
@@ -893,7 +1211,7 @@ async fn job_exceptions(State(shared): State<Shared>, Path(id): Path<String>) ->
 }
 
 /// `POST /jobs/:id/savepoints` (Flink's `SavepointTriggerRequestBody`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct SavepointRequest {
     target_directory: Option<String>,
@@ -906,7 +1224,7 @@ struct SavepointRequest {
 }
 
 /// `POST /jobs/:id/stop` (Flink's `StopWithSavepointRequestBody`).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct StopRequest {
     target_directory: Option<String>,
@@ -949,6 +1267,19 @@ fn triggered(result: Result<String, Refusal>) -> Result<(StatusCode, Json<Value>
     Ok((StatusCode::ACCEPTED, Json(json!({ "request-id": request }))))
 }
 
+#[utoipa::path(
+    post,
+    path = "/jobs/{job}/savepoints",
+    params(JobId),
+    tag = "checkpoints",
+    request_body(content = Option<SavepointRequest>, description = "Flink's SavepointTriggerRequestBody (optional)", content_type = "application/json"),
+    responses(
+        (status = 202, description = "The savepoint was triggered: `request-id` names it", body = Object),
+        (status = 400, description = "A malformed or unsupported request, named", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job does not run or takes no checkpoints", body = ErrorBody),
+    )
+)]
 async fn trigger_savepoint(
     State(shared): State<Shared>,
     Path(id): Path<String>,
@@ -964,6 +1295,19 @@ async fn trigger_savepoint(
     triggered(shared.cluster().savepoint(&id, kind, request.trigger_id))
 }
 
+#[utoipa::path(
+    post,
+    path = "/jobs/{job}/stop",
+    params(JobId),
+    tag = "checkpoints",
+    request_body(content = Option<StopRequest>, description = "Flink's StopWithSavepointRequestBody (optional)", content_type = "application/json"),
+    responses(
+        (status = 202, description = "The stop with a savepoint was triggered: `request-id` names it", body = Object),
+        (status = 400, description = "A malformed or unsupported request, named", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job does not run or takes no checkpoints", body = ErrorBody),
+    )
+)]
 async fn stop_job(
     State(shared): State<Shared>,
     Path(id): Path<String>,
@@ -984,6 +1328,18 @@ struct RescaleQuery {
     parallelism: usize,
 }
 
+#[utoipa::path(
+    method(post, patch),
+    path = "/jobs/{job}/rescaling",
+    tag = "checkpoints",
+    params(JobId, ("parallelism" = usize, Query, description = "The new parallelism (at least 1)")),
+    responses(
+        (status = 202, description = "The rescale (a savepoint, then a restart at the new parallelism) was triggered: `request-id` names it", body = Object),
+        (status = 400, description = "A missing or bad parallelism", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job does not run or takes no checkpoints", body = ErrorBody),
+    )
+)]
 async fn rescale_job(
     State(shared): State<Shared>,
     Path(id): Path<String>,
@@ -1006,9 +1362,38 @@ async fn rescale_job(
     triggered(shared.cluster().savepoint(&id, kind, None))
 }
 
-/// `GET /jobs/:id/savepoints/:trigger` and `/jobs/:id/rescaling/:trigger` (Flink's
-/// asynchronous operation result).
-async fn operation_status(
+/// `GET /jobs/:id/savepoints/:trigger`: a savepoint's or stop's state.
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/savepoints/{trigger}",
+    params(JobTrigger),
+    tag = "checkpoints",
+    responses(
+        (status = 200, description = "IN_PROGRESS, or COMPLETED with the savepoint's `location` or a `failure-cause`", body = Object),
+        (status = 404, description = "No such job or request", body = ErrorBody),
+    )
+)]
+async fn savepoint_status(state: State<Shared>, path: Path<(String, String)>) -> Answer {
+    operation_status(state, path)
+}
+
+/// `GET /jobs/:id/rescaling/:trigger`: a rescale's state.
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/rescaling/{trigger}",
+    params(JobTrigger),
+    tag = "checkpoints",
+    responses(
+        (status = 200, description = "IN_PROGRESS, or COMPLETED with the savepoint's `location` or a `failure-cause`", body = Object),
+        (status = 404, description = "No such job or request", body = ErrorBody),
+    )
+)]
+async fn rescaling_status(state: State<Shared>, path: Path<(String, String)>) -> Answer {
+    operation_status(state, path)
+}
+
+/// An asynchronous operation's state (Flink's asynchronous operation result).
+fn operation_status(
     State(shared): State<Shared>,
     Path((id, trigger)): Path<(String, String)>,
 ) -> Answer {
@@ -1040,7 +1425,62 @@ async fn operation_status(
 
 #[cfg(test)]
 mod tests {
-    use super::split_args;
+    use super::{split_args, ApiDoc, ENDPOINTS};
+    use utoipa::OpenApi;
+
+    #[test]
+    fn the_openapi_document_lists_exactly_the_endpoints_served() {
+        let document = ApiDoc::openapi();
+        let mut listed = Vec::new();
+        for (path, item) in &document.paths.paths {
+            let methods = [
+                ("get", &item.get),
+                ("post", &item.post),
+                ("put", &item.put),
+                ("patch", &item.patch),
+                ("delete", &item.delete),
+            ];
+            for (method, operation) in methods {
+                let Some(operation) = operation else { continue };
+                listed.push((method.to_string(), path.clone()));
+                // Every `{name}` of the path is a documented path parameter.
+                let parameters: Vec<&str> = operation
+                    .parameters
+                    .iter()
+                    .flatten()
+                    .map(|p| p.name.as_str())
+                    .collect();
+                for name in path.split('{').skip(1).map(|p| &p[..p.find('}').unwrap()]) {
+                    assert!(
+                        parameters.contains(&name),
+                        "{method} {path} documents no parameter {name}: {parameters:?}"
+                    );
+                }
+                assert!(
+                    operation
+                        .responses
+                        .responses
+                        .keys()
+                        .any(|s| s.starts_with('2') || s == "101"),
+                    "{method} {path} documents no success"
+                );
+                assert!(
+                    operation.responses.responses.contains_key("401"),
+                    "{method} {path} documents no 401"
+                );
+            }
+        }
+        let mut served: Vec<(String, String)> = ENDPOINTS
+            .iter()
+            .map(|(method, path)| (method.to_string(), path.to_string()))
+            .collect();
+        listed.sort();
+        served.sort();
+        served.dedup();
+        assert_eq!(listed, served);
+        let json = document.to_json().unwrap();
+        assert!(json.contains("\"openapi\":\"3."), "{json}");
+    }
 
     #[test]
     fn program_args_split_on_spaces_and_keep_quoted_words() {

@@ -4,6 +4,7 @@
 use std::marker::PhantomData;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::exchange::local::LocalChannel;
 use super::exchange::partitioner::{
@@ -78,7 +79,7 @@ fn network_task<T: Record>(
         Some(c) if !c.job.exactly_once => BarrierAlignment::AtLeastOnce,
         _ => BarrierAlignment::Aligned,
     };
-    let mut gate = InputGate::<T>::new(inputs, alignment);
+    let mut gate = InputGate::<T>::new(inputs, alignment, metrics.bytes_in.clone());
     if let Some(checkpointing) = &mut checkpointing {
         if let Some((timeout, announcements)) = &checkpointing.job.unaligned {
             gate = gate.unaligned(
@@ -441,6 +442,7 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
             final_checkpoint: None,
             finished: false,
             input_ended: false,
+            publish_splits_at: Instant::now(),
         }))
     }
 }

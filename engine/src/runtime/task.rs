@@ -130,6 +130,8 @@ pub(crate) struct SourceTask<T, S> {
     pub(crate) finished: bool,
     /// The input ended (the source waits for the final checkpoint).
     pub(crate) input_ended: bool,
+    /// When the splits' watermarks are next shown to the task's figures.
+    pub(crate) publish_splits_at: Instant,
 }
 
 /// A source waiting for the savepoint that stops its job (`checkpoint::savepoint`).
@@ -143,6 +145,8 @@ pub(crate) struct Stopping {
 
 /// How long a source that holds a mailbox waits for data at most before it looks into it.
 const MAILBOX_POLL: Duration = Duration::from_millis(5);
+/// How often a source shows its splits' watermarks to its figures.
+const PUBLISH_SPLITS: Duration = Duration::from_millis(100);
 /// How soon a reader the enumerator held back (a checkpoint is being taken: its trigger is in
 /// the mailbox, or about to be) asks again.
 const HELD_RETRY: Duration = Duration::from_millis(1);
@@ -420,8 +424,11 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                 }
             }
             if self.watermarks.generates() {
-                if self.watermarks.on_periodic(Instant::now()) {
+                let now = Instant::now();
+                self.watermarks.on_periodic(now);
+                if now >= self.publish_splits_at {
                     self.metrics.task.set_splits(self.watermarks.split_states());
+                    self.publish_splits_at = now + PUBLISH_SPLITS;
                 }
                 timer.dirty |= self.emit_watermarks(&mut updates).await?;
             }
@@ -702,7 +709,6 @@ impl<T: Record> NetworkTask<T> {
             };
             match delivery {
                 Delivery::Segment(segment) => {
-                    self.metrics.bytes_in.add(segment.filled().len() as u64);
                     self.on_entries(channel, segment.filled(), false, &mut batch, &mut events)
                         .await?
                 }

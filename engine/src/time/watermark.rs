@@ -380,13 +380,13 @@ impl<T: 'static> SplitWatermarkTracker<T> {
         (self.strategy.generates && self.interval.is_some()).then_some(self.next_periodic)
     }
 
-    /// Runs periodic emission (and idleness checks) if due at `now`; returns whether it ran.
-    pub(crate) fn on_periodic(&mut self, now: Instant) -> bool {
+    /// Runs periodic emission (and idleness checks) if due at `now`.
+    pub(crate) fn on_periodic(&mut self, now: Instant) {
         let Some(interval) = self.interval else {
-            return false;
+            return;
         };
         if now < self.next_periodic {
-            return false;
+            return;
         }
         self.next_periodic = now + interval;
         let idleness = self.strategy.idleness;
@@ -402,7 +402,6 @@ impl<T: 'static> SplitWatermarkTracker<T> {
                 _ => split.generator.on_periodic_emit(&mut split.output),
             }
         }
-        true
     }
 
     /// What changed since the last call: the subtask became active, its combined watermark

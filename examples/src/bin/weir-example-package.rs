@@ -97,11 +97,7 @@ fn lag_and_sleep(args: &[String]) -> Result<(i64, u64), String> {
 
 fn lagging_split(env: &StreamEnvironment, args: &[String]) -> Result<(), String> {
     let (lag_ms, sleep_us) = lag_and_sleep(args)?;
-    let now_ms = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64)
-    };
+    let now_ms = weir_engine::time::now_ms;
     // Subtask s of p generates the indices s, s + p, …: at parallelism 2 the odd ones are
     // split 1's.
     let stamped = WatermarkStrategy::for_bounded_out_of_orderness(std::time::Duration::ZERO)

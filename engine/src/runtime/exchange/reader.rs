@@ -24,6 +24,7 @@ use super::local::{BatchRecycler, LocalItem, LocalReceiver};
 use crate::checkpoint::CheckpointBarrier;
 use crate::error::{TaskError, TaskResult};
 use crate::graph::ReceiverEnd;
+use crate::metrics::Counter;
 use crate::operator::Batch;
 use crate::record::{Record, Scratch, Watermark};
 
@@ -195,7 +196,13 @@ pub(crate) struct InputGate<T> {
     closed: Vec<bool>,
 }
 impl<T: Record> InputGate<T> {
-    pub(crate) fn new(inputs: Vec<ReceiverEnd>, alignment_mode: BarrierAlignment) -> Self {
+    /// A gate over `inputs`, adding the bytes of every segment a channel from another shard
+    /// delivers to `bytes_in` (as it arrives, whether the task reads it at once or queues it).
+    pub(crate) fn new(
+        inputs: Vec<ReceiverEnd>,
+        alignment_mode: BarrierAlignment,
+        bytes_in: Counter,
+    ) -> Self {
         let count = inputs.len();
         let mut recyclers = Vec::with_capacity(count);
         let mut holds = Vec::with_capacity(count);
@@ -203,7 +210,11 @@ impl<T: Record> InputGate<T> {
             let deliveries = match input {
                 ReceiverEnd::Remote(receiver) => {
                     recyclers.push(None);
-                    receiver.map(Delivery::Segment).boxed_local()
+                    let bytes_in = bytes_in.clone();
+                    receiver
+                        .inspect(move |segment| bytes_in.add(segment.len() as u64))
+                        .map(Delivery::Segment)
+                        .boxed_local()
                 }
                 ReceiverEnd::Local(channel) => {
                     let receiver = LocalReceiver::<T>::from_any(channel);
@@ -1086,7 +1097,7 @@ mod tests {
         );
         // Keep the channels open: dropping a sender would close its channel unended.
         std::mem::forget((to_a, to_b));
-        InputGate::new(inputs, alignment)
+        InputGate::new(inputs, alignment, Counter::default())
     }
 
     #[test]
@@ -1168,7 +1179,8 @@ mod tests {
         // passed over.
         let (to_a, to_b, inputs) = two_senders();
         send(&to_a, [records(&[99])]);
-        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned).restoring(restored);
+        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned, Counter::default())
+            .restoring(restored);
         let seen = drain(&mut gate);
         let mut first: Vec<_> = seen[..3].to_vec();
         first.sort();
@@ -1183,12 +1195,13 @@ mod tests {
     fn an_aligned_checkpoint_that_times_out_goes_unaligned() {
         let (to_a, to_b, inputs) = two_senders();
         send(&to_a, [records(&[1]), barrier(7), records(&[2])]);
-        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned).unaligned(
-            Duration::from_millis(30),
-            Announcements::new(1),
-            0,
-            "test".into(),
-        );
+        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned, Counter::default())
+            .unaligned(
+                Duration::from_millis(30),
+                Announcements::new(1),
+                0,
+                "test".into(),
+            );
         // Channel a's barrier came: a is held, and b has nothing yet.
         assert_eq!(drain(&mut gate), vec!["1"]);
         send(
@@ -1222,7 +1235,7 @@ mod tests {
             chunks: vec![(0, chunk(1)), (1, chunk(10))],
         };
         let announcements = Announcements::new(1);
-        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned)
+        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned, Counter::default())
             .unaligned(
                 Duration::from_millis(30),
                 announcements.clone(),
@@ -1264,12 +1277,8 @@ mod tests {
             [records(&[10]), barrier(8), records(&[12]), records(&[13])],
         );
         let announcements = Announcements::new(1);
-        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned).unaligned(
-            Duration::ZERO,
-            announcements.clone(),
-            0,
-            "test".into(),
-        );
+        let mut gate = InputGate::<u32>::new(inputs, BarrierAlignment::Aligned, Counter::default())
+            .unaligned(Duration::ZERO, announcements.clone(), 0, "test".into());
         announcements.announce(0, 7);
         let mut events = Vec::new();
         gate.poll_checkpoint(&mut events);
@@ -1295,7 +1304,8 @@ mod tests {
     }
 
     fn gate(channels: usize) -> InputGate<()> {
-        InputGate::new(Vec::new(), BarrierAlignment::Aligned).with_channels(channels)
+        InputGate::new(Vec::new(), BarrierAlignment::Aligned, Counter::default())
+            .with_channels(channels)
     }
 
     fn wm(gate: &mut InputGate<()>, channel: usize, w: i64) -> Vec<GateEvent> {

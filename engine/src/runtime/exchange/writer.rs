@@ -102,6 +102,7 @@ async fn send_segment(
         return Ok(());
     };
     let segment = builder.finish();
+    metrics.bytes_out.add(segment.len() as u64);
     metrics.task.bytes_out.add(segment.len() as u64);
     match sender.try_send(segment) {
         Ok(()) => Ok(()),
