@@ -254,6 +254,84 @@ impl Exposition {
                 &labels,
                 (shard.segments_total * shard.segment_bytes) as f64,
             );
+            self.gauge(
+                "weir_slot_managed_memory_bytes",
+                "Managed memory of the slot (the state backend's share).",
+                &labels,
+                shard.managed_bytes as f64,
+            );
+            self.gauge(
+                "weir_slot_managed_memory_used_bytes",
+                "Managed memory of the slot in use: RocksDB's block cache (memtables charged \
+                 to it) and write-back cache; 0 on the heap backend.",
+                &labels,
+                shard.managed_used_bytes as f64,
+            );
+            self.gauge(
+                "weir_slot_heap_memory_bytes",
+                "Heap share of the slot.",
+                &labels,
+                shard.heap_bytes as f64,
+            );
+            if let Some(used) = shard.heap_used_bytes {
+                self.gauge(
+                    "weir_slot_heap_memory_used_bytes",
+                    "Heap the slot's shard holds (heap backend, counted by Weir's allocator).",
+                    &labels,
+                    used as f64,
+                );
+            }
+            if let Some(stalled) = shard.stalled_seconds {
+                self.counter(
+                    "weir_shard_stalled_seconds_total",
+                    "Time the shard's thread was ready to run but waited for its core while \
+                     another thread ran there (Linux's run-queue delay).",
+                    &labels,
+                    stalled,
+                );
+            }
+            if let Some(rocksdb) = &shard.rocksdb {
+                for (name, help, value) in [
+                    (
+                        "weir_rocksdb_block_cache_capacity_bytes",
+                        "Capacity of the slot's RocksDB block cache (memtables included).",
+                        rocksdb.block_cache_capacity_bytes,
+                    ),
+                    (
+                        "weir_rocksdb_block_cache_usage_bytes",
+                        "What the slot's RocksDB block cache holds: blocks, index and filter \
+                         blocks, memtable reservations.",
+                        rocksdb.block_cache_usage_bytes,
+                    ),
+                    (
+                        "weir_rocksdb_block_cache_pinned_usage_bytes",
+                        "Pinned entries of the slot's RocksDB block cache.",
+                        rocksdb.block_cache_pinned_bytes,
+                    ),
+                    (
+                        "weir_rocksdb_memtable_bytes",
+                        "What the slot's RocksDB memtables hold.",
+                        rocksdb.memtable_bytes,
+                    ),
+                    (
+                        "weir_rocksdb_memtable_limit_bytes",
+                        "Limit of the slot's RocksDB memtables (part of the block cache).",
+                        rocksdb.memtable_limit_bytes,
+                    ),
+                    (
+                        "weir_rocksdb_write_back_cache_bytes",
+                        "What the slot's write-back cache of value states holds.",
+                        rocksdb.write_back_bytes,
+                    ),
+                    (
+                        "weir_rocksdb_write_back_cache_capacity_bytes",
+                        "Capacity of the slot's write-back cache of value states (0: none).",
+                        rocksdb.write_back_capacity_bytes,
+                    ),
+                ] {
+                    self.gauge(name, help, &labels, value as f64);
+                }
+            }
         }
         let checkpoints = &figures.checkpoints;
         for (status, count) in [
@@ -308,6 +386,13 @@ impl Exposition {
                 "The longest a shard paused for the latest completed checkpoint's snapshot.",
                 &job,
                 last.max_sync_pause_ms / 1000.0,
+            );
+            self.gauge(
+                "weir_job_last_checkpoint_alignment_seconds",
+                "The longest any task's input took to line up the latest completed \
+                 checkpoint's barriers (from its first channel's barrier to its last).",
+                &job,
+                last.max_alignment_ms / 1000.0,
             );
         }
         self.counter(

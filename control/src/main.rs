@@ -263,6 +263,14 @@ enum CheckpointCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Take a checkpoint of a running job now (Flink's `flink checkpoint JOB`) and print its
+    /// number and directory; it is one of the job's own, retained like the periodic ones.
+    Trigger {
+        /// The job's id.
+        job: String,
+        #[command(flatten)]
+        api: ApiArgs,
+    },
 }
 
 #[derive(Subcommand)]
@@ -570,7 +578,10 @@ fn run(cli: Cli) -> Result<()> {
         | Command::Cancel { .. }
         | Command::Savepoint { .. }
         | Command::Stop { .. }
-        | Command::Rescale { .. } => unreachable!("main runs the API commands"),
+        | Command::Rescale { .. }
+        | Command::Checkpoint {
+            checkpoint: CheckpointCommand::Trigger { .. },
+        } => unreachable!("main runs the API commands"),
         Command::Checkpoint {
             checkpoint: CheckpointCommand::Inspect { path, json },
         } => {
@@ -773,7 +784,8 @@ mod protocol;
 mod signals;
 mod worker;
 
-/// How long `weir savepoint`, `stop` and `rescale` wait for their result.
+/// How long `weir savepoint`, `stop`, `rescale` and `checkpoint trigger` wait for their
+/// result.
 const OPERATION_LIMIT: Duration = Duration::from_secs(15 * 60);
 
 /// Runs the commands that are clients of the REST API, with their own exit codes
@@ -809,6 +821,16 @@ fn api_command(command: &Command) -> Option<ExitCode> {
             (
                 "POST",
                 format!("/jobs/{job}/savepoints"),
+                Some(serde_json::json!({})),
+            ),
+        ),
+        Command::Checkpoint {
+            checkpoint: CheckpointCommand::Trigger { job, api },
+        } => (
+            api,
+            (
+                "POST",
+                format!("/jobs/{job}/checkpoints"),
                 Some(serde_json::json!({})),
             ),
         ),
@@ -866,6 +888,16 @@ fn api_command(command: &Command) -> Option<ExitCode> {
                         OPERATION_LIMIT,
                     )?
                 }
+                Command::Checkpoint {
+                    checkpoint: CheckpointCommand::Trigger { job, .. },
+                } => {
+                    let request = answer["request-id"].as_str().unwrap_or_default();
+                    client.wait_for(
+                        job,
+                        &format!("/jobs/{job}/checkpoints/{request}"),
+                        OPERATION_LIMIT,
+                    )?
+                }
                 _ => serde_json::Value::Null,
             };
             Ok((answer, more))
@@ -881,11 +913,9 @@ fn api_command(command: &Command) -> Option<ExitCode> {
                 return Some(ExitCode::FAILURE);
             }
             if api.json {
-                match command {
-                    Command::Savepoint { .. } | Command::Stop { .. } | Command::Rescale { .. } => {
-                        println!("{more}")
-                    }
-                    _ => println!("{answer}"),
+                match more {
+                    serde_json::Value::Null => println!("{answer}"),
+                    _ => println!("{more}"),
                 }
             } else {
                 match command {
@@ -898,6 +928,11 @@ fn api_command(command: &Command) -> Option<ExitCode> {
                     Command::Cancel { job, .. } => println!("Cancelling job {job}"),
                     Command::Savepoint { .. } | Command::Stop { .. } => println!(
                         "Savepoint completed. Path: {}",
+                        location.unwrap_or_default()
+                    ),
+                    Command::Checkpoint { .. } => println!(
+                        "Checkpoint {} completed. Path: {}",
+                        more["operation"]["checkpointId"],
                         location.unwrap_or_default()
                     ),
                     Command::Rescale {

@@ -5,13 +5,13 @@
 //! [`ControlMessage::Refused`] naming both versions when they differ.
 
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 
+use weir_engine::checkpoint::Taken;
 use weir_engine::monitor::Figures;
-use weir_engine::package::{DeploymentId, Outcome, RunSpec, Stop};
+use weir_engine::package::{DeploymentId, Outcome, RunSpec, Snapshot};
 
 /// The version of these messages. Raised with any change to them.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// `heartbeat.interval` and `heartbeat.timeout`, checked: an interval above 0 and a timeout
 /// longer than it.
@@ -59,14 +59,15 @@ pub enum WorkerMessage {
         /// Its figures.
         figures: Box<Figures>,
     },
-    /// A savepoint asked for by [`ControlMessage::Savepoint`] completed or failed.
-    Savepoint {
+    /// A checkpoint or savepoint asked for by [`ControlMessage::Snapshot`] completed or
+    /// failed.
+    Snapshot {
         /// Of which run.
         deployment: DeploymentId,
         /// The request's id.
         request: String,
-        /// The savepoint's directory, or why there is none.
-        result: Result<PathBuf, String>,
+        /// Its number and directory, or why there is none.
+        result: Result<Taken, String>,
     },
 }
 
@@ -143,14 +144,15 @@ pub enum ControlMessage {
         /// The slots (indexes into the worker's `cores`).
         slots: Vec<usize>,
     },
-    /// Take a savepoint of this run (and stop it with the savepoint if `stop` says so).
-    Savepoint {
+    /// Take a checkpoint or savepoint of this run (and stop it with the savepoint if `take`
+    /// says so).
+    Snapshot {
         /// Which run.
         deployment: DeploymentId,
         /// The request's id, which the answer carries.
         request: String,
-        /// Stop the job with the savepoint.
-        stop: Option<Stop>,
+        /// What to take.
+        take: Snapshot,
     },
     /// Cancel this run (and kill its process if it does not end in time).
     Cancel {

@@ -19,6 +19,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
+use weir_engine::checkpoint::Taken;
 use weir_engine::monitor::Figures;
 use weir_engine::package::{
     Deployment, DeploymentId, ExecutorCommand, ExecutorEvent, Outcome, RunSpec, ENGINE_VERSION,
@@ -136,11 +137,11 @@ enum Report {
         package: String,
         result: Result<(), String>,
     },
-    /// The answer to a savepoint request.
-    Savepoint {
+    /// The answer to a checkpoint or savepoint request.
+    Snapshot {
         deployment: DeploymentId,
         request: String,
-        result: Result<PathBuf, String>,
+        result: Result<Taken, String>,
     },
 }
 
@@ -320,10 +321,10 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                     }
                     send(&mut link, &WorkerMessage::Figures { deployment, figures }).await;
                 }
-                Report::Savepoint { deployment, request, result } => {
+                Report::Snapshot { deployment, request, result } => {
                     // Kept until a link takes it (a lost link's answers go after the next
                     // registration).
-                    answers.push(WorkerMessage::Savepoint { deployment, request, result });
+                    answers.push(WorkerMessage::Snapshot { deployment, request, result });
                     flush(&mut link, &mut answers).await;
                 }
             },
@@ -539,22 +540,22 @@ impl Agent {
                     }
                 }
             }
-            ControlMessage::Savepoint {
+            ControlMessage::Snapshot {
                 deployment,
                 request,
-                stop,
+                take,
             } => {
                 let sent = self.executors.get_mut(&deployment).is_some_and(|e| {
-                    e.command(&ExecutorCommand::Savepoint {
+                    e.command(&ExecutorCommand::Snapshot {
                         request: request.clone(),
-                        stop,
+                        take,
                     })
                 });
                 if !sent {
                     let result = Err(format!("run {deployment} is not running on this worker"));
                     send(
                         link,
-                        &WorkerMessage::Savepoint {
+                        &WorkerMessage::Snapshot {
                             deployment,
                             request,
                             result,
@@ -837,7 +838,7 @@ impl Agent {
                     }
                 }
                 Ok(Some(
-                    Report::Savepoint { .. } | Report::Figures(..) | Report::Fetched { .. },
+                    Report::Snapshot { .. } | Report::Figures(..) | Report::Fetched { .. },
                 )) => {}
                 _ => {
                     for executor in self.executors.values_mut() {
@@ -991,8 +992,8 @@ fn supervise(
             Ok(ExecutorEvent::Figures(figures)) => {
                 let _ = reports.send(Report::Figures(deployment.clone(), figures));
             }
-            Ok(ExecutorEvent::Savepoint { request, result }) => {
-                let _ = reports.send(Report::Savepoint {
+            Ok(ExecutorEvent::Snapshot { request, result }) => {
+                let _ = reports.send(Report::Snapshot {
                     deployment: deployment.clone(),
                     request,
                     result,

@@ -197,11 +197,13 @@ fn output_within(mut command: Command, limit: Duration) -> std::process::Output 
 /// Runs the CLI command `args` against `control` (`--control` right after the subcommand:
 /// the command's own options go before a job's arguments), killed after `limit`.
 fn weir_cli(control: &ControlPlane, args: &[&str], limit: Duration) -> std::process::Output {
+    // After the (sub)command's name, before its arguments.
+    let name = if args[0] == "checkpoint" { 2 } else { 1 };
     let mut command = Command::new(WEIR);
     command
-        .arg(args[0])
+        .args(&args[..name])
         .args(["--control", &control.address])
-        .args(&args[1..]);
+        .args(&args[name..]);
     output_within(command, limit)
 }
 
@@ -362,23 +364,33 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
         },
     );
     assert_eq!(get(&control, "/overview")["slots-available"], 1);
-    // Without checkpointing a savepoint is refused by the job, and says so.
+    // Without checkpointing, checkpoints and savepoints are refused, naming the settings.
+    for (path, what) in [
+        ("/savepoints", "a savepoint"),
+        ("/checkpoints", "a checkpoint"),
+    ] {
+        let (status, answer) = call(&control, "POST", &format!("/jobs/{slow}{path}"), Some("{}"));
+        assert_eq!(status, 409, "{answer}");
+        let message = answer["errors"][0].as_str().unwrap();
+        assert!(
+            message.contains(what) && message.contains("execution.checkpointing.interval"),
+            "{answer}"
+        );
+    }
     let (status, answer) = call(
         &control,
-        "POST",
-        &format!("/jobs/{slow}/savepoints"),
-        Some("{}"),
+        "GET",
+        &format!("/jobs/{slow}/checkpoints/no-such-request"),
+        None,
     );
-    assert_eq!(status, 202, "{answer}");
-    let trigger = answer["request-id"].as_str().unwrap();
-    let result = wait_for("the savepoint's answer", Duration::from_secs(30), || {
-        let result = get(&control, &format!("/jobs/{slow}/savepoints/{trigger}"));
-        (result["status"]["id"] == "COMPLETED").then_some(result)
-    });
-    let cause = result["operation"]["failure-cause"]["stack-trace"]
-        .as_str()
-        .unwrap();
-    assert!(cause.contains("checkpoint"), "{result}");
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("no checkpoint request 'no-such-request'"),
+        "{answer}"
+    );
     let refusals = [
         (
             "/stop",
@@ -389,6 +401,12 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
         ("/rescaling?parallelism=0", "", "at least 1"),
         ("/savepoints", "{\"formatType\": \"NATIVE\"}", "CANONICAL"),
         ("/savepoints", "{\"colour\": 1}", "unknown field `colour`"),
+        (
+            "/checkpoints",
+            "{\"checkpointType\": \"FULL\"}",
+            "CONFIGURED",
+        ),
+        ("/checkpoints", "{\"checkpointType\": 3}", "invalid type"),
         // curl -d sends a form body: refused, never read as no body.
         ("/stop", "drain=true", "request body"),
     ];
@@ -932,6 +950,32 @@ fn savepoint_rescale_stop_and_resubmit_keep_every_record_once() {
     assert!(Path::new(path).join("_metadata").exists(), "{path}");
     assert_eq!(state(&control, &job), "RUNNING");
 
+    // A checkpoint now, one of the job's own: its number and directory.
+    let printed = cli(&["checkpoint", "trigger", "--json", &job]);
+    let answer: Value = serde_json::from_str(&printed).unwrap();
+    let number = answer["operation"]["checkpointId"].as_u64().unwrap();
+    let chk = dir
+        .path()
+        .join("checkpoints")
+        .join(&job)
+        .join("0")
+        .join("sequence-echo")
+        .join(format!("chk-{number}"));
+    assert_eq!(
+        answer["operation"]["location"].as_str(),
+        chk.to_str(),
+        "{answer}"
+    );
+    let printed = cli(&["checkpoint", "trigger", &job]);
+    let later: u64 = printed
+        .trim()
+        .strip_prefix("Checkpoint ")
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{printed}"));
+    assert!(later > number, "{printed}");
+    assert_eq!(state(&control, &job), "RUNNING");
+
     // Rescaled to 2: stopped with a savepoint and started from it, under the same id.
     let printed = cli(&["rescale", &job, "-p", "2"]);
     assert!(printed.contains("rescaled to parallelism 2"), "{printed}");
@@ -1106,8 +1150,14 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
         "task_name=\"Source: sequence\"",
         "weir_shard_busy_seconds_total",
         "weir_slot_network_memory_bytes",
+        "weir_slot_managed_memory_bytes{",
+        "weir_slot_managed_memory_used_bytes{",
+        "weir_slot_heap_memory_bytes{",
+        "weir_slot_heap_memory_used_bytes{",
+        "weir_shard_stalled_seconds_total{",
         "weir_job_checkpoint_duration_seconds_bucket",
         "weir_job_last_checkpoint_size_bytes",
+        "weir_job_last_checkpoint_alignment_seconds{",
     ] {
         assert!(text.contains(family), "{family} missing:\n{text}");
     }
@@ -1137,6 +1187,13 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
     );
     assert_eq!(
         checkpoints["latest"]["completed"]["status"], "COMPLETED",
+        "{checkpoints}"
+    );
+    // The keyed task's two channels line their barriers up: it took some time.
+    assert!(
+        checkpoints["latest"]["completed"]["max_alignment_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0),
         "{checkpoints}"
     );
     let control_metrics = format!("http://{}/metrics", control.address);

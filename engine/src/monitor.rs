@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use weir_memory::SegmentPool;
+use weir_memory::{SegmentPool, SlotBudget};
+use weir_state::RocksDbSlot;
 
 use crate::metrics::{ChannelFigures, MetricsRegistry, SplitFigures, TaskMetrics};
 use crate::runtime::shard::ShardLoad;
@@ -43,7 +44,30 @@ struct Attempt {
     loads: Vec<Arc<ShardLoad>>,
     pools: Vec<SegmentPool>,
     cores: Vec<usize>,
+    memory: SlotMemory,
     started: Instant,
+}
+
+/// Where an attempt's memory figures per slot come from.
+pub(crate) struct SlotMemory {
+    /// Each slot's shares.
+    pub(crate) budget: SlotBudget,
+    /// Each slot's RocksDB (none on the heap backend).
+    pub(crate) rocksdb: Vec<Arc<RocksDbSlot>>,
+    /// Whether a shard thread's heap use is its slot's: on the heap backend, with Weir's
+    /// counting allocator. (With RocksDB a shard's figure drifts: RocksDB frees the memtables
+    /// a shard allocated on its own threads.)
+    pub(crate) heap_counted: bool,
+}
+
+impl std::fmt::Debug for SlotMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotMemory")
+            .field("budget", &self.budget)
+            .field("rocksdb", &self.rocksdb.len())
+            .field("heap_counted", &self.heap_counted)
+            .finish()
+    }
 }
 
 /// A reading of a running job.
@@ -148,6 +172,47 @@ pub struct ShardFigures {
     pub segments_total: u64,
     /// Bytes a segment holds.
     pub segment_bytes: u64,
+    /// Its managed memory share, bytes.
+    #[serde(default)]
+    pub managed_bytes: u64,
+    /// Managed memory in use, bytes: RocksDB's block cache (which its memtables are charged
+    /// to) and write-back cache; 0 on the heap backend, which uses none.
+    #[serde(default)]
+    pub managed_used_bytes: u64,
+    /// Its heap share, bytes.
+    #[serde(default)]
+    pub heap_bytes: u64,
+    /// Heap its thread holds, bytes: on the heap backend with Weir's counting allocator (see
+    /// `SlotMemory::heap_counted`).
+    #[serde(default)]
+    pub heap_used_bytes: Option<u64>,
+    /// Its RocksDB's memory, on the RocksDB backend.
+    #[serde(default)]
+    pub rocksdb: Option<RocksDbMemory>,
+    /// Seconds its thread was ready to run but waited for its core while another thread ran
+    /// there (Linux's run-queue delay), where the kernel keeps the figure.
+    #[serde(default)]
+    pub stalled_seconds: Option<f64>,
+}
+
+/// One slot's RocksDB memory, from RocksDB's own accounting.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RocksDbMemory {
+    /// The block cache's capacity (memtables included), bytes.
+    pub block_cache_capacity_bytes: u64,
+    /// What the block cache holds: blocks, index and filter blocks, and the memtables'
+    /// reservations, bytes.
+    pub block_cache_usage_bytes: u64,
+    /// Pinned entries of the block cache, bytes.
+    pub block_cache_pinned_bytes: u64,
+    /// The memtables' limit (part of the block cache), bytes.
+    pub memtable_limit_bytes: u64,
+    /// What the memtables hold, bytes.
+    pub memtable_bytes: u64,
+    /// The write-back cache's capacity (0: none), bytes.
+    pub write_back_capacity_bytes: u64,
+    /// What the write-back cache holds, bytes.
+    pub write_back_bytes: u64,
 }
 
 /// Checkpoint counts, the duration histogram and the latest ones.
@@ -171,6 +236,21 @@ pub struct Checkpoints {
     pub latest_completed: Option<CheckpointRecord>,
 }
 
+/// What a completed checkpoint's tasks took and wrote.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Completed {
+    /// From trigger to commit.
+    pub(crate) took: Duration,
+    /// All its files' bytes.
+    pub(crate) full_bytes: u64,
+    /// What it wrote itself.
+    pub(crate) incremental_bytes: u64,
+    /// The longest any task's shard paused for its snapshot.
+    pub(crate) max_pause: Duration,
+    /// The longest any task's input took to align.
+    pub(crate) max_alignment: Duration,
+}
+
 /// One checkpoint or savepoint.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointRecord {
@@ -190,6 +270,10 @@ pub struct CheckpointRecord {
     pub incremental_bytes: u64,
     /// The longest any task's shard paused for its snapshot, ms.
     pub max_sync_pause_ms: f64,
+    /// The longest any task's input took to line its barriers up, ms (Flink's alignment
+    /// duration).
+    #[serde(default)]
+    pub max_alignment_ms: f64,
     /// Why it was aborted.
     pub failure: Option<String>,
 }
@@ -206,12 +290,14 @@ impl JobMonitor {
         loads: Vec<Arc<ShardLoad>>,
         pools: Vec<SegmentPool>,
         cores: Vec<usize>,
+        memory: SlotMemory,
     ) {
         self.lock().attempt = Some(Attempt {
             metrics,
             loads,
             pools,
             cores,
+            memory,
             started: Instant::now(),
         });
     }
@@ -256,14 +342,14 @@ impl JobMonitor {
     }
 
     /// A checkpoint (or savepoint) completed.
-    pub(crate) fn completed(
-        &self,
-        id: u64,
-        savepoint: bool,
-        took: Duration,
-        (full_bytes, incremental_bytes): (u64, u64),
-        max_pause: Duration,
-    ) {
+    pub(crate) fn completed(&self, id: u64, savepoint: bool, figures: Completed) {
+        let Completed {
+            took,
+            full_bytes,
+            incremental_bytes,
+            max_pause,
+            max_alignment,
+        } = figures;
         let mut monitored = self.lock();
         let checkpoints = &mut monitored.checkpoints;
         if savepoint {
@@ -290,6 +376,7 @@ impl JobMonitor {
             full_bytes,
             incremental_bytes,
             max_sync_pause_ms: max_pause.as_secs_f64() * 1000.0,
+            max_alignment_ms: max_alignment.as_secs_f64() * 1000.0,
             failure: None,
         };
         if !savepoint {
@@ -313,6 +400,7 @@ impl JobMonitor {
             full_bytes: 0,
             incremental_bytes: 0,
             max_sync_pause_ms: 0.0,
+            max_alignment_ms: 0.0,
             failure: Some(reason.to_string()),
         });
     }
@@ -336,6 +424,8 @@ impl JobMonitor {
             })
             .collect();
         let seconds = |ns: u64| ns as f64 / 1e9;
+        let memory = &attempt.memory;
+        let heap = memory.heap_counted.then(weir_memory::heap_snapshot);
         let shards = attempt
             .loads
             .iter()
@@ -343,6 +433,23 @@ impl JobMonitor {
             .enumerate()
             .map(|(shard, (load, pool))| {
                 let pool = pool.stats();
+                let rocksdb = memory.rocksdb.get(shard).map(|slot| {
+                    let usage = slot.memory_usage();
+                    RocksDbMemory {
+                        block_cache_capacity_bytes: usage.block_cache_capacity as u64,
+                        block_cache_usage_bytes: usage.block_cache_usage as u64,
+                        block_cache_pinned_bytes: usage.block_cache_pinned as u64,
+                        memtable_limit_bytes: usage.write_buffer_limit as u64,
+                        memtable_bytes: usage.write_buffer_usage as u64,
+                        write_back_capacity_bytes: usage.write_back_capacity as u64,
+                        write_back_bytes: usage.write_back_usage as u64,
+                    }
+                });
+                let tid = load.os_tid.load(Ordering::Relaxed);
+                let heap_used = heap.as_ref().and_then(|heap| {
+                    let thread = heap.threads.iter().find(|t| tid != 0 && t.os_tid == tid)?;
+                    Some(u64::try_from(thread.net_bytes).unwrap_or(0))
+                });
                 ShardFigures {
                     shard,
                     core: attempt.cores.get(shard).copied().unwrap_or(shard),
@@ -351,6 +458,14 @@ impl JobMonitor {
                     segments_used: pool.in_use as u64,
                     segments_total: pool.segments as u64,
                     segment_bytes: pool.segment_size as u64,
+                    managed_bytes: memory.budget.managed,
+                    managed_used_bytes: rocksdb
+                        .as_ref()
+                        .map_or(0, |r| r.block_cache_usage_bytes + r.write_back_bytes),
+                    heap_bytes: memory.budget.heap,
+                    heap_used_bytes: heap_used,
+                    rocksdb,
+                    stalled_seconds: load.stalled_ns().map(seconds),
                 }
             })
             .collect();
@@ -427,11 +542,20 @@ mod tests {
     #[test]
     fn checkpoints_fill_their_buckets_and_keep_the_latest_ten() {
         let monitor = JobMonitor::default();
+        let figures = |took, bytes, max_alignment| Completed {
+            took,
+            full_bytes: bytes,
+            incremental_bytes: bytes / 10,
+            max_pause: Duration::from_millis(2),
+            max_alignment,
+        };
         for id in 1..=12 {
             let took = Duration::from_millis(if id % 2 == 0 { 80 } else { 3000 });
-            monitor.completed(id, false, took, (100, 10), Duration::from_millis(2));
+            let aligned = Duration::from_millis(id);
+            monitor.completed(id, false, figures(took, 100, aligned));
         }
-        monitor.completed(13, true, Duration::from_millis(1), (5, 5), Duration::ZERO);
+        let savepoint = figures(Duration::from_millis(1), 5, Duration::ZERO);
+        monitor.completed(13, true, savepoint);
         monitor.aborted(14, false, "expired");
         let checkpoints = monitor.lock().checkpoints.clone();
         assert_eq!(
@@ -453,7 +577,9 @@ mod tests {
             Some("expired")
         );
         assert_eq!(checkpoints.history.front().unwrap().id, 5);
-        assert_eq!(checkpoints.latest_completed.as_ref().unwrap().id, 12);
+        let latest = checkpoints.latest_completed.as_ref().unwrap();
+        assert_eq!((latest.id, latest.max_alignment_ms), (12, 12.0));
+        assert_eq!((latest.full_bytes, latest.incremental_bytes), (100, 10));
         monitor.aborted(15, true, "declined");
         assert_eq!(
             monitor.lock().checkpoints.failed,

@@ -20,14 +20,14 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::api::RunOptions;
-use crate::checkpoint::StopMode;
+use crate::checkpoint::{StopMode, Taken};
 use crate::monitor::Figures;
 use crate::runtime::PeriodicThread;
 use crate::{Configuration, JobError, StreamEnvironment};
 
 /// The version of the worker ↔ executor protocol (descriptor, commands, events) this engine
 /// build speaks. A worker refuses an executor of another version, naming both.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// How often a running executor reports its job's figures to its worker.
 pub const FIGURES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -216,14 +216,26 @@ pub struct RunSpec {
 pub enum ExecutorCommand {
     /// Cancel the job.
     Cancel,
-    /// Take a savepoint, and stop the job once it completed if `stop` says so; answered with
-    /// [`ExecutorEvent::Savepoint`] carrying the same `request`.
-    Savepoint {
+    /// Take a checkpoint or savepoint (and stop the job once it completed, if `take` says
+    /// so); answered with [`ExecutorEvent::Snapshot`] carrying the same `request`.
+    Snapshot {
         /// The control plane's id of the request.
         request: String,
-        /// Stop the job with the savepoint.
-        stop: Option<Stop>,
+        /// What to take.
+        take: Snapshot,
     },
+}
+
+/// What a snapshot request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Snapshot {
+    /// A checkpoint of the job's own, now (Flink's manual checkpoint).
+    Checkpoint,
+    /// A savepoint; the job runs on.
+    Savepoint,
+    /// A savepoint, then the job stops.
+    Stop(Stop),
 }
 
 /// How a job stops with its savepoint ([`StopMode`]).
@@ -251,12 +263,13 @@ pub enum ExecutorEvent {
     Running,
     /// The job's live figures, every [`FIGURES_INTERVAL`] while it runs.
     Figures(Box<Figures>),
-    /// A savepoint asked for by [`ExecutorCommand::Savepoint`] completed or failed.
-    Savepoint {
+    /// A checkpoint or savepoint asked for by [`ExecutorCommand::Snapshot`] completed or
+    /// failed.
+    Snapshot {
         /// The request's id.
         request: String,
-        /// The savepoint's directory, or why there is none.
-        result: Result<PathBuf, String>,
+        /// Its number and directory, or why there is none.
+        result: Result<Taken, String>,
     },
     /// The run ended.
     Ended(Outcome),
@@ -443,28 +456,31 @@ fn run_deployment(registry: &Registry, deployment: &RunSpec, events: &Events) ->
     std::thread::Builder::new()
         .name("commands".into())
         .spawn(move || {
-            // A control plane that lost a request's answer asks again: one savepoint each.
+            // A control plane that lost a request's answer asks again: one snapshot each.
             let mut requests = std::collections::HashSet::new();
             let stdin = std::io::stdin();
             for line in stdin.lock().lines() {
                 let Ok(line) = line else { break };
                 match serde_json::from_str::<ExecutorCommand>(&line) {
                     Ok(ExecutorCommand::Cancel) => cancel.cancel(),
-                    Ok(ExecutorCommand::Savepoint { request, stop }) => {
+                    Ok(ExecutorCommand::Snapshot { request, take }) => {
                         if !requests.insert(request.clone()) {
                             continue;
                         }
-                        let pending = match stop {
-                            None => savepoints.trigger(),
-                            Some(Stop::Suspend) => {
+                        let pending = match take {
+                            Snapshot::Checkpoint => savepoints.checkpoint(),
+                            Snapshot::Savepoint => savepoints.trigger(),
+                            Snapshot::Stop(Stop::Suspend) => {
                                 savepoints.stop_with_savepoint(StopMode::Suspend)
                             }
-                            Some(Stop::Drain) => savepoints.stop_with_savepoint(StopMode::Drain),
+                            Snapshot::Stop(Stop::Drain) => {
+                                savepoints.stop_with_savepoint(StopMode::Drain)
+                            }
                         };
                         let answers = answers.clone();
                         std::thread::spawn(move || {
                             let result = pending.wait().map_err(|e| e.0);
-                            answers.send(&ExecutorEvent::Savepoint { request, result });
+                            answers.send(&ExecutorEvent::Snapshot { request, result });
                         });
                     }
                     Err(error) => {
@@ -573,6 +589,25 @@ mod tests {
             serde_json::to_string(&ExecutorCommand::Cancel).unwrap(),
             r#"{"command":"cancel"}"#
         );
+        for (take, json) in [
+            (Snapshot::Checkpoint, r#""checkpoint""#),
+            (Snapshot::Savepoint, r#""savepoint""#),
+            (Snapshot::Stop(Stop::Drain), r#"{"stop":"drain"}"#),
+        ] {
+            let command = ExecutorCommand::Snapshot {
+                request: "r".into(),
+                take,
+            };
+            let line = serde_json::to_string(&command).unwrap();
+            assert_eq!(
+                line,
+                format!(r#"{{"command":"snapshot","request":"r","take":{json}}}"#)
+            );
+            assert_eq!(
+                serde_json::from_str::<ExecutorCommand>(&line).unwrap(),
+                command
+            );
+        }
     }
 
     #[test]

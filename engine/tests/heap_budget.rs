@@ -127,3 +127,67 @@ fn window_contents_beyond_the_heap_share_fail_on_the_heap_and_fit_in_rocksdb() {
     assert_eq!(counts.len(), 1_000, "one window per key");
     assert_eq!(counts.iter().sum::<u64>(), RECORDS);
 }
+
+/// Runs `remember_every_key` of `keys` keys on `backend` in a 256 MiB worker until `done`
+/// holds for its one slot's figures, and returns them.
+fn slot_figures_of(
+    backend: &str,
+    keys: u64,
+    done: impl Fn(&weir_engine::monitor::ShardFigures) -> bool,
+) -> weir_engine::monitor::ShardFigures {
+    use std::time::{Duration, Instant};
+    let env = small_worker(backend);
+    remember_every_key(&env, keys);
+    let monitor = weir_engine::monitor::JobMonitor::default();
+    let options = weir_engine::runtime::RunOptions {
+        monitor: monitor.clone(),
+        ..Default::default()
+    };
+    let job = env.execute_async(backend, options).expect("starts");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = None;
+    while Instant::now() < deadline && !job.is_finished() {
+        if let Some(shard) = monitor.figures().and_then(|f| f.shards.first().cloned()) {
+            if done(&shard) {
+                job.cancel();
+                let _ = job.wait();
+                return shard;
+            }
+            last = Some(shard);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("the slot's figures never held on {backend}; the last: {last:#?}");
+}
+
+#[test]
+fn a_slots_memory_shows_its_shares_and_what_its_backend_holds() {
+    // On the heap: what the shard's thread holds, against its share; no managed memory used.
+    let heap = slot_figures_of("hashmap", 50_000_000, |s| {
+        s.heap_used_bytes.is_some_and(|used| used > 8 << 20)
+    });
+    assert!(heap.heap_bytes > 80 << 20, "{heap:#?}");
+    assert!(heap.managed_bytes > 80 << 20, "{heap:#?}");
+    assert_eq!((heap.managed_used_bytes, heap.rocksdb.as_ref()), (0, None));
+    assert!(
+        heap.stalled_seconds.is_some(),
+        "Linux keeps run-queue delays"
+    );
+
+    // In RocksDB: its block cache (memtables charged to it) within the managed share.
+    let rocksdb = slot_figures_of("rocksdb", 50_000_000, |s| {
+        s.rocksdb.as_ref().is_some_and(|r| r.memtable_bytes > 0)
+    });
+    let memory = rocksdb.rocksdb.as_ref().unwrap();
+    assert!(
+        memory.block_cache_capacity_bytes <= rocksdb.managed_bytes
+            && memory.memtable_limit_bytes <= memory.block_cache_capacity_bytes
+            && memory.block_cache_usage_bytes >= memory.memtable_bytes,
+        "{rocksdb:#?}"
+    );
+    assert_eq!(
+        rocksdb.managed_used_bytes,
+        memory.block_cache_usage_bytes + memory.write_back_bytes
+    );
+    assert_eq!(rocksdb.heap_used_bytes, None, "it drifts with RocksDB");
+}

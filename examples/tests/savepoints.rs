@@ -72,7 +72,8 @@ fn stop(job: JobClient, mode: StopMode, to: &Path) -> (PathBuf, weir_engine::Job
     let savepoint = job
         .stop_with_savepoint(mode)
         .wait()
-        .expect("the savepoint completes");
+        .expect("the savepoint completes")
+        .dir;
     let result = job.wait().expect("the job stops cleanly");
     assert_eq!(result.savepoint.as_deref(), Some(savepoint.as_path()));
     (moved(&savepoint, to), result)
@@ -245,7 +246,7 @@ fn a_savepoint_taken_while_the_job_runs_restores_like_a_stop() {
     };
     let job = start(&config, "sequence-check", None, build);
     wait_for_a_checkpoint(&checkpoints, "sequence-check", &job);
-    let savepoint = job.trigger_savepoint().wait().expect("a savepoint");
+    let savepoint = job.trigger_savepoint().wait().expect("a savepoint").dir;
     assert!(
         savepoint.starts_with(checkpoints.join("sequence-check").join("savepoints")),
         "{} is not in the default savepoint directory",
@@ -266,6 +267,38 @@ fn a_savepoint_taken_while_the_job_runs_restores_like_a_stop() {
 /// Stopped with a drain, the job fires every event-time timer before the savepoint (the
 /// check reports each key it saw at the final watermark, every record read counted once);
 /// stopped without, it fires none.
+#[test]
+fn a_checkpoint_asked_for_is_taken_at_once_and_restores_like_the_periodic_ones() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let checkpoints = dir.path().join("checkpoints");
+    // An interval no run of this test reaches: every checkpoint is one asked for.
+    let config = config_on(HEAP, &checkpoints, 2, 1)
+        .with("execution.checkpointing.interval", "1h")
+        .expect("a valid interval");
+    let job = start(&config, "sequence-check", None, |env| {
+        sequence_check::reports(env, SPEC).sink_to(DiscardSink::new(), "discard");
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    let first = job.trigger_checkpoint().wait().expect("a checkpoint");
+    let second = job.trigger_checkpoint().wait().expect("another");
+    assert_eq!(first.checkpoint + 1, second.checkpoint);
+    assert_eq!(
+        second.dir,
+        checkpoints
+            .join("sequence-check")
+            .join(format!("chk-{}", second.checkpoint)),
+        "a checkpoint of the job's own"
+    );
+    assert!(second.dir.join("_metadata").exists());
+    assert!(
+        !first.dir.exists(),
+        "retained like the periodic ones (one here): the newer one replaced it"
+    );
+    job.cancel();
+    assert!(matches!(job.wait(), Err(JobError::Cancelled { .. })));
+    sequence_counts_once_from(config, second.dir);
+}
+
 #[test]
 fn a_drained_stop_fires_every_timer_first_and_a_suspended_one_none() {
     for (mode, reports_expected) in [(StopMode::Drain, true), (StopMode::Suspend, false)] {

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use weir_engine::checkpoint::restart::{RestartDecision, RestartTracker};
+use weir_engine::checkpoint::Taken;
 use weir_engine::monitor::{Checkpoints, Figures};
-use weir_engine::package::{DeploymentId, OperatorTotals, Outcome, RunSpec, Stop};
+use weir_engine::package::{DeploymentId, OperatorTotals, Outcome, RunSpec, Snapshot, Stop};
 pub use weir_engine::time::now_ms;
 use weir_engine::Configuration;
 
@@ -180,6 +181,8 @@ pub struct Job {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "kebab-case")]
 pub enum OperationKind {
+    /// A checkpoint of the job's own, now (Flink's manual checkpoint); the job runs on.
+    Checkpoint,
     /// A savepoint; the job runs on.
     Savepoint,
     /// Stop with a savepoint (`drain`: with the final watermark).
@@ -195,19 +198,33 @@ pub enum OperationKind {
 }
 
 impl OperationKind {
-    /// How the run stops with the savepoint.
-    fn stop(self) -> Option<Stop> {
+    /// What the run is asked to take.
+    fn take(self) -> Snapshot {
         match self {
-            OperationKind::Savepoint => None,
-            OperationKind::Stop { drain: true } => Some(Stop::Drain),
+            OperationKind::Checkpoint => Snapshot::Checkpoint,
+            OperationKind::Savepoint => Snapshot::Savepoint,
+            OperationKind::Stop { drain: true } => Snapshot::Stop(Stop::Drain),
             OperationKind::Stop { drain: false } | OperationKind::Rescale { .. } => {
-                Some(Stop::Suspend)
+                Snapshot::Stop(Stop::Suspend)
             }
+        }
+    }
+
+    /// Whether the run stops with it (a stop or a rescale).
+    fn stops(self) -> bool {
+        matches!(self.take(), Snapshot::Stop(_))
+    }
+
+    /// What it takes, in words.
+    pub fn taken(self) -> &'static str {
+        match self {
+            OperationKind::Checkpoint => "checkpoint",
+            _ => "savepoint",
         }
     }
 }
 
-/// A savepoint, stop or rescale asked for over the REST API.
+/// A checkpoint, savepoint, stop or rescale asked for over the REST API.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Operation {
     /// Its trigger id (`request-id`).
@@ -218,8 +235,12 @@ pub struct Operation {
     pub created: i64,
     /// The run it was asked of.
     pub deployment: DeploymentId,
-    /// The savepoint's directory, or why there is none; `None` while in progress.
+    /// The checkpoint's or savepoint's directory, or why there is none; `None` while in
+    /// progress.
     pub result: Option<Result<PathBuf, String>>,
+    /// The number of the checkpoint or savepoint taken, once it was.
+    #[serde(default)]
+    pub checkpoint: Option<u64>,
     /// A rescale: whether the job runs again at its new parallelism.
     #[serde(default)]
     pub rescaled: bool,
@@ -452,7 +473,8 @@ impl Cluster {
         Ok(())
     }
 
-    /// Asks job `id`'s run for a savepoint (and to stop or rescale with it): the trigger id.
+    /// Asks job `id`'s run for a checkpoint or savepoint (and to stop or rescale with the
+    /// savepoint): the trigger id.
     pub fn savepoint(
         &mut self,
         id: &str,
@@ -477,8 +499,9 @@ impl Cluster {
             (Some(placement), JobStatus::Running) => placement,
             _ => {
                 return Err(Refusal::Conflict(format!(
-                    "job {id} is {}; savepoints are taken of running jobs",
-                    job.status.name()
+                    "job {id} is {}; {}s are taken of running jobs",
+                    job.status.name(),
+                    kind.taken()
                 )))
             }
         };
@@ -492,24 +515,27 @@ impl Cluster {
                     placement.worker
                 ))
             })?;
-        if let Some(pending) = job.operations.iter().find(|o| {
-            !o.done() && o.kind != OperationKind::Savepoint && o.deployment == placement.deployment
-        }) {
-            if kind != OperationKind::Savepoint {
+        if let Some(pending) = job
+            .operations
+            .iter()
+            .find(|o| !o.done() && o.kind.stops() && o.deployment == placement.deployment)
+        {
+            if kind.stops() {
                 return Err(Refusal::Conflict(format!(
                     "job {id} is already being stopped or rescaled (request {})",
                     pending.id
                 )));
             }
         }
+        if !job.checkpointed {
+            return Err(Refusal::Conflict(format!(
+                "job {id} takes no checkpoints, and a {} is one; set \
+                 execution.checkpointing.interval and execution.checkpointing.dir on the \
+                 control plane",
+                kind.taken()
+            )));
+        }
         if let OperationKind::Rescale { parallelism } = kind {
-            if !job.checkpointed {
-                return Err(Refusal::Conflict(format!(
-                    "job {id} takes no checkpoints, and a rescale goes through a savepoint; set \
-                     execution.checkpointing.interval and execution.checkpointing.dir on the \
-                     control plane"
-                )));
-            }
             if parallelism > most_slots {
                 return Err(Refusal::Conflict(format!(
                     "no worker has {parallelism} slots (the most is {most_slots}): until jobs \
@@ -517,14 +543,13 @@ impl Cluster {
                 )));
             }
         }
-        let stop = kind.stop();
         let deployment = placement.deployment.clone();
         worker
             .link
-            .send(ControlMessage::Savepoint {
+            .send(ControlMessage::Snapshot {
                 deployment: deployment.clone(),
                 request: request.clone(),
-                stop,
+                take: kind.take(),
             })
             .map_err(|_| {
                 Refusal::Conflict(format!(
@@ -538,6 +563,7 @@ impl Cluster {
             created: now,
             deployment,
             result: None,
+            checkpoint: None,
             rescaled: false,
         });
         self.store_job(id);
@@ -630,7 +656,7 @@ impl Cluster {
         &mut self,
         deployment: &DeploymentId,
         request: &str,
-        result: Result<PathBuf, String>,
+        result: Result<Taken, String>,
     ) {
         let Some(job) = self.jobs.get_mut(&deployment.job_id) else {
             return;
@@ -642,13 +668,15 @@ impl Cluster {
         else {
             return;
         };
+        let what = operation.kind.taken();
         match &result {
-            Ok(path) => {
-                tracing::info!(job_id = %job.id, "savepoint {request} completed: {}", path.display())
+            Ok(taken) => {
+                tracing::info!(job_id = %job.id, "{what} {request} completed: {}", taken.dir.display())
             }
-            Err(error) => tracing::warn!(job_id = %job.id, "savepoint {request} failed: {error}"),
+            Err(error) => tracing::warn!(job_id = %job.id, "{what} {request} failed: {error}"),
         }
-        operation.result = Some(result);
+        operation.checkpoint = result.as_ref().ok().map(|taken| taken.checkpoint);
+        operation.result = Some(result.map(|taken| taken.dir));
         let id = job.id.clone();
         self.store_job(&id);
     }
@@ -659,7 +687,10 @@ impl Cluster {
         for operation in &mut job.operations {
             if operation.deployment == *deployment && !operation.done() {
                 let message = match operation.result {
-                    None => format!("the run ended before the savepoint completed: {why}"),
+                    None => format!(
+                        "the run ended before the {} completed: {why}",
+                        operation.kind.taken()
+                    ),
                     Some(_) => format!("the rescale did not happen: {why}"),
                 };
                 operation.result = Some(Err(message));
@@ -699,7 +730,7 @@ impl Cluster {
         for report in executors {
             self.executor(&id, report);
         }
-        // Savepoint requests a lost link or a restarted control plane may have dropped: the
+        // Snapshot requests a lost link or a restarted control plane may have dropped: the
         // executor answers a request id once.
         for job in self.jobs.values() {
             let Some(placement) = job.placement.as_ref().filter(|p| p.worker == id) else {
@@ -707,10 +738,10 @@ impl Cluster {
             };
             for operation in &job.operations {
                 if operation.deployment == placement.deployment && operation.result.is_none() {
-                    let _ = self.workers[&id].link.send(ControlMessage::Savepoint {
+                    let _ = self.workers[&id].link.send(ControlMessage::Snapshot {
                         deployment: operation.deployment.clone(),
                         request: operation.id.clone(),
-                        stop: operation.kind.stop(),
+                        take: operation.kind.take(),
                     });
                 }
             }
@@ -893,7 +924,7 @@ impl Cluster {
             if let Some(path) = savepoint {
                 for operation in &mut job.operations {
                     if operation.deployment == deployment
-                        && operation.kind != OperationKind::Savepoint
+                        && operation.kind.stops()
                         && operation.result.is_none()
                     {
                         operation.result = Some(Ok(path.clone()));
@@ -913,9 +944,7 @@ impl Cluster {
             .iter()
             .filter(|o| o.deployment == deployment && !o.rescaled)
             .find_map(|o| match &o.result {
-                Some(Ok(path)) if o.kind != OperationKind::Savepoint => {
-                    Some((o.id.clone(), o.kind, path.clone()))
-                }
+                Some(Ok(path)) if o.kind.stops() => Some((o.id.clone(), o.kind, path.clone())),
                 _ => None,
             });
         if job.status == JobStatus::Cancelling {
@@ -1326,6 +1355,14 @@ mod tests {
         })
     }
 
+    /// Savepoint 7, in `/sp`.
+    fn sp() -> Taken {
+        Taken {
+            checkpoint: 7,
+            dir: PathBuf::from("/sp"),
+        }
+    }
+
     /// A job at parallelism 1, running, with a rescale to 2 whose savepoint completed.
     fn rescale_answered(
         cluster: &mut Cluster,
@@ -1337,7 +1374,7 @@ mod tests {
         let request = cluster
             .savepoint(&job, OperationKind::Rescale { parallelism: 2 }, None)
             .unwrap();
-        cluster.savepoint_done(&run.id, &request, Ok(PathBuf::from("/sp")));
+        cluster.savepoint_done(&run.id, &request, Ok(sp()));
         (job, run, request)
     }
 
@@ -1380,7 +1417,7 @@ mod tests {
         let request = cluster
             .savepoint(&job, OperationKind::Stop { drain: false }, None)
             .unwrap();
-        cluster.savepoint_done(&run.id, &request, Ok(PathBuf::from("/sp")));
+        cluster.savepoint_done(&run.id, &request, Ok(sp()));
         report(&mut cluster, &run, failed("boom"));
         assert_eq!(cluster.jobs[&job].status, JobStatus::Finished);
         assert!(deployed(&mut messages).is_none(), "not restarted");
@@ -1454,7 +1491,7 @@ mod tests {
             cluster.savepoint(&job, OperationKind::Savepoint, Some(plain.clone())),
             Ok(plain.clone())
         );
-        cluster.savepoint_done(&run.id, &rescale, Ok(PathBuf::from("/sp")));
+        cluster.savepoint_done(&run.id, &rescale, Ok(sp()));
         report(&mut cluster, &run, failed("stopped"));
         let operation = |id: &str| {
             cluster.jobs[&job]

@@ -101,7 +101,7 @@ async fn link(shared: Shared, address: SocketAddr, mut socket: WebSocket) {
                         cluster.heartbeat(&id, connection);
                         cluster.figures(&deployment, figures);
                     }
-                    Ok(WorkerMessage::Savepoint { deployment, request, result }) => {
+                    Ok(WorkerMessage::Snapshot { deployment, request, result }) => {
                         let mut cluster = shared.cluster();
                         cluster.heartbeat(&id, connection);
                         cluster.savepoint_done(&deployment, &request, result);

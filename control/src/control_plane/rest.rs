@@ -95,7 +95,8 @@ endpoints! { shared;
     "/jobs/overview" => [get jobs_overview];
     "/jobs/{job}" => [get job_details, patch patch_job];
     "/jobs/{job}/exceptions" => [get job_exceptions];
-    "/jobs/{job}/checkpoints" => [get job_checkpoints];
+    "/jobs/{job}/checkpoints" => [get job_checkpoints, post trigger_checkpoint];
+    "/jobs/{job}/checkpoints/{trigger}" => [get checkpoint_status];
     "/jobs/{job}/vertices/{vertex}/backpressure" => [get vertex_backpressure];
     "/jobs/{job}/vertices/{vertex}/watermarks" => [get vertex_watermarks];
     "/jobs/{job}/bottleneck" => [get job_bottleneck];
@@ -955,6 +956,7 @@ async fn job_checkpoints(State(shared): State<Shared>, Path(id): Path<String>) -
             "state_size": c.full_bytes,
             "checkpointed_size": c.incremental_bytes,
             "max_sync_pause_ms": c.max_sync_pause_ms,
+            "max_alignment_ms": c.max_alignment_ms,
             "failure_message": c.failure,
         })
     };
@@ -1234,6 +1236,14 @@ struct StopRequest {
     trigger_id: Option<String>,
 }
 
+/// `POST /jobs/:id/checkpoints` (Flink's `CheckpointTriggerRequestBody`).
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CheckpointRequest {
+    checkpoint_type: Option<String>,
+    trigger_id: Option<String>,
+}
+
 /// Savepoints go where the job's configuration says, in Weir's canonical format; a request
 /// asking for another place or format is refused rather than ignored.
 fn refuse_unsupported(target: Option<String>, format: Option<String>) -> Result<(), ApiError> {
@@ -1293,6 +1303,43 @@ async fn trigger_savepoint(
         OperationKind::Savepoint
     };
     triggered(shared.cluster().savepoint(&id, kind, request.trigger_id))
+}
+
+#[utoipa::path(
+    post,
+    path = "/jobs/{job}/checkpoints",
+    params(JobId),
+    tag = "checkpoints",
+    request_body(content = Option<CheckpointRequest>, description = "Flink's CheckpointTriggerRequestBody (optional)", content_type = "application/json"),
+    responses(
+        (status = 202, description = "The checkpoint was triggered, at once: `request-id` names it", body = Object),
+        (status = 400, description = "A malformed or unsupported request, named", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job does not run or takes no checkpoints", body = ErrorBody),
+    )
+)]
+async fn trigger_checkpoint(
+    State(shared): State<Shared>,
+    Path(id): Path<String>,
+    bytes: axum::body::Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let request: CheckpointRequest = trigger_body(&bytes)?;
+    match request.checkpoint_type.as_deref() {
+        None | Some("CONFIGURED") => {}
+        Some(other) => {
+            return Err(bad_request(format!(
+                "checkpointType '{other}' is not supported: a checkpoint asked for is taken as \
+                 the job's configuration says (incremental unless \
+                 execution.checkpointing.incremental is false), CONFIGURED; leave it out, or \
+                 take a savepoint for a full, self-contained copy"
+            )))
+        }
+    }
+    triggered(
+        shared
+            .cluster()
+            .savepoint(&id, OperationKind::Checkpoint, request.trigger_id),
+    )
 }
 
 #[utoipa::path(
@@ -1362,6 +1409,23 @@ async fn rescale_job(
     triggered(shared.cluster().savepoint(&id, kind, None))
 }
 
+/// `GET /jobs/:id/checkpoints/:trigger`: a checkpoint's state.
+#[utoipa::path(
+    get,
+    path = "/jobs/{job}/checkpoints/{trigger}",
+    params(JobTrigger),
+    tag = "checkpoints",
+    responses(
+        (status = 200, description = "IN_PROGRESS, or COMPLETED with the `checkpointId` (and Weir's `location`) or a `failure-cause`", body = Object),
+        (status = 404, description = "No such job or checkpoint request", body = ErrorBody),
+    )
+)]
+async fn checkpoint_status(state: State<Shared>, path: Path<(String, String)>) -> Answer {
+    operation_status(state, path, "checkpoint", |kind| {
+        kind == OperationKind::Checkpoint
+    })
+}
+
 /// `GET /jobs/:id/savepoints/:trigger`: a savepoint's or stop's state.
 #[utoipa::path(
     get,
@@ -1370,11 +1434,13 @@ async fn rescale_job(
     tag = "checkpoints",
     responses(
         (status = 200, description = "IN_PROGRESS, or COMPLETED with the savepoint's `location` or a `failure-cause`", body = Object),
-        (status = 404, description = "No such job or request", body = ErrorBody),
+        (status = 404, description = "No such job or savepoint or stop request", body = ErrorBody),
     )
 )]
 async fn savepoint_status(state: State<Shared>, path: Path<(String, String)>) -> Answer {
-    operation_status(state, path)
+    operation_status(state, path, "savepoint or stop", |kind| {
+        matches!(kind, OperationKind::Savepoint | OperationKind::Stop { .. })
+    })
 }
 
 /// `GET /jobs/:id/rescaling/:trigger`: a rescale's state.
@@ -1385,37 +1451,52 @@ async fn savepoint_status(state: State<Shared>, path: Path<(String, String)>) ->
     tag = "checkpoints",
     responses(
         (status = 200, description = "IN_PROGRESS, or COMPLETED with the savepoint's `location` or a `failure-cause`", body = Object),
-        (status = 404, description = "No such job or request", body = ErrorBody),
+        (status = 404, description = "No such job or rescale request", body = ErrorBody),
     )
 )]
 async fn rescaling_status(state: State<Shared>, path: Path<(String, String)>) -> Answer {
-    operation_status(state, path)
+    operation_status(state, path, "rescale", |kind| {
+        matches!(kind, OperationKind::Rescale { .. })
+    })
 }
 
-/// An asynchronous operation's state (Flink's asynchronous operation result).
+/// The state of an asynchronous operation of the kinds `of` accepts, `what` in words (Flink's
+/// asynchronous operation result).
 fn operation_status(
     State(shared): State<Shared>,
     Path((id, trigger)): Path<(String, String)>,
+    what: &str,
+    of: fn(OperationKind) -> bool,
 ) -> Answer {
     let cluster = shared.cluster();
     let job = find(&cluster.jobs, &id)?;
     let operation = job
         .operations
         .iter()
-        .find(|o| o.id == trigger)
+        .find(|o| o.id == trigger && of(o.kind))
         .ok_or_else(|| {
             ApiError(
                 StatusCode::NOT_FOUND,
-                format!("job {id} has no savepoint, stop or rescale request '{trigger}'"),
+                format!("job {id} has no {what} request '{trigger}'"),
             )
         })?;
     if !operation.done() {
         return Ok(Json(json!({ "status": { "id": "IN_PROGRESS" } })));
     }
-    let outcome = match operation.result.as_ref().expect("done") {
-        Ok(path) => json!({ "location": path }),
-        Err(cause) => json!({
-            "failure-cause": { "class": "SavepointError", "stack-trace": cause }
+    let outcome = match (operation.result.as_ref().expect("done"), operation.kind) {
+        (Ok(path), OperationKind::Checkpoint) => json!({
+            "checkpointId": operation.checkpoint,
+            "location": path,
+        }),
+        (Ok(path), _) => json!({ "location": path }),
+        (Err(cause), kind) => json!({
+            "failure-cause": {
+                "class": match kind {
+                    OperationKind::Checkpoint => "CheckpointException",
+                    _ => "SavepointError",
+                },
+                "stack-trace": cause,
+            }
         }),
     };
     Ok(Json(

@@ -235,6 +235,12 @@ impl JobClient {
         self.savepoints.stop_with_savepoint(mode)
     }
 
+    /// Takes a checkpoint now, without waiting for the interval (Flink's manual checkpoint):
+    /// one of the job's own, retained and subsumed like the periodic ones.
+    pub fn trigger_checkpoint(&self) -> PendingSavepoint {
+        self.savepoints.checkpoint()
+    }
+
     /// Whether the job has ended.
     pub fn is_finished(&self) -> bool {
         self.thread.is_finished()

@@ -10,7 +10,7 @@ mod keyed;
 mod stream;
 mod windowed;
 
-pub use crate::checkpoint::{PendingSavepoint, SavepointError, SavepointHandle, StopMode};
+pub use crate::checkpoint::{PendingSavepoint, SavepointError, SavepointHandle, StopMode, Taken};
 pub use crate::runtime::{CancelHandle, JobResult, Restart, RunOptions};
 pub use connected::{
     CoProcessFunction, ConnectedStreams, KeyedCoProcessFunction, KeyedConnectedStreams,

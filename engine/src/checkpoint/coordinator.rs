@@ -262,6 +262,26 @@ impl<H> Coordinator<H> {
         Ok(savepoint)
     }
 
+    /// Triggers a checkpoint stamped `now_ms` at once, whatever the interval (a checkpoint
+    /// asked for): its number, to be triggered, or why none can be taken. It is one of the
+    /// job's own checkpoints — counted, subsumed and retained like the periodic ones — and the
+    /// interval counts again from it.
+    pub fn trigger_checkpoint(&mut self, now_ms: i64) -> Result<u64, String> {
+        if self.failed {
+            return Err("the job is failing (too many checkpoints failed)".into());
+        }
+        if let Some(savepoint) = self.stopping {
+            return Err(format!("the job is stopping with savepoint {savepoint}"));
+        }
+        if self.input_ended {
+            return Err(
+                "every source's input ended: the job takes only its final checkpoint now".into(),
+            );
+        }
+        self.last_trigger_ms = Some(now_ms);
+        Ok(self.begin(now_ms, false))
+    }
+
     /// Makes the next checkpoint (or savepoint) pending: its number.
     fn begin(&mut self, now_ms: i64, savepoint: bool) -> u64 {
         let checkpoint = self.next;
@@ -808,6 +828,47 @@ mod tests {
         c.acknowledge(3, 0, 33, 230);
         c.not_committed(3, "disk full".into(), 240);
         assert_eq!(triggers(&c.tick(400)), [4], "nor one not committed");
+    }
+
+    #[test]
+    fn a_checkpoint_asked_for_triggers_at_once_and_the_interval_counts_from_it() {
+        let mut c: Coordinator<u64> = Coordinator::new(CheckpointSettings::every(100), 1, 1);
+        assert_eq!(triggers(&c.tick(0)), [1]);
+        assert_eq!(
+            c.trigger_checkpoint(10),
+            Ok(2),
+            "at once, beside the pending one"
+        );
+        c.acknowledge(2, 0, 22, 20);
+        c.committed(2);
+        assert_eq!(
+            c.pending().collect::<Vec<_>>(),
+            Vec::<u64>::new(),
+            "2 subsumed 1"
+        );
+        assert!(
+            c.tick(100).is_empty(),
+            "the interval counts from the one asked for"
+        );
+        assert_eq!(triggers(&c.tick(110)), [3]);
+
+        assert_eq!(c.trigger_savepoint(120, true), Ok(4));
+        assert_eq!(
+            c.trigger_checkpoint(130),
+            Err("the job is stopping with savepoint 4".into())
+        );
+        c.decline(4, 0, "busy", 140);
+        assert_eq!(
+            c.trigger_checkpoint(150),
+            Ok(5),
+            "a failed stop stops nothing"
+        );
+
+        c.end_of_input(160);
+        assert!(
+            c.trigger_checkpoint(170).is_err(),
+            "only the final checkpoint is taken"
+        );
     }
 
     proptest! {

@@ -41,7 +41,7 @@ use weir_state::checkpoint::{
 
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
-use super::savepoint::{SavepointHandle, SavepointRequest, StopMode};
+use super::savepoint::{Requested, SavepointHandle, SavepointRequest, StopMode, Taken};
 use super::task_state::{decode_file, write_in_pieces, FileEncoder, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
@@ -109,6 +109,8 @@ pub(crate) enum TaskReport {
         /// The longest its shard worked on the snapshot instead of records at once (the
         /// barrier's part plus the longest piece of the encoding after it).
         pause: Duration,
+        /// How long its input's barriers took to line up.
+        alignment: Duration,
     },
     /// It could not write its state for the checkpoint.
     Decline {
@@ -187,8 +189,9 @@ impl TaskCheckpointing {
     /// The barrier of `checkpoint` has passed the task's whole chain: writes what its
     /// operators put into the task state to the checkpoint's directory, on a glommio task of
     /// this shard, and acknowledges (or declines) to the coordinator.
-    /// `pause` is how long the barrier took through the chain (the operators' snapshots).
-    pub(crate) fn write_snapshot(&self, checkpoint: u64, pause: Duration) {
+    /// `pause` is how long the barrier took through the chain (the operators' snapshots),
+    /// `alignment` how long the barriers of its input took to line up before.
+    pub(crate) fn write_snapshot(&self, checkpoint: u64, pause: Duration, alignment: Duration) {
         let parts = self.state.take();
         // Counted as a writer under the same lock, so that an abort does not remove the
         // directory under the file being created (glommio's open panics when it vanishes).
@@ -229,6 +232,7 @@ impl TaskCheckpointing {
                         task,
                         files,
                         pause: pause + encoding,
+                        alignment,
                     },
                     Err(reason) => TaskReport::Decline {
                         checkpoint,
@@ -479,12 +483,12 @@ struct Host {
     enumerators: HashMap<u64, Vec<(String, Vec<u8>)>>,
     /// Source subtasks whose input ended (the final checkpoint is due once all have).
     inputs_ended: usize,
-    /// When each pending checkpoint was triggered, and its tasks' pauses.
-    triggered: HashMap<u64, (Instant, Vec<Duration>)>,
+    /// When each pending checkpoint was triggered, and what its tasks reported so far.
+    triggered: HashMap<u64, Triggered>,
     /// Aborted checkpoints whose directories tasks were still writing into.
     aborted: Vec<u64>,
     stats: CheckpointStats,
-    /// The savepoint being taken, and who asked for it.
+    /// The savepoint (or checkpoint) being taken on request, and who asked for it.
     savepoint: Option<(u64, SavepointRequest)>,
     /// The directories of savepoints being written (they are not the storage's `chk-<n>`).
     savepoint_dirs: HashMap<u64, PendingCheckpoint>,
@@ -526,8 +530,8 @@ impl Host {
         None
     }
 
-    /// Triggers a savepoint for the next request, if one waits and none is being taken (the
-    /// rest wait their turn); refuses requests that cannot be served.
+    /// Triggers a savepoint (or checkpoint) for the next request, if one waits and none is
+    /// being taken (the rest wait their turn); refuses requests that cannot be served.
     fn take_savepoint_requests(&mut self) -> Vec<Command<TaskFiles>> {
         if self.savepoint.is_some() {
             return Vec::new();
@@ -536,10 +540,13 @@ impl Host {
             return Vec::new();
         };
         let now = now_ms();
-        match self
-            .coordinator
-            .trigger_savepoint(now, request.stop.is_some())
-        {
+        let triggered = match request.requested {
+            Requested::Checkpoint => self.coordinator.trigger_checkpoint(now),
+            Requested::Savepoint { stop } => {
+                self.coordinator.trigger_savepoint(now, stop.is_some())
+            }
+        };
+        match triggered {
             Ok(checkpoint) => {
                 self.savepoint = Some((checkpoint, request));
                 vec![Command::Trigger {
@@ -554,7 +561,7 @@ impl Host {
         }
     }
 
-    /// The savepoint being taken, if `checkpoint` is it.
+    /// The request being served, if `checkpoint` is its.
     fn savepoint_of(&self, checkpoint: u64) -> Option<&SavepointRequest> {
         self.savepoint
             .as_ref()
@@ -562,22 +569,26 @@ impl Host {
             .map(|(_, request)| request)
     }
 
-    /// Answers the request for savepoint `checkpoint`, if it is the one being taken.
+    /// Answers the request served by `checkpoint`, if there is one.
     fn answer_savepoint(&mut self, checkpoint: u64, result: Result<PathBuf, String>) {
         if self.savepoint_of(checkpoint).is_none() {
             return;
         }
         let (_, request) = self.savepoint.take().expect("checked");
+        let what = match request.requested {
+            Requested::Checkpoint => "checkpoint",
+            Requested::Savepoint { .. } => "savepoint",
+        };
         match result {
             Ok(dir) => {
-                tracing::info!(job = %self.plan.job, savepoint = checkpoint, "savepoint stored in {}", dir.display());
-                if request.stop.is_some() {
+                tracing::info!(job = %self.plan.job, checkpoint, "{what} asked for stored in {}", dir.display());
+                if request.stop().is_some() {
                     self.stopped_with = Some(dir.clone());
                 }
-                request.answer(Ok(dir));
+                request.answer(Ok(Taken { checkpoint, dir }));
             }
             Err(reason) => {
-                tracing::warn!(job = %self.plan.job, savepoint = checkpoint, "savepoint failed: {reason}");
+                tracing::warn!(job = %self.plan.job, checkpoint, "{what} asked for failed: {reason}");
                 request.fail(reason);
             }
         }
@@ -591,9 +602,11 @@ impl Host {
                 task,
                 files,
                 pause,
+                alignment,
             } => {
-                if let Some((_, pauses)) = self.triggered.get_mut(&checkpoint) {
-                    pauses.push(pause);
+                if let Some(triggered) = self.triggered.get_mut(&checkpoint) {
+                    triggered.pauses.push(pause);
+                    triggered.alignment = triggered.alignment.max(alignment);
                 }
                 self.coordinator.acknowledge(checkpoint, task, files, now)
             }
@@ -676,9 +689,13 @@ impl Host {
     }
 
     fn trigger(&mut self, checkpoint: u64) -> Result<(), String> {
-        self.triggered
-            .insert(checkpoint, (Instant::now(), Vec::new()));
-        let stop = self.savepoint_of(checkpoint).map(|request| request.stop);
+        self.triggered.insert(checkpoint, Triggered::new());
+        let stop = self
+            .savepoint_of(checkpoint)
+            .and_then(|request| match request.requested {
+                Requested::Checkpoint => None,
+                Requested::Savepoint { stop } => Some(stop),
+            });
         let pending = match stop {
             None => self.storage.begin(checkpoint),
             Some(_) => self
@@ -761,9 +778,8 @@ impl Host {
         let triggered = self.triggered.remove(&checkpoint);
         // Counted once committed: a commit that fails is an abort.
         let monitored = |savepoint: bool, monitor: &crate::monitor::JobMonitor| {
-            if let Some((at, pauses)) = &triggered {
-                let max_pause = pauses.iter().max().copied().unwrap_or_default();
-                monitor.completed(checkpoint, savepoint, at.elapsed(), bytes, max_pause);
+            if let Some(triggered) = &triggered {
+                monitor.completed(checkpoint, savepoint, triggered.figures(bytes));
             }
         };
         if pending.is_savepoint() {
@@ -781,8 +797,9 @@ impl Host {
             .map_err(|e| e.to_string())?;
         tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint committed");
         monitored(false, &self.plan.monitor);
-        if let Some((triggered, pauses)) = triggered {
-            self.stats.completed(triggered.elapsed(), bytes, pauses);
+        if let Some(triggered) = triggered {
+            self.stats
+                .completed(triggered.at.elapsed(), bytes, triggered.pauses);
         }
         self.storage
             .retain(self.plan.retained)
@@ -846,6 +863,37 @@ impl Host {
                 Err("the job ended before every task had written its state".into()),
             );
             self.forget(checkpoint);
+        }
+    }
+}
+
+/// A pending checkpoint: when it was triggered, and what its tasks reported so far.
+#[derive(Debug)]
+struct Triggered {
+    at: Instant,
+    /// Each task's longest pause.
+    pauses: Vec<Duration>,
+    /// The longest any task's input took to align.
+    alignment: Duration,
+}
+
+impl Triggered {
+    fn new() -> Triggered {
+        Triggered {
+            at: Instant::now(),
+            pauses: Vec::new(),
+            alignment: Duration::ZERO,
+        }
+    }
+
+    /// Its figures, completed now, with `bytes` (full, incremental).
+    fn figures(&self, (full, incremental): (u64, u64)) -> crate::monitor::Completed {
+        crate::monitor::Completed {
+            took: self.at.elapsed(),
+            full_bytes: full,
+            incremental_bytes: incremental,
+            max_pause: self.pauses.iter().max().copied().unwrap_or_default(),
+            max_alignment: self.alignment,
         }
     }
 }

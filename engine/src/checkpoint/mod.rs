@@ -151,4 +151,4 @@ impl CheckpointStats {
 
 pub use coordinator::{AbortReason, CheckpointSettings, Command, Coordinator};
 pub use restart::{ExponentialDelay, RestartDecision, RestartStrategy, RestartTracker};
-pub use savepoint::{PendingSavepoint, SavepointError, SavepointHandle, StopMode};
+pub use savepoint::{PendingSavepoint, SavepointError, SavepointHandle, StopMode, Taken};

@@ -1,6 +1,9 @@
 //! Savepoints asked for while a job runs (Flink's `JobClient::triggerSavepoint` and
-//! `stopWithSavepoint`): the handle a caller keeps, and the queue the job's checkpoint
-//! coordinator takes requests from.
+//! `stopWithSavepoint`), and checkpoints asked for at once (Flink's manual checkpoint,
+//! `POST /jobs/:id/checkpoints`): the handle a caller keeps, and the queue the job's
+//! checkpoint coordinator takes requests from. A checkpoint asked for is one of the job's own
+//! (written, retained and subsumed like the periodic ones), triggered without waiting for the
+//! interval.
 //!
 //! A savepoint is a checkpoint the user asks for: numbered with the checkpoints and cut by the
 //! same barriers (a [`super::SnapshotKind::Savepoint`] barrier), but written self-contained —
@@ -44,17 +47,46 @@ pub enum StopMode {
 #[error("savepoint failed: {0}")]
 pub struct SavepointError(pub String);
 
-/// One savepoint asked for.
+/// What a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Requested {
+    /// A checkpoint of the job's own, at once.
+    Checkpoint,
+    /// A savepoint; with `stop`, the job stops once it completed.
+    Savepoint {
+        /// How the job stops, if it does.
+        stop: Option<StopMode>,
+    },
+}
+
+/// A checkpoint or savepoint taken on request.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Taken {
+    /// Its number (savepoints are numbered with the checkpoints).
+    pub checkpoint: u64,
+    /// Its directory.
+    pub dir: PathBuf,
+}
+
+/// One checkpoint or savepoint asked for.
 #[derive(Debug)]
 pub(crate) struct SavepointRequest {
-    /// Stop the job once it completed.
-    pub(crate) stop: Option<StopMode>,
-    reply: mpsc::Sender<Result<PathBuf, SavepointError>>,
+    /// What it asks for.
+    pub(crate) requested: Requested,
+    reply: mpsc::Sender<Result<Taken, SavepointError>>,
 }
 
 impl SavepointRequest {
+    /// How the job stops once it completed, if it does.
+    pub(crate) fn stop(&self) -> Option<StopMode> {
+        match self.requested {
+            Requested::Checkpoint => None,
+            Requested::Savepoint { stop } => stop,
+        }
+    }
+
     /// Tells the caller how it ended (a caller that stopped waiting is not told).
-    pub(crate) fn answer(self, result: Result<PathBuf, SavepointError>) {
+    pub(crate) fn answer(self, result: Result<Taken, SavepointError>) {
         let _ = self.reply.send(result);
     }
 
@@ -82,18 +114,23 @@ pub struct SavepointHandle {
 impl SavepointHandle {
     /// Takes a savepoint; the job runs on.
     pub fn trigger(&self) -> PendingSavepoint {
-        self.request(None)
+        self.request(Requested::Savepoint { stop: None })
     }
 
     /// Takes a savepoint and, once it completed, stops the job (see the module docs); if it
     /// fails, the job runs on.
     pub fn stop_with_savepoint(&self, mode: StopMode) -> PendingSavepoint {
-        self.request(Some(mode))
+        self.request(Requested::Savepoint { stop: Some(mode) })
     }
 
-    fn request(&self, stop: Option<StopMode>) -> PendingSavepoint {
+    /// Takes a checkpoint now, without waiting for the interval (see the module docs).
+    pub fn checkpoint(&self) -> PendingSavepoint {
+        self.request(Requested::Checkpoint)
+    }
+
+    fn request(&self, requested: Requested) -> PendingSavepoint {
         let (reply, answer) = mpsc::channel();
-        let request = SavepointRequest { stop, reply };
+        let request = SavepointRequest { requested, reply };
         let mut queue = self.queue.lock().expect("savepoint queue lock");
         match &queue.closed {
             Some(reason) => request.fail(reason.clone()),
@@ -127,15 +164,15 @@ impl SavepointHandle {
     }
 }
 
-/// A savepoint asked for: its directory once it completed.
+/// A savepoint (or checkpoint) asked for: its number and directory once it completed.
 #[derive(Debug)]
 pub struct PendingSavepoint {
-    answer: mpsc::Receiver<Result<PathBuf, SavepointError>>,
+    answer: mpsc::Receiver<Result<Taken, SavepointError>>,
 }
 
 impl PendingSavepoint {
-    /// Waits until the savepoint completed (its directory) or failed.
-    pub fn wait(&self) -> Result<PathBuf, SavepointError> {
+    /// Waits until the savepoint completed or failed.
+    pub fn wait(&self) -> Result<Taken, SavepointError> {
         self.answer.recv().unwrap_or_else(|_| {
             Err(SavepointError(
                 "the job ended before the savepoint was taken".into(),
@@ -144,7 +181,7 @@ impl PendingSavepoint {
     }
 
     /// Waits at most `timeout`; `None` if the savepoint is still being taken.
-    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<PathBuf, SavepointError>> {
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Result<Taken, SavepointError>> {
         match self.answer.recv_timeout(timeout) {
             Ok(result) => Some(result),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
@@ -164,12 +201,21 @@ mod tests {
         let handle = SavepointHandle::default();
         let first = handle.trigger();
         let second = handle.stop_with_savepoint(StopMode::Drain);
+        let third = handle.checkpoint();
         let taken = handle.take().expect("the first request");
-        assert_eq!(taken.stop, None);
-        taken.answer(Ok(PathBuf::from("/sp/1")));
-        assert_eq!(first.wait(), Ok(PathBuf::from("/sp/1")));
+        assert_eq!(taken.stop(), None);
+        let done = Taken {
+            checkpoint: 1,
+            dir: PathBuf::from("/sp/1"),
+        };
+        taken.answer(Ok(done.clone()));
+        assert_eq!(first.wait(), Ok(done));
+        let taken = handle.take().expect("the second request");
+        assert_eq!(taken.stop(), Some(StopMode::Drain));
+        drop(taken);
+        assert!(second.wait().is_err(), "a request dropped unanswered fails");
         handle.close("the job ended");
-        assert_eq!(second.wait(), Err(SavepointError("the job ended".into())));
+        assert_eq!(third.wait(), Err(SavepointError("the job ended".into())));
         let late = handle.trigger();
         assert_eq!(
             late.wait_timeout(Duration::from_secs(1)),

@@ -619,6 +619,7 @@ fn run_shard(
     move |queues: ShardQueues| {
         Box::pin(async move {
             weir_memory::register_current_thread(&format!("shard-{slot}"));
+            load.started_here();
             state::clear_shard_states();
             let sampler_load = Arc::clone(&load);
             let heap_failure = Rc::new(Cell::new(None));
@@ -707,7 +708,7 @@ fn run_attempts(
     let job = exec.job.job_name().to_string();
     if !checkpointed {
         options.savepoints.close(&format!(
-            "job '{job}' takes no checkpoints, and a savepoint is one; set \
+            "job '{job}' takes no checkpoints (a savepoint is one too); set \
              execution.checkpointing.interval and execution.checkpointing.dir"
         ));
     }
@@ -1022,9 +1023,22 @@ fn run_attempt(
         per_slot[placed.slot].push(plan);
     }
     let loads: Vec<Arc<ShardLoad>> = (0..slots).map(|_| Arc::new(ShardLoad::default())).collect();
-    options
-        .monitor
-        .attach(metrics.clone(), loads.clone(), pools.clone(), cores.clone());
+    let memory = crate::monitor::SlotMemory {
+        budget,
+        rocksdb: shared
+            .rocksdb
+            .as_ref()
+            .map(|dbs| dbs.slots.clone())
+            .unwrap_or_default(),
+        heap_counted: heap_share.is_some() && weir_memory::is_counting(),
+    };
+    options.monitor.attach(
+        metrics.clone(),
+        loads.clone(),
+        pools.clone(),
+        cores.clone(),
+        memory,
+    );
     // Let go of the attempt's pools and counters however it ends.
     let _attached = Detach(&options.monitor);
     let progress = options.progress.map(|interval| {

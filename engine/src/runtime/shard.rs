@@ -20,6 +20,30 @@ pub struct ShardLoad {
     pub checkpoint_io_ns: AtomicU64,
     /// Nanoseconds the background queue has run.
     pub background_ns: AtomicU64,
+    /// The shard thread's id (Linux `gettid`), 0 until it started: where its scheduling
+    /// figures are read.
+    pub os_tid: AtomicU64,
+}
+
+impl ShardLoad {
+    /// Notes the calling thread as the shard's.
+    pub(crate) fn started_here(&self) {
+        // SAFETY: `gettid` has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        self.os_tid.store(tid as u64, Ordering::Relaxed);
+    }
+
+    /// Nanoseconds the shard's thread was ready to run but waited for its core — another
+    /// thread ran there (the run-queue delay of Linux's schedstat); `None` before the shard
+    /// started or where the kernel does not keep the figure.
+    pub fn stalled_ns(&self) -> Option<u64> {
+        let tid = self.os_tid.load(Ordering::Relaxed);
+        if tid == 0 {
+            return None;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
+        stat.split_whitespace().nth(1)?.parse().ok()
+    }
 }
 
 /// The task queues of one shard.

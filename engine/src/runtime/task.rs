@@ -262,7 +262,8 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             .lock()
             .expect("enumerator lock")
             .release(self.subtask, checkpoint);
-        checkpointing.write_snapshot(checkpoint, started.elapsed());
+        // A source aligns nothing.
+        checkpointing.write_snapshot(checkpoint, started.elapsed(), Duration::ZERO);
         Ok(())
     }
 
@@ -538,7 +539,8 @@ impl<T: Record> NetworkTask<T> {
                     }
                     self.chain.event(ChainEvent::Barrier(barrier)).await?;
                     if let Some(checkpointing) = &self.checkpointing {
-                        checkpointing.write_snapshot(barrier.id, started.elapsed());
+                        let alignment = self.gate.alignment_of(barrier.id).unwrap_or_default();
+                        checkpointing.write_snapshot(barrier.id, started.elapsed(), alignment);
                     }
                 }
                 GateEvent::CheckpointComplete(checkpoint) => {

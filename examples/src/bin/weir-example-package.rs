@@ -8,6 +8,12 @@ use std::process::ExitCode;
 
 use weir_engine::package::{self, Registry};
 use weir_engine::prelude::*;
+use weir_memory::CountingAllocator;
+
+/// As the `weir` binary does: mimalloc, counted per thread, so that each shard's heap is held
+/// to its slot's share and shown (`weir_slot_heap_memory_used_bytes`).
+#[global_allocator]
+static GLOBAL: CountingAllocator<mimalloc::MiMalloc> = CountingAllocator::new(mimalloc::MiMalloc);
 
 fn main() -> ExitCode {
     package::main(

@@ -170,6 +170,8 @@ pub(crate) struct InputGate<T> {
     idle_output: bool,
     alignment_mode: BarrierAlignment,
     alignment: Option<Alignment>,
+    /// The last checkpoint whose barriers lined up here, and how long that took.
+    last_alignment: Option<(u64, Duration)>,
     /// The newest checkpoint (or savepoint) whose barrier reached the gate: a barrier of an
     /// older one that comes later (in in-flight data, or replayed after a restore) is passed
     /// over.
@@ -242,6 +244,7 @@ impl<T: Record> InputGate<T> {
             idle_output: false,
             alignment_mode,
             alignment: None,
+            last_alignment: None,
             notified_complete: 0,
             notified_aborted: 0,
             suspended: false,
@@ -679,6 +682,15 @@ impl<T: Record> InputGate<T> {
         self.complete_alignment(out);
     }
 
+    /// How long the barriers of `checkpoint` took to line up here: from the first channel's
+    /// barrier to the last one's, or until the checkpoint went unaligned (Flink's alignment
+    /// duration); `None` if they did not (yet).
+    pub(crate) fn alignment_of(&self, checkpoint: u64) -> Option<Duration> {
+        self.last_alignment
+            .filter(|(id, _)| *id == checkpoint)
+            .map(|(_, took)| took)
+    }
+
     /// Starts the alignment of `barrier`, ending an older one's (and its recording); an
     /// unaligned checkpoint without an alignment timeout goes unaligned at once.
     fn start(&mut self, barrier: CheckpointBarrier, out: &mut Vec<GateEvent>) {
@@ -729,6 +741,7 @@ impl<T: Record> InputGate<T> {
         };
         alignment.unaligned = true;
         let checkpoint = alignment.barrier.id;
+        self.last_alignment = Some((checkpoint, alignment.started.elapsed()));
         out.push(GateEvent::Barrier(alignment.barrier));
         // What the gate holds queued is in flight too, up to a channel's barrier if one of
         // its queued deliveries ends in it (read ahead, the task has not seen it).
@@ -801,6 +814,7 @@ impl<T: Record> InputGate<T> {
             (0..self.ended.len()).all(|channel| alignment.arrived[channel] || self.ended[channel]);
         if complete {
             out.push(GateEvent::Barrier(alignment.barrier));
+            self.last_alignment = Some((alignment.barrier.id, alignment.started.elapsed()));
             self.alignment = None;
             self.release_all();
         }
@@ -1102,7 +1116,11 @@ mod tests {
 
     #[test]
     fn an_aligned_barrier_holds_its_channel_until_every_channel_delivered_it() {
-        let seen = drain(&mut two_channels(BarrierAlignment::Aligned, false));
+        let mut gate = two_channels(BarrierAlignment::Aligned, false);
+        assert_eq!(gate.alignment_of(7), None);
+        let seen = drain(&mut gate);
+        assert!(gate.alignment_of(7).is_some(), "its alignment is timed");
+        assert_eq!(gate.alignment_of(8), None);
         let barrier = seen
             .iter()
             .position(|s| s == "barrier 7")

@@ -266,6 +266,28 @@ impl SlotMemory {
             write_back,
         }
     }
+
+    /// What the slot's caches and memtables use now, from RocksDB's own accounting (no table
+    /// readers: those are per instance). Any thread may read it; the write-back cache is
+    /// locked for the moment it takes to read two numbers.
+    fn usage(&self, config: &RocksDbConfig) -> RocksDbMemoryUsage {
+        let (write_back_usage, write_back_entries) =
+            self.write_back.as_ref().map_or((0, 0), |shared| {
+                let cache = shared.lock();
+                (cache.used(), cache.len())
+            });
+        RocksDbMemoryUsage {
+            block_cache_capacity: config.block_cache_bytes,
+            block_cache_usage: self.cache.get_usage(),
+            block_cache_pinned: self.cache.get_pinned_usage(),
+            write_buffer_limit: config.write_buffer_bytes,
+            write_buffer_usage: self.write_buffer_manager.get_usage(),
+            table_readers: 0,
+            write_back_capacity: config.write_back_bytes,
+            write_back_usage,
+            write_back_entries,
+        }
+    }
 }
 
 /// A slot's write-back cache, shared by its instances, so that the busiest state gets the
@@ -324,6 +346,13 @@ impl RocksDbSlot {
     /// The slot's directory.
     pub fn path(&self) -> &Path {
         &self.config.path
+    }
+
+    /// What the slot's block cache (memtables charged to it), memtables and write-back cache
+    /// use now, shared by its instances; `table_readers` is 0 (per instance: see
+    /// [`RocksDbInstance::memory_usage`]). Cheap, and safe from any thread (a metrics reader).
+    pub fn memory_usage(&self) -> RocksDbMemoryUsage {
+        self.memory.usage(&self.config)
     }
 
     /// Where instance `name` keeps its database.
@@ -479,13 +508,12 @@ impl Drop for DeletionsPaused<'_> {
 pub struct RocksDbInstance {
     db: Db,
     config: RocksDbConfig,
-    cache: Cache,
-    write_buffer_manager: WriteBufferManager,
+    /// The slot's block cache, write buffer manager and write-back cache of value states (if
+    /// the config has one).
+    memory: SlotMemory,
     clock: Arc<dyn Clock>,
     write_options: WriteOptions,
     read_options: ReadOptions,
-    /// The slot's write-back cache of value states, if the config has one.
-    write_back: Option<Arc<SharedWriteBack>>,
     /// The instance's id in its slot's write-back cache.
     id: u32,
     /// Its column families by name, `default` included (flushed after a cut).
@@ -513,15 +541,10 @@ impl RocksDbInstance {
     ) -> Result<Arc<RocksDbInstance>, StateError> {
         std::fs::create_dir_all(&config.path)
             .map_err(|source| StateError::io(&config.path, "creating", source))?;
-        let SlotMemory {
-            cache,
-            write_buffer_manager,
-            write_back,
-        } = memory;
-        let mut db_options = column_options(&config, &cache, &clock, None);
+        let mut db_options = column_options(&config, &memory.cache, &clock, None);
         db_options.create_if_missing(true);
         db_options.create_missing_column_families(true);
-        db_options.set_write_buffer_manager(&write_buffer_manager);
+        db_options.set_write_buffer_manager(&memory.write_buffer_manager);
         db_options.set_max_background_jobs(config.background_jobs);
         db_options.set_keep_log_file_num(2);
         db_options.set_max_log_file_size(1 << 20);
@@ -550,7 +573,7 @@ impl RocksDbInstance {
                 let layout = name
                     .split_once(':')
                     .and_then(|(tag, _)| ColumnLayout::from_tag(tag));
-                let options = column_options(&config, &cache, &clock, layout);
+                let options = column_options(&config, &memory.cache, &clock, layout);
                 ColumnFamilyDescriptor::new(name, options)
             })
             .collect();
@@ -565,20 +588,21 @@ impl RocksDbInstance {
             write_back_bytes = config.write_back_bytes,
             "opened RocksDB instance"
         );
-        let id = write_back.as_ref().map_or(0, |shared| shared.register());
+        let id = memory
+            .write_back
+            .as_ref()
+            .map_or(0, |shared| shared.register());
         let instance = Arc::new(RocksDbInstance {
             db,
             config,
-            cache,
-            write_buffer_manager,
+            memory,
             clock,
             write_options,
             read_options: ReadOptions::default(),
-            write_back,
             id,
             column_names: Mutex::new(column_names),
         });
-        if let Some(shared) = &instance.write_back {
+        if let Some(shared) = &instance.memory.write_back {
             shared
                 .instances
                 .lock()
@@ -668,7 +692,7 @@ impl RocksDbInstance {
                  create_checkpoint flushes the memtables instead",
             ));
         }
-        let held = self.write_back.as_ref().and_then(|shared| {
+        let held = self.memory.write_back.as_ref().and_then(|shared| {
             let cut = shared.lock().begin_capture(self.id)?;
             Some(HeldCapture {
                 shared: Arc::clone(shared),
@@ -790,19 +814,9 @@ impl RocksDbInstance {
                     .flatten()
             })
             .sum();
-        let (write_back_usage, write_back_entries) = self
-            .write_back()
-            .map_or((0, 0), |cache| (cache.used(), cache.len()));
         RocksDbMemoryUsage {
-            block_cache_capacity: self.config.block_cache_bytes,
-            block_cache_usage: self.cache.get_usage(),
-            block_cache_pinned: self.cache.get_pinned_usage(),
-            write_buffer_limit: self.config.write_buffer_bytes,
-            write_buffer_usage: self.write_buffer_manager.get_usage(),
             table_readers,
-            write_back_capacity: self.config.write_back_bytes,
-            write_back_usage,
-            write_back_entries,
+            ..self.memory.usage(&self.config)
         }
     }
 
@@ -871,7 +885,7 @@ impl RocksDbInstance {
         if self.db.cf_handle(name).is_some() {
             return Ok(());
         }
-        let options = column_options(&self.config, &self.cache, &self.clock, Some(layout));
+        let options = column_options(&self.config, &self.memory.cache, &self.clock, Some(layout));
         self.db.create_cf(name, &options).map_err(|source| {
             StateError::rocksdb(self.path(), name, "creating a column family", source)
         })?;
@@ -1008,7 +1022,7 @@ impl RocksDbInstance {
 
     /// The slot's write-back cache, locked ([`SharedWriteBack::lock`]).
     fn write_back(&self) -> Option<MutexGuard<'_, WriteBackCache>> {
-        self.write_back.as_ref().map(|shared| shared.lock())
+        self.memory.write_back.as_ref().map(|shared| shared.lock())
     }
 
     /// The write-back cache's id of column family `name`; `None` without a cache.
@@ -1074,7 +1088,7 @@ impl SlotBacking<'_> {
             return Ok(Instance::This(self.this));
         }
         let gone = || StateError::unknown_state(&format!("{family} (of RocksDB instance {id})"));
-        let shared = self.this.write_back.as_ref().ok_or_else(gone)?;
+        let shared = self.this.memory.write_back.as_ref().ok_or_else(gone)?;
         let other = shared
             .instances
             .lock()
