@@ -8,6 +8,7 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 use prometheus::{Encoder, TextEncoder};
+use weir_engine::metrics::LATENCY_SECONDS_BUCKETS;
 use weir_engine::monitor::{Figures, CHECKPOINT_SECONDS_BUCKETS};
 use weir_engine::time::now_ms;
 
@@ -164,6 +165,32 @@ impl Exposition {
                 "Records dropped as later than their window's allowed lateness.",
                 &labels,
                 s.late_records_dropped as f64,
+            );
+        }
+        for l in &figures.latency {
+            let (sink, subtask, source) = (
+                l.node.to_string(),
+                l.subtask.to_string(),
+                l.source_node.to_string(),
+            );
+            let labels = [
+                job[0],
+                job[1],
+                job[2],
+                ("operator_id", sink.as_str()),
+                ("operator_name", l.sink.as_str()),
+                ("subtask_index", subtask.as_str()),
+                ("source_id", source.as_str()),
+                ("source_name", l.source.as_str()),
+            ];
+            self.histogram(
+                "weir_operator_latency_seconds",
+                "How long latency markers took from the source operator to this sink \
+                 (metrics.latency.interval).",
+                &labels,
+                &LATENCY_SECONDS_BUCKETS,
+                &l.buckets,
+                l.sum_seconds,
             );
         }
         let now = now_ms();

@@ -51,7 +51,7 @@ pub(crate) fn stop_on_signals(job: &str, checkpointed: bool, options: &RunOption
                     let cancel = cancel.clone();
                     std::thread::spawn(move || {
                         if let Err(error) = pending.wait() {
-                            eprintln!("weir: {error}; cancelling the job");
+                            eprintln!("weir: the savepoint failed: {error}; cancelling the job");
                             cancel.cancel();
                         }
                     });

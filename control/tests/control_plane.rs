@@ -1080,7 +1080,8 @@ fn scrape(url: &str) -> String {
 #[test]
 fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrapes_them() {
     let dir = tempfile::tempdir().unwrap();
-    let settings = checkpointed(dir.path());
+    let mut settings = checkpointed(dir.path()).to_vec();
+    settings.push("metrics.latency.interval=100ms".into());
     let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
     let control = start_control(dir.path(), 0, &settings);
     let mut worker = Command::new(WEIR);
@@ -1137,7 +1138,8 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
                 "weir_operator_records_out_total{{job_id=\"{job}\""
             )) && text.contains("weir_job_checkpoints_total{")
                 && text.contains("status=\"completed\"} ")
-                && !text.contains("status=\"completed\"} 0");
+                && !text.contains("status=\"completed\"} 0")
+                && text.contains("weir_operator_latency_seconds_bucket{");
             ready.then_some(text)
         },
     );
@@ -1158,6 +1160,7 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
         "weir_job_checkpoint_duration_seconds_bucket",
         "weir_job_last_checkpoint_size_bytes",
         "weir_job_last_checkpoint_alignment_seconds{",
+        "source_name=\"Source: sequence\"",
     ] {
         assert!(text.contains(family), "{family} missing:\n{text}");
     }
@@ -1885,6 +1888,7 @@ fn the_grafana_dashboard_queries_only_what_real_scrapes_hold() {
     let dir = tempfile::tempdir().unwrap();
     let mut settings = checkpointed(dir.path()).to_vec();
     settings.push("web.upload.enabled=true".into());
+    settings.push("metrics.latency.interval=100ms".into());
     let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
     let control = start_control(dir.path(), 0, &settings);
     let mut command = Command::new(WEIR);

@@ -154,6 +154,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Number of key groups; the upper bound of any keyed operator's parallelism."),
     option!("pipeline.auto-watermark-interval", OptionKind::Duration, "200 ms",
         "How often sources emit periodic watermarks (0 turns periodic emission off)."),
+    option!("metrics.latency.interval", OptionKind::Duration, "0 ms",
+        "How often each source subtask sends a latency marker down the job (Flink's key); sinks show how long markers took to reach them (weir_operator_latency_seconds). 0 (the default, as in Flink) sends none."),
     option!("pipeline.operator-chaining.enabled", OptionKind::Bool, "true",
         "Chain operators connected by forward edges with equal parallelism into one task."),
     option!("execution.buffer-timeout", OptionKind::Duration, "1 ms",
@@ -557,6 +559,11 @@ impl Configuration {
     /// `pipeline.auto-watermark-interval` (`None` when 0: periodic emission off).
     pub fn auto_watermark_interval(&self) -> Option<Duration> {
         Some(self.duration("pipeline.auto-watermark-interval")).filter(|d| !d.is_zero())
+    }
+
+    /// `metrics.latency.interval` (`None` when 0: no latency markers).
+    pub fn latency_interval(&self) -> Option<Duration> {
+        Some(self.duration("metrics.latency.interval")).filter(|d| !d.is_zero())
     }
 
     /// `pipeline.operator-chaining.enabled`.

@@ -358,8 +358,55 @@ pub struct OperatorMetrics {
     pub late_records_dropped: Counter,
     /// Bytes of the segments it sent to other shards.
     pub bytes_out: Counter,
+    /// A sink's: the age of the latency markers it took, per source operator.
+    pub latency: Mutex<Vec<LatencyHistogram>>,
     /// The task it runs in (shared by the operators chained in it).
     pub task: Arc<TaskMetrics>,
+}
+
+/// Upper bounds, in seconds, of the latency histogram's buckets.
+pub const LATENCY_SECONDS_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+/// The ages of the latency markers of one source operator at one sink subtask (Flink's
+/// `latency` histogram, at operator granularity).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencyHistogram {
+    /// The source operator's stream node id.
+    pub source: usize,
+    /// Markers per bucket of [`LATENCY_SECONDS_BUCKETS`], one more for those above the last.
+    pub buckets: Vec<u64>,
+    /// The sum of the ages, seconds.
+    pub sum_seconds: f64,
+}
+
+impl OperatorMetrics {
+    /// A latency marker of source operator `source` reached this sink, `age_ms` after its
+    /// source marked it. Markers come a few times a second per source subtask, never per
+    /// record: a lock is cheap here.
+    pub(crate) fn record_latency(&self, source: usize, age_ms: i64) {
+        let seconds = age_ms.max(0) as f64 / 1000.0;
+        let bucket = LATENCY_SECONDS_BUCKETS
+            .iter()
+            .position(|&bound| seconds <= bound)
+            .unwrap_or(LATENCY_SECONDS_BUCKETS.len());
+        let mut histograms = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        let index = match histograms.iter().position(|h| h.source == source) {
+            Some(index) => index,
+            None => {
+                histograms.push(LatencyHistogram {
+                    source,
+                    buckets: vec![0; LATENCY_SECONDS_BUCKETS.len() + 1],
+                    sum_seconds: 0.0,
+                });
+                histograms.len() - 1
+            }
+        };
+        let histogram = &mut histograms[index];
+        histogram.buckets[bucket] += 1;
+        histogram.sum_seconds += seconds;
+    }
 }
 
 /// A reading of one operator's counters, summed over its subtasks.
@@ -410,6 +457,7 @@ impl MetricsRegistry {
             backpressure_waits: Counter::default(),
             late_records_dropped: Counter::default(),
             bytes_out: Counter::default(),
+            latency: Mutex::default(),
             task: Arc::clone(task),
         });
         self.operators

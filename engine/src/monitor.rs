@@ -90,6 +90,30 @@ pub struct Figures {
     /// saw it).
     #[serde(default)]
     pub first_record_at: Option<i64>,
+    /// Per sink subtask and source operator, how long latency markers took from one to the
+    /// other (`metrics.latency.interval`).
+    #[serde(default)]
+    pub latency: Vec<LatencyFigures>,
+}
+
+/// The ages of one source operator's latency markers at one sink subtask: a histogram over
+/// [`crate::metrics::LATENCY_SECONDS_BUCKETS`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LatencyFigures {
+    /// The sink's name.
+    pub sink: String,
+    /// Its stream node id.
+    pub node: usize,
+    /// The sink's subtask.
+    pub subtask: usize,
+    /// The source operator's name.
+    pub source: String,
+    /// Its stream node id.
+    pub source_node: usize,
+    /// Markers per bucket, one more for those above the last bound.
+    pub buckets: Vec<u64>,
+    /// The sum of their ages, seconds.
+    pub sum_seconds: f64,
 }
 
 /// One operator in one subtask.
@@ -425,7 +449,6 @@ impl JobMonitor {
             .collect();
         let seconds = |ns: u64| ns as f64 / 1e9;
         let memory = &attempt.memory;
-        let heap = memory.heap_counted.then(weir_memory::heap_snapshot);
         let shards = attempt
             .loads
             .iter()
@@ -445,11 +468,9 @@ impl JobMonitor {
                         write_back_bytes: usage.write_back_usage as u64,
                     }
                 });
-                let tid = load.os_tid.load(Ordering::Relaxed);
-                let heap_used = heap.as_ref().and_then(|heap| {
-                    let thread = heap.threads.iter().find(|t| tid != 0 && t.os_tid == tid)?;
-                    Some(u64::try_from(thread.net_bytes).unwrap_or(0))
-                });
+                let heap_used = memory
+                    .heap_counted
+                    .then(|| load.heap_bytes.load(Ordering::Relaxed));
                 ShardFigures {
                     shard,
                     core: attempt.cores.get(shard).copied().unwrap_or(shard),
@@ -469,7 +490,29 @@ impl JobMonitor {
                 }
             })
             .collect();
+        let latency = operators
+            .iter()
+            .flat_map(|sink| {
+                let histograms = sink.latency.lock().unwrap_or_else(|e| e.into_inner());
+                histograms
+                    .iter()
+                    .map(|histogram| LatencyFigures {
+                        sink: sink.name.clone(),
+                        node: sink.node,
+                        subtask: sink.subtask,
+                        source: operators
+                            .iter()
+                            .find(|o| o.node == histogram.source)
+                            .map_or_else(|| histogram.source.to_string(), |o| o.name.clone()),
+                        source_node: histogram.source,
+                        buckets: histogram.buckets.clone(),
+                        sum_seconds: histogram.sum_seconds,
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
         Some(Figures {
+            latency,
             subtasks,
             tasks: task_figures(&operators),
             shards,

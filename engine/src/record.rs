@@ -127,6 +127,20 @@ impl<T: Hash + Eq + Clone + Debug + Send + weir_state::StateCodec + 'static> Key
 /// show it as `None`.
 pub const NO_TIMESTAMP: i64 = i64::MIN;
 
+/// Flink's latency marker: a source subtask stamps it with the wall clock every
+/// `metrics.latency.interval` and sends it down the job beside its records; it passes every
+/// operator at once (it waits in no window) and each sink takes its age into its latency
+/// histogram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatencyMarker {
+    /// When the source marked it, ms since the epoch.
+    pub marked_ms: i64,
+    /// The source operator's stream node id.
+    pub source: u32,
+    /// The source subtask.
+    pub subtask: u32,
+}
+
 /// Event time has progressed to `0` (milliseconds since the epoch): no record with a smaller
 /// timestamp is expected any more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

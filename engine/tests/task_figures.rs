@@ -6,6 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use weir_engine::api::JobClient;
 use weir_engine::monitor::{Figures, JobMonitor, TaskFigures};
 use weir_engine::prelude::*;
 use weir_engine::runtime::RunOptions;
@@ -35,10 +36,10 @@ fn tasks_named<'a>(figures: &'a Figures, name: &str) -> Vec<&'a TaskFigures> {
     figures.tasks.iter().filter(|t| t.name == name).collect()
 }
 
-#[test]
-fn a_producer_behind_a_slow_task_is_timed_backpressured_and_the_slow_task_busy() {
-    let slots = common::slots();
-    let env = common::env_with(slots, &[]);
+/// Starts, on `slots` slots with `settings`, numbers tripled and rebalanced into a map that
+/// takes 100 µs a record: the job, and its monitor.
+fn start_slow_job(slots: usize, settings: &[(&str, &str)]) -> (JobClient, JobMonitor) {
+    let env = common::env_with(slots, settings);
     env.from_source(
         DataGeneratorSource::new(None, |i| i),
         WatermarkStrategy::no_watermarks(),
@@ -59,6 +60,13 @@ fn a_producer_behind_a_slow_task_is_timed_backpressured_and_the_slow_task_busy()
         ..RunOptions::default()
     };
     let job = env.execute_async("slow task", options).expect("starts");
+    (job, monitor)
+}
+
+#[test]
+fn a_producer_behind_a_slow_task_is_timed_backpressured_and_the_slow_task_busy() {
+    let slots = common::slots();
+    let (job, monitor) = start_slow_job(slots, &[]);
     let figures = figures_until(
         &monitor,
         Duration::from_secs(60),
@@ -93,6 +101,40 @@ fn a_producer_behind_a_slow_task_is_timed_backpressured_and_the_slow_task_busy()
         }
     }
     assert_eq!(sources[0].operators.len(), 2, "source and triple chain");
+    assert!(
+        figures.latency.is_empty(),
+        "no latency markers unless metrics.latency.interval is set"
+    );
+}
+
+#[test]
+fn latency_markers_reach_every_sink_subtask_behind_the_records_before_them() {
+    let slots = common::slots();
+    let (job, monitor) = start_slow_job(slots, &[("metrics.latency.interval", "20ms")]);
+    let figures = figures_until(
+        &monitor,
+        Duration::from_secs(60),
+        "five markers at every sink subtask",
+        |f| {
+            (0..slots).all(|subtask| {
+                f.latency
+                    .iter()
+                    .any(|l| l.subtask == subtask && l.buckets.iter().sum::<u64>() >= 5)
+            })
+        },
+    );
+    job.cancel();
+    let _ = job.wait();
+    for latency in &figures.latency {
+        assert_eq!(
+            (latency.sink.as_str(), latency.source.as_str()),
+            ("Sink: discard", "Source: numbers"),
+            "{latency:#?}"
+        );
+        let markers = latency.buckets.iter().sum::<u64>();
+        // Behind a backlog of records that take 100 µs each: far more than a millisecond.
+        assert!(latency.sum_seconds / markers as f64 > 0.001, "{latency:#?}");
+    }
 }
 
 #[test]

@@ -491,9 +491,15 @@ impl Cluster {
             .max()
             .unwrap_or(0);
         let job = self.jobs.get_mut(id).ok_or_else(|| no_job(id))?;
-        if job.operations.iter().any(|o| o.id == request) {
+        if let Some(known) = job.operations.iter().find(|o| o.id == request) {
             // A client's own trigger id, sent again: the same request.
-            return Ok(request);
+            if known.kind == kind {
+                return Ok(request);
+            }
+            return Err(Refusal::Conflict(format!(
+                "trigger id '{request}' already names a {} request of job {id}; use another",
+                known.kind.taken()
+            )));
         }
         let placement = match (&job.placement, job.status) {
             (Some(placement), JobStatus::Running) => placement,
@@ -505,6 +511,14 @@ impl Cluster {
                 )))
             }
         };
+        if !job.checkpointed {
+            return Err(Refusal::Conflict(format!(
+                "job {id} takes no checkpoints, and a {} is one; set \
+                 execution.checkpointing.interval and execution.checkpointing.dir on the \
+                 control plane",
+                kind.taken()
+            )));
+        }
         let worker = self
             .workers
             .get(&placement.worker)
@@ -526,14 +540,6 @@ impl Cluster {
                     pending.id
                 )));
             }
-        }
-        if !job.checkpointed {
-            return Err(Refusal::Conflict(format!(
-                "job {id} takes no checkpoints, and a {} is one; set \
-                 execution.checkpointing.interval and execution.checkpointing.dir on the \
-                 control plane",
-                kind.taken()
-            )));
         }
         if let OperationKind::Rescale { parallelism } = kind {
             if parallelism > most_slots {
@@ -1486,10 +1492,15 @@ mod tests {
             .unwrap();
         let again = cluster.savepoint(&job, OperationKind::Stop { drain: false }, None);
         assert!(matches!(again, Err(Refusal::Conflict(m)) if m.contains(&rescale)));
-        // The same trigger id again is the same request.
+        // The same trigger id again is the same request; of another kind, refused.
         assert_eq!(
             cluster.savepoint(&job, OperationKind::Savepoint, Some(plain.clone())),
             Ok(plain.clone())
+        );
+        let reused = cluster.savepoint(&job, OperationKind::Checkpoint, Some(plain.clone()));
+        assert!(
+            matches!(&reused, Err(Refusal::Conflict(m)) if m.contains("already names a savepoint")),
+            "{reused:?}"
         );
         cluster.savepoint_done(&run.id, &rescale, Ok(sp()));
         report(&mut cluster, &run, failed("stopped"));

@@ -1312,7 +1312,7 @@ async fn trigger_savepoint(
     tag = "checkpoints",
     request_body(content = Option<CheckpointRequest>, description = "Flink's CheckpointTriggerRequestBody (optional)", content_type = "application/json"),
     responses(
-        (status = 202, description = "The checkpoint was triggered, at once: `request-id` names it", body = Object),
+        (status = 202, description = "The checkpoint was asked for (taken at once, or once a pending one ended): `request-id` names it", body = Object),
         (status = 400, description = "A malformed or unsupported request, named", body = ErrorBody),
         (status = 404, description = "No such job", body = ErrorBody),
         (status = 409, description = "The job does not run or takes no checkpoints", body = ErrorBody),

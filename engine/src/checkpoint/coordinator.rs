@@ -35,6 +35,11 @@
 //! triggered once it was (its tasks close once it completed, and a checkpoint cut after its
 //! barrier could not be written), unless it is aborted or not committed.
 //!
+//! A checkpoint asked for ([`Coordinator::trigger_checkpoint`], Flink's manual checkpoint) is
+//! one of the job's own, triggered whatever the interval and pause say, but within the
+//! concurrency: it waits while as many are pending as may be, or a savepoint is; the interval
+//! counts again from it.
+//!
 //! The final checkpoint ([`Coordinator::end_of_input`], Flink's checkpoint after tasks
 //! finish): once every source's input ended and the operators finished, no periodic checkpoint
 //! is triggered; the final one is, at once or as soon as the checkpoints pending then ended
@@ -262,11 +267,10 @@ impl<H> Coordinator<H> {
         Ok(savepoint)
     }
 
-    /// Triggers a checkpoint stamped `now_ms` at once, whatever the interval (a checkpoint
-    /// asked for): its number, to be triggered, or why none can be taken. It is one of the
-    /// job's own checkpoints — counted, subsumed and retained like the periodic ones — and the
-    /// interval counts again from it.
-    pub fn trigger_checkpoint(&mut self, now_ms: i64) -> Result<u64, String> {
+    /// Triggers a checkpoint stamped `now_ms` whatever the interval (a checkpoint asked for,
+    /// see the module docs): its number, to be triggered; `None` while it must wait for a
+    /// pending one to end; or why none can be taken.
+    pub fn trigger_checkpoint(&mut self, now_ms: i64) -> Result<Option<u64>, String> {
         if self.failed {
             return Err("the job is failing (too many checkpoints failed)".into());
         }
@@ -278,8 +282,21 @@ impl<H> Coordinator<H> {
                 "every source's input ended: the job takes only its final checkpoint now".into(),
             );
         }
+        let savepoint = self.pending.values().any(|p| p.savepoint);
+        if savepoint || self.pending.len() >= self.most_pending() {
+            return Ok(None);
+        }
         self.last_trigger_ms = Some(now_ms);
-        Ok(self.begin(now_ms, false))
+        Ok(Some(self.begin(now_ms, false)))
+    }
+
+    /// How many checkpoints may be pending at once.
+    fn most_pending(&self) -> usize {
+        if self.settings.min_pause_ms > 0 {
+            1
+        } else {
+            self.settings.max_concurrent.max(1)
+        }
     }
 
     /// Makes the next checkpoint (or savepoint) pending: its number.
@@ -326,13 +343,8 @@ impl<H> Coordinator<H> {
             // The final checkpoint: once, after every other pending one ended.
             return self.final_checkpoint.is_none() && self.pending.is_empty();
         }
-        let most = if self.settings.min_pause_ms > 0 {
-            1
-        } else {
-            self.settings.max_concurrent.max(1)
-        };
         let savepoint = self.pending.values().any(|p| p.savepoint);
-        !savepoint && self.pending.len() < most && now_ms >= self.next_trigger()
+        !savepoint && self.pending.len() < self.most_pending() && now_ms >= self.next_trigger()
     }
 
     /// Task `task` acknowledged `checkpoint` with its state handle.
@@ -835,32 +847,40 @@ mod tests {
         let mut c: Coordinator<u64> = Coordinator::new(CheckpointSettings::every(100), 1, 1);
         assert_eq!(triggers(&c.tick(0)), [1]);
         assert_eq!(
+            c.trigger_checkpoint(5),
+            Ok(None),
+            "one may be pending: it waits"
+        );
+        c.acknowledge(1, 0, 11, 8);
+        c.committed(1);
+        assert_eq!(
             c.trigger_checkpoint(10),
-            Ok(2),
-            "at once, beside the pending one"
+            Ok(Some(2)),
+            "at once, before the interval"
         );
         c.acknowledge(2, 0, 22, 20);
         c.committed(2);
-        assert_eq!(
-            c.pending().collect::<Vec<_>>(),
-            Vec::<u64>::new(),
-            "2 subsumed 1"
-        );
         assert!(
             c.tick(100).is_empty(),
             "the interval counts from the one asked for"
         );
         assert_eq!(triggers(&c.tick(110)), [3]);
+        c.acknowledge(3, 0, 33, 115);
+        c.committed(3);
 
-        assert_eq!(c.trigger_savepoint(120, true), Ok(4));
+        assert_eq!(c.trigger_savepoint(120, false), Ok(4));
+        assert_eq!(c.trigger_checkpoint(125), Ok(None), "behind the savepoint");
+        c.acknowledge(4, 0, 44, 126);
+        c.committed(4);
+        assert_eq!(c.trigger_savepoint(127, true), Ok(5));
         assert_eq!(
             c.trigger_checkpoint(130),
-            Err("the job is stopping with savepoint 4".into())
+            Err("the job is stopping with savepoint 5".into())
         );
-        c.decline(4, 0, "busy", 140);
+        c.decline(5, 0, "busy", 140);
         assert_eq!(
             c.trigger_checkpoint(150),
-            Ok(5),
+            Ok(Some(6)),
             "a failed stop stops nothing"
         );
 

@@ -413,6 +413,7 @@ impl CheckpointDriver {
                         aborted: Vec::new(),
                         stats: CheckpointStats::default(),
                         savepoint: None,
+                        deferred: None,
                         savepoint_dirs: HashMap::new(),
                         stopped_with: None,
                     };
@@ -426,6 +427,10 @@ impl CheckpointDriver {
                     }
                     host.discard_pending();
                     host.discard_aborted();
+                    // A checkpoint asked for that never started waits for the next attempt.
+                    if let Some(request) = host.deferred.take() {
+                        host.plan.savepoints.put_back(request);
+                    }
                     DriverEnd {
                         failure,
                         stats: host.stats,
@@ -490,6 +495,8 @@ struct Host {
     stats: CheckpointStats,
     /// The savepoint (or checkpoint) being taken on request, and who asked for it.
     savepoint: Option<(u64, SavepointRequest)>,
+    /// A checkpoint asked for that waits for a pending one to end.
+    deferred: Option<SavepointRequest>,
     /// The directories of savepoints being written (they are not the storage's `chk-<n>`).
     savepoint_dirs: HashMap<u64, PendingCheckpoint>,
     /// The savepoint that stops the job, once it completed.
@@ -536,18 +543,23 @@ impl Host {
         if self.savepoint.is_some() {
             return Vec::new();
         }
-        let Some(request) = self.plan.savepoints.take() else {
+        let Some(request) = self.deferred.take().or_else(|| self.plan.savepoints.take()) else {
             return Vec::new();
         };
         let now = now_ms();
         let triggered = match request.requested {
             Requested::Checkpoint => self.coordinator.trigger_checkpoint(now),
-            Requested::Savepoint { stop } => {
-                self.coordinator.trigger_savepoint(now, stop.is_some())
-            }
+            Requested::Savepoint { stop } => self
+                .coordinator
+                .trigger_savepoint(now, stop.is_some())
+                .map(Some),
         };
         match triggered {
-            Ok(checkpoint) => {
+            Ok(None) => {
+                self.deferred = Some(request);
+                Vec::new()
+            }
+            Ok(Some(checkpoint)) => {
                 self.savepoint = Some((checkpoint, request));
                 vec![Command::Trigger {
                     checkpoint,
@@ -776,19 +788,17 @@ impl Host {
             .sum::<u64>();
         let bytes = (full, full - earlier);
         let triggered = self.triggered.remove(&checkpoint);
-        // Counted once committed: a commit that fails is an abort.
-        let monitored = |savepoint: bool, monitor: &crate::monitor::JobMonitor| {
-            if let Some(triggered) = &triggered {
-                monitor.completed(checkpoint, savepoint, triggered.figures(bytes));
-            }
-        };
+        let figures = triggered.as_ref().map(|triggered| triggered.figures(bytes));
         if pending.is_savepoint() {
             self.savepoint_dirs.remove(&checkpoint);
             let completed = self
                 .storage
                 .commit_savepoint(pending, &metadata)
                 .map_err(|e| e.to_string())?;
-            monitored(true, &self.plan.monitor);
+            // Counted once committed: a commit that fails is an abort.
+            if let Some(figures) = figures {
+                self.plan.monitor.completed(checkpoint, true, figures);
+            }
             return Ok(completed.dir);
         }
         let completed = self
@@ -796,14 +806,15 @@ impl Host {
             .commit(pending, &metadata)
             .map_err(|e| e.to_string())?;
         tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint committed");
-        monitored(false, &self.plan.monitor);
-        if let Some(triggered) = triggered {
-            self.stats
-                .completed(triggered.at.elapsed(), bytes, triggered.pauses);
+        if let (Some(triggered), Some(figures)) = (triggered, figures) {
+            self.plan.monitor.completed(checkpoint, false, figures);
+            self.stats.completed(figures.took, bytes, triggered.pauses);
         }
-        self.storage
-            .retain(self.plan.retained)
-            .map_err(|e| e.to_string())?;
+        // Committed, it completed: older checkpoints that cannot be removed now stay until the
+        // next one removes them.
+        if let Err(error) = self.storage.retain(self.plan.retained) {
+            tracing::warn!(job = %self.plan.job, checkpoint, %error, "cannot remove older checkpoints");
+        }
         Ok(completed.dir)
     }
 

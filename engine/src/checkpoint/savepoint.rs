@@ -42,9 +42,9 @@ pub enum StopMode {
     Drain,
 }
 
-/// Why a savepoint was not taken.
+/// Why a savepoint (or checkpoint) asked for was not taken.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("savepoint failed: {0}")]
+#[error("{0}")]
 pub struct SavepointError(pub String);
 
 /// What a request asks for.
@@ -139,6 +139,16 @@ impl SavepointHandle {
         PendingSavepoint { answer }
     }
 
+    /// Puts a request taken but not started back first in line (or refuses it, if the
+    /// handle closed meanwhile).
+    pub(crate) fn put_back(&self, request: SavepointRequest) {
+        let mut queue = self.queue.lock().expect("savepoint queue lock");
+        match &queue.closed {
+            Some(reason) => request.fail(reason.clone()),
+            None => queue.requests.push_front(request),
+        }
+    }
+
     /// The next request, if any (the coordinator's loop).
     pub(crate) fn take(&self) -> Option<SavepointRequest> {
         self.queue
@@ -173,11 +183,9 @@ pub struct PendingSavepoint {
 impl PendingSavepoint {
     /// Waits until the savepoint completed or failed.
     pub fn wait(&self) -> Result<Taken, SavepointError> {
-        self.answer.recv().unwrap_or_else(|_| {
-            Err(SavepointError(
-                "the job ended before the savepoint was taken".into(),
-            ))
-        })
+        self.answer
+            .recv()
+            .unwrap_or_else(|_| Err(SavepointError("the job ended before it was taken".into())))
     }
 
     /// Waits at most `timeout`; `None` if the savepoint is still being taken.
@@ -186,7 +194,7 @@ impl PendingSavepoint {
             Ok(result) => Some(result),
             Err(mpsc::RecvTimeoutError::Timeout) => None,
             Err(mpsc::RecvTimeoutError::Disconnected) => Some(Err(SavepointError(
-                "the job ended before the savepoint was taken".into(),
+                "the job ended before it was taken".into(),
             ))),
         }
     }

@@ -44,7 +44,7 @@ use crate::checkpoint::CheckpointBarrier;
 use crate::connector::SinkSettings;
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::OperatorMetrics;
-use crate::record::Watermark;
+use crate::record::{LatencyMarker, Watermark};
 use crate::state::{OperatorStateId, StateEnv};
 use crate::time;
 use weir_state::OperatorStateStore;
@@ -189,6 +189,8 @@ pub(crate) enum ChainEvent {
     CheckpointComplete(u64),
     /// This checkpoint was aborted (`Operator::notify_checkpoint_aborted`).
     CheckpointAborted(u64),
+    /// A latency marker: passed on at once, to every output; sinks take its age.
+    LatencyMarker(LatencyMarker),
 }
 
 /// The receiving end of a stream of `T` inside a task: a chained operator, a fan-out, a sink
@@ -436,6 +438,7 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                         self.operator.notify_checkpoint_aborted(checkpoint);
                         false
                     }
+                    ChainEvent::LatencyMarker(_) => false,
                 }
             };
             if emitted {

@@ -970,6 +970,7 @@ fn run_attempt(
         buffer_timeout: config.buffer_timeout(),
         max_parallelism: exec.job.max_parallelism,
         auto_watermark_interval: config.auto_watermark_interval(),
+        latency_interval: config.latency_interval(),
     };
     let cores = exec.cores[..slots].to_vec();
     let state_backend = config.state_backend();

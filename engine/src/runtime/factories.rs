@@ -443,6 +443,9 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
             finished: false,
             input_ended: false,
             publish_splits_at: Instant::now(),
+            next_marker: settings
+                .latency_interval
+                .map(|interval| Instant::now() + interval),
         }))
     }
 }

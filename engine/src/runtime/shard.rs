@@ -23,6 +23,9 @@ pub struct ShardLoad {
     /// The shard thread's id (Linux `gettid`), 0 until it started: where its scheduling
     /// figures are read.
     pub os_tid: AtomicU64,
+    /// Heap bytes the shard's thread holds (net of what it freed), as the counting allocator
+    /// saw them at the last sample; 0 without one.
+    pub heap_bytes: AtomicU64,
 }
 
 impl ShardLoad {
@@ -94,6 +97,11 @@ impl ShardQueues {
         add(&load.processing_ns, self.processing);
         add(&load.checkpoint_io_ns, self.checkpoint_io);
         add(&load.background_ns, self.background);
+        if weir_memory::is_counting() {
+            let net = weir_memory::current_thread_net_bytes();
+            load.heap_bytes
+                .store(u64::try_from(net).unwrap_or(0), Ordering::Relaxed);
+        }
     }
 }
 

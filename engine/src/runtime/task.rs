@@ -21,7 +21,7 @@ use crate::connector::{ConnectorError, ReadStatus, SinkWriter, SourceReader, Sou
 use crate::error::{TaskError, TaskResult};
 use crate::metrics::{OperatorMetrics, TaskMetrics};
 use crate::operator::{nothing_to_do, scope, snapshot_operator, Batch, ChainEvent, Output};
-use crate::record::{Record, Watermark};
+use crate::record::{LatencyMarker, Record, Watermark};
 use crate::state::OperatorStateId;
 use crate::time::now_ms;
 use crate::time::watermark::{SplitWatermarkTracker, WatermarkUpdate};
@@ -37,6 +37,8 @@ pub struct TaskSettings {
     pub max_parallelism: usize,
     /// `pipeline.auto-watermark-interval` (`None` when 0: no periodic watermarks).
     pub auto_watermark_interval: Option<Duration>,
+    /// `metrics.latency.interval` (`None` when 0: no latency markers).
+    pub latency_interval: Option<Duration>,
 }
 
 impl TaskSettings {
@@ -132,6 +134,8 @@ pub(crate) struct SourceTask<T, S> {
     pub(crate) input_ended: bool,
     /// When the splits' watermarks are next shown to the task's figures.
     pub(crate) publish_splits_at: Instant,
+    /// When the next latency marker is due, if the job sends them.
+    pub(crate) next_marker: Option<Instant>,
 }
 
 /// A source waiting for the savepoint that stops its job (`checkpoint::savepoint`).
@@ -420,10 +424,14 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                     if let Some(timer) = until_next_timer(&*self.chain) {
                         wait = wait.min(timer);
                     }
+                    if let Some(marker) = self.next_marker {
+                        wait = wait.min(marker.saturating_duration_since(Instant::now()));
+                    }
                     let _idle = self.metrics.task.idle();
                     glommio::timer::sleep(wait).await;
                 }
             }
+            self.mark_latency().await?;
             if self.watermarks.generates() {
                 let now = Instant::now();
                 self.watermarks.on_periodic(now);
@@ -450,6 +458,25 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             _ => ChainEvent::End,
         };
         self.chain.event(end).await
+    }
+
+    /// Sends a latency marker down the chain if one is due: stamped now, behind the records
+    /// sent before it.
+    async fn mark_latency(&mut self) -> TaskResult {
+        let (Some(due), Some(interval)) = (self.next_marker, self.settings.latency_interval) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if now < due {
+            return Ok(());
+        }
+        self.next_marker = Some(now + interval);
+        let marker = LatencyMarker {
+            marked_ms: now_ms(),
+            source: self.metrics.node as u32,
+            subtask: self.subtask as u32,
+        };
+        self.chain.event(ChainEvent::LatencyMarker(marker)).await
     }
 
     /// Sends the final watermark and finishes the chain (operators emit what is left), once.
@@ -574,6 +601,10 @@ impl<T: Record> NetworkTask<T> {
                 | Event::EndOfData
         );
         match event {
+            // It passes at once, ahead of what the gate may still hold of other channels.
+            Event::LatencyMarker(marker) => {
+                return self.chain.event(ChainEvent::LatencyMarker(marker)).await;
+            }
             Event::Watermark(w) => self.gate.on_watermark(channel, w, events),
             Event::WatermarkStatus { idle } => self.gate.on_watermark_status(channel, idle, events),
             Event::EndOfPartition => self.gate.on_end_of_partition(channel, events),
@@ -629,13 +660,16 @@ impl<T: Record> NetworkTask<T> {
                     }
                     barrier = matches!(event, Event::Barrier(_));
                     // Restored in-flight data holds the barriers and notices of checkpoints
-                    // before the one restored: passed over.
-                    let checkpoint_event = barrier
+                    // before the one restored, and latency markers of the run before: passed
+                    // over.
+                    let stale = barrier
                         || matches!(
                             event,
-                            Event::CheckpointComplete(_) | Event::CheckpointAborted(_)
+                            Event::CheckpointComplete(_)
+                                | Event::CheckpointAborted(_)
+                                | Event::LatencyMarker(_)
                         );
-                    if !(replayed && checkpoint_event) {
+                    if !(replayed && stale) {
                         self.on_event(channel, event, events).await?;
                     }
                 }
@@ -829,6 +863,11 @@ impl<T: 'static> Output<T> for SinkOutput<T> {
                 let result = self.writer.close(event == ChainEvent::Suspend).await;
                 result.map_err(|e| e.in_operator(&self.metrics.name))
             }),
+            ChainEvent::LatencyMarker(marker) => {
+                self.metrics
+                    .record_latency(marker.source as usize, now_ms() - marker.marked_ms);
+                nothing_to_do()
+            }
             ChainEvent::Watermark(_)
             | ChainEvent::WatermarkStatus { .. }
             | ChainEvent::ProcessingTime(_)

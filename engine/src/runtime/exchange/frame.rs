@@ -16,11 +16,14 @@
 //! | 6 | checkpoint aborted | the checkpoint's id | none |
 //! | 7 | savepoint barrier | the savepoint's id | none; always the segment's last entry |
 //! | 8 | suspend | 0 | none: the sender stopped with a savepoint and sends nothing more |
+//! | 9 | end of data | 0 | none: records end, the channel stays open for the final checkpoint |
+//! | 10 | final checkpoint barrier | the checkpoint's id | none; always the segment's last entry |
+//! | 11 | latency marker | when its source marked it (ms since the epoch) | the source's node id and subtask (`u32` each) |
 
 use weir_memory::Segment;
 
 use crate::checkpoint::{CheckpointBarrier, SnapshotKind};
-use crate::record::{Record, Scratch, Watermark};
+use crate::record::{LatencyMarker, Record, Scratch, Watermark};
 
 const TAG_RECORD: u32 = 0;
 const TAG_WATERMARK: u32 = 1;
@@ -33,6 +36,9 @@ const TAG_SAVEPOINT_BARRIER: u32 = 7;
 const TAG_SUSPEND: u32 = 8;
 const TAG_END_OF_DATA: u32 = 9;
 const TAG_FINAL_BARRIER: u32 = 10;
+const TAG_LATENCY_MARKER: u32 = 11;
+/// A latency marker's payload: its source's node id and subtask.
+const MARKER_PAYLOAD: usize = 8;
 pub(crate) const HEADER: usize = 16;
 const FIRST_ENTRY: usize = 0;
 
@@ -55,9 +61,30 @@ pub(crate) const fn record_tag() -> u32 {
     TAG_RECORD
 }
 
-/// An event's tag and value.
-pub(crate) fn event_entry(event: Event) -> (u32, i64) {
+/// The length of an event's payload (most events have none).
+pub(crate) fn event_len(event: Event) -> usize {
     match event {
+        Event::LatencyMarker(_) => MARKER_PAYLOAD,
+        _ => 0,
+    }
+}
+
+/// Writes `event`'s entry at `pos` of `buf` (16-byte aligned, with room for its header and
+/// [`event_len`] bytes of payload).
+pub(crate) fn write_event(buf: &mut [u8], pos: usize, event: Event) {
+    let (tag, value) = event_entry(event);
+    write_header(buf, pos, event_len(event), tag, value);
+    if let Event::LatencyMarker(marker) = event {
+        let payload = pos + HEADER;
+        buf[payload..payload + 4].copy_from_slice(&marker.source.to_le_bytes());
+        buf[payload + 4..payload + 8].copy_from_slice(&marker.subtask.to_le_bytes());
+    }
+}
+
+/// An event's tag and value.
+fn event_entry(event: Event) -> (u32, i64) {
+    match event {
+        Event::LatencyMarker(marker) => (TAG_LATENCY_MARKER, marker.marked_ms),
         Event::Watermark(w) => (TAG_WATERMARK, w.0),
         Event::WatermarkStatus { idle } => (TAG_WATERMARK_STATUS, i64::from(idle)),
         Event::EndOfPartition => (TAG_END_OF_PARTITION, 0),
@@ -110,6 +137,8 @@ pub enum Event {
     CheckpointComplete(u64),
     /// This checkpoint was aborted.
     CheckpointAborted(u64),
+    /// A latency marker, on its way to the sinks.
+    LatencyMarker(LatencyMarker),
 }
 
 /// One entry read from a segment.
@@ -169,11 +198,14 @@ impl SegmentBuilder {
 
     /// Appends an event; `false` if it does not fit.
     pub(crate) fn try_event(&mut self, event: Event) -> bool {
-        let (tag, value) = event_entry(event);
-        if self.pos + HEADER > self.segment.capacity() {
+        let len = event_len(event);
+        if self.pos + HEADER + len > self.segment.capacity() {
             return false;
         }
-        self.put_header(0, tag, value);
+        let pos = self.pos;
+        let buf = self.segment.buffer_mut();
+        write_event(buf, pos, event);
+        self.pos = next_entry(pos, len).min(buf.len());
         true
     }
 
@@ -238,6 +270,16 @@ impl<'a> Iterator for Entries<'a> {
             ))),
             TAG_CHECKPOINT_COMPLETE => Entry::Event(Event::CheckpointComplete(value as u64)),
             TAG_CHECKPOINT_ABORTED => Entry::Event(Event::CheckpointAborted(value as u64)),
+            TAG_LATENCY_MARKER if len == MARKER_PAYLOAD => {
+                let field = |at: usize| {
+                    u32::from_le_bytes(payload[at..at + 4].try_into().expect("4 bytes"))
+                };
+                Entry::Event(Event::LatencyMarker(LatencyMarker {
+                    marked_ms: value,
+                    source: field(0),
+                    subtask: field(4),
+                }))
+            }
             other => panic!("corrupt segment: unknown entry tag {other} at offset {pos}"),
         })
     }
@@ -282,7 +324,7 @@ mod tests {
                 }
             }
             let wm = Event::Watermark(Watermark(-17));
-            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier::savepoint(12)), Event::Barrier(CheckpointBarrier::final_checkpoint(13)), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::Suspend, Event::EndOfData, Event::EndOfPartition];
+            let events = [wm, Event::WatermarkStatus { idle: true }, Event::WatermarkStatus { idle: false }, Event::Barrier(CheckpointBarrier::checkpoint(u64::MAX - 3)), Event::Barrier(CheckpointBarrier::savepoint(12)), Event::Barrier(CheckpointBarrier::final_checkpoint(13)), Event::CheckpointComplete(u64::MAX - 4), Event::CheckpointAborted(9), Event::LatencyMarker(LatencyMarker { marked_ms: 1_700_000_000_123, source: 7, subtask: u32::MAX }), Event::Suspend, Event::EndOfData, Event::EndOfPartition];
             for event in events {
                 if !builder.try_event(event) {
                     segments.push(builder.finish());

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use rkyv::util::AlignedVec;
 
-use super::frame::{event_entry, next_entry, record_tag, write_header, Event, HEADER};
+use super::frame::{event_len, next_entry, record_tag, write_event, write_header, Event, HEADER};
 use super::local::LocalItem;
 use crate::checkpoint::bytes::ByteReader;
 use crate::checkpoint::task_state::PartEncoder;
@@ -77,9 +77,8 @@ fn put_record<T: Record>(
 
 fn put_event(chunk: &mut AlignedVec<16>, event: Event) {
     let pos = chunk.len();
-    let (tag, value) = event_entry(event);
-    chunk.resize(next_entry(pos, 0), 0);
-    write_header(chunk.as_mut_slice(), pos, 0, tag, value);
+    chunk.resize(next_entry(pos, event_len(event)), 0);
+    write_event(chunk.as_mut_slice(), pos, event);
 }
 
 /// Where upstream writers announce an unaligned checkpoint's barrier to the tasks they feed,

@@ -170,8 +170,9 @@ pub(crate) struct InputGate<T> {
     idle_output: bool,
     alignment_mode: BarrierAlignment,
     alignment: Option<Alignment>,
-    /// The last checkpoint whose barriers lined up here, and how long that took.
-    last_alignment: Option<(u64, Duration)>,
+    /// The last few checkpoints whose barriers lined up here, and how long each took (the
+    /// task may take a barrier after the next one lined up).
+    alignments: VecDeque<(u64, Duration)>,
     /// The newest checkpoint (or savepoint) whose barrier reached the gate: a barrier of an
     /// older one that comes later (in in-flight data, or replayed after a restore) is passed
     /// over.
@@ -244,7 +245,7 @@ impl<T: Record> InputGate<T> {
             idle_output: false,
             alignment_mode,
             alignment: None,
-            last_alignment: None,
+            alignments: VecDeque::new(),
             notified_complete: 0,
             notified_aborted: 0,
             suspended: false,
@@ -686,9 +687,10 @@ impl<T: Record> InputGate<T> {
     /// barrier to the last one's, or until the checkpoint went unaligned (Flink's alignment
     /// duration); `None` if they did not (yet).
     pub(crate) fn alignment_of(&self, checkpoint: u64) -> Option<Duration> {
-        self.last_alignment
-            .filter(|(id, _)| *id == checkpoint)
-            .map(|(_, took)| took)
+        self.alignments
+            .iter()
+            .find(|(id, _)| *id == checkpoint)
+            .map(|&(_, took)| took)
     }
 
     /// Starts the alignment of `barrier`, ending an older one's (and its recording); an
@@ -741,7 +743,11 @@ impl<T: Record> InputGate<T> {
         };
         alignment.unaligned = true;
         let checkpoint = alignment.barrier.id;
-        self.last_alignment = Some((checkpoint, alignment.started.elapsed()));
+        aligned(
+            &mut self.alignments,
+            checkpoint,
+            alignment.started.elapsed(),
+        );
         out.push(GateEvent::Barrier(alignment.barrier));
         // What the gate holds queued is in flight too, up to a channel's barrier if one of
         // its queued deliveries ends in it (read ahead, the task has not seen it).
@@ -814,7 +820,11 @@ impl<T: Record> InputGate<T> {
             (0..self.ended.len()).all(|channel| alignment.arrived[channel] || self.ended[channel]);
         if complete {
             out.push(GateEvent::Barrier(alignment.barrier));
-            self.last_alignment = Some((alignment.barrier.id, alignment.started.elapsed()));
+            aligned(
+                &mut self.alignments,
+                alignment.barrier.id,
+                alignment.started.elapsed(),
+            );
             self.alignment = None;
             self.release_all();
         }
@@ -946,6 +956,14 @@ impl<T: Record> InputGate<T> {
     pub(crate) fn channel_time(&self, channel: usize) -> (i64, bool) {
         (self.watermarks[channel].0, self.idle[channel])
     }
+}
+
+/// Notes in `alignments` (the last few) that `checkpoint`'s barriers took `took` to line up.
+fn aligned(alignments: &mut VecDeque<(u64, Duration)>, checkpoint: u64, took: Duration) {
+    if alignments.len() == 4 {
+        alignments.pop_front();
+    }
+    alignments.push_back((checkpoint, took));
 }
 
 /// What the gate tells its task's chain about event time.

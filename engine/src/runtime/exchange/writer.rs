@@ -181,6 +181,8 @@ pub(crate) struct ExchangeWriter<T, P> {
     /// Unaligned checkpoints: where a checkpoint's barrier is announced to each channel's
     /// receiving task before it goes in-band, behind the data queued before it.
     announce: Option<(Announcements, Vec<usize>)>,
+    /// The channel the next latency marker takes (each goes to one channel, in turn).
+    next_marker: usize,
     _record: PhantomData<fn(T)>,
 }
 
@@ -208,6 +210,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
             metrics: parts.metrics,
             cancel: parts.cancel,
             announce: parts.announce,
+            next_marker: 0,
             _record: PhantomData,
         }
     }
@@ -359,28 +362,35 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         }
     }
 
+    /// Writes `event` to every channel.
     async fn write_event(&mut self, event: Event) -> TaskResult {
+        for channel in 0..self.channels.len() {
+            self.write_event_to(channel, event).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes `event` to `channel`, behind the records written to it before.
+    async fn write_event_to(&mut self, channel: usize, event: Event) -> TaskResult {
         let (metrics, cancel) = (&self.metrics, &self.cancel);
-        for channel in &mut self.channels {
-            match channel {
-                Channel::Remote { sender, open } => {
-                    if !Self::open_segment(open, &self.pool)?.try_event(event) {
-                        send_segment(sender, open, metrics, cancel).await?;
-                        let fitted = Self::open_segment(open, &self.pool)?.try_event(event);
-                        debug_assert!(fitted, "an empty segment takes any event");
-                    }
-                    // A barrier leaves at once (a checkpoint must not wait for the buffer
-                    // timeout) and ends its segment, so the receiver never holds records
-                    // behind a barrier of a channel it has stopped reading.
-                    if self.flush_per_record || matches!(event, Event::Barrier(_)) {
-                        send_segment(sender, open, metrics, cancel).await?;
-                    }
+        match &mut self.channels[channel] {
+            Channel::Remote { sender, open } => {
+                if !Self::open_segment(open, &self.pool)?.try_event(event) {
+                    send_segment(sender, open, metrics, cancel).await?;
+                    let fitted = Self::open_segment(open, &self.pool)?.try_event(event);
+                    debug_assert!(fitted, "an empty segment takes any event");
                 }
-                Channel::Local { sender, open } => {
-                    // Records written before the event go first.
-                    send_batch(sender, open, self.batch_size, metrics, cancel).await?;
-                    send_local(sender, LocalItem::Event(event), metrics, cancel).await?;
+                // A barrier leaves at once (a checkpoint must not wait for the buffer
+                // timeout) and ends its segment, so the receiver never holds records
+                // behind a barrier of a channel it has stopped reading.
+                if self.flush_per_record || matches!(event, Event::Barrier(_)) {
+                    send_segment(sender, open, metrics, cancel).await?;
                 }
+            }
+            Channel::Local { sender, open } => {
+                // Records written before the event go first.
+                send_batch(sender, open, self.batch_size, metrics, cancel).await?;
+                send_local(sender, LocalItem::Event(event), metrics, cancel).await?;
             }
         }
         Ok(())
@@ -442,6 +452,14 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
             }
             ChainEvent::CheckpointAborted(checkpoint) => {
                 Box::pin(self.write_event(Event::CheckpointAborted(checkpoint)))
+            }
+            // Down one channel, each in turn (Flink sends each marker down one random
+            // channel): a marker measures one path, and the markers every path in turn.
+            ChainEvent::LatencyMarker(_) if self.channels.is_empty() => nothing_to_do(),
+            ChainEvent::LatencyMarker(marker) => {
+                let channel = self.next_marker % self.channels.len();
+                self.next_marker = channel + 1;
+                Box::pin(self.write_event_to(channel, Event::LatencyMarker(marker)))
             }
             // Timers live in operators; an exchange writer ends its chain.
             ChainEvent::ProcessingTime(_) => nothing_to_do(),

@@ -61,6 +61,7 @@
 //!   the memtable for that iterator; those are for rescaling and inspection, not per record.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use librocksdb_sys as ffi;
@@ -258,6 +259,7 @@ impl SlotMemory {
                         .with_dirty_limit(config.column_write_buffer()),
                 ),
                 instances: Mutex::new(Vec::new()),
+                seen: Default::default(),
             })
         });
         SlotMemory {
@@ -268,13 +270,18 @@ impl SlotMemory {
     }
 
     /// What the slot's caches and memtables use now, from RocksDB's own accounting (no table
-    /// readers: those are per instance). Any thread may read it; the write-back cache is
-    /// locked for the moment it takes to read two numbers.
+    /// readers: those are per instance). Any thread may read it without waiting: the
+    /// write-back cache is read if its shard does not hold it at that moment, else as it was
+    /// last read.
     fn usage(&self, config: &RocksDbConfig) -> RocksDbMemoryUsage {
         let (write_back_usage, write_back_entries) =
             self.write_back.as_ref().map_or((0, 0), |shared| {
-                let cache = shared.lock();
-                (cache.used(), cache.len())
+                let (used, len) = &shared.seen;
+                if let Ok(cache) = shared.cache.try_lock() {
+                    used.store(cache.used(), Ordering::Relaxed);
+                    len.store(cache.len(), Ordering::Relaxed);
+                }
+                (used.load(Ordering::Relaxed), len.load(Ordering::Relaxed))
             });
         RocksDbMemoryUsage {
             block_cache_capacity: config.block_cache_bytes,
@@ -298,11 +305,13 @@ struct SharedWriteBack {
     cache: Mutex<WriteBackCache>,
     /// The slot's instances by id (an instance's index here).
     instances: Mutex<Vec<Weak<RocksDbInstance>>>,
+    /// What the cache held, bytes and entries, when a metrics reader last found it free.
+    seen: (AtomicUsize, AtomicUsize),
 }
 
 impl SharedWriteBack {
-    /// The cache, locked. Only the slot's shard uses it, so the lock is never contended; a
-    /// panic while it was held leaves it consistent (every change to it completes before a
+    /// The cache, locked. Only the slot's shard waits for it (a metrics reader only tries it),
+    /// so the lock is never contended for long; a panic while it was held leaves it consistent (every change to it completes before a
     /// call out of it, and its own checks of a broken invariant panic before the change they
     /// guard), so a poisoned lock is taken as it is.
     fn lock(&self) -> MutexGuard<'_, WriteBackCache> {
