@@ -30,8 +30,16 @@ pub struct SubmitReport {
     pub embedded_to_first_record_ms: Quantiles,
     /// Median over median.
     pub ratio: f64,
+    /// The executor's tasks from their start to the last one built (its operators open), in
+    /// the submitted rounds, ms.
+    pub tasks_ready_ms: Quantiles,
     /// POST /jars/:id/run with a savepoint → the first record, ms.
     pub restore_submit_to_first_record_ms: Quantiles,
+    /// The restoring executor's tasks from their start to the last one built, its state
+    /// restored from the savepoint, ms.
+    pub restore_tasks_ready_ms: Quantiles,
+    /// Keys whose state the savepoint holds (those the job had read when it stopped).
+    pub savepoint_keys: u64,
     /// Bytes of that savepoint.
     pub savepoint_bytes: u64,
 }
@@ -57,7 +65,7 @@ impl Quantiles {
 }
 
 /// A process this benchmark started, killed when dropped.
-struct Started(Child);
+pub(crate) struct Started(pub(crate) Child);
 
 impl Drop for Started {
     fn drop(&mut self) {
@@ -67,7 +75,7 @@ impl Drop for Started {
 }
 
 /// Starts `weir ARGS` and waits for the stderr line holding `marker`; returns what follows it.
-fn start(args: &[String], marker: &'static str) -> Result<(Started, String)> {
+pub(crate) fn start(args: &[String], marker: &'static str) -> Result<(Started, String)> {
     let mut child = Command::new(std::env::current_exe()?)
         .args(args)
         // The marker is read from text lines, whatever this process logs in.
@@ -93,7 +101,7 @@ fn start(args: &[String], marker: &'static str) -> Result<(Started, String)> {
     Ok((started, rest))
 }
 
-fn settings(pairs: &[String]) -> Vec<String> {
+pub(crate) fn settings(pairs: &[String]) -> Vec<String> {
     pairs
         .iter()
         .flat_map(|p| ["-D".to_string(), p.clone()])
@@ -101,7 +109,7 @@ fn settings(pairs: &[String]) -> Vec<String> {
 }
 
 /// Polls `what` every millisecond until it gives a value, for `limit` at most.
-fn poll<T>(limit: Duration, mut what: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+pub(crate) fn poll<T>(limit: Duration, mut what: impl FnMut() -> Result<Option<T>>) -> Result<T> {
     let started = Instant::now();
     loop {
         if let Some(value) = what()? {
@@ -114,7 +122,12 @@ fn poll<T>(limit: Duration, mut what: impl FnMut() -> Result<Option<T>>) -> Resu
     }
 }
 
-fn call(client: &Client, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+pub(crate) fn call(
+    client: &Client,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value> {
     client
         .call(method, path, body)
         .map_err(|f| anyhow::anyhow!("{}", f.message))
@@ -142,6 +155,16 @@ fn first_record(client: &Client, body: &Value) -> Result<(f64, String)> {
     })
     .with_context(|| format!("job {job} reported no first record: {last}"))?;
     Ok(((first - sent) as f64, job))
+}
+
+/// How long job `job`'s running attempt took from its tasks' start to the last one built, ms
+/// (its executor reports it with its next figures).
+fn tasks_ready(client: &Client, job: &str) -> Result<f64> {
+    poll(Duration::from_secs(30), || {
+        let details = call(client, "GET", &format!("/jobs/{job}"), None)?;
+        Ok(details["tasksReadyMs"].as_f64())
+    })
+    .with_context(|| format!("job {job} reported no tasks ready"))
 }
 
 fn wait_for_end(client: &Client, job: &str) -> Result<()> {
@@ -193,7 +216,8 @@ fn dir_bytes(dir: &Path) -> u64 {
 }
 
 /// Runs the benchmark: `rounds` submissions, as many embedded starts alternating with them,
-/// and `rounds` submissions from one savepoint of a job holding `keys` keys of state.
+/// and `rounds` submissions from one savepoint of a job of `keys` keys, taken when it had read
+/// 90 % of its input (the state of about 90 % of its keys).
 pub fn run(rounds: usize, keys: u32) -> Result<SubmitReport> {
     let dir: PathBuf = std::env::temp_dir().join(format!(
         "weir-bench-submit-{:x}",
@@ -226,27 +250,30 @@ pub fn run(rounds: usize, keys: u32) -> Result<SubmitReport> {
     let client = Client::new(&address, None);
 
     let body = json!({ "entryClass": "sequence-check", "programArgsList": ARGS });
-    let (mut submitted, mut embedded) = (Vec::new(), Vec::new());
+    let (mut submitted, mut embedded, mut ready) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds {
         let (ms, job) = first_record(&client, &body)?;
         submitted.push(ms);
+        ready.push(tasks_ready(&client, &job)?);
         wait_for_end(&client, &job)?;
         embedded.push(embedded_first_record()?);
     }
 
-    // A savepoint of a job holding `keys` keys, then starts from it.
+    // A savepoint of a job that read 90 % of its input: two records of each of `keys` keys,
+    // in 10 s. Its one reader reads its splits one after another, so the keys it has seen
+    // are those of the splits it has read — 90 % of them when it stops after 9 s.
     let stateful = [
         "--events".to_string(),
-        "1000000000".into(),
+        (2 * u64::from(keys)).to_string(),
         "--keys".into(),
         keys.to_string(),
         "--rate".into(),
-        "200000".into(),
+        (u64::from(keys) / 5).max(1).to_string(),
         "--discard".into(),
     ];
     let body = json!({ "entryClass": "sequence-check", "programArgsList": stateful });
     let (_, job) = first_record(&client, &body)?;
-    std::thread::sleep(Duration::from_secs(3));
+    std::thread::sleep(Duration::from_secs(9));
     let stopped = call(
         &client,
         "POST",
@@ -267,7 +294,11 @@ pub fn run(rounds: usize, keys: u32) -> Result<SubmitReport> {
         .to_string();
     // Its slot is free once the stopped run ended.
     wait_for_end(&client, &job)?;
-    let mut restored = Vec::new();
+    let details = call(&client, "GET", &format!("/jobs/{job}"), None)?;
+    let read = details["vertices"][0]["metrics"]["write-records"]
+        .as_u64()
+        .with_context(|| format!("the stopped job's records read: {details}"))?;
+    let (mut restored, mut restore_ready) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let body = json!({
             "entryClass": "sequence-check",
@@ -276,7 +307,14 @@ pub fn run(rounds: usize, keys: u32) -> Result<SubmitReport> {
         });
         let (ms, job) = first_record(&client, &body)?;
         restored.push(ms);
-        call(&client, "PATCH", &format!("/jobs/{job}?mode=cancel"), None)?;
+        restore_ready.push(tasks_ready(&client, &job)?);
+        // It reads the rest of its input in about a second: it may have ended already.
+        if let Err(error) = call(&client, "PATCH", &format!("/jobs/{job}?mode=cancel"), None) {
+            let details = call(&client, "GET", &format!("/jobs/{job}"), None)?;
+            if details["state"] != "FINISHED" {
+                return Err(error);
+            }
+        }
         wait_for_end(&client, &job)?;
     }
     let submit = Quantiles::of(submitted);
@@ -286,13 +324,26 @@ pub fn run(rounds: usize, keys: u32) -> Result<SubmitReport> {
         ratio: submit.p50 / embed.p50,
         submit_to_first_record_ms: submit,
         embedded_to_first_record_ms: embed,
+        tasks_ready_ms: Quantiles::of(ready),
         restore_submit_to_first_record_ms: Quantiles::of(restored),
+        restore_tasks_ready_ms: Quantiles::of(restore_ready),
+        savepoint_keys: keys_read(keys, read),
         savepoint_bytes: dir_bytes(Path::new(&path)),
     })
 }
 
+/// The keys of the stateful job (`keys` keys, two records each) whose records are among the
+/// first `read`: its reader reads split after split, each split's keys in turn.
+fn keys_read(keys: u32, read: u64) -> u64 {
+    let spec = weir_examples::sequence_check::SequenceSpec::of_cli(2 * u64::from(keys), keys, None);
+    let per_split = u64::from(spec.keys_per_split);
+    let split_records = per_split * spec.per_key;
+    let (whole, part) = (read / split_records, read % split_records);
+    (whole * per_split + part.min(per_split)).min(u64::from(spec.keys()))
+}
+
 /// Removes the benchmark's directory when dropped.
-struct Cleanup(PathBuf);
+pub(crate) struct Cleanup(pub(crate) PathBuf);
 
 impl Drop for Cleanup {
     fn drop(&mut self) {

@@ -9,7 +9,7 @@ use prometheus::proto::{
 };
 use prometheus::{Encoder, TextEncoder};
 use weir_engine::metrics::LATENCY_SECONDS_BUCKETS;
-use weir_engine::monitor::{Figures, CHECKPOINT_SECONDS_BUCKETS};
+use weir_engine::monitor::{self, Figures, CHECKPOINT_SECONDS_BUCKETS};
 use weir_engine::time::now_ms;
 
 /// Metric families being filled, by name.
@@ -237,7 +237,7 @@ impl Exposition {
             );
             // Before its first watermark and after its input ended a task has no event time
             // to show.
-            if let Some(watermark) = t.watermark.filter(|&w| w != i64::MAX) {
+            if let Some(watermark) = t.watermark.filter(|&w| !monitor::ended(Some(w))) {
                 self.gauge(
                     "weir_task_input_watermark_seconds",
                     "The event time the task is at (its input watermark; a source's, the \

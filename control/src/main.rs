@@ -282,11 +282,26 @@ enum Bench {
         /// Submissions of each kind.
         #[arg(long, default_value_t = 10)]
         rounds: usize,
-        /// `--keys` of the job the savepoint is taken of (its one reader reads its 16 splits
-        /// one after another: in the 3 s before the savepoint, the keys of the first hold
-        /// state).
+        /// `--keys` of the job the savepoint is taken of: two records of each in 10 s, stopped
+        /// with a savepoint after 9 s (about 90 % of the keys hold state).
         #[arg(long, default_value_t = 100_000)]
         keys: u32,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A control plane's CPU with jobs that only run: their workers' heartbeats and figures,
+    /// from simulated workers in this process, against the same control plane without jobs.
+    Control {
+        /// Jobs, one slot each.
+        #[arg(long, default_value_t = 100)]
+        jobs: usize,
+        /// Slots of each simulated worker.
+        #[arg(long, default_value_t = 10)]
+        slots_per_worker: usize,
+        /// Seconds of each window.
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -642,6 +657,12 @@ fn run_bench(bench: Bench) -> Result<()> {
         Bench::Submit { rounds, keys, json } => {
             print_report(&bench_submit::run(rounds.max(1), keys)?, json)
         }
+        Bench::Control {
+            jobs,
+            slots_per_worker,
+            seconds,
+            json,
+        } => print_report(&bench_control::run(jobs, slots_per_worker, seconds)?, json),
         Bench::Exchange {
             records,
             shards,
@@ -775,6 +796,7 @@ fn run_bench(bench: Bench) -> Result<()> {
     }
 }
 
+mod bench_control;
 mod bench_submit;
 mod builtin;
 mod client;

@@ -470,13 +470,54 @@ fn bench_submit_measures_a_submission_through_a_control_plane_and_a_worker() {
             "submit_to_first_record_ms",
             "embedded_to_first_record_ms",
             "ratio",
+            "tasks_ready_ms",
             "restore_submit_to_first_record_ms",
+            "restore_tasks_ready_ms",
+            "savepoint_keys",
             "savepoint_bytes",
         ],
     );
-    assert!(
-        json["submit_to_first_record_ms"]["p50"].as_f64().unwrap() > 0.0,
-        "{json}"
-    );
+    for figure in [
+        "submit_to_first_record_ms",
+        "tasks_ready_ms",
+        "restore_tasks_ready_ms",
+    ] {
+        assert!(json[figure]["p50"].as_f64().unwrap() > 0.0, "{json}");
+    }
+    // Stopped after 9 of its 10 s: most of its keys, never more than it has.
+    let keys = json["savepoint_keys"].as_u64().unwrap();
+    assert!((500..=1000).contains(&keys), "{json}");
     assert!(json["savepoint_bytes"].as_u64().unwrap() > 0, "{json}");
+}
+
+#[test]
+fn bench_control_measures_a_control_plane_serving_simulated_workers() {
+    let json = bench_json(
+        &[
+            "bench",
+            "control",
+            "--jobs",
+            "3",
+            "--slots-per-worker",
+            "2",
+            "--seconds",
+            "1",
+            "--json",
+        ],
+        &[
+            "idle_cpu_percent",
+            "jobs_cpu_percent",
+            "per_job_cpu_us_per_second",
+        ],
+    );
+    assert_eq!(
+        (json["jobs"].as_u64(), json["workers"].as_u64()),
+        (Some(3), Some(2))
+    );
+    assert_eq!(json["heartbeat_interval_ms"], 10_000, "the default: {json}");
+    assert!(
+        json["figures_bytes"].as_u64().unwrap() > 500,
+        "a real reading: {json}"
+    );
+    assert!(json["jobs_cpu_percent"].as_f64().unwrap() >= 0.0, "{json}");
 }

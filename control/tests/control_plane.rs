@@ -120,6 +120,14 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
+/// Asserts that `answer` (a status and its body) is a refusal with `status` whose first
+/// error names `fragment`.
+fn refused((got, answer): (u16, Value), status: u16, fragment: &str) {
+    assert_eq!(got, status, "{answer}");
+    let message = answer["errors"][0].as_str().unwrap_or_default();
+    assert!(message.contains(fragment), "{answer}");
+}
+
 /// A request's status and JSON answer.
 fn call(control: &ControlPlane, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
     call_with(control, method, path, body, &[])
@@ -295,14 +303,10 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
             > 0,
         "{worker}"
     );
-    let (status, answer) = upload(&control, "jarfile", "p", b"#!/bin/sh\n");
-    assert_eq!(status, 403, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .contains("web.upload.enabled"),
-        "{answer}"
+    refused(
+        upload(&control, "jarfile", "p", b"#!/bin/sh\n"),
+        403,
+        "web.upload.enabled",
     );
     let jars = get(&control, "/jars");
     let entries: Vec<&str> = jars["files"][0]["entry"]
@@ -377,19 +381,15 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
             "{answer}"
         );
     }
-    let (status, answer) = call(
-        &control,
-        "GET",
-        &format!("/jobs/{slow}/checkpoints/no-such-request"),
-        None,
-    );
-    assert_eq!(status, 404, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .contains("no checkpoint request 'no-such-request'"),
-        "{answer}"
+    refused(
+        call(
+            &control,
+            "GET",
+            &format!("/jobs/{slow}/checkpoints/no-such-request"),
+            None,
+        ),
+        404,
+        "no checkpoint request 'no-such-request'",
     );
     let refusals = [
         (
@@ -427,19 +427,15 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
     );
     assert_eq!(status, 202, "{answer}");
     wait_for_state(&control, &slow, "CANCELED", Duration::from_secs(30));
-    let (status, answer) = call(
-        &control,
-        "PATCH",
-        &format!("/jobs/{slow}?mode=cancel"),
-        None,
-    );
-    assert_eq!(status, 409, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .contains("is CANCELED"),
-        "{answer}"
+    refused(
+        call(
+            &control,
+            "PATCH",
+            &format!("/jobs/{slow}?mode=cancel"),
+            None,
+        ),
+        409,
+        "is CANCELED",
     );
 
     let overview = get(&control, "/overview");
@@ -577,20 +573,16 @@ fn bad_requests_get_a_clear_4xx_and_the_control_plane_keeps_serving() {
             "{method} {path} {body:?}: '{message}' lacks '{fragment}'"
         );
     }
-    let (got, answer) = call_with(
-        &control,
-        "POST",
-        run,
-        Some("entryClass=x"),
-        &[("content-type", "text/plain")],
-    );
-    assert_eq!(got, 400, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .contains("Content-Type: application/json"),
-        "{answer}"
+    refused(
+        call_with(
+            &control,
+            "POST",
+            run,
+            Some("entryClass=x"),
+            &[("content-type", "text/plain")],
+        ),
+        400,
+        "Content-Type: application/json",
     );
     let (got, answer) = call(&control, "PATCH", "/jobs/0123?mode=stop", None);
     assert_eq!(got, 400, "{answer}");
@@ -610,29 +602,21 @@ fn a_token_guards_every_request_and_the_workers_link() {
     let dir = tempfile::tempdir().unwrap();
     let token = "rest.auth.token=s3cret";
     let control = start_control(dir.path(), 0, &[token]);
-    let (status, answer) = call(&control, "GET", "/overview", None);
-    assert_eq!(status, 401, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .starts_with("no bearer token"),
-        "{answer}"
+    refused(
+        call(&control, "GET", "/overview", None),
+        401,
+        "no bearer token",
     );
-    let (status, answer) = call_with(
-        &control,
-        "GET",
-        "/overview",
-        None,
-        &[("authorization", "Bearer guess")],
-    );
-    assert_eq!(status, 401, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .starts_with("wrong bearer token"),
-        "{answer}"
+    refused(
+        call_with(
+            &control,
+            "GET",
+            "/overview",
+            None,
+            &[("authorization", "Bearer guess")],
+        ),
+        401,
+        "wrong bearer token",
     );
     let (status, _) = call_with(
         &control,
@@ -1447,14 +1431,10 @@ fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
     );
 
     // Uploads that are no package for this Weir are refused, naming why.
-    let (status, answer) = upload(&control, "jarfile", "notes.txt", b"not a program");
-    assert_eq!(status, 400, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .contains("'notes.txt' is not a Weir job package"),
-        "{answer}"
+    refused(
+        upload(&control, "jarfile", "notes.txt", b"not a program"),
+        400,
+        "'notes.txt' is not a Weir job package",
     );
     let other = b"#!/bin/sh\necho '{\"package\":\"old\",\"protocol\":99,\"engine_version\":\"0.0.1\",\"jobs\":[{\"name\":\"x\",\"description\":\"\"}]}'\n";
     let (status, answer) = upload(&control, "jarfile", "old-package", other);
@@ -1464,14 +1444,10 @@ fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
         message.contains("protocol 99") && message.contains("rebuild it"),
         "{message}"
     );
-    let (status, answer) = upload(&control, "file", "x", b"x");
-    assert_eq!(status, 400, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .contains("no field 'jarfile'"),
-        "{answer}"
+    refused(
+        upload(&control, "file", "x", b"x"),
+        400,
+        "no field 'jarfile'",
     );
     assert_eq!(
         get(&control, "/jars")["files"].as_array().unwrap().len(),
@@ -1497,11 +1473,10 @@ fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
         Some(&body.to_string()),
     );
     let long = answer["jobid"].as_str().unwrap().to_string();
-    let (status, answer) = call(&control, "DELETE", &format!("/jars/{jar}"), None);
-    assert_eq!(status, 409, "{answer}");
-    assert!(
-        answer["errors"][0].as_str().unwrap().contains(&long),
-        "{answer}"
+    refused(
+        call(&control, "DELETE", &format!("/jars/{jar}"), None),
+        409,
+        &long,
     );
     let (status, _) = call(
         &control,
@@ -1652,38 +1627,30 @@ fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back()
     assert!((50_000..70_000).contains(&behind), "{holdback}");
 
     // What cannot be answered gets a 4xx naming why.
-    let (status, answer) = call(
-        &control,
-        "GET",
-        &format!("/jobs/{job}/vertices/999/backpressure"),
-        None,
-    );
-    assert_eq!(status, 404, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .contains("no vertex '999' in this job"),
-        "{answer}"
+    refused(
+        call(
+            &control,
+            "GET",
+            &format!("/jobs/{job}/vertices/999/backpressure"),
+            None,
+        ),
+        404,
+        "no vertex '999' in this job",
     );
     let (status, _) = call(&control, "GET", "/jobs/0000/bottleneck", None);
     assert_eq!(status, 404);
     let (status, _) = call(&control, "PATCH", &format!("/jobs/{job}?mode=cancel"), None);
     assert_eq!(status, 202);
     wait_for_state(&control, &job, "CANCELED", Duration::from_secs(60));
-    let (status, answer) = call(
-        &control,
-        "GET",
-        &format!("/jobs/{job}/watermarks/holdback"),
-        None,
-    );
-    assert_eq!(status, 409, "{answer}");
-    assert!(
-        answer["errors"][0]
-            .as_str()
-            .unwrap()
-            .contains("is CANCELED"),
-        "{answer}"
+    refused(
+        call(
+            &control,
+            "GET",
+            &format!("/jobs/{job}/watermarks/holdback"),
+            None,
+        ),
+        409,
+        "is CANCELED",
     );
 }
 

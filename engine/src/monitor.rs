@@ -37,6 +37,17 @@ struct Monitored {
     first_record_at: Option<i64>,
 }
 
+/// How far the running attempt's tasks got in starting.
+#[derive(Debug)]
+struct Readiness {
+    /// When the attempt began: before its checkpoint or savepoint was read.
+    begun: Instant,
+    /// Tasks built so far (their operators open, their state restored).
+    ready: usize,
+    /// When the last of them was, from `begun`.
+    all_ready: Option<Duration>,
+}
+
 /// What the running attempt's figures are read from.
 #[derive(Debug)]
 struct Attempt {
@@ -46,6 +57,7 @@ struct Attempt {
     cores: Vec<usize>,
     memory: SlotMemory,
     started: Instant,
+    readiness: Readiness,
 }
 
 /// Where an attempt's memory figures per slot come from.
@@ -90,6 +102,11 @@ pub struct Figures {
     /// saw it).
     #[serde(default)]
     pub first_record_at: Option<i64>,
+    /// Seconds from the running attempt's start — before it read the checkpoint or savepoint
+    /// it starts from, if any — to its last task built: its operators open, their state
+    /// restored.
+    #[serde(default)]
+    pub ready_seconds: Option<f64>,
     /// Per sink subtask and source operator, how long latency markers took from one to the
     /// other (`metrics.latency.interval`).
     #[serde(default)]
@@ -315,6 +332,7 @@ impl JobMonitor {
         pools: Vec<SegmentPool>,
         cores: Vec<usize>,
         memory: SlotMemory,
+        begun: Instant,
     ) {
         self.lock().attempt = Some(Attempt {
             metrics,
@@ -323,7 +341,25 @@ impl JobMonitor {
             cores,
             memory,
             started: Instant::now(),
+            readiness: Readiness {
+                begun,
+                ready: 0,
+                all_ready: None,
+            },
         });
+    }
+
+    /// A task of the running attempt, one of `tasks`, is built: its operators are open and
+    /// their state is restored.
+    pub(crate) fn task_ready(&self, tasks: usize) {
+        let mut monitored = self.lock();
+        if let Some(attempt) = monitored.attempt.as_mut() {
+            let readiness = &mut attempt.readiness;
+            readiness.ready += 1;
+            if readiness.ready == tasks {
+                readiness.all_ready = Some(readiness.begun.elapsed());
+            }
+        }
     }
 
     /// The attempt's tasks ended: its counters and pools are let go (a restart attaches the
@@ -353,6 +389,14 @@ impl JobMonitor {
                 .iter()
                 .any(|m| m.records_out.get() > 0)
         })
+    }
+
+    /// Whether every task of the running attempt is built (a cheap poll).
+    pub fn all_ready(&self) -> bool {
+        self.lock()
+            .attempt
+            .as_ref()
+            .is_some_and(|a| a.readiness.all_ready.is_some())
     }
 
     /// Notes when the run's first record was emitted (the first call counts).
@@ -520,8 +564,15 @@ impl JobMonitor {
             restarts: monitored.restarts,
             uptime_seconds: attempt.started.elapsed().as_secs_f64(),
             first_record_at: monitored.first_record_at,
+            ready_seconds: attempt.readiness.all_ready.map(|ready| ready.as_secs_f64()),
         })
     }
+}
+
+/// Whether a task's, channel's or split's watermark says its input ended
+/// (`Watermark::MAX`): it holds no event time back, and has none to show.
+pub fn ended(watermark: Option<i64>) -> bool {
+    watermark == Some(crate::record::Watermark::MAX.0)
 }
 
 /// The figures of each task the operators run in, in the order their first operators were

@@ -125,6 +125,10 @@ fn latency_markers_reach_every_sink_subtask_behind_the_records_before_them() {
     );
     job.cancel();
     let _ = job.wait();
+    assert!(
+        figures.ready_seconds.is_some_and(|s| s > 0.0),
+        "every task was built: {figures:#?}"
+    );
     for latency in &figures.latency {
         assert_eq!(
             (latency.sink.as_str(), latency.source.as_str()),

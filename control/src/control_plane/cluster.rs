@@ -175,6 +175,9 @@ pub struct Job {
     /// Not stored: when the latest run's first record was processed, ms since the epoch.
     #[serde(skip)]
     pub first_record: Option<i64>,
+    /// Not stored: how long the latest run's tasks took to be ready, s (kept past its end).
+    #[serde(skip)]
+    pub tasks_ready: Option<f64>,
 }
 
 /// What an asynchronous operation on a job does.
@@ -433,6 +436,7 @@ impl Cluster {
             previous: None,
             last_checkpoints: None,
             first_record: None,
+            tasks_ready: None,
         };
         job.enter(JobStatus::Created, now);
         // A job is accepted only once it is stored.
@@ -651,6 +655,9 @@ impl Cluster {
             {
                 if figures.first_record_at.is_some() {
                     job.first_record = figures.first_record_at;
+                }
+                if figures.ready_seconds.is_some() {
+                    job.tasks_ready = figures.ready_seconds;
                 }
                 job.previous = job.live.replace(figures);
             }
@@ -1168,6 +1175,7 @@ impl Cluster {
         };
         let run = run_spec(job, deployment.clone());
         job.first_record = None;
+        job.tasks_ready = None;
         job.placement = Some(Placement {
             deployment,
             worker: worker.clone(),

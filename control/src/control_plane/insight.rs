@@ -282,7 +282,7 @@ enum Hold<'a> {
 
 /// Whether a watermark counts as holding time back: an ended input's does not.
 fn holds(watermark: Option<i64>) -> bool {
-    watermark != Some(i64::MAX)
+    !weir_engine::monitor::ended(watermark)
 }
 
 /// `GET /jobs/:id/watermarks/holdback`: follows the job's lowest event time from the task
@@ -306,7 +306,7 @@ pub fn holdback(live: &Figures, now: i64) -> Value {
             splits.chain(std::iter::once(t.watermark))
         })
         .flatten()
-        .filter(|&w| w != i64::MAX)
+        .filter(|&w| holds(Some(w)))
         .max();
     // Tasks nothing reads from: where the job's event time shows.
     let last = tasks

@@ -868,6 +868,8 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
             "running": p.running,
         })),
         "firstRecordTime": job.first_record,
+        // Weir's: the latest run's start to its last task built (its state restored).
+        "tasksReadyMs": job.tasks_ready.map(|seconds| seconds * 1000.0),
         "vertices": vertices,
     });
     if let (Value::Object(details), Value::Object(extra)) = (&mut details, extra) {

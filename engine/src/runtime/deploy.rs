@@ -213,6 +213,8 @@ struct JobShared {
     restored: Option<Arc<RestoredJob>>,
     /// The `sink.*` settings.
     sinks: SinkSettings,
+    /// Where the attempt's figures go: each task says when it is ready.
+    monitor: crate::monitor::JobMonitor,
 }
 
 /// A subtask's failure, attributed.
@@ -585,9 +587,14 @@ async fn run_subtask(
         metrics: HashMap::new(),
         operator_states: HashMap::new(),
     };
-    let outcome = AssertUnwindSafe(async { builder.build(index, vertex, receivers)?.run().await })
-        .catch_unwind()
-        .await;
+    let outcome = AssertUnwindSafe(async {
+        let task = builder.build(index, vertex, receivers)?;
+        // Built: its operators opened, their state restored.
+        shared.monitor.task_ready(shared.exec.subtasks.len());
+        task.run().await
+    })
+    .catch_unwind()
+    .await;
     match outcome {
         Ok(Ok(())) => Ok(()),
         Ok(Err(error)) => Err(fail(error)),
@@ -806,6 +813,8 @@ fn run_attempt(
     resume: Option<u64>,
     run_first: &mut Option<u64>,
 ) -> Result<JobResult, JobError> {
+    // Where the attempt's readiness counts from: before its checkpoint is read.
+    let begun = Instant::now();
     let slots = exec
         .job
         .vertices
@@ -1017,6 +1026,7 @@ fn run_attempt(
         checkpointing: driver.as_ref().map(|driver| Arc::clone(&driver.shared)),
         restored,
         sinks: config.sink_settings(),
+        monitor: options.monitor.clone(),
     });
 
     let mut per_slot: Vec<Vec<SubtaskPlan>> = (0..slots).map(|_| Vec::new()).collect();
@@ -1039,6 +1049,7 @@ fn run_attempt(
         pools.clone(),
         cores.clone(),
         memory,
+        begun,
     );
     // Let go of the attempt's pools and counters however it ends.
     let _attached = Detach(&options.monitor);

@@ -431,7 +431,8 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
                     glommio::timer::sleep(wait).await;
                 }
             }
-            self.mark_latency().await?;
+            // A marker waits in an open segment like a record: the buffer timeout sends it.
+            timer.dirty |= self.mark_latency().await?;
             if self.watermarks.generates() {
                 let now = Instant::now();
                 self.watermarks.on_periodic(now);
@@ -461,14 +462,14 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
     }
 
     /// Sends a latency marker down the chain if one is due: stamped now, behind the records
-    /// sent before it.
-    async fn mark_latency(&mut self) -> TaskResult {
+    /// sent before it. Whether it sent one.
+    async fn mark_latency(&mut self) -> TaskResult<bool> {
         let (Some(due), Some(interval)) = (self.next_marker, self.settings.latency_interval) else {
-            return Ok(());
+            return Ok(false);
         };
         let now = Instant::now();
         if now < due {
-            return Ok(());
+            return Ok(false);
         }
         self.next_marker = Some(now + interval);
         let marker = LatencyMarker {
@@ -476,7 +477,8 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             source: self.metrics.node as u32,
             subtask: self.subtask as u32,
         };
-        self.chain.event(ChainEvent::LatencyMarker(marker)).await
+        self.chain.event(ChainEvent::LatencyMarker(marker)).await?;
+        Ok(true)
     }
 
     /// Sends the final watermark and finishes the chain (operators emit what is left), once.
