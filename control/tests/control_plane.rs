@@ -2134,3 +2134,129 @@ fn generated_requests_to_every_documented_endpoint_get_no_5xx() {
         "{jobs}"
     );
 }
+
+/// The first proof in one flow: a control plane and two workers; the example package
+/// uploaded over HTTP and run; records flow; a savepoint; a stop with a savepoint; a new
+/// submission from it; a rescale; a cancel.
+#[test]
+fn an_uploaded_job_is_savepointed_stopped_resubmitted_rescaled_and_cancelled_on_two_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = checkpointed(dir.path()).to_vec();
+    settings.push("web.upload.enabled=true".into());
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let control = start_control(dir.path(), 0, &settings);
+    let _workers = [
+        start_worker(dir.path(), "a", &control, "0,1", &[]),
+        start_worker(dir.path(), "b", &control, "0,1", &[]),
+    ];
+    wait_for_workers(&control, 2);
+    let (status, answer) = upload(
+        &control,
+        "jarfile",
+        "weir-example-package",
+        &example_package(dir.path()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    let jar = answer["filename"].as_str().unwrap().to_string();
+    let run = |savepoint: Option<&str>| {
+        let mut body = json!({
+            "entryClass": "lagging-split",
+            "programArgs": "--lag-ms 0 --sleep-us 20",
+            "parallelism": 1,
+        });
+        if let Some(path) = savepoint {
+            body["savepointPath"] = path.into();
+        }
+        let (status, answer) = call(
+            &control,
+            "POST",
+            &format!("/jars/{jar}/run"),
+            Some(&body.to_string()),
+        );
+        assert_eq!(status, 200, "{answer}");
+        answer["jobid"].as_str().unwrap().to_string()
+    };
+    let records_flow = |job: &str| {
+        wait_for("records to flow", Duration::from_secs(60), || {
+            let details = get(&control, &format!("/jobs/{job}"));
+            (details["vertices"][0]["metrics"]["write-records"]
+                .as_u64()
+                .unwrap_or(0)
+                > 0)
+            .then_some(details)
+        })
+    };
+    // Asks for an asynchronous operation and waits for its outcome's location.
+    let operation = |job: &str, post: &str, status_path: &str| {
+        let (status, answer) = call(&control, "POST", &format!("/jobs/{job}{post}"), Some("{}"));
+        assert_eq!(status, 202, "{answer}");
+        let request = answer["request-id"].as_str().unwrap().to_string();
+        let done = wait_for("the operation", Duration::from_secs(60), || {
+            let result = get(&control, &format!("/jobs/{job}{status_path}/{request}"));
+            (result["status"]["id"] == "COMPLETED").then_some(result)
+        });
+        done["operation"]["location"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{done}"))
+            .to_string()
+    };
+
+    let job = run(None);
+    records_flow(&job);
+    let savepoint = operation(&job, "/savepoints", "/savepoints");
+    assert!(
+        Path::new(&savepoint).join("_metadata").exists(),
+        "{savepoint}"
+    );
+    assert_eq!(
+        state(&control, &job),
+        "RUNNING",
+        "a savepoint leaves it running"
+    );
+    let stopped = operation(&job, "/stop", "/savepoints");
+    wait_for_state(&control, &job, "FINISHED", Duration::from_secs(30));
+
+    let resumed = run(Some(&stopped));
+    records_flow(&resumed);
+    // On either worker.
+    let text = wait_for("the resumed run's log", Duration::from_secs(30), || {
+        ["a", "b"].iter().find_map(|worker| {
+            let log = dir
+                .path()
+                .join(worker)
+                .join(format!("deployments/{resumed}-1/executor.log"));
+            let text = std::fs::read_to_string(log).ok()?;
+            text.contains("starts from savepoint").then_some(text)
+        })
+    });
+    assert!(text.contains(&stopped), "{text}");
+
+    let (status, answer) = call(
+        &control,
+        "POST",
+        &format!("/jobs/{resumed}/rescaling?parallelism=2"),
+        None,
+    );
+    assert_eq!(status, 202, "{answer}");
+    let request = answer["request-id"].as_str().unwrap().to_string();
+    wait_for("the rescale", Duration::from_secs(60), || {
+        let result = get(&control, &format!("/jobs/{resumed}/rescaling/{request}"));
+        (result["status"]["id"] == "COMPLETED").then_some(result)
+    });
+    let details = wait_for_state(&control, &resumed, "RUNNING", Duration::from_secs(30));
+    assert_eq!(details["parallelism"], 2, "{details}");
+    wait_for("two subtasks' records", Duration::from_secs(60), || {
+        let details = get(&control, &format!("/jobs/{resumed}"));
+        let subtasks = details["vertices"][0]["subtasks"].as_array()?.clone();
+        (subtasks.len() == 2).then_some(())
+    });
+
+    let (status, answer) = call(
+        &control,
+        "PATCH",
+        &format!("/jobs/{resumed}?mode=cancel"),
+        None,
+    );
+    assert_eq!(status, 202, "{answer}");
+    wait_for_state(&control, &resumed, "CANCELED", Duration::from_secs(30));
+}
