@@ -299,6 +299,8 @@ impl<T: 'static> ErasedSideOutput for TypedSideOutput<T> {
 #[derive(Default)]
 pub(crate) struct SideOutputs {
     outputs: Vec<(Arc<str>, Box<dyn ErasedSideOutput>)>,
+    /// Where the next latency marker goes: 0 the main output, `i` side output `i - 1`.
+    next_marker: usize,
 }
 
 impl SideOutputs {
@@ -340,12 +342,26 @@ impl SideOutputs {
         Ok(())
     }
 
-    /// Passes `event` to every side output.
-    pub(crate) async fn event(&mut self, event: ChainEvent) -> TaskResult {
+    /// Passes `event` to every side output and to `main`, the operator's main output; a
+    /// latency marker to one of them, each in turn (as Flink's broadcasting output sends it
+    /// to one, at random).
+    pub(crate) async fn pass_on<T>(
+        &mut self,
+        main: &mut dyn Output<T>,
+        event: ChainEvent,
+    ) -> TaskResult {
+        if let ChainEvent::LatencyMarker(_) = event {
+            let one = self.next_marker % (self.outputs.len() + 1);
+            self.next_marker = one + 1;
+            return match one {
+                0 => main.event(event).await,
+                side => self.outputs[side - 1].1.output().event(event).await,
+            };
+        }
         for (_, side) in &mut self.outputs {
             side.output().event(event).await?;
         }
-        Ok(())
+        main.event(event).await
     }
 
     pub(crate) fn next_processing_time(&self) -> Option<i64> {

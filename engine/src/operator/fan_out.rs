@@ -3,10 +3,14 @@
 use super::{Batch, ChainEvent, LocalBoxFuture, Output};
 use crate::error::TaskResult;
 
-/// Copies each batch to every consumer but the last, which gets the original.
+/// Copies each batch to every consumer but the last, which gets the original. Events go to
+/// every consumer; a latency marker to one, each in turn (as Flink's broadcasting output
+/// sends it to one, at random).
 pub(crate) struct FanOut<T> {
     outputs: Vec<Box<dyn Output<T>>>,
     copy: Batch<T>,
+    /// The consumer the next latency marker goes to.
+    next_marker: usize,
 }
 
 impl<T: Clone> FanOut<T> {
@@ -15,6 +19,7 @@ impl<T: Clone> FanOut<T> {
         FanOut {
             outputs,
             copy: Batch::default(),
+            next_marker: 0,
         }
     }
 }
@@ -33,6 +38,11 @@ impl<T: Clone + 'static> Output<T> for FanOut<T> {
 
     fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
         Box::pin(async move {
+            if let ChainEvent::LatencyMarker(_) = event {
+                let one = self.next_marker % self.outputs.len();
+                self.next_marker = one + 1;
+                return self.outputs[one].event(event).await;
+            }
             for output in &mut self.outputs {
                 output.event(event).await?;
             }

@@ -95,10 +95,7 @@ impl<T: 'static, F: FnMut(&T) -> bool + 'static> Output<T> for FilterLink<T, F> 
     }
 
     fn event(&mut self, event: ChainEvent) -> LocalBoxFuture<'_, TaskResult> {
-        Box::pin(async move {
-            self.side.event(event).await?;
-            self.next.event(event).await
-        })
+        Box::pin(async move { self.side.pass_on(&mut *self.next, event).await })
     }
 
     fn next_processing_time(&self) -> Option<i64> {

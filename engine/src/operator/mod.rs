@@ -455,8 +455,7 @@ impl<I, O: 'static, Op: Operator<I, O>> Output<I> for OperatorLink<O, Op> {
                     |snapshot| operator.snapshot_state(snapshot),
                 )?;
             }
-            self.out.side.event(event).await?;
-            self.next.event(event).await
+            self.out.side.pass_on(&mut *self.next, event).await
         })
     }
 
@@ -606,5 +605,45 @@ mod tests {
         );
         assert_eq!(*plus_seen.borrow(), plus, "after the operator");
         assert_eq!(*side_seen.borrow(), side, "the operator's side output");
+    }
+
+    #[test]
+    fn each_latency_marker_takes_one_output_in_turn() {
+        let metrics = MetricsRegistry::default().register(0, "test", 0);
+        let ctx = RuntimeContext::new("test", 0, 1, 128);
+        let (side_out, side_seen) = recorder();
+        let mut side = SideOutputs::default();
+        side.add(Arc::from("copies"), side_out);
+        let (plus_out, plus_seen) = recorder();
+        let plus = OperatorLink::new(
+            PlusOne(OutputTag::new("copies")),
+            &ctx,
+            plus_out,
+            side,
+            4,
+            Arc::clone(&metrics),
+        );
+        let (direct, direct_seen) = recorder();
+        let mut fan_out = FanOut::new(vec![direct, Box::new(plus)]);
+        let marker = |n: i64| {
+            ChainEvent::LatencyMarker(LatencyMarker {
+                marked_ms: n,
+                source: 0,
+                subtask: 0,
+            })
+        };
+        futures::executor::block_on(async {
+            for n in 0..6 {
+                fan_out.event(marker(n)).await.unwrap();
+            }
+        });
+        let seen = |log: &Log| -> Vec<Seen> { log.borrow().clone() };
+        // The fan-out alternates; behind it, the operator alternates its main and side output.
+        assert_eq!(
+            seen(&direct_seen),
+            [0, 2, 4].map(|n| Seen::Event(marker(n)))
+        );
+        assert_eq!(seen(&plus_seen), [1, 5].map(|n| Seen::Event(marker(n))));
+        assert_eq!(seen(&side_seen), [Seen::Event(marker(3))]);
     }
 }

@@ -454,8 +454,8 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
                 Box::pin(self.write_event(Event::CheckpointAborted(checkpoint)))
             }
             // Down one channel, each in turn (Flink sends each marker down one random
-            // channel): across an exchange a marker takes one path, and the markers every
-            // path in turn. (Inside a chain, a fan-out passes each to every branch.)
+            // channel): a marker takes one path, and the markers every path in turn (a
+            // fan-out or side outputs inside a chain do the same).
             ChainEvent::LatencyMarker(_) if self.channels.is_empty() => nothing_to_do(),
             ChainEvent::LatencyMarker(marker) => {
                 let channel = self.next_marker % self.channels.len();
