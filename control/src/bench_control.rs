@@ -21,10 +21,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use weir_engine::api::RunOptions;
 use weir_engine::monitor::Figures;
-use weir_engine::{Configuration, StreamEnvironment};
 
-use crate::bench_submit::{call, poll, settings, start, Cleanup};
-use crate::builtin::{self, Job};
+use crate::bench_submit::{call, poll, settings, spawn_embedded, start, Cleanup};
 use crate::client::Client;
 use crate::protocol::{
     ControlMessage, ExecutorReport, ExecutorState, WorkerInfo, WorkerMessage, PROTOCOL_VERSION,
@@ -84,23 +82,17 @@ const ARGS: [&str; 5] = ["--events", "100000000", "--keys", "64", "--discard"];
 
 /// One reading of the built-in job's figures, as its executor sends them every second.
 fn real_figures() -> Result<Figures> {
-    let args = builtin::parse_args(&ARGS.map(String::from)).map_err(anyhow::Error::msg)?;
     let options = RunOptions::default();
     let (monitor, cancel) = (options.monitor.clone(), options.cancel.clone());
-    let run = std::thread::spawn(move || -> Result<()> {
-        let config = Configuration::default().with("taskmanager.numberOfTaskSlots", "1")?;
-        let env = StreamEnvironment::new(config)?;
-        let name = builtin::build(&env, Job::SequenceCheck, &args)?;
-        let _ = env.execute_with(name, options);
-        Ok(())
-    });
+    let (_, run) = spawn_embedded(&ARGS, options)?;
     let figures = poll(Duration::from_secs(60), || {
         Ok(monitor
             .figures()
             .filter(|f| f.uptime_seconds > 0.5 && !f.tasks.is_empty()))
     });
     cancel.cancel();
-    run.join().expect("the job's thread")?;
+    // Cancelled: how it ended does not matter, only that it was built.
+    let _ended = run.join().expect("the job's thread")?;
     figures.context("the job's figures")
 }
 

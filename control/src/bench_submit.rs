@@ -181,25 +181,36 @@ const ARGS: [&str; 5] = ["--events", "1000000", "--keys", "64", "--discard"];
 /// The same job in this process, as `weir run` starts it (the environment made, the job
 /// built, its tasks deployed) → its first record.
 fn embedded_first_record() -> Result<f64> {
-    let args = builtin::parse_args(&ARGS.map(String::from)).map_err(anyhow::Error::msg)?;
     let options = RunOptions::default();
     let monitor = options.monitor.clone();
-    let started = Instant::now();
-    let run = std::thread::spawn(move || -> Result<()> {
-        let config = Configuration::default().with("taskmanager.numberOfTaskSlots", "1")?;
-        let env = StreamEnvironment::new(config)?;
-        let name = builtin::build(&env, Job::SequenceCheck, &args)?;
-        env.execute_with(name, options)?;
-        Ok(())
-    });
+    let (started, run) = spawn_embedded(&ARGS, options)?;
     let first = poll(Duration::from_secs(60), || {
         Ok(monitor
             .emitted_any()
             .then(|| started.elapsed().as_secs_f64() * 1000.0))
     })
     .context("the embedded job's first record was not seen")?;
-    run.join().expect("the job's thread")?;
+    run.join().expect("the job's thread")??;
     Ok(first)
+}
+
+/// The job's thread: `Err` if the job could not be built, else how it ended.
+pub(crate) type Embedded = std::thread::JoinHandle<Result<Result<(), weir_engine::JobError>>>;
+
+/// Starts `sequence-check` with `args` on one slot in this process, as `weir run` starts it
+/// (the environment made, the job built, its tasks deployed), on a thread of its own: when
+/// it started (its arguments read), and the thread.
+pub(crate) fn spawn_embedded(args: &[&str], options: RunOptions) -> Result<(Instant, Embedded)> {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let args = builtin::parse_args(&args).map_err(anyhow::Error::msg)?;
+    let started = Instant::now();
+    let run = std::thread::spawn(move || {
+        let config = Configuration::default().with("taskmanager.numberOfTaskSlots", "1")?;
+        let env = StreamEnvironment::new(config)?;
+        let name = builtin::build(&env, Job::SequenceCheck, &args)?;
+        Ok(env.execute_with(name, options).map(|_| ()))
+    });
+    Ok((started, run))
 }
 
 fn dir_bytes(dir: &Path) -> u64 {

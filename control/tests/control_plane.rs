@@ -82,15 +82,16 @@ fn start_control(dir: &Path, port: u16, settings: &[&str]) -> ControlPlane {
     }
 }
 
-/// A worker with `cores` as its slots, registered with `control`.
-fn start_worker(
+/// Adds to `command` (`weir` and its global options) a worker with `cores` as its slots,
+/// registering with `control`, keeping its data in `dir/name`, with `settings`.
+fn worker_args(
+    command: &mut Command,
     dir: &Path,
     name: &str,
     control: &ControlPlane,
     cores: &str,
     settings: &[&str],
-) -> Process {
-    let mut command = Command::new(WEIR);
+) {
     command.args(["worker", "--control", &control.address]);
     command.args([
         "-D",
@@ -103,6 +104,32 @@ fn start_worker(
     for setting in FAST.iter().chain(settings) {
         command.args(["-D", setting]);
     }
+}
+
+/// The address of the `/metrics` a worker printed among `lines`, once it did.
+fn worker_metrics_url(lines: &std::sync::Mutex<Vec<String>>) -> String {
+    wait_for(
+        "the worker's /metrics address",
+        Duration::from_secs(30),
+        || {
+            lines.lock().unwrap().iter().find_map(|line| {
+                let (_, url) = line.split_once(": metrics on ")?;
+                url.split_whitespace().next().map(str::to_string)
+            })
+        },
+    )
+}
+
+/// A worker with `cores` as its slots, registered with `control`.
+fn start_worker(
+    dir: &Path,
+    name: &str,
+    control: &ControlPlane,
+    cores: &str,
+    settings: &[&str],
+) -> Process {
+    let mut command = Command::new(WEIR);
+    worker_args(&mut command, dir, name, control, cores, settings);
     Process(
         command
             .stdout(Stdio::null())
@@ -1069,41 +1096,9 @@ fn metrics_of_the_control_plane_and_a_worker_pass_promtool_and_prometheus_scrape
     let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
     let control = start_control(dir.path(), 0, &settings);
     let mut worker = Command::new(WEIR);
-    worker
-        .args(["worker", "--control", &control.address])
-        .args([
-            "-D",
-            &format!("worker.data-dir={}", dir.path().join("w").display()),
-        ])
-        .args([
-            "-D",
-            "taskmanager.cpu.cores=0,1",
-            "-D",
-            "metrics.reporter.prom.host=127.0.0.1",
-        ])
-        .args(["-D", "metrics.reporter.prom.port=0"]);
-    for setting in FAST {
-        worker.args(["-D", setting]);
-    }
-    let mut child = worker
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let _worker = Process(child);
-    let (found, metrics) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            if let Some((_, url)) = line.split_once(": metrics on ") {
-                let url = url.split_whitespace().next().unwrap_or_default();
-                let _ = found.send(url.to_string());
-            }
-        }
-    });
-    let worker_metrics = metrics
-        .recv_timeout(Duration::from_secs(30))
-        .expect("the worker's /metrics address");
+    worker_args(&mut worker, dir.path(), "w", &control, "0,1", &[]);
+    let (_worker, lines) = spawn_logging(worker);
+    let worker_metrics = worker_metrics_url(&lines);
     wait_for_workers(&control, 1);
     let job = submit(
         &control,
@@ -1719,19 +1714,8 @@ fn json_logs_carry_one_line_per_job_state_change_down_to_the_executors() {
         address,
     };
     let mut command = Command::new(WEIR);
-    command.args(["--log-format=json", "worker", "--control", &control.address]);
-    let data = format!("worker.data-dir={}", dir.path().join("w").display());
-    for setting in [
-        data.as_str(),
-        "taskmanager.cpu.cores=0",
-        "metrics.reporter.prom.port=0",
-        "metrics.reporter.prom.host=127.0.0.1",
-    ]
-    .into_iter()
-    .chain(FAST)
-    {
-        command.args(["-D", setting]);
-    }
+    command.arg("--log-format=json");
+    worker_args(&mut command, dir.path(), "w", &control, "0", &[]);
     let (_worker, worker_lines) = spawn_logging(command);
     wait_for_workers(&control, 1);
     let job = submit(
@@ -1859,30 +1843,9 @@ fn the_grafana_dashboard_queries_only_what_real_scrapes_hold() {
     let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
     let control = start_control(dir.path(), 0, &settings);
     let mut command = Command::new(WEIR);
-    command.args(["worker", "--control", &control.address]);
-    let data = format!("worker.data-dir={}", dir.path().join("w").display());
-    for setting in [
-        data.as_str(),
-        "taskmanager.cpu.cores=0,1",
-        "metrics.reporter.prom.port=0",
-        "metrics.reporter.prom.host=127.0.0.1",
-    ]
-    .into_iter()
-    .chain(FAST)
-    {
-        command.args(["-D", setting]);
-    }
+    worker_args(&mut command, dir.path(), "w", &control, "0,1", &[]);
     let (_worker, lines) = spawn_logging(command);
-    let worker_metrics = wait_for(
-        "the worker's /metrics address",
-        Duration::from_secs(30),
-        || {
-            lines.lock().unwrap().iter().find_map(|line| {
-                let (_, url) = line.split_once(": metrics on ")?;
-                url.split_whitespace().next().map(str::to_string)
-            })
-        },
-    );
+    let worker_metrics = worker_metrics_url(&lines);
     wait_for_workers(&control, 1);
     let (status, answer) = upload(
         &control,

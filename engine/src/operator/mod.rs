@@ -537,9 +537,9 @@ mod tests {
 
     /// Every kind of event goes down a filter, a fan-out, an operator and the operator's side
     /// output, after the records pushed before it and in the order it came.
-    #[test]
-    fn every_event_reaches_every_output_in_order_with_the_records() {
-        let metrics = MetricsRegistry::default().register(0, "test", 0);
+    /// A fan-out to a recorder (`direct`) and to `PlusOne`, whose main and side outputs are
+    /// recorders (`plus`, `side`): the fan-out, and the three logs.
+    fn fan_out_to_plus_one(metrics: &Arc<OperatorMetrics>) -> (FanOut<u64>, [Log; 3]) {
         let ctx = RuntimeContext::new("test", 0, 1, 128);
         let (side_out, side_seen) = recorder();
         let mut side = SideOutputs::default();
@@ -551,10 +551,17 @@ mod tests {
             plus_out,
             side,
             4,
-            Arc::clone(&metrics),
+            Arc::clone(metrics),
         );
         let (direct, direct_seen) = recorder();
         let fan_out = FanOut::new(vec![direct, Box::new(plus)]);
+        (fan_out, [direct_seen, plus_seen, side_seen])
+    }
+
+    #[test]
+    fn every_event_reaches_every_output_in_order_with_the_records() {
+        let metrics = MetricsRegistry::default().register(0, "test", 0);
+        let (fan_out, [direct_seen, plus_seen, side_seen]) = fan_out_to_plus_one(&metrics);
         let mut chain = FilterLink::new(
             |n: &u64| n.is_multiple_of(2),
             Box::new(fan_out),
@@ -610,21 +617,7 @@ mod tests {
     #[test]
     fn each_latency_marker_takes_one_output_in_turn() {
         let metrics = MetricsRegistry::default().register(0, "test", 0);
-        let ctx = RuntimeContext::new("test", 0, 1, 128);
-        let (side_out, side_seen) = recorder();
-        let mut side = SideOutputs::default();
-        side.add(Arc::from("copies"), side_out);
-        let (plus_out, plus_seen) = recorder();
-        let plus = OperatorLink::new(
-            PlusOne(OutputTag::new("copies")),
-            &ctx,
-            plus_out,
-            side,
-            4,
-            Arc::clone(&metrics),
-        );
-        let (direct, direct_seen) = recorder();
-        let mut fan_out = FanOut::new(vec![direct, Box::new(plus)]);
+        let (mut fan_out, [direct_seen, plus_seen, side_seen]) = fan_out_to_plus_one(&metrics);
         let marker = |n: i64| {
             ChainEvent::LatencyMarker(LatencyMarker {
                 marked_ms: n,
