@@ -84,7 +84,7 @@ const ARGS: [&str; 5] = ["--events", "100000000", "--keys", "64", "--discard"];
 fn real_figures() -> Result<Figures> {
     let options = RunOptions::default();
     let (monitor, cancel) = (options.monitor.clone(), options.cancel.clone());
-    let (_, run) = spawn_embedded(&ARGS, options)?;
+    let (_, run) = spawn_embedded(&ARGS, &[], options)?;
     let figures = poll(Duration::from_secs(60), || {
         Ok(monitor
             .figures()

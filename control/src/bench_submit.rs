@@ -54,7 +54,7 @@ pub struct Quantiles {
 }
 
 impl Quantiles {
-    fn of(mut values: Vec<f64>) -> Quantiles {
+    pub(crate) fn of(mut values: Vec<f64>) -> Quantiles {
         values.sort_by(f64::total_cmp);
         let n = values.len();
         Quantiles {
@@ -183,7 +183,7 @@ const ARGS: [&str; 5] = ["--events", "1000000", "--keys", "64", "--discard"];
 fn embedded_first_record() -> Result<f64> {
     let options = RunOptions::default();
     let monitor = options.monitor.clone();
-    let (started, run) = spawn_embedded(&ARGS, options)?;
+    let (started, run) = spawn_embedded(&ARGS, &[], options)?;
     let first = poll(Duration::from_secs(60), || {
         Ok(monitor
             .emitted_any()
@@ -198,14 +198,23 @@ fn embedded_first_record() -> Result<f64> {
 pub(crate) type Embedded = std::thread::JoinHandle<Result<Result<(), weir_engine::JobError>>>;
 
 /// Starts `sequence-check` with `args` on one slot in this process, as `weir run` starts it
-/// (the environment made, the job built, its tasks deployed), on a thread of its own: when
-/// it started (its arguments read), and the thread.
-pub(crate) fn spawn_embedded(args: &[&str], options: RunOptions) -> Result<(Instant, Embedded)> {
+/// (the environment made with the configuration `config` adds to the default, the job
+/// built, its tasks deployed), on a thread of its own: when it started (its arguments
+/// read), and the thread.
+pub(crate) fn spawn_embedded(
+    args: &[&str],
+    config: &[(&str, &str)],
+    options: RunOptions,
+) -> Result<(Instant, Embedded)> {
     let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
     let args = builtin::parse_args(&args).map_err(anyhow::Error::msg)?;
+    let mut configuration = Configuration::default().with("taskmanager.numberOfTaskSlots", "1")?;
+    for &(key, value) in config {
+        configuration = configuration.with(key, value)?;
+    }
     let started = Instant::now();
     let run = std::thread::spawn(move || {
-        let config = Configuration::default().with("taskmanager.numberOfTaskSlots", "1")?;
+        let config = configuration;
         let env = StreamEnvironment::new(config)?;
         let name = builtin::build(&env, Job::SequenceCheck, &args)?;
         Ok(env.execute_with(name, options).map(|_| ()))

@@ -290,6 +290,17 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// A checkpoint asked for through the REST API (control plane → worker → the executor's
+    /// coordinator and back), against the same job's checkpoint asked of its coordinator in
+    /// this process: what the way to the coordinator costs.
+    Coordinator {
+        /// Checkpoints asked for each way.
+        #[arg(long, default_value_t = 30)]
+        checkpoints: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// A control plane's CPU with jobs that only run: their workers' heartbeats and figures,
     /// from simulated workers in this process, against the same control plane without jobs.
     Control {
@@ -657,6 +668,9 @@ fn run_bench(bench: Bench) -> Result<()> {
         Bench::Submit { rounds, keys, json } => {
             print_report(&bench_submit::run(rounds.max(1), keys)?, json)
         }
+        Bench::Coordinator { checkpoints, json } => {
+            print_report(&bench_coordinator::run(checkpoints)?, json)
+        }
         Bench::Control {
             jobs,
             slots_per_worker,
@@ -797,6 +811,7 @@ fn run_bench(bench: Bench) -> Result<()> {
 }
 
 mod bench_control;
+mod bench_coordinator;
 mod bench_submit;
 mod builtin;
 mod client;

@@ -376,7 +376,8 @@ async fn connect(
             .map_err(|_| Connect::Refused("rest.auth.token is not a valid header value".into()))?;
         request.headers_mut().insert("authorization", value);
     }
-    let (mut link, _) = tokio_tungstenite::connect_async(request)
+    // Small messages each way: none may wait for the previous one's acknowledgement (Nagle).
+    let (mut link, _) = tokio_tungstenite::connect_async_with_config(request, None, true)
         .await
         .map_err(|e| match e {
             tokio_tungstenite::tungstenite::Error::Http(response)

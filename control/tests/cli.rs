@@ -491,6 +491,39 @@ fn bench_submit_measures_a_submission_through_a_control_plane_and_a_worker() {
 }
 
 #[test]
+fn bench_coordinator_times_checkpoints_asked_through_the_control_plane_and_in_process() {
+    let json = bench_json(
+        &["bench", "coordinator", "--checkpoints", "12", "--json"],
+        &[
+            "rest_ms",
+            "rest_own_ms",
+            "rest_beyond_own_ms",
+            "in_process_ms",
+            "in_process_own_ms",
+            "in_process_beyond_own_ms",
+            "way_ms",
+            "status_get_ms",
+            "store_write_ms",
+        ],
+    );
+    // Twelve: a batch of ten, then two more, each checkpoint's own duration found.
+    assert_eq!(json["checkpoints"], 12, "{json}");
+    for figure in [
+        "rest_ms",
+        "in_process_ms",
+        "status_get_ms",
+        "store_write_ms",
+    ] {
+        assert!(json[figure]["p50"].as_f64().unwrap() > 0.0, "{json}");
+    }
+    // Asked through the control plane, a checkpoint took its own time and the way there.
+    assert!(
+        json["rest_ms"]["p50"].as_f64() >= json["rest_own_ms"]["p50"].as_f64(),
+        "{json}"
+    );
+}
+
+#[test]
 fn bench_control_measures_a_control_plane_serving_simulated_workers() {
     let json = bench_json(
         &[

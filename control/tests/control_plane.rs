@@ -811,36 +811,80 @@ fn a_killed_workers_job_restarts_on_another_from_its_checkpoint_losing_and_repea
     );
 }
 
+/// The number of the latest checkpoint completed in `dir` (0 before the first).
+fn latest_checkpoint(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("_metadata").exists())
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The part files a file sink committed (made visible) in `dir`.
+fn committed_parts(dir: &Path) -> usize {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("part-"))
+        .count()
+}
+
 #[test]
-fn a_restarted_control_plane_finds_its_running_job_and_sees_it_end() {
+fn a_restarted_control_plane_finds_its_running_job_which_checkpointed_and_committed_meanwhile() {
     let dir = tempfile::tempdir().unwrap();
-    let control = start_control(dir.path(), 0, &[]);
+    let mut settings = checkpointed(dir.path()).to_vec();
+    // The worker keeps its executors for this long without a control plane.
+    settings.push("heartbeat.timeout=10s".into());
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let control = start_control(dir.path(), 0, &settings);
     let port: u16 = control.address.rsplit(':').next().unwrap().parse().unwrap();
     let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
     wait_for_workers(&control, 1);
     let out = dir.path().join("out");
+    let (events, keys) = (96_000, 64);
     let job = submit(
         &control,
-        "sequence-check",
+        "sequence-echo",
         &[
             "--events",
             "96000",
             "--keys",
             "64",
             "--rate",
-            "8000",
+            "4000",
             "--output",
             out.to_str().unwrap(),
         ],
         2,
     );
-    wait_for("the job's tasks to run", Duration::from_secs(30), || {
-        get(&control, &format!("/jobs/{job}"))["placement"]["running"]
-            .as_bool()
-            .filter(|&r| r)
-    });
+    let checkpoints = dir
+        .path()
+        .join("checkpoints")
+        .join(&job)
+        .join("0")
+        .join("sequence-echo");
+    wait_for_checkpoint(
+        &dir.path().join("checkpoints").join(&job),
+        "0",
+        "sequence-echo",
+    );
     drop(control);
-    let control = start_control(dir.path(), port, &[]);
+    // The job's checkpoint coordinator runs in its executor: without a control plane, its
+    // checkpoints go on completing and its sink commits their output.
+    let (latest, committed) = (latest_checkpoint(&checkpoints), committed_parts(&out));
+    wait_for(
+        "checkpoints completed and output committed without a control plane",
+        Duration::from_secs(8),
+        || {
+            (latest_checkpoint(&checkpoints) >= latest + 3 && committed_parts(&out) > committed)
+                .then_some(())
+        },
+    );
+    let control = start_control(dir.path(), port, &settings);
     let listed = state(&control, &job);
     assert!(
         matches!(listed.as_str(), "RECONCILING" | "RUNNING"),
@@ -852,13 +896,14 @@ fn a_restarted_control_plane_finds_its_running_job_and_sees_it_end() {
         details["attempts"], 1,
         "the run went on without a restart: {details}"
     );
-    let reports: Vec<KeyReport> = read_parts(&out)
+    let records: Vec<Echoed> = read_parts(&out)
         .iter()
-        .map(|l| KeyReport::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
+        .map(|l| Echoed::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
         .collect();
     assert_eq!(
-        problems(SequenceSpec::of_cli(96_000, 64, None), &reports),
-        Vec::<String>::new()
+        echo_problems(SequenceSpec::of_cli(events, keys, None), &records),
+        EchoCheck::default(),
+        "lost, duplicated, out of order or miscounted records"
     );
 }
 

@@ -7,13 +7,14 @@ mod insight;
 mod links;
 mod packages;
 mod rest;
-mod store;
+pub(crate) mod store;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use axum::serve::ListenerExt;
 use weir_engine::package::PackageInfo;
 use weir_engine::Configuration;
 
@@ -111,6 +112,13 @@ pub fn serve(
         });
         let address = listener.local_addr()?;
         tracing::info!(%address, "weir control: REST API on http://{address}");
+        // Requests, answers and the workers' messages are small: none may wait for the
+        // previous one's acknowledgement (Nagle's algorithm against a delayed ACK, 40 ms).
+        let listener = listener.tap_io(|stream| {
+            if let Err(error) = stream.set_nodelay(true) {
+                tracing::debug!("TCP_NODELAY not set on a connection: {error}");
+            }
+        });
         axum::serve(
             listener,
             rest::router(shared).into_make_service_with_connect_info::<SocketAddr>(),

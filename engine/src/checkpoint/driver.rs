@@ -41,7 +41,7 @@ use weir_state::checkpoint::{
 
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
-use super::savepoint::{Requested, SavepointHandle, SavepointRequest, StopMode, Taken};
+use super::savepoint::{Requested, SavepointHandle, SavepointRequest, StopMode, Taken, Wake};
 use super::task_state::{decode_file, write_in_pieces, FileEncoder, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
 use crate::error::{panic_message, JobError};
@@ -120,6 +120,8 @@ pub(crate) enum TaskReport {
     },
     /// A source's input ended and its chain finished: it waits for the final checkpoint.
     InputEnded,
+    /// A checkpoint or savepoint was asked for.
+    Asked,
 }
 
 /// What every task of a checkpointed job shares with the coordinator thread.
@@ -376,6 +378,10 @@ impl CheckpointDriver {
         stopping: Arc<AtomicBool>,
     ) -> CheckpointDriver {
         let (sender, receiver) = mpsc::channel();
+        let asked = sender.clone();
+        plan.savepoints.wake_with(Some(Wake(Box::new(move || {
+            let _ = asked.send(TaskReport::Asked);
+        }))));
         let shared = Arc::new(JobCheckpointing {
             reports: Mutex::new(sender),
             pending: Mutex::default(),
@@ -425,6 +431,7 @@ impl CheckpointDriver {
                             let _ = receiver.recv_timeout(Duration::from_millis(10));
                         }
                     }
+                    host.plan.savepoints.wake_with(None);
                     host.discard_pending();
                     host.discard_aborted();
                     // A checkpoint asked for that never started waits for the next attempt.
@@ -635,6 +642,8 @@ impl Host {
                 tracing::debug!(job = %self.plan.job, "every source's input ended: the final checkpoint is due");
                 self.coordinator.end_of_input(now)
             }
+            // The loop takes it next.
+            TaskReport::Asked => Vec::new(),
         }
     }
 

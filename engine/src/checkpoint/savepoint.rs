@@ -101,6 +101,18 @@ struct Queue {
     requests: VecDeque<SavepointRequest>,
     /// Why requests are refused (the job takes no checkpoints, or it ended).
     closed: Option<String>,
+    /// Wakes the coordinator of the run taking requests now, if one does.
+    wake: Option<Wake>,
+}
+
+/// Tells a waiting coordinator that a request came (else it looks only when its own
+/// timers or the tasks wake it).
+pub(crate) struct Wake(pub(crate) Box<dyn Fn() + Send>);
+
+impl std::fmt::Debug for Wake {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Wake")
+    }
 }
 
 /// Asks a running job for savepoints (`RunOptions::savepoints`); cloning shares the handle.
@@ -134,9 +146,24 @@ impl SavepointHandle {
         let mut queue = self.queue.lock().expect("savepoint queue lock");
         match &queue.closed {
             Some(reason) => request.fail(reason.clone()),
-            None => queue.requests.push_back(request),
+            None => {
+                queue.requests.push_back(request);
+                if let Some(wake) = &queue.wake {
+                    (wake.0)();
+                }
+            }
         }
         PendingSavepoint { answer }
+    }
+
+    /// The coordinator that takes requests from now on wakes with `wake` (at once, if some
+    /// wait); `None` when it ends.
+    pub(crate) fn wake_with(&self, wake: Option<Wake>) {
+        let mut queue = self.queue.lock().expect("savepoint queue lock");
+        queue.wake = wake;
+        if let (Some(wake), false) = (&queue.wake, queue.requests.is_empty()) {
+            (wake.0)();
+        }
     }
 
     /// Puts a request taken but not started back first in line (or refuses it, if the
