@@ -109,7 +109,16 @@ pub(crate) fn settings(pairs: &[String]) -> Vec<String> {
 }
 
 /// Polls `what` every millisecond until it gives a value, for `limit` at most.
-pub(crate) fn poll<T>(limit: Duration, mut what: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+pub(crate) fn poll<T>(limit: Duration, what: impl FnMut() -> Result<Option<T>>) -> Result<T> {
+    poll_every(Duration::from_millis(1), limit, what)
+}
+
+/// Polls `what` every `every` until it gives a value, for `limit` at most.
+pub(crate) fn poll_every<T>(
+    every: Duration,
+    limit: Duration,
+    mut what: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
     let started = Instant::now();
     loop {
         if let Some(value) = what()? {
@@ -118,8 +127,31 @@ pub(crate) fn poll<T>(limit: Duration, mut what: impl FnMut() -> Result<Option<T
         if started.elapsed() > limit {
             bail!("nothing within {limit:?}");
         }
-        std::thread::sleep(Duration::from_millis(1));
+        std::thread::sleep(every);
     }
+}
+
+/// A control plane (its store in `dir/control`, with `settings` besides) and one worker
+/// with one slot on core 0 (its data in `dir/worker`), started on loopback: the processes,
+/// killed when dropped, and the control plane's address.
+pub(crate) fn start_cluster(dir: &Path, extra: &[String]) -> Result<(Started, Started, String)> {
+    let mut args = vec!["control".to_string()];
+    args.extend(settings(&[
+        format!("control.data-dir={}", dir.join("control").display()),
+        "rest.address=127.0.0.1".into(),
+        "rest.port=0".into(),
+    ]));
+    args.extend(settings(extra));
+    let (control, address) = start(&args, "REST API on http://")?;
+    let mut args = vec!["worker".to_string(), "--control".into(), address.clone()];
+    args.extend(settings(&[
+        format!("worker.data-dir={}", dir.join("worker").display()),
+        "taskmanager.cpu.cores=0".into(),
+        "metrics.reporter.prom.host=127.0.0.1".into(),
+        "metrics.reporter.prom.port=0".into(),
+    ]));
+    let (worker, _) = start(&args, "registered with")?;
+    Ok((control, worker, address))
 }
 
 pub(crate) fn call(
@@ -214,8 +246,7 @@ pub(crate) fn spawn_embedded(
     }
     let started = Instant::now();
     let run = std::thread::spawn(move || {
-        let config = configuration;
-        let env = StreamEnvironment::new(config)?;
+        let env = StreamEnvironment::new(configuration)?;
         let name = builtin::build(&env, Job::SequenceCheck, &args)?;
         Ok(env.execute_with(name, options).map(|_| ()))
     });
@@ -247,26 +278,15 @@ pub fn run(rounds: usize, keys: u32) -> Result<SubmitReport> {
     // Declared first, so dropped after the processes.
     let _cleanup = Cleanup(dir.clone());
     let checkpoints = dir.join("checkpoints");
-    let control_settings = settings(&[
-        format!("control.data-dir={}", dir.join("control").display()),
-        "rest.address=127.0.0.1".into(),
-        "rest.port=0".into(),
-        "heartbeat.interval=1s".into(),
-        "heartbeat.timeout=10s".into(),
-        "execution.checkpointing.interval=1s".into(),
-        format!("execution.checkpointing.dir={}", checkpoints.display()),
-    ]);
-    let mut args = vec!["control".to_string()];
-    args.extend(control_settings);
-    let (_control, address) = start(&args, "REST API on http://")?;
-    let mut args = vec!["worker".to_string(), "--control".into(), address.clone()];
-    args.extend(settings(&[
-        format!("worker.data-dir={}", dir.join("worker").display()),
-        "taskmanager.cpu.cores=0".into(),
-        "metrics.reporter.prom.host=127.0.0.1".into(),
-        "metrics.reporter.prom.port=0".into(),
-    ]));
-    let (_worker, _) = start(&args, "registered with")?;
+    let (_control, _worker, address) = start_cluster(
+        &dir,
+        &[
+            "heartbeat.interval=1s".into(),
+            "heartbeat.timeout=10s".into(),
+            "execution.checkpointing.interval=1s".into(),
+            format!("execution.checkpointing.dir={}", checkpoints.display()),
+        ],
+    )?;
     let client = Client::new(&address, None);
 
     let body = json!({ "entryClass": "sequence-check", "programArgsList": ARGS });

@@ -122,6 +122,10 @@ enum Command {
     },
     /// List every configuration key with its effective value and meaning.
     Config {
+        /// Print the configuration reference instead (Markdown: every key with what it
+        /// accepts, its default and its meaning; `docs/configuration.md` is its output).
+        #[arg(long)]
+        reference: bool,
         #[command(flatten)]
         config: ConfigArgs,
     },
@@ -585,7 +589,13 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
         Command::Bench { bench } => run_bench(bench),
-        Command::Config { config } => {
+        Command::Config {
+            reference: true, ..
+        } => {
+            print!("{}", weir_engine::config::reference());
+            Ok(())
+        }
+        Command::Config { config, .. } => {
             let config = config.load()?;
             for (key, value, description) in config.describe() {
                 println!("{key} = {value}\n    {description}");

@@ -709,15 +709,18 @@ fn checkpointed(dir: &Path) -> [String; 5] {
 fn wait_for_checkpoint(dir: &Path, generation: &str, name: &str) {
     let checkpoints = dir.join(generation).join(name);
     wait_for("a completed checkpoint", Duration::from_secs(60), || {
-        std::fs::read_dir(&checkpoints)
-            .ok()?
-            .flatten()
-            .any(|e| {
-                e.file_name().to_string_lossy().starts_with("chk-")
-                    && e.path().join("_metadata").exists()
-            })
-            .then_some(())
+        latest_checkpoint(&checkpoints).map(|_| ())
     });
+}
+
+/// The number of the latest checkpoint completed in `dir`, if one did.
+fn latest_checkpoint(dir: &Path) -> Option<u64> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().join("_metadata").exists())
+        .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+        .max()
 }
 
 #[test]
@@ -811,18 +814,6 @@ fn a_killed_workers_job_restarts_on_another_from_its_checkpoint_losing_and_repea
     );
 }
 
-/// The number of the latest checkpoint completed in `dir` (0 before the first).
-fn latest_checkpoint(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().join("_metadata").exists())
-        .filter_map(|e| e.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
-        .max()
-        .unwrap_or(0)
-}
-
 /// The part files a file sink committed (made visible) in `dir`.
 fn committed_parts(dir: &Path) -> usize {
     std::fs::read_dir(dir)
@@ -838,49 +829,44 @@ fn a_restarted_control_plane_finds_its_running_job_which_checkpointed_and_commit
     let dir = tempfile::tempdir().unwrap();
     let mut settings = checkpointed(dir.path()).to_vec();
     // The worker keeps its executors for this long without a control plane.
-    settings.push("heartbeat.timeout=10s".into());
+    settings.push("heartbeat.timeout=30s".into());
     let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
     let control = start_control(dir.path(), 0, &settings);
     let port: u16 = control.address.rsplit(':').next().unwrap().parse().unwrap();
     let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
     wait_for_workers(&control, 1);
     let out = dir.path().join("out");
-    let (events, keys) = (96_000, 64);
+    // Two readers of 1000 records/s: 24 s, running on while the control plane is away.
+    let (events, keys) = (48_000, 64);
     let job = submit(
         &control,
         "sequence-echo",
         &[
             "--events",
-            "96000",
+            "48000",
             "--keys",
             "64",
             "--rate",
-            "4000",
+            "1000",
             "--output",
             out.to_str().unwrap(),
         ],
         2,
     );
-    let checkpoints = dir
-        .path()
-        .join("checkpoints")
-        .join(&job)
-        .join("0")
-        .join("sequence-echo");
-    wait_for_checkpoint(
-        &dir.path().join("checkpoints").join(&job),
-        "0",
-        "sequence-echo",
-    );
+    let job_checkpoints = dir.path().join("checkpoints").join(&job);
+    wait_for_checkpoint(&job_checkpoints, "0", "sequence-echo");
+    let checkpoints = job_checkpoints.join("0").join("sequence-echo");
     drop(control);
     // The job's checkpoint coordinator runs in its executor: without a control plane, its
     // checkpoints go on completing and its sink commits their output.
-    let (latest, committed) = (latest_checkpoint(&checkpoints), committed_parts(&out));
+    let latest = latest_checkpoint(&checkpoints).expect("a completed checkpoint");
+    let committed = committed_parts(&out);
     wait_for(
         "checkpoints completed and output committed without a control plane",
         Duration::from_secs(8),
         || {
-            (latest_checkpoint(&checkpoints) >= latest + 3 && committed_parts(&out) > committed)
+            (latest_checkpoint(&checkpoints).is_some_and(|n| n >= latest + 3)
+                && committed_parts(&out) > committed)
                 .then_some(())
         },
     );

@@ -347,24 +347,72 @@ fn validate(option: &ConfigOption, value: &str) -> Result<(), ConfigError> {
     if ok {
         return Ok(());
     }
-    let expected = match option.kind {
-        OptionKind::Count(min) => format!("a whole number of at least {min}"),
-        OptionKind::Range(min, max) => format!("a whole number from {min} to {max}"),
-        OptionKind::Duration => "a duration such as '1 ms', '200ms', '10 s', '7 d' or '0'".into(),
-        OptionKind::Size => "a size such as '1728m', '32kb' or '1 gb'".into(),
-        OptionKind::Fraction => "a fraction between 0 and 1, e.g. 0.1".into(),
-        OptionKind::Factor => "a number of at least 1, e.g. 1.5".into(),
-        OptionKind::Bool => "true or false".into(),
-        OptionKind::CoreList => "a comma-separated list of core ids, e.g. 0,1".into(),
-        OptionKind::Choice(words) => format!("one of {}", words.join(", ")),
-        OptionKind::Path => "a directory path".into(),
-        OptionKind::Text => "a word without spaces".into(),
-    };
     Err(ConfigError::InvalidValue {
         key: option.key.to_string(),
         value: value.to_string(),
-        expected,
+        expected: option.kind.expected(),
     })
+}
+
+impl OptionKind {
+    /// What a valid value looks like: what a refused value's message and the configuration
+    /// reference say.
+    pub fn expected(&self) -> String {
+        match *self {
+            OptionKind::Count(min) => format!("a whole number of at least {min}"),
+            OptionKind::Range(min, max) => format!("a whole number from {min} to {max}"),
+            OptionKind::Duration => {
+                "a duration such as '1 ms', '200ms', '10 s', '7 d' or '0'".into()
+            }
+            OptionKind::Size => "a size such as '1728m', '32kb' or '1 gb'".into(),
+            OptionKind::Fraction => "a fraction between 0 and 1, e.g. 0.1".into(),
+            OptionKind::Factor => "a number of at least 1, e.g. 1.5".into(),
+            OptionKind::Bool => "true or false".into(),
+            OptionKind::CoreList => "a comma-separated list of core ids, e.g. 0,1".into(),
+            OptionKind::Choice(words) => format!("one of {}", words.join(", ")),
+            OptionKind::Path => "a directory path".into(),
+            OptionKind::Text => "a word without spaces".into(),
+        }
+    }
+}
+
+/// The configuration reference (`docs/configuration.md`): every key of [`OPTIONS`], in its
+/// order, with what it accepts, its default and its meaning. `weir config --reference`
+/// prints it; a test fails when the file and this differ.
+pub fn reference() -> String {
+    use std::fmt::Write;
+    let cell = |text: &str| text.replace('|', "\\|");
+    let mut out = String::from(
+        "# Configuration reference\n\n\
+         Generated from `OPTIONS` in `engine/src/config.rs` by `weir config --reference > \
+         docs/configuration.md`; a test fails when they differ, so change the code, then \
+         regenerate.\n\n\
+         Weir reads Flink's keys where Flink has one. Every process (`weir run`, `weir \
+         control`, `weir worker`, …) takes them from a TOML file (`-c FILE`: a key as a \
+         dotted name, or as nested tables), then the environment (`WEIR_<KEY>`: the key \
+         upper-cased, `.` and `-` as `_`), then `-D key=value` flags, each overriding the \
+         one before. A key Weir does not know (in the file or a flag), or a value it does \
+         not accept, stops the process at start with a message naming the key, the value and what it accepts. \
+         `weir config` prints every key with the value it takes. A default of — is derived \
+         at start, as its meaning says.\n\n\
+         | key | accepts | default | meaning |\n|---|---|---|---|\n",
+    );
+    for option in OPTIONS {
+        let default = if option.default.is_empty() {
+            "—".to_string()
+        } else {
+            format!("`{}`", option.default)
+        };
+        let _ = writeln!(
+            out,
+            "| `{}` | {} | {} | {} |",
+            option.key,
+            cell(&option.kind.expected()),
+            default,
+            cell(option.description)
+        );
+    }
+    out
 }
 
 fn edit_distance(a: &str, b: &str) -> usize {
@@ -871,6 +919,35 @@ impl Configuration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_configuration_reference_is_generated_from_the_code() {
+        let file = include_str!("../../docs/configuration.md");
+        assert!(
+            file == reference(),
+            "docs/configuration.md differs from OPTIONS in engine/src/config.rs: regenerate \
+             it with `weir config --reference > docs/configuration.md`"
+        );
+        // One row per key, in OPTIONS's order, each saying what it accepts.
+        let rows: Vec<&str> = file.lines().filter(|l| l.starts_with("| `")).collect();
+        assert_eq!(rows.len(), OPTIONS.len());
+        for (row, option) in rows.iter().zip(OPTIONS) {
+            assert!(row.starts_with(&format!("| `{}` |", option.key)), "{row}");
+            assert!(row.contains(&option.kind.expected()), "{row}");
+        }
+    }
+
+    #[test]
+    fn a_refused_value_names_what_its_key_accepts() {
+        let error = Configuration::default()
+            .with("pipeline.max-parallelism", "0")
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "config key 'pipeline.max-parallelism' has invalid value '0': expected a whole \
+             number from 1 to 32768"
+        );
+    }
 
     #[test]
     fn restart_strategies_read_flinks_keys_and_defaults() {

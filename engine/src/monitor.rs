@@ -305,6 +305,9 @@ pub struct CheckpointRecord {
     pub end_timestamp: i64,
     /// From trigger to commit, ms (completed ones).
     pub duration_ms: u64,
+    /// The same, µs.
+    #[serde(default)]
+    pub duration_us: u64,
     /// All its files, bytes.
     pub full_bytes: u64,
     /// What it wrote itself, bytes (less files shared with earlier checkpoints).
@@ -441,6 +444,7 @@ impl JobMonitor {
             completed: true,
             end_timestamp: now_ms(),
             duration_ms: u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            duration_us: u64::try_from(took.as_micros()).unwrap_or(u64::MAX),
             full_bytes,
             incremental_bytes,
             max_sync_pause_ms: max_pause.as_secs_f64() * 1000.0,
@@ -465,6 +469,7 @@ impl JobMonitor {
             completed: false,
             end_timestamp: now_ms(),
             duration_ms: 0,
+            duration_us: 0,
             full_bytes: 0,
             incremental_bytes: 0,
             max_sync_pause_ms: 0.0,

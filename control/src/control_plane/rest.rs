@@ -955,6 +955,8 @@ async fn job_checkpoints(State(shared): State<Shared>, Path(id): Path<String>) -
             "is_savepoint": c.savepoint,
             "latest_ack_timestamp": c.end_timestamp,
             "end_to_end_duration": c.duration_ms,
+            // Weir's checkpoints often take less than a millisecond's resolution shows.
+            "end_to_end_duration_us": c.duration_us,
             "state_size": c.full_bytes,
             "checkpointed_size": c.incremental_bytes,
             "max_sync_pause_ms": c.max_sync_pause_ms,

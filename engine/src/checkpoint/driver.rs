@@ -797,15 +797,16 @@ impl Host {
             .sum::<u64>();
         let bytes = (full, full - earlier);
         let triggered = self.triggered.remove(&checkpoint);
-        let figures = triggered.as_ref().map(|triggered| triggered.figures(bytes));
+        // Its duration runs to its commit; counted once committed: a commit that fails is an
+        // abort.
         if pending.is_savepoint() {
             self.savepoint_dirs.remove(&checkpoint);
             let completed = self
                 .storage
                 .commit_savepoint(pending, &metadata)
                 .map_err(|e| e.to_string())?;
-            // Counted once committed: a commit that fails is an abort.
-            if let Some(figures) = figures {
+            if let Some(triggered) = &triggered {
+                let figures = triggered.figures(bytes);
                 self.plan.monitor.completed(checkpoint, true, figures);
             }
             return Ok(completed.dir);
@@ -815,7 +816,8 @@ impl Host {
             .commit(pending, &metadata)
             .map_err(|e| e.to_string())?;
         tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint committed");
-        if let (Some(triggered), Some(figures)) = (triggered, figures) {
+        if let Some(triggered) = triggered {
+            let figures = triggered.figures(bytes);
             self.plan.monitor.completed(checkpoint, false, figures);
             self.stats.completed(figures.took, bytes, triggered.pauses);
         }

@@ -195,6 +195,7 @@ impl SavepointHandle {
     pub(crate) fn close(&self, reason: &str) {
         let mut queue = self.queue.lock().expect("savepoint queue lock");
         queue.closed = Some(reason.to_string());
+        queue.wake = None;
         for request in queue.requests.drain(..) {
             request.fail(reason);
         }
