@@ -129,6 +129,12 @@ enum Command {
         #[command(flatten)]
         config: ConfigArgs,
     },
+    /// Check and tune this host for a worker (as `rpk redpanda tune` and perftune do), and a
+    /// worker's memory per slot.
+    Tune {
+        #[command(subcommand)]
+        tune: tune::TuneCommand,
+    },
     /// Read checkpoints.
     Checkpoint {
         #[command(subcommand)]
@@ -618,6 +624,7 @@ fn run(cli: Cli) -> Result<()> {
         | Command::Checkpoint {
             checkpoint: CheckpointCommand::Trigger { .. },
         } => unreachable!("main runs the API commands"),
+        Command::Tune { .. } => unreachable!("main runs weir tune"),
         Command::Checkpoint {
             checkpoint: CheckpointCommand::Inspect { path, json },
         } => {
@@ -829,6 +836,7 @@ mod control_plane;
 mod exposition;
 mod protocol;
 mod signals;
+mod tune;
 mod worker;
 
 /// How long `weir savepoint`, `stop`, `rescale` and `checkpoint trigger` wait for their
@@ -1024,6 +1032,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if let Some(code) = api_command(&cli.command) {
         return code;
+    }
+    if let Command::Tune { tune } = &cli.command {
+        return tune::run(tune);
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,

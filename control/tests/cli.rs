@@ -554,3 +554,64 @@ fn bench_control_measures_a_control_plane_serving_simulated_workers() {
     );
     assert!(json["jobs_cpu_percent"].as_f64().unwrap() >= 0.0, "{json}");
 }
+
+#[test]
+fn weir_tune_checks_applies_and_scripts_against_a_host_tree_and_computes_memory() {
+    let (listed, _) = succeeds(&["tune", "list"]);
+    for name in [
+        "cpu-governor",
+        "transparent-hugepages",
+        "swappiness",
+        "memlock",
+        "open-files",
+        "udp-buffers",
+        "io-uring",
+        "irq-affinity",
+        "clocksource",
+        "disk-queues",
+        "isolated-cores",
+    ] {
+        assert!(listed.contains(name), "{name} not listed:\n{listed}");
+    }
+    // A host tree whose one readable setting is off.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap();
+    let swappiness = dir.path().join("proc/sys/vm/swappiness");
+    std::fs::create_dir_all(swappiness.parent().unwrap()).unwrap();
+    std::fs::write(&swappiness, "60\n").unwrap();
+    let checked = weir(&["tune", "check", "--root", root]);
+    let out = text(&checked.stdout);
+    assert_eq!(checked.status.code(), Some(1), "{out}");
+    assert!(out.contains("swappiness: vm.swappiness is 60"), "{out}");
+    assert!(out.contains("clocksource: skipped"), "{out}");
+    let (script, _) = succeeds(&["tune", "script", "--root", root]);
+    assert!(
+        script.contains(&format!("echo 1 > {}", swappiness.display())),
+        "{script}"
+    );
+    succeeds(&["tune", "apply", "--root", root]);
+    assert_eq!(std::fs::read_to_string(&swappiness).unwrap(), "1\n");
+    let checked = weir(&["tune", "check", "--root", root, "--tuner", "swappiness"]);
+    assert_eq!(checked.status.code(), Some(0), "{}", text(&checked.stdout));
+    let wrong = weir(&["tune", "check", "--tuner", "governor"]);
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(text(&wrong.stderr).contains("no tuner 'governor'; the tuners: cpu-governor"));
+
+    // The budgets a worker of 64 GiB with 16 slots computes, per slot.
+    let (memory, _) = succeeds(&["tune", "memory", "--process-size", "64g", "--slots", "16"]);
+    let (explained, _) = succeeds(&[
+        "run",
+        "word-count",
+        "--explain-memory",
+        "-D",
+        "taskmanager.memory.process.size=64g",
+        "-D",
+        "taskmanager.numberOfTaskSlots=16",
+    ]);
+    assert_eq!(memory, explained);
+    assert!(memory.contains("16"), "{memory}");
+    fails_naming(
+        &["tune", "memory", "--process-size", "lots"],
+        "taskmanager.memory.process.size",
+    );
+}

@@ -1,0 +1,196 @@
+//! `weir tune`: check and tune this host for a worker (`weir_tuning`), and a worker's memory
+//! budgets per slot.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+use weir_tuning::{Checked, Fix, Host, Tuner};
+
+use crate::ConfigArgs;
+
+#[derive(Subcommand)]
+pub(crate) enum TuneCommand {
+    /// Every tuner: what it looks at, and whether it can run on this host.
+    List {
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// Check the host; exits 1 when something that costs throughput or latency is off,
+    /// saying what and how to make it right.
+    Check {
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// Make right what a write under /proc or /sys does (as root; until the next boot), and
+    /// say what is left for an operator; exits 1 when a write failed.
+    Apply {
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// Print the shell commands `apply` would run (what is left for an operator, as
+    /// comments).
+    Script {
+        #[command(flatten)]
+        host: HostArgs,
+    },
+    /// A worker's memory per slot (managed: RocksDB's block cache and write buffers; network
+    /// segments; heap), computed by the code the worker runs, naming the key behind each.
+    Memory {
+        /// The worker's process size (`taskmanager.memory.process.size`), e.g. 64g.
+        #[arg(long, value_name = "SIZE")]
+        process_size: Option<String>,
+        /// Its slots (`taskmanager.numberOfTaskSlots`); default: every available core.
+        #[arg(long)]
+        slots: Option<usize>,
+        #[command(flatten)]
+        config: ConfigArgs,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct HostArgs {
+    /// The directory the host's /proc and /sys are under (a copy of them, to try).
+    #[arg(long, default_value = "/")]
+    root: PathBuf,
+    /// Only this tuner (repeatable); default: every one (`weir tune list`).
+    #[arg(long = "tuner", value_name = "NAME")]
+    tuners: Vec<String>,
+    /// The worker's configuration: its shard cores (`taskmanager.cpu.cores`) and the
+    /// directories its state and checkpoints go to.
+    #[command(flatten)]
+    config: ConfigArgs,
+}
+
+impl HostArgs {
+    /// The host, and the tuners asked for.
+    fn load(&self) -> anyhow::Result<(Host, Vec<Box<dyn Tuner>>)> {
+        let config = self.config.load()?;
+        let mut dirs = vec![config.rocksdb_local_dir(), config.worker_data_dir()];
+        if let Some(checkpoints) = config.checkpointing()? {
+            dirs.push(checkpoints.dir);
+        }
+        dirs.retain(|dir| dir.exists());
+        let host = Host::new(&self.root, config.cores(), dirs);
+        let mut tuners = weir_tuning::all();
+        if !self.tuners.is_empty() {
+            for name in &self.tuners {
+                if !tuners.iter().any(|t| t.name() == name) {
+                    let names: Vec<&str> = tuners.iter().map(|t| t.name()).collect();
+                    anyhow::bail!("no tuner '{name}'; the tuners: {}", names.join(", "));
+                }
+            }
+            tuners.retain(|t| self.tuners.iter().any(|name| name == t.name()));
+        }
+        Ok((host, tuners))
+    }
+}
+
+/// Runs a `weir tune` command: its exit code.
+pub(crate) fn run(command: &TuneCommand) -> ExitCode {
+    match run_command(command) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn run_command(command: &TuneCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        TuneCommand::List { host } => {
+            let (host, tuners) = host.load()?;
+            for tuner in tuners {
+                let here = match tuner.unsupported(&host) {
+                    Some(why) => format!("cannot run here: {why}"),
+                    None => "runs here".into(),
+                };
+                println!("{}  ({here})\n    {}", tuner.name(), tuner.about());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TuneCommand::Check { host } => {
+            let (host, tuners) = host.load()?;
+            let mut off = 0;
+            for tuner in tuners {
+                match weir_tuning::check(tuner.as_ref(), &host) {
+                    Checked::Unsupported(why) => println!("{}: skipped: {why}", tuner.name()),
+                    Checked::Findings(found) if found.is_empty() => {
+                        println!("{}: ok", tuner.name())
+                    }
+                    Checked::Findings(found) => {
+                        for finding in found {
+                            off += 1;
+                            let fix = match finding.fix {
+                                Fix::Write { path, value } => format!(
+                                    "{} (weir tune apply does it)",
+                                    weir_tuning::echo(&host, &path, &value)
+                                ),
+                                Fix::Manual(what) => what,
+                            };
+                            println!("{}: {}\n    fix: {fix}", tuner.name(), finding.problem);
+                        }
+                    }
+                }
+            }
+            Ok(if off == 0 {
+                ExitCode::SUCCESS
+            } else {
+                println!("{off} thing(s) off");
+                ExitCode::FAILURE
+            })
+        }
+        TuneCommand::Apply { host } => {
+            let (host, tuners) = host.load()?;
+            let mut failed = false;
+            for tuner in tuners {
+                let applied = weir_tuning::apply(tuner.as_ref(), &host);
+                for (path, value) in &applied.written {
+                    println!("{}: wrote {value} to {}", tuner.name(), host.shown(path));
+                }
+                for what in &applied.manual {
+                    println!("{}: left for you: {what}", tuner.name());
+                }
+                for (path, why) in &applied.failed {
+                    failed = true;
+                    println!(
+                        "{}: could not write {}: {why} (run as root)",
+                        tuner.name(),
+                        host.shown(path)
+                    );
+                }
+            }
+            Ok(if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        TuneCommand::Script { host } => {
+            let (host, tuners) = host.load()?;
+            println!("#!/bin/sh\n# weir tune script: what weir tune apply would do\nset -e");
+            for tuner in tuners {
+                for line in weir_tuning::script(tuner.as_ref(), &host) {
+                    println!("{line}");
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TuneCommand::Memory {
+            process_size,
+            slots,
+            config,
+        } => {
+            let mut config = config.load()?;
+            if let Some(size) = process_size {
+                config = config.with("taskmanager.memory.process.size", size.as_str())?;
+            }
+            if let Some(slots) = slots {
+                config = config.with("taskmanager.numberOfTaskSlots", slots.to_string())?;
+            }
+            print!("{}", crate::memory_budget(&config)?);
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

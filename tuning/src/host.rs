@@ -1,0 +1,136 @@
+//! The host a tuner looks at: files under a root directory.
+
+use std::path::{Path, PathBuf};
+
+/// A host's `/proc` and `/sys` under `root`, the cores its shards are pinned to, and the
+/// directories its state and checkpoints are written to.
+#[derive(Clone, Debug)]
+pub struct Host {
+    root: PathBuf,
+    /// The cores the worker's shards are pinned to (`taskmanager.cpu.cores`).
+    pub shard_cores: Vec<usize>,
+    /// The directories RocksDB and checkpoints write to, as the host names them.
+    pub data_dirs: Vec<PathBuf>,
+}
+
+impl Host {
+    /// The host under `root` (`/` for this machine), with its shards on `shard_cores` (all
+    /// online cores when `None`) writing state and checkpoints to `data_dirs`.
+    pub fn new(root: &Path, shard_cores: Option<Vec<usize>>, data_dirs: Vec<PathBuf>) -> Host {
+        let mut host = Host {
+            root: root.to_path_buf(),
+            shard_cores: Vec::new(),
+            data_dirs,
+        };
+        host.shard_cores = shard_cores.unwrap_or_else(|| host.online_cores());
+        host
+    }
+
+    /// `path` (absolute on the host) under the root.
+    pub fn path(&self, path: &str) -> PathBuf {
+        self.root.join(path.trim_start_matches('/'))
+    }
+
+    /// `path` as a command run on the host would name it (under the root, when it is not
+    /// `/`).
+    pub fn shown(&self, path: &str) -> String {
+        self.path(path).display().to_string()
+    }
+
+    /// The contents of `path`, trimmed; `None` when it cannot be read.
+    pub fn read(&self, path: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(path))
+            .ok()
+            .map(|text| text.trim().to_string())
+    }
+
+    /// Whether `path` exists.
+    pub fn exists(&self, path: &str) -> bool {
+        self.path(path).exists()
+    }
+
+    /// Writes `value` to `path` (as `echo VALUE > PATH` does).
+    pub fn write(&self, path: &str, value: &str) -> std::io::Result<()> {
+        std::fs::write(self.path(path), format!("{value}\n"))
+    }
+
+    /// The names in directory `path`, sorted.
+    pub fn list(&self, path: &str) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.path(path))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The online cores (`/sys/devices/system/cpu/online`).
+    pub fn online_cores(&self) -> Vec<usize> {
+        self.read("/sys/devices/system/cpu/online")
+            .and_then(|list| parse_cpu_list(&list))
+            .unwrap_or_default()
+    }
+
+    /// The host's path of the sysfs directory of the whole disk `dir` is on, if it has one
+    /// (a tmpfs or an overlay has none).
+    pub fn disk_of(&self, dir: &Path) -> Option<String> {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata(dir).ok()?.dev();
+        let (major, minor) = (libc::major(dev), libc::minor(dev));
+        let device = format!("/sys/dev/block/{major}:{minor}");
+        // A partition's queue is its disk's: the directory above it.
+        let resolved = std::fs::canonicalize(self.path(&device)).ok()?;
+        let disk = if resolved.join("partition").exists() {
+            resolved.parent()?.to_path_buf()
+        } else {
+            resolved
+        };
+        let relative = disk
+            .strip_prefix(std::fs::canonicalize(&self.root).ok()?)
+            .ok()?;
+        Some(format!("/{}", relative.display()))
+    }
+}
+
+/// Reads a kernel CPU list (`0-3,8,10-11`).
+pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
+    let mut cores = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((from, to)) => {
+                let (from, to): (usize, usize) = (from.parse().ok()?, to.parse().ok()?);
+                cores.extend(from..=to);
+            }
+            None => cores.push(part.parse().ok()?),
+        }
+    }
+    cores.sort_unstable();
+    cores.dedup();
+    Some(cores)
+}
+
+/// Writes a kernel CPU list, runs folded (`0-3,8`).
+pub fn format_cpu_list(cores: &[usize]) -> String {
+    let mut sorted = cores.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts = Vec::new();
+    let mut index = 0;
+    while index < sorted.len() {
+        let start = sorted[index];
+        let mut end = start;
+        while index + 1 < sorted.len() && sorted[index + 1] == end + 1 {
+            index += 1;
+            end = sorted[index];
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        index += 1;
+    }
+    parts.join(",")
+}
