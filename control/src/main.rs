@@ -834,6 +834,7 @@ mod builtin;
 mod client;
 mod control_plane;
 mod exposition;
+mod notify;
 mod protocol;
 mod signals;
 mod tune;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
-use weir_tuning::{Checked, Fix, Host, Tuner};
+use weir_tuning::{systemd, Checked, Fix, Host, Tuner};
 
 use crate::ConfigArgs;
 
@@ -33,6 +33,36 @@ pub(crate) enum TuneCommand {
     Script {
         #[command(flatten)]
         host: HostArgs,
+    },
+    /// Print a systemd unit: the control plane's or a worker's (Type=notify, restarts,
+    /// limits, an optional watchdog), or the oneshot `weir tune apply` ordered before the
+    /// worker.
+    Systemd {
+        /// Which unit: control, worker or tune.
+        #[arg(long, value_parser = ["control", "worker", "tune"])]
+        role: String,
+        /// The weir binary [default: /usr/bin/weir].
+        #[arg(long)]
+        binary: Option<PathBuf>,
+        /// The configuration file the processes read [default: /etc/weir/weir.toml].
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// An environment file of WEIR_<KEY> settings, read if present [default:
+        /// /etc/default/weir].
+        #[arg(long)]
+        environment_file: Option<PathBuf>,
+        /// The user the control plane and the worker run as [default: weir].
+        #[arg(long)]
+        user: Option<String>,
+        /// The control plane a worker registers with [default: localhost:8081].
+        #[arg(long, value_name = "HOST:PORT")]
+        control: Option<String>,
+        /// The cores the worker may run on (CPUAffinity=), e.g. 0-15.
+        #[arg(long)]
+        cpu_affinity: Option<String>,
+        /// WatchdogSec=: the process pings systemd at half of it.
+        #[arg(long)]
+        watchdog_sec: Option<u64>,
     },
     /// A worker's memory per slot (managed: RocksDB's block cache and write buffers; network
     /// segments; heap), computed by the code the worker runs, naming the key behind each.
@@ -175,6 +205,35 @@ fn run_command(command: &TuneCommand) -> anyhow::Result<ExitCode> {
                     println!("{line}");
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        TuneCommand::Systemd {
+            role,
+            binary,
+            config,
+            environment_file,
+            user,
+            control,
+            cpu_affinity,
+            watchdog_sec,
+        } => {
+            let (_, role) = systemd::Role::NAMES
+                .into_iter()
+                .find(|(name, _)| name == role)
+                .expect("clap checks the role");
+            let defaults = systemd::UnitOptions::default();
+            let options = systemd::UnitOptions {
+                binary: binary.clone().unwrap_or(defaults.binary),
+                config: config.clone().unwrap_or(defaults.config),
+                environment_file: environment_file
+                    .clone()
+                    .unwrap_or(defaults.environment_file),
+                user: user.clone().unwrap_or(defaults.user),
+                control: control.clone().unwrap_or(defaults.control),
+                cpu_affinity: cpu_affinity.clone(),
+                watchdog_sec: *watchdog_sec,
+            };
+            print!("{}", systemd::render(role, &options));
             Ok(ExitCode::SUCCESS)
         }
         TuneCommand::Memory {

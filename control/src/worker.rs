@@ -264,6 +264,13 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     let mut registered_once = false;
     let mut answers: Vec<WorkerMessage> = Vec::new();
     let mut stop = stop_signals()?;
+    // Serving: its /metrics answers and it registers with the control plane (a systemd start
+    // does not wait for a control plane that may be down).
+    crate::notify::notify(&format!(
+        "READY=1\nSTATUS={} slot(s); connecting to the control plane at {control}",
+        agent.info.cores.len()
+    ));
+    crate::notify::spawn_watchdog();
     loop {
         tokio::select! {
             _ = retries.tick(), if link.is_none() => {
@@ -274,6 +281,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                 match outcome {
                     Ok((connected, interval, timeout)) => {
                         tracing::info!(tm_id = %agent.info.id, "weir worker {}: registered with {control}", agent.info.id);
+                        crate::notify::notify(&format!("STATUS=registered with {control}; {} slot(s)", agent.info.cores.len()));
                         link = Some(connected);
                         heard = Instant::now();
                         silence_limit = timeout;
@@ -308,6 +316,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                     }
                     None => {
                         tracing::warn!(tm_id = %agent.info.id, "weir worker {}: lost the control plane at {control}; reconnecting", agent.info.id);
+                        crate::notify::notify(&format!("STATUS=lost the control plane at {control}; reconnecting"));
                         link = None;
                     }
                 }
@@ -345,6 +354,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                 }
             }
             _ = stop.recv() => {
+                crate::notify::notify("STOPPING=1");
                 tracing::info!(tm_id = %agent.info.id, "weir worker {}: stopping; cancelling its executors", agent.info.id);
                 agent.shut_down(&mut executor_events).await;
                 return Ok(());
@@ -1084,7 +1094,7 @@ fn physical_memory() -> u64 {
 }
 
 /// SIGINT and SIGTERM.
-fn stop_signals() -> Result<mpsc::UnboundedReceiver<()>> {
+pub(crate) fn stop_signals() -> Result<mpsc::UnboundedReceiver<()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut interrupt = signal(SignalKind::interrupt())?;
     let mut terminate = signal(SignalKind::terminate())?;

@@ -4,12 +4,15 @@
 //! file under `/proc` or `/sys` does; what needs a reboot or a service's limits is said, for
 //! an operator to do.
 //!
+//! [`systemd`] renders the units a host runs Weir under.
+//!
 //! Every tuner reads and writes through a [`Host`]: the files under a root directory, `/` on
 //! a real server and a fake `/proc` + `/sys` tree in tests, which never change the machine
 //! they run on.
 #![warn(missing_docs)]
 
 mod host;
+pub mod systemd;
 mod tuners;
 
 pub use host::{format_cpu_list, parse_cpu_list, Host};

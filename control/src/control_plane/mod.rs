@@ -119,11 +119,24 @@ pub fn serve(
                 tracing::debug!("TCP_NODELAY not set on a connection: {error}");
             }
         });
-        axum::serve(
+        let server = axum::serve(
             listener,
             rest::router(shared).into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await?;
+        );
+        crate::notify::notify(&format!(
+            "READY=1\nSTATUS=serving the REST API on http://{address}"
+        ));
+        crate::notify::spawn_watchdog();
+        let mut stop = crate::worker::stop_signals()?;
+        tokio::select! {
+            served = std::future::IntoFuture::into_future(server) => served?,
+            _ = stop.recv() => {
+                crate::notify::notify("STOPPING=1");
+                // Every change is stored as it is made: a control plane started again on
+                // this store finds the jobs, which run on in their workers meanwhile.
+                tracing::info!("weir control: stopping");
+            }
+        }
         Ok(())
     })
 }
