@@ -92,3 +92,24 @@ fn quote(word: &str) -> String {
         format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
+
+/// SIGINT and SIGTERM, on the current tokio runtime, for the long-running processes (the
+/// control plane, a worker): each is sent as it comes.
+pub(crate) fn stop_signals() -> Result<tokio::sync::mpsc::UnboundedReceiver<()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(rx)
+}

@@ -100,7 +100,11 @@ impl HostArgs {
         if let Some(checkpoints) = config.checkpointing()? {
             dirs.push(checkpoints.dir);
         }
-        dirs.retain(|dir| dir.exists());
+        // One not made yet (before the worker's first start) is on its parent's disk.
+        let dirs = dirs
+            .into_iter()
+            .filter_map(|dir| dir.ancestors().find(|d| d.exists()).map(PathBuf::from))
+            .collect();
         let host = Host::new(&self.root, config.cores(), dirs);
         let mut tuners = weir_tuning::all();
         if !self.tuners.is_empty() {
@@ -217,10 +221,7 @@ fn run_command(command: &TuneCommand) -> anyhow::Result<ExitCode> {
             cpu_affinity,
             watchdog_sec,
         } => {
-            let (_, role) = systemd::Role::NAMES
-                .into_iter()
-                .find(|(name, _)| name == role)
-                .expect("clap checks the role");
+            let role = systemd::Role::named(role).expect("clap checks the role");
             let defaults = systemd::UnitOptions::default();
             let options = systemd::UnitOptions {
                 binary: binary.clone().unwrap_or(defaults.binary),

@@ -263,14 +263,13 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     let mut last_problem = String::new();
     let mut registered_once = false;
     let mut answers: Vec<WorkerMessage> = Vec::new();
-    let mut stop = stop_signals()?;
+    let mut stop = crate::signals::stop_signals()?;
     // Serving: its /metrics answers and it registers with the control plane (a systemd start
     // does not wait for a control plane that may be down).
-    crate::notify::notify(&format!(
-        "READY=1\nSTATUS={} slot(s); connecting to the control plane at {control}",
+    crate::notify::ready(&format!(
+        "{} slot(s); connecting to the control plane at {control}",
         agent.info.cores.len()
     ));
-    crate::notify::spawn_watchdog();
     loop {
         tokio::select! {
             _ = retries.tick(), if link.is_none() => {
@@ -943,6 +942,10 @@ fn spawn_executor(package: &Path, descriptor: &Path, log: &Path) -> Result<(Chil
         .stdin(Stdio::piped())
         .stdout(output.try_clone()?)
         .stderr(output);
+    // systemd's notify socket and watchdog are the worker's.
+    for variable in crate::notify::VARIABLES {
+        command.env_remove(variable);
+    }
     // SAFETY: the closure runs in the child between fork and exec and calls only
     // async-signal-safe functions (prctl, getppid, dup2, fcntl) on descriptors it owns.
     unsafe {
@@ -1091,24 +1094,4 @@ fn physical_memory() -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .map_or(0, |kib| kib * 1024)
-}
-
-/// SIGINT and SIGTERM.
-pub(crate) fn stop_signals() -> Result<mpsc::UnboundedReceiver<()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = interrupt.recv() => {}
-                _ = terminate.recv() => {}
-            }
-            if tx.send(()).is_err() {
-                return;
-            }
-        }
-    });
-    Ok(rx)
 }

@@ -361,9 +361,9 @@ impl OptionKind {
         match *self {
             OptionKind::Count(min) => format!("a whole number of at least {min}"),
             OptionKind::Range(min, max) => format!("a whole number from {min} to {max}"),
-            OptionKind::Duration => {
-                "a duration such as '1 ms', '200ms', '10 s', '7 d' or '0'".into()
-            }
+            OptionKind::Duration => "a duration: a whole number and one of ns, us, ms, s, min, h, \
+                                     d, such as '200ms', '10 s' or '7 d', or '0'"
+                .into(),
             OptionKind::Size => "a size such as '1728m', '32kb' or '1 gb'".into(),
             OptionKind::Fraction => "a fraction between 0 and 1, e.g. 0.1".into(),
             OptionKind::Factor => "a number of at least 1, e.g. 1.5".into(),

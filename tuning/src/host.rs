@@ -73,24 +73,64 @@ impl Host {
             .unwrap_or_default()
     }
 
-    /// The host's path of the sysfs directory of the whole disk `dir` is on, if it has one
-    /// (a tmpfs or an overlay has none).
-    pub fn disk_of(&self, dir: &Path) -> Option<String> {
+    /// The host's paths of the sysfs directories of the physical disks `dir` is on: its
+    /// partition's disk, or those under a logical volume, an encrypted or a RAID device
+    /// (their `slaves`); none for a file system on no block device (tmpfs, overlay, btrfs's
+    /// anonymous device).
+    pub fn disks_of(&self, dir: &Path) -> Vec<String> {
         use std::os::unix::fs::MetadataExt;
-        let dev = std::fs::metadata(dir).ok()?.dev();
-        let (major, minor) = (libc::major(dev), libc::minor(dev));
-        let device = format!("/sys/dev/block/{major}:{minor}");
-        // A partition's queue is its disk's: the directory above it.
-        let resolved = std::fs::canonicalize(self.path(&device)).ok()?;
-        let disk = if resolved.join("partition").exists() {
-            resolved.parent()?.to_path_buf()
-        } else {
-            resolved
+        let (Ok(metadata), Ok(root)) = (std::fs::metadata(dir), std::fs::canonicalize(&self.root))
+        else {
+            return Vec::new();
         };
-        let relative = disk
-            .strip_prefix(std::fs::canonicalize(&self.root).ok()?)
-            .ok()?;
-        Some(format!("/{}", relative.display()))
+        let (major, minor) = (libc::major(metadata.dev()), libc::minor(metadata.dev()));
+        let device = self.path(&format!("/sys/dev/block/{major}:{minor}"));
+        let mut disks = Vec::new();
+        if let Ok(resolved) = std::fs::canonicalize(device) {
+            physical_disks(&resolved, &root, &mut disks, 0);
+        }
+        disks.sort();
+        disks.dedup();
+        disks
+    }
+
+    /// The pid of the weir worker running here (`weir worker …`), if one does.
+    pub fn worker_pid(&self) -> Option<u32> {
+        self.list("/proc").into_iter().find_map(|name| {
+            let pid: u32 = name.parse().ok()?;
+            let cmdline = std::fs::read(self.path(&format!("/proc/{pid}/cmdline"))).ok()?;
+            let mut args = cmdline.split(|&b| b == 0);
+            let program = Path::new(std::str::from_utf8(args.next()?).ok()?);
+            (program.file_name()? == "weir" && args.next()? == b"worker").then_some(pid)
+        })
+    }
+}
+
+/// Adds to `disks` the physical disks under the sysfs block device directory `device`.
+fn physical_disks(device: &Path, root: &Path, disks: &mut Vec<String>, depth: usize) {
+    // A partition's queue is its disk's: the directory above it.
+    let device = if device.join("partition").exists() {
+        match device.parent() {
+            Some(disk) => disk,
+            None => return,
+        }
+    } else {
+        device
+    };
+    let slaves: Vec<PathBuf> = std::fs::read_dir(device.join("slaves"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::canonicalize(entry.path()).ok())
+        .collect();
+    if slaves.is_empty() || depth > 8 {
+        if let Ok(relative) = device.strip_prefix(root) {
+            disks.push(format!("/{}", relative.display()));
+        }
+        return;
+    }
+    for slave in slaves {
+        physical_disks(&slave, root, disks, depth + 1);
     }
 }
 

@@ -23,6 +23,23 @@ impl Role {
         ("tune", Role::Tune),
     ];
 
+    /// Its name (`--role`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Control => "control",
+            Role::Worker => "worker",
+            Role::Tune => "tune",
+        }
+    }
+
+    /// The role named `name`.
+    pub fn named(name: &str) -> Option<Role> {
+        Role::NAMES
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, role)| role)
+    }
+
     /// The unit's file name.
     pub fn unit_name(self) -> &'static str {
         match self {
@@ -77,10 +94,7 @@ pub fn render(role: Role, options: &UnitOptions) -> String {
     let mut unit = format!(
         "# {}, rendered by `weir tune systemd --role {}`\n",
         role.unit_name(),
-        Role::NAMES
-            .iter()
-            .find(|(_, r)| *r == role)
-            .map_or("", |(name, _)| name)
+        role.name()
     );
     let (description, after, exec) = match role {
         Role::Control => (
@@ -93,18 +107,25 @@ pub fn render(role: Role, options: &UnitOptions) -> String {
             "network-online.target weir-tune.service",
             format!("{binary} worker --control {} -c {config}", options.control),
         ),
+        // After the network cards' queues exist, and after irqbalance placed them.
         Role::Tune => (
             "Weir host tuning (weir tune apply) before the worker starts",
-            "",
+            "network-online.target irqbalance.service",
             format!("{binary} tune apply -c {config}"),
         ),
     };
     let _ = writeln!(unit, "[Unit]\nDescription={description}");
-    if !after.is_empty() {
-        let _ = writeln!(unit, "After={after}\nWants={after}");
-    }
-    if role == Role::Tune {
-        let _ = writeln!(unit, "Before=weir-worker.service");
+    let _ = writeln!(unit, "After={after}");
+    match role {
+        Role::Tune => {
+            let _ = writeln!(
+                unit,
+                "Wants=network-online.target\nBefore=weir-worker.service"
+            );
+        }
+        Role::Control | Role::Worker => {
+            let _ = writeln!(unit, "Wants={after}");
+        }
     }
     let _ = writeln!(unit, "\n[Service]");
     let _ = writeln!(
@@ -120,7 +141,7 @@ pub fn render(role: Role, options: &UnitOptions) -> String {
             let _ = writeln!(
                 unit,
                 "Type=notify\nNotifyAccess=main\nUser={user}\nGroup={user}\n\
-                 StateDirectory=weir\nRestart=on-abnormal\nLimitNOFILE=1048576\n\
+                 StateDirectory=weir\nRestart=on-abnormal\nRestartSec=5s\nLimitNOFILE=1048576\n\
                  OOMScoreAdjust=-500",
                 user = options.user
             );

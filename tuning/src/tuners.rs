@@ -182,8 +182,7 @@ impl Tuner for Swappiness {
     }
 }
 
-/// A resource limit of this process (`/proc/self/limits`): a worker started from the same
-/// shell gets the same.
+/// A resource limit of the running worker (`/proc/<pid>/limits`).
 struct Limit {
     name: &'static str,
     about: &'static str,
@@ -195,8 +194,6 @@ struct Limit {
     unit: &'static str,
     ulimit: &'static str,
 }
-
-const LIMITS: &str = "/proc/self/limits";
 
 impl Limit {
     const MEMLOCK: Limit = Limit {
@@ -217,9 +214,9 @@ impl Limit {
         ulimit: "ulimit -n 1048576",
     };
 
-    /// The soft limit: `None` for unlimited.
+    /// The running worker's soft limit: `None` for unlimited.
     fn soft(&self, host: &Host) -> Option<Option<u64>> {
-        let text = host.read(LIMITS)?;
+        let text = host.read(&format!("/proc/{}/limits", host.worker_pid()?))?;
         let line = text.lines().find(|line| line.starts_with(self.row))?;
         let soft = line[self.row.len()..].split_whitespace().next()?;
         match soft {
@@ -237,9 +234,13 @@ impl Tuner for Limit {
         self.about
     }
     fn unsupported(&self, host: &Host) -> Option<String> {
-        self.soft(host)
-            .is_none()
-            .then(|| format!("{LIMITS} has no '{}' row", self.row))
+        match host.worker_pid() {
+            None => Some("no weir worker runs here: its limits are checked while it runs".into()),
+            Some(pid) => self
+                .soft(host)
+                .is_none()
+                .then(|| format!("/proc/{pid}/limits has no '{}' row", self.row)),
+        }
     }
     fn check(&self, host: &Host) -> Vec<Finding> {
         let Some(Some(soft)) = self.soft(host) else {
@@ -253,11 +254,11 @@ impl Tuner for Limit {
             .map_or_else(|| "unlimited".to_string(), |least| least.to_string());
         vec![Finding::manual(
             format!(
-                "this process's {} is {soft}, not {wanted}",
+                "the worker's {} is {soft}, not {wanted}",
                 self.row.to_lowercase()
             ),
             format!(
-                "the units `weir tune systemd` renders set {}; a worker started by hand needs `{}` first",
+                "run the worker under the unit `weir tune systemd --role worker` renders ({}), or start it after `{}`",
                 self.unit, self.ulimit
             ),
         )]
@@ -274,7 +275,7 @@ impl Tuner for UdpBuffers {
         "udp-buffers"
     }
     fn about(&self) -> &'static str {
-        "net.core.rmem_max and wmem_max are at least 8 MiB: the exchange between servers runs over QUIC (UDP), and a socket buffer the kernel caps lower drops datagrams at line rate"
+        "net.core.rmem_max and wmem_max are at least 8 MiB, for QUIC (UDP) between servers, the exchange weir-net is to carry: a socket's buffer is capped there, and a capped one drops datagrams at line rate"
     }
     fn unsupported(&self, host: &Host) -> Option<String> {
         needs(host, "/proc/sys/net/core/rmem_max", "no network sysctls")
@@ -306,7 +307,7 @@ impl Tuner for IoUring {
         "io-uring"
     }
     fn about(&self) -> &'static str {
-        "io_uring is allowed (kernel.io_uring_disabled is 0): shards do all their I/O through it"
+        "io_uring is allowed for the worker (kernel.io_uring_disabled): shards do all their I/O through it; a host that restricts it by policy is told what to change, never changed"
     }
     fn unsupported(&self, host: &Host) -> Option<String> {
         needs(host, "/proc/sys/kernel", "no kernel sysctls")
@@ -314,17 +315,13 @@ impl Tuner for IoUring {
     fn check(&self, host: &Host) -> Vec<Finding> {
         // Kernels before 6.6 have no such switch: io_uring is on.
         match host.read(IO_URING_DISABLED).as_deref() {
-            Some(value @ ("1" | "2")) => vec![Finding::write(
-                format!(
-                    "kernel.io_uring_disabled is {value}: io_uring is off{}",
-                    if value == "1" {
-                        " but for kernel.io_uring_group"
-                    } else {
-                        ""
-                    }
-                ),
-                IO_URING_DISABLED,
-                "0",
+            Some("1") => vec![Finding::manual(
+                "kernel.io_uring_disabled is 1: io_uring is only for the group kernel.io_uring_group".into(),
+                "make the worker's user a member of that group (or set kernel.io_uring_group to its group), or set kernel.io_uring_disabled to 0 if the host's policy allows".into(),
+            )],
+            Some("2") => vec![Finding::manual(
+                "kernel.io_uring_disabled is 2: io_uring is off for every process".into(),
+                "set kernel.io_uring_disabled to 0 (or to 1 with kernel.io_uring_group) if the host's policy allows: a worker cannot run without io_uring".into(),
             )],
             _ => Vec::new(),
         }
@@ -339,6 +336,21 @@ const INTERRUPTS: &str = "/proc/interrupts";
 const DEVICE_IRQS: [&str; 9] = [
     "nvme", "eth", "ens", "enp", "eno", "mlx", "ixgbe", "i40e", "ice",
 ];
+
+/// Whether interrupt `name` is one the kernel places itself, one per core's queue (managed:
+/// its affinity cannot be written): an NVMe I/O queue's (`nvme0q1`, not the admin queue
+/// `nvme0q0`) or virtio-blk's (`virtio1-req.0`).
+fn managed_queue(name: &str) -> bool {
+    let nvme_io = name
+        .strip_prefix("nvme")
+        .and_then(|rest| rest.split_once('q'))
+        .and_then(|(_, queue)| queue.parse::<u32>().ok())
+        .is_some_and(|queue| queue >= 1);
+    let virtio_blk = name
+        .split_once('-')
+        .is_some_and(|(device, queue)| device.starts_with("virtio") && queue.starts_with("req"));
+    nvme_io || virtio_blk
+}
 
 /// Whether interrupt `name` is a disk's or a network card's queue (virtio's: `virtio3-input.0`,
 /// `virtio3-output.0`, `virtio1-req.0`; not its configuration or balloon interrupts).
@@ -358,7 +370,7 @@ impl Tuner for IrqAffinity {
         "irq-affinity"
     }
     fn about(&self) -> &'static str {
-        "NVMe and network interrupts go to cores no shard is pinned to: an interrupt on a shard's core stops its records (stop irqbalance, or it moves them back)"
+        "disk and network interrupts stay off the cores shards are pinned to: an interrupt on a shard's core stops its records. Network queues are moved (stop irqbalance, or it moves them back); NVMe and virtio-blk queues are the kernel's own, kept off by isolcpus=managed_irq"
     }
     fn unsupported(&self, host: &Host) -> Option<String> {
         needs(host, INTERRUPTS, "no interrupt table")
@@ -371,7 +383,7 @@ impl Tuner for IrqAffinity {
             .filter(|core| !host.shard_cores.contains(core))
             .collect();
         let mut findings = Vec::new();
-        let mut stuck = Vec::new();
+        let (mut stuck, mut managed) = (Vec::new(), Vec::new());
         for line in text.lines() {
             let Some((irq, rest)) = line.trim_start().split_once(':') else {
                 continue;
@@ -395,6 +407,10 @@ impl Tuner for IrqAffinity {
             if on_shards.is_empty() {
                 continue;
             }
+            if managed_queue(device) {
+                managed.push(format!("{irq} ({device})"));
+                continue;
+            }
             if spare.is_empty() {
                 stuck.push(format!("{irq} ({device})"));
                 continue;
@@ -406,6 +422,18 @@ impl Tuner for IrqAffinity {
                 ),
                 path,
                 format_cpu_list(&spare),
+            ));
+        }
+        if !managed.is_empty() {
+            let cores = format_cpu_list(&host.shard_cores);
+            findings.push(Finding::manual(
+                format!(
+                    "interrupts {} are the kernel's per-core queues and may run on shard cores",
+                    managed.join(", ")
+                ),
+                format!(
+                    "add isolcpus=managed_irq,domain,{cores} to the kernel command line and reboot: the kernel then keeps its managed interrupts off those cores"
+                ),
             ));
         }
         if !stuck.is_empty() {
@@ -422,12 +450,15 @@ struct Clocksource;
 
 const CLOCKSOURCE: &str = "/sys/devices/system/clocksource/clocksource0";
 
+/// Clocksources read with a system call, not through the vDSO.
+const SLOW_CLOCKS: [&str; 2] = ["hpet", "acpi_pm"];
+
 impl Tuner for Clocksource {
     fn name(&self) -> &'static str {
         "clocksource"
     }
     fn about(&self) -> &'static str {
-        "the clocksource is tsc where the kernel offers it: every timer, watermark and latency figure reads the clock, and other sources cost a system call or a hypervisor exit"
+        "the clocksource is not hpet or acpi_pm where tsc is offered: every timer, watermark and latency figure reads the clock, and those two cost a system call each (tsc and a hypervisor's paravirtual clocks read through the vDSO)"
     }
     fn unsupported(&self, host: &Host) -> Option<String> {
         needs(
@@ -443,7 +474,9 @@ impl Tuner for Clocksource {
         let available = host
             .read(&format!("{CLOCKSOURCE}/available_clocksource"))
             .unwrap_or_default();
-        if current == "tsc" || !available.split_whitespace().any(|c| c == "tsc") {
+        if !SLOW_CLOCKS.contains(&current.as_str())
+            || !available.split_whitespace().any(|c| c == "tsc")
+        {
             return Vec::new();
         }
         vec![Finding::write(
@@ -465,7 +498,7 @@ impl DiskQueues {
         let mut disks: Vec<String> = host
             .data_dirs
             .iter()
-            .filter_map(|dir| host.disk_of(dir))
+            .flat_map(|dir| host.disks_of(dir))
             .filter(|disk| host.exists(&format!("{disk}/queue/scheduler")))
             .collect();
         disks.sort();

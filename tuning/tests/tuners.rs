@@ -37,7 +37,14 @@ fn untuned(root: &Path) -> Host {
         "[always] madvise never",
     );
     put(root, "/proc/sys/vm/swappiness", "60");
-    put(root, "/proc/self/limits", LIMITS);
+    // A worker runs, as pid 4242, with a shell's limits.
+    put(
+        root,
+        "/proc/4242/cmdline",
+        "/usr/bin/weir\0worker\0--control\0localhost:8081",
+    );
+    put(root, "/proc/4242/limits", LIMITS);
+    put(root, "/proc/4243/cmdline", "/usr/bin/weir\0tune\0check");
     put(root, "/proc/sys/net/core/rmem_max", "212992");
     put(root, "/proc/sys/net/core/wmem_max", "16777216");
     put(root, "/proc/sys/kernel/io_uring_disabled", "2");
@@ -59,15 +66,11 @@ NMI:          0          0          0          0   Non-maskable interrupts",
     put(root, "/proc/irq/43/smp_affinity_list", "0-3");
     put(root, "/proc/irq/44/smp_affinity_list", "0-1");
     let clocksource = "/sys/devices/system/clocksource/clocksource0";
-    put(
-        root,
-        &format!("{clocksource}/current_clocksource"),
-        "kvm-clock",
-    );
+    put(root, &format!("{clocksource}/current_clocksource"), "hpet");
     put(
         root,
         &format!("{clocksource}/available_clocksource"),
-        "kvm-clock tsc acpi_pm",
+        "hpet tsc acpi_pm",
     );
     put(root, "/sys/devices/system/cpu/isolated", "");
     // The data directory's device, as sysfs links it: a partition of disk vdb.
@@ -142,18 +145,26 @@ fn each_tuner_finds_what_is_off_on_an_untuned_host() {
         udp.iter().map(write_of).collect::<Vec<_>>(),
         [("/proc/sys/net/core/rmem_max", "8388608")]
     );
-    assert!(findings(&host, "io-uring")[0].problem.contains("is 2"));
-    // The NVMe queue may run anywhere, eth0-rx-0 on shard core 1 and virtio's network input
-    // on both: they move to the two spare cores; eth0-tx-0 is on spare core 3 already, and
-    // the timer and virtio's configuration interrupt are no queue's.
+    // A policy is said, never undone.
+    let io_uring = findings(&host, "io-uring");
+    assert!(io_uring[0].problem.contains("is 2"), "{io_uring:?}");
+    assert!(matches!(io_uring[0].fix, Fix::Manual(_)), "{io_uring:?}");
+    // eth0-rx-0 on shard core 1 and virtio's network input on both move to the two spare
+    // cores; eth0-tx-0 is on spare core 3 already, and the timer and virtio's configuration
+    // interrupt are no queue's. The NVMe I/O queue is the kernel's to place: isolcpus.
     let irqs = findings(&host, "irq-affinity");
     assert_eq!(
-        irqs.iter().map(write_of).collect::<Vec<_>>(),
+        irqs[..2].iter().map(write_of).collect::<Vec<_>>(),
         [
-            ("/proc/irq/40/smp_affinity_list", "2-3"),
             ("/proc/irq/41/smp_affinity_list", "2-3"),
             ("/proc/irq/44/smp_affinity_list", "2-3")
         ]
+    );
+    assert_eq!(irqs.len(), 3, "{irqs:?}");
+    assert!(irqs[2].problem.contains("40 (nvme0q1)"), "{irqs:?}");
+    assert!(
+        matches!(&irqs[2].fix, Fix::Manual(what) if what.contains("isolcpus=managed_irq,domain,0-1")),
+        "{irqs:?}"
     );
     assert_eq!(write_of(&findings(&host, "clocksource")[0]).1, "tsc");
     // The partition's disk: its scheduler and its read-ahead.
@@ -207,9 +218,10 @@ fn apply_makes_right_what_a_write_does_and_script_prints_the_same() {
         .partition(|line| !line.starts_with('#'));
     assert_eq!(commands, echoes);
     assert_eq!(comments.len(), manual.len());
-    assert_eq!(manual.len(), 3, "{manual:?}");
+    // The limits, the isolation, io_uring's policy and the NVMe queue are the operator's.
+    assert_eq!(manual.len(), 5, "{manual:?}");
     assert_eq!(
-        std::fs::read_to_string(dir.path().join("proc/irq/40/smp_affinity_list")).unwrap(),
+        std::fs::read_to_string(dir.path().join("proc/irq/41/smp_affinity_list")).unwrap(),
         "2-3\n"
     );
     // Checked again, only what an operator must do is left.
@@ -226,13 +238,15 @@ fn apply_makes_right_what_a_write_does_and_script_prints_the_same() {
     // An operator did it: nothing is left.
     put(
         dir.path(),
-        "/proc/self/limits",
+        "/proc/4242/limits",
         &LIMITS.replace("1024    ", "1048576 ").replace(
             "8388608              8388608",
             "unlimited            unlimited",
         ),
     );
     put(dir.path(), "/sys/devices/system/cpu/isolated", "0-1");
+    put(dir.path(), "/proc/sys/kernel/io_uring_disabled", "0");
+    put(dir.path(), "/proc/irq/40/smp_affinity_list", "2-3");
     for tuner in all() {
         let Checked::Findings(found) = check(tuner.as_ref(), &host) else {
             panic!("{} became unsupported", tuner.name());
@@ -258,17 +272,84 @@ fn with_a_shard_on_every_core_interrupts_and_isolation_are_left_to_the_operator(
     let dir = tempfile::tempdir().unwrap();
     let mut host = untuned(dir.path());
     host.shard_cores = vec![0, 1, 2, 3];
-    for name in ["irq-affinity", "isolated-cores"] {
-        let found = findings(&host, name);
-        assert_eq!(found.len(), 1, "one finding for all: {found:?}");
-        match &found[0].fix {
-            Fix::Manual(what) => assert!(what.contains("leave one out"), "{what}"),
-            other => panic!("{name}: {other:?}"),
-        }
+    let isolated = findings(&host, "isolated-cores");
+    assert_eq!(isolated.len(), 1, "{isolated:?}");
+    assert!(matches!(&isolated[0].fix, Fix::Manual(what) if what.contains("leave one out")));
+    // One finding for the queues it would move, one for the kernel's own.
+    let irqs = findings(&host, "irq-affinity");
+    assert_eq!(irqs.len(), 2, "{irqs:?}");
+    assert!(
+        irqs.iter().all(|f| matches!(f.fix, Fix::Manual(_))),
+        "{irqs:?}"
+    );
+    assert!(irqs[0].problem.contains("40 (nvme0q1)"), "{irqs:?}");
+    assert!(
+        irqs[1]
+            .problem
+            .contains("41 (eth0-rx-0), 42 (eth0-tx-0), 44 (virtio0-input.0)"),
+        "{irqs:?}"
+    );
+}
+
+#[test]
+fn a_logical_volume_is_tuned_on_its_physical_disks_and_a_paravirtual_clock_is_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let host = untuned(root);
+    // The data directory's device is now dm-0, over two partitions of two disks.
+    let data = root.join("data");
+    let dev = std::fs::metadata(&data).unwrap().dev();
+    let link = root.join(format!(
+        "sys/dev/block/{}:{}",
+        libc::major(dev),
+        libc::minor(dev)
+    ));
+    std::fs::remove_file(&link).unwrap();
+    let dm = root.join("sys/devices/virtual/block/dm-0");
+    for (disk, part) in [("vdb", "vdb1"), ("vdc", "vdc1")] {
+        let disk_dir = format!("/sys/devices/pci0000:00/virtio4/block/{disk}");
+        put(root, &format!("{disk_dir}/{part}/partition"), "1");
+        put(
+            root,
+            &format!("{disk_dir}/queue/scheduler"),
+            "[none] mq-deadline",
+        );
+        put(root, &format!("{disk_dir}/queue/read_ahead_kb"), "512");
+        std::fs::create_dir_all(dm.join("slaves")).unwrap();
+        let _ = std::fs::remove_file(dm.join("slaves").join(part));
+        std::os::unix::fs::symlink(
+            root.join(disk_dir.trim_start_matches('/')).join(part),
+            dm.join("slaves").join(part),
+        )
+        .unwrap();
     }
-    assert!(findings(&host, "irq-affinity")[0]
-        .problem
-        .contains("40 (nvme0q1), 41 (eth0-rx-0), 42 (eth0-tx-0), 44 (virtio0-input.0)"));
+    put(
+        root,
+        "/sys/devices/virtual/block/dm-0/queue/scheduler",
+        "none",
+    );
+    std::os::unix::fs::symlink(&dm, &link).unwrap();
+    let found = findings(&host, "disk-queues");
+    assert_eq!(
+        found.iter().map(write_of).collect::<Vec<_>>(),
+        [
+            (
+                "/sys/devices/pci0000:00/virtio4/block/vdb/queue/read_ahead_kb",
+                "128"
+            ),
+            (
+                "/sys/devices/pci0000:00/virtio4/block/vdc/queue/read_ahead_kb",
+                "128"
+            )
+        ]
+    );
+    // kvm-clock reads through the vDSO as tsc does: nothing to change.
+    put(
+        root,
+        "/sys/devices/system/clocksource/clocksource0/current_clocksource",
+        "kvm-clock",
+    );
+    assert!(findings(&host, "clocksource").is_empty());
 }
 
 #[test]

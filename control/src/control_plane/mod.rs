@@ -123,11 +123,8 @@ pub fn serve(
             listener,
             rest::router(shared).into_make_service_with_connect_info::<SocketAddr>(),
         );
-        crate::notify::notify(&format!(
-            "READY=1\nSTATUS=serving the REST API on http://{address}"
-        ));
-        crate::notify::spawn_watchdog();
-        let mut stop = crate::worker::stop_signals()?;
+        let mut stop = crate::signals::stop_signals()?;
+        crate::notify::ready(&format!("serving the REST API on http://{address}"));
         tokio::select! {
             served = std::future::IntoFuture::into_future(server) => served?,
             _ = stop.recv() => {
