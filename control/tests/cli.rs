@@ -615,3 +615,18 @@ fn weir_tune_checks_applies_and_scripts_against_a_host_tree_and_computes_memory(
         "taskmanager.memory.process.size",
     );
 }
+
+#[test]
+fn the_packaged_units_are_what_weir_tune_systemd_renders() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/debian");
+    for role in ["control", "worker", "tune"] {
+        let (rendered, _) = succeeds(&["tune", "systemd", "--role", role]);
+        let path = format!("{dir}/weir-{role}.service");
+        let packaged = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            packaged == rendered,
+            "{path} differs from `weir tune systemd --role {role}`: regenerate it with \
+             `weir tune systemd --role {role} > control/debian/weir-{role}.service`"
+        );
+    }
+}
