@@ -337,6 +337,12 @@ const DEVICE_IRQS: [&str; 9] = [
     "nvme", "eth", "ens", "enp", "eno", "mlx", "ixgbe", "i40e", "ice",
 ];
 
+/// The kernel command line that isolates `cores` (a CPU list): no other thread, no timer
+/// tick, no RCU callbacks, and none of the kernel's managed interrupts where it can help it.
+fn isolation(cores: &str) -> String {
+    format!("isolcpus=managed_irq,domain,{cores} nohz_full={cores} rcu_nocbs={cores}")
+}
+
 /// Whether interrupt `name` is one the kernel places itself, one per core's queue (managed:
 /// its affinity cannot be written): an NVMe I/O queue's (`nvme0q1`, not the admin queue
 /// `nvme0q0`) or virtio-blk's (`virtio1-req.0`).
@@ -407,12 +413,22 @@ impl Tuner for IrqAffinity {
             if on_shards.is_empty() {
                 continue;
             }
-            if managed_queue(device) {
-                managed.push(format!("{irq} ({device})"));
-                continue;
-            }
             if spare.is_empty() {
                 stuck.push(format!("{irq} ({device})"));
+                continue;
+            }
+            if managed_queue(device) {
+                // The kernel places it within its mask (`effective_affinity_list`); with
+                // isolcpus=managed_irq it keeps off isolated cores where the mask allows. A
+                // queue whose whole mask is shard cores fires only for their own I/O.
+                let effective = host
+                    .read(&format!("/proc/irq/{irq}/effective_affinity_list"))
+                    .and_then(|list| parse_cpu_list(&list))
+                    .unwrap_or_else(|| cores.clone());
+                let movable = cores.iter().any(|core| !host.shard_cores.contains(core));
+                if movable && effective.iter().any(|core| host.shard_cores.contains(core)) {
+                    managed.push(format!("{irq} ({device})"));
+                }
                 continue;
             }
             findings.push(Finding::write(
@@ -432,7 +448,8 @@ impl Tuner for IrqAffinity {
                     managed.join(", ")
                 ),
                 format!(
-                    "add isolcpus=managed_irq,domain,{cores} to the kernel command line and reboot: the kernel then keeps its managed interrupts off those cores"
+                    "add {} to the kernel command line and reboot: the kernel then keeps its managed interrupts off those cores",
+                    isolation(&cores)
                 ),
             ));
         }
@@ -593,7 +610,8 @@ impl Tuner for IsolatedCores {
         } else {
             let cores = format_cpu_list(&host.shard_cores);
             format!(
-                "add isolcpus={cores} nohz_full={cores} rcu_nocbs={cores} to the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub) and reboot"
+                "add {} to the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub) and reboot",
+                isolation(&cores)
             )
         };
         vec![Finding::manual(problem, what)]
