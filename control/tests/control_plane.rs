@@ -5,11 +5,14 @@
 
 #[path = "common/parts.rs"]
 mod parts;
+#[path = "common/process.rs"]
+mod process;
 
 use parts::read_parts;
+use process::Process;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -18,16 +21,6 @@ use weir_examples::sequence_check::{
 };
 
 const WEIR: &str = env!("CARGO_BIN_EXE_weir");
-
-/// A process this test started, SIGKILLed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A control plane on a free loopback port, with its store in `dir/control`.
 struct ControlPlane {

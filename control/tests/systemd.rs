@@ -5,20 +5,15 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "common/process.rs"]
+mod process;
+
+use process::Process;
+
 const WEIR: &str = env!("CARGO_BIN_EXE_weir");
-
-/// A process this test started, SIGKILLed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[test]
 fn rendered_units_pass_systemd_analyze_verify() {
