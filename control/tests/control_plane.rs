@@ -53,22 +53,8 @@ fn start_control(dir: &Path, port: u16, settings: &[&str]) -> ControlPlane {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start weir control");
-    // Its first line names the address it listens on; the rest of its log is drained so
-    // that it never blocks on a full pipe.
-    let lines = BufReader::new(child.stderr.take().expect("piped")).lines();
-    let (found, address) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            // The address ends the message (text lines carry fields after it).
-            if let Some((_, rest)) = line.split_once("weir control: REST API on http://") {
-                let address = rest.split_whitespace().next().unwrap_or_default();
-                let _ = found.send(address.to_string());
-            }
-        }
-    });
-    let address = address
-        .recv_timeout(Duration::from_secs(30))
-        .expect("weir control printed its address within 30 s");
+    // Its first line names the address it listens on.
+    let address = process::word_after(&mut child, "weir control: REST API on http://");
     ControlPlane {
         _process: Process(child),
         address,
@@ -1340,6 +1326,18 @@ fn example_package(dir: &Path) -> Vec<u8> {
     std::fs::read(&stripped).unwrap()
 }
 
+/// Uploads the example package (the control plane has `web.upload.enabled`): its jar id.
+fn upload_example(control: &ControlPlane, dir: &Path) -> String {
+    let (status, answer) = upload(
+        control,
+        "jarfile",
+        "weir-example-package",
+        &example_package(dir),
+    );
+    assert_eq!(status, 200, "{answer}");
+    answer["filename"].as_str().unwrap().to_string()
+}
+
 #[test]
 fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -1353,14 +1351,7 @@ fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
     let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
     wait_for_workers(&control, 1);
 
-    let (status, answer) = upload(
-        &control,
-        "jarfile",
-        "weir-example-package",
-        &example_package(dir.path()),
-    );
-    assert_eq!(status, 200, "{answer}");
-    let jar = answer["filename"].as_str().unwrap().to_string();
+    let jar = upload_example(&control, dir.path());
     let jars = get(&control, "/jars");
     let listed = jars["files"]
         .as_array()
@@ -1525,14 +1516,7 @@ fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back()
     let control = start_control(dir.path(), 0, &["web.upload.enabled=true"]);
     let _worker = start_worker(dir.path(), "w", &control, "0,1", &[]);
     wait_for_workers(&control, 1);
-    let (status, answer) = upload(
-        &control,
-        "jarfile",
-        "weir-example-package",
-        &example_package(dir.path()),
-    );
-    assert_eq!(status, 200, "{answer}");
-    let jar = answer["filename"].as_str().unwrap().to_string();
+    let jar = upload_example(&control, dir.path());
     // Two sources, split 1's event time a minute behind split 0's, feeding a map that sleeps
     // 200 µs per record.
     let body = json!({
@@ -1871,19 +1855,13 @@ fn the_grafana_dashboard_queries_only_what_real_scrapes_hold() {
     let (_worker, lines) = spawn_logging(command);
     let worker_metrics = worker_metrics_url(&lines);
     wait_for_workers(&control, 1);
-    let (status, answer) = upload(
-        &control,
-        "jarfile",
-        "weir-example-package",
-        &example_package(dir.path()),
-    );
-    assert_eq!(status, 200, "{answer}");
+    let jar = upload_example(&control, dir.path());
     let body = json!({
         "entryClass": "lagging-split",
         "programArgs": "--lag-ms 1000 --sleep-us 20",
         "parallelism": 2,
     });
-    let run = format!("/jars/{}/run", answer["filename"].as_str().unwrap());
+    let run = format!("/jars/{jar}/run");
     let (status, answer) = call(&control, "POST", &run, Some(&body.to_string()));
     assert_eq!(status, 200, "{answer}");
     let job = answer["jobid"].as_str().unwrap().to_string();
@@ -2137,14 +2115,7 @@ fn an_uploaded_job_is_savepointed_stopped_resubmitted_rescaled_and_cancelled_on_
         start_worker(dir.path(), "b", &control, "0,1", &[]),
     ];
     wait_for_workers(&control, 2);
-    let (status, answer) = upload(
-        &control,
-        "jarfile",
-        "weir-example-package",
-        &example_package(dir.path()),
-    );
-    assert_eq!(status, 200, "{answer}");
-    let jar = answer["filename"].as_str().unwrap().to_string();
+    let jar = upload_example(&control, dir.path());
     let run = |savepoint: Option<&str>| {
         let mut body = json!({
             "entryClass": "lagging-split",

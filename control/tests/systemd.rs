@@ -2,7 +2,6 @@
 //! and the control plane and a worker started under a notify socket (as `Type=notify` starts
 //! them) say READY=1, ping the watchdog, and stop cleanly on SIGTERM, saying STOPPING=1.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixDatagram;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -154,7 +153,7 @@ impl NotifySocket {
 }
 
 /// Starts `weir ARGS` as systemd would under `socket`, with a 1 s watchdog; returns the
-/// process and the line of its log holding `marker`.
+/// process and the word after `marker` in its log.
 fn start_notified(args: &[&str], socket: &NotifySocket, marker: &str) -> (Process, String) {
     let mut child = Command::new(WEIR)
         .args(args)
@@ -165,18 +164,8 @@ fn start_notified(args: &[&str], socket: &NotifySocket, marker: &str) -> (Proces
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let (found, wait) = std::sync::mpsc::channel();
-    let marker = marker.to_string();
-    std::thread::spawn(move || {
-        for line in lines.map_while(Result::ok) {
-            if line.contains(&marker) {
-                let _ = found.send(line);
-            }
-        }
-    });
-    let line = wait.recv_timeout(Duration::from_secs(30)).expect("started");
-    (Process(child), line)
+    let word = process::word_after(&mut child, marker);
+    (Process(child), word)
 }
 
 /// Sends SIGTERM and waits for a clean exit within `limit`.
@@ -202,7 +191,7 @@ fn control_plane_and_worker_tell_systemd_ready_ping_its_watchdog_and_stop_on_sig
     let dir = tempfile::tempdir().unwrap();
     let control_socket = NotifySocket::new(dir.path(), "control.sock");
     let data = format!("control.data-dir={}", dir.path().join("control").display());
-    let (mut control, line) = start_notified(
+    let (mut control, address) = start_notified(
         &[
             "control",
             "-D",
@@ -215,14 +204,6 @@ fn control_plane_and_worker_tell_systemd_ready_ping_its_watchdog_and_stop_on_sig
         &control_socket,
         "REST API on http://",
     );
-    let address = line
-        .split("REST API on http://")
-        .nth(1)
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string();
     control_socket.wait_for("READY=1", Duration::from_secs(10));
     control_socket.watchdog_pings();
 
