@@ -125,6 +125,7 @@ async fn simulated_worker(
         protocol: PROTOCOL_VERSION,
         worker: info,
         executors: Vec::new(),
+        leaving: None,
     }))
     .await?;
     let mut heartbeat = tokio::time::interval(Duration::from_secs(1));

@@ -125,7 +125,7 @@ impl Rest<'_> {
     fn own(&self, ids: &[u64]) -> Result<Vec<f64>> {
         let path = format!("/jobs/{}/checkpoints", self.job);
         poll(Duration::from_secs(10), || {
-            own_from_rest(&call(self.client, "GET", &path, None)?, ids)
+            Ok(own_from_rest(&call(self.client, "GET", &path, None)?, ids))
         })
         .context("the checkpoints' durations in /jobs/:id/checkpoints")
     }
@@ -274,10 +274,9 @@ pub fn run(checkpoints: usize) -> Result<CoordinatorReport> {
 
 /// The durations of checkpoints `ids` in a `/jobs/:id/checkpoints` answer, once it holds
 /// them all.
-fn own_from_rest(history: &Value, ids: &[u64]) -> Result<Option<Vec<f64>>> {
+fn own_from_rest(history: &Value, ids: &[u64]) -> Option<Vec<f64>> {
     let entries = history["history"].as_array().cloned().unwrap_or_default();
-    let found: Option<Vec<f64>> = ids
-        .iter()
+    ids.iter()
         .map(|id| {
             entries
                 .iter()
@@ -285,8 +284,7 @@ fn own_from_rest(history: &Value, ids: &[u64]) -> Result<Option<Vec<f64>>> {
                 .and_then(|e| e["end_to_end_duration_us"].as_f64())
                 .map(|us| us / 1000.0)
         })
-        .collect();
-    Ok(found)
+        .collect()
 }
 
 fn ms(duration: Duration) -> f64 {

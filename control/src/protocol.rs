@@ -11,22 +11,7 @@ use weir_engine::monitor::Figures;
 use weir_engine::package::{DeploymentId, Outcome, RunSpec, Snapshot};
 
 /// The version of these messages. Raised with any change to them.
-pub const PROTOCOL_VERSION: u32 = 3;
-
-/// `heartbeat.interval` and `heartbeat.timeout`, checked: an interval above 0 and a timeout
-/// longer than it.
-pub fn heartbeat_settings(
-    config: &weir_engine::Configuration,
-) -> anyhow::Result<(std::time::Duration, std::time::Duration)> {
-    let (interval, timeout) = config.heartbeat();
-    if interval.is_zero() || timeout <= interval {
-        anyhow::bail!(
-            "heartbeat.interval ({interval:?}) must be above 0 and heartbeat.timeout \
-             ({timeout:?}) longer than it; e.g. 10 s and 50 s (the defaults)"
-        );
-    }
-    Ok((interval, timeout))
-}
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Where workers fetch uploaded packages' executables (`{jar}`: the package's id).
 pub const PACKAGES_PATH: &str = "/v1/packages/{jar}";
@@ -47,6 +32,14 @@ pub enum WorkerMessage {
         worker: WorkerInfo,
         /// Its executors, running or ended but not yet acknowledged.
         executors: Vec<ExecutorReport>,
+        /// Set when the worker is shutting down (it registers again after a lost link).
+        leaving: Option<Shutdown>,
+    },
+    /// The worker is shutting down (SIGTERM): deploy nothing more to it and end its runs as
+    /// `shutdown` says. It exits once the control plane acknowledged every run's end.
+    Leaving {
+        /// What becomes of its runs (`worker.shutdown.mode`).
+        shutdown: Shutdown,
     },
     /// Sent every `heartbeat.interval`.
     Heartbeat,
@@ -69,6 +62,28 @@ pub enum WorkerMessage {
         /// Its number and directory, or why there is none.
         result: Result<Taken, String>,
     },
+}
+
+/// What a worker that is shutting down asks for its runs (`worker.shutdown.mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Shutdown {
+    /// Each checkpointed run stops with a savepoint, and its job starts again from it on
+    /// other slots; a run without checkpoints is cancelled.
+    Savepoint,
+    /// Each run is cancelled; its job restarts from its latest checkpoint elsewhere.
+    Cancel,
+}
+
+impl Shutdown {
+    /// The worker's, from `worker.shutdown.mode`.
+    pub fn of(config: &weir_engine::Configuration) -> Shutdown {
+        if config.worker_shutdown().0 {
+            Shutdown::Savepoint
+        } else {
+            Shutdown::Cancel
+        }
+    }
 }
 
 /// What a worker offers.

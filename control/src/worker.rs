@@ -30,12 +30,16 @@ use weir_engine::{Configuration, StreamEnvironment};
 use crate::exposition::Exposition;
 
 use crate::protocol::{
-    ControlMessage, ExecutorReport, ExecutorState, WorkerInfo, WorkerMessage, PACKAGES_PATH,
-    PROTOCOL_VERSION, WORKERS_PATH,
+    ControlMessage, ExecutorReport, ExecutorState, Shutdown, WorkerInfo, WorkerMessage,
+    PACKAGES_PATH, PROTOCOL_VERSION, WORKERS_PATH,
 };
 
 /// How long an executor asked to cancel may take before it is killed.
 const CANCEL_GRACE: Duration = Duration::from_secs(30);
+
+/// What a stopping worker gives the control plane, after its last executor was killed, to
+/// acknowledge the runs' ends before it exits anyway.
+const EXIT_SLACK: Duration = Duration::from_secs(10);
 
 /// How long one attempt to reach and register with the control plane may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -74,6 +78,11 @@ struct Agent {
     /// Packages being fetched, and the runs waiting for them.
     fetching: std::collections::BTreeSet<String>,
     waiting: BTreeMap<DeploymentId, (RunSpec, Vec<usize>)>,
+    /// `worker.shutdown.mode` and `worker.shutdown.timeout`.
+    shutdown: Shutdown,
+    shutdown_timeout: Duration,
+    /// Since when it is shutting down (SIGTERM), handing its jobs to the control plane.
+    leaving: Option<Instant>,
 }
 
 /// The worker's figures for `/metrics`.
@@ -188,7 +197,8 @@ async fn run(config: Configuration, control: String) -> Result<()> {
         )
     })?;
     let (events, mut executor_events) = mpsc::unbounded_channel();
-    let (interval, timeout) = crate::protocol::heartbeat_settings(&config)?;
+    config.check()?;
+    let (interval, timeout) = config.heartbeat();
     let token = config.rest_token().map(str::to_string);
     let figures = Arc::new(Mutex::new(Shown {
         tm_id: info.id.clone(),
@@ -247,6 +257,9 @@ async fn run(config: Configuration, control: String) -> Result<()> {
         packages_dir,
         fetching: Default::default(),
         waiting: BTreeMap::new(),
+        shutdown: Shutdown::of(&config),
+        shutdown_timeout: config.worker_shutdown().1,
+        leaving: None,
     };
     tracing::info!(
         tm_id = %agent.info.id,
@@ -264,6 +277,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     let mut registered_once = false;
     let mut answers: Vec<WorkerMessage> = Vec::new();
     let mut stop = crate::signals::stop_signals()?;
+    let mut stopping = tokio::time::interval(Duration::from_secs(1));
     // Serving: its /metrics answers and it registers with the control plane (a systemd start
     // does not wait for a control plane that may be down).
     crate::notify::ready(&format!(
@@ -353,11 +367,22 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                 }
             }
             _ = stop.recv() => {
-                crate::notify::notify("STOPPING=1");
-                tracing::info!(tm_id = %agent.info.id, "weir worker {}: stopping; cancelling its executors", agent.info.id);
-                agent.shut_down(&mut executor_events).await;
-                return Ok(());
+                if agent.leaving.is_none() && link.is_some() && !agent.executors.is_empty() {
+                    agent.leave(&mut link).await;
+                } else {
+                    // A second signal, no control plane to hand the jobs to (which then
+                    // restarts them from their checkpoints), or nothing to hand.
+                    crate::notify::notify("STOPPING=1");
+                    tracing::info!(tm_id = %agent.info.id, "weir worker {}: stopping; cancelling its executors", agent.info.id);
+                    agent.shut_down(&mut executor_events).await;
+                    return Ok(());
+                }
             }
+            _ = stopping.tick(), if agent.leaving.is_some() => {}
+        }
+        if agent.may_exit(link.is_some()) {
+            tracing::info!(tm_id = %agent.info.id, "weir worker {}: stopped", agent.info.id);
+            return Ok(());
         }
     }
 }
@@ -402,6 +427,7 @@ async fn connect(
         protocol: PROTOCOL_VERSION,
         worker: agent.info.clone(),
         executors: agent.reports(),
+        leaving: agent.leaving.map(|_| agent.shutdown),
     };
     link.send(text(&register)).await.map_err(|e| failed(&e))?;
     let answer = tokio::time::timeout(Duration::from_secs(10), link.next())
@@ -492,6 +518,12 @@ impl Agent {
             | ControlMessage::Refused { .. } => {}
             ControlMessage::Deploy { run, slots } => {
                 let deployment = run.id.clone();
+                if self.leaving.is_some() && !self.executors.contains_key(&deployment) {
+                    let cause = format!("worker {} is shutting down", self.info.id);
+                    self.ended(deployment, Outcome::Failed { cause }, link)
+                        .await;
+                    return;
+                }
                 if let Some(executor) = self.executors.get(&deployment) {
                     // Sent again (the control plane restarted, or the first one was lost):
                     // say where it is.
@@ -828,6 +860,62 @@ impl Agent {
                 executor.cancel();
             }
         }
+    }
+
+    /// Begins the worker's stop (the first SIGTERM): tells systemd how long it may take and the
+    /// control plane that the worker is going, which then stops each job's run with a
+    /// savepoint to start it again elsewhere, or cancels it (`worker.shutdown.mode`).
+    async fn leave(&mut self, link: &mut Option<Link>) {
+        let most = self.shutdown_timeout + CANCEL_GRACE + EXIT_SLACK;
+        crate::notify::notify(&format!(
+            "STOPPING=1\nEXTEND_TIMEOUT_USEC={}\nSTATUS=stopping: handing its jobs to the \
+             control plane ({:?})",
+            most.as_micros(),
+            self.shutdown
+        ));
+        tracing::info!(
+            tm_id = %self.info.id,
+            "weir worker {}: stopping; its jobs {} (worker.shutdown.mode), within {:?} \
+             (worker.shutdown.timeout); a second signal cancels them",
+            self.info.id,
+            match self.shutdown {
+                Shutdown::Savepoint => "stop with savepoints and start again elsewhere",
+                Shutdown::Cancel => "are cancelled and restart elsewhere",
+            },
+            self.shutdown_timeout
+        );
+        self.leaving = Some(Instant::now());
+        let shutdown = self.shutdown;
+        send(link, &WorkerMessage::Leaving { shutdown }).await;
+    }
+
+    /// While the worker stops: cancels what outstays `worker.shutdown.timeout` and kills
+    /// what outstays its cancel; true once it may exit. That is when the control plane
+    /// acknowledged every run's end, or — without a link — when every run was cancelled or
+    /// failed (which the control plane restarts from a checkpoint when it finds the worker
+    /// gone; a savepoint's end waits for it, as its job must start from that savepoint), or
+    /// when even the kills' time is over.
+    fn may_exit(&mut self, linked: bool) -> bool {
+        let Some(since) = self.leaving else {
+            return false;
+        };
+        let elapsed = since.elapsed();
+        if elapsed > self.shutdown_timeout {
+            self.cancel_all("it did not stop within worker.shutdown.timeout");
+            self.kill_overdue();
+        }
+        if elapsed > self.shutdown_timeout + CANCEL_GRACE + EXIT_SLACK {
+            tracing::warn!(tm_id = %self.info.id, "weir worker {}: exiting with runs whose end the control plane did not acknowledge", self.info.id);
+            return true;
+        }
+        !linked
+            && self.executors.values().all(|e| {
+                matches!(
+                    e.state,
+                    ExecutorState::Ended(Outcome::Canceled | Outcome::Failed { .. })
+                )
+            })
+            || self.executors.is_empty()
     }
 
     /// Cancels every executor and waits for them (killing those that outstay the grace).

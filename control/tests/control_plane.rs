@@ -702,6 +702,35 @@ fn latest_checkpoint(dir: &Path) -> Option<u64> {
         .max()
 }
 
+/// Checks the records the job wrote into `out`: every one of `events` over `keys`, once, in
+/// order.
+fn every_record_once(out: &Path, events: u64, keys: u32) {
+    let records: Vec<Echoed> = read_parts(out)
+        .iter()
+        .map(|l| Echoed::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
+        .collect();
+    assert_eq!(
+        echo_problems(SequenceSpec::of_cli(events, keys, None), &records),
+        EchoCheck::default(),
+        "lost, duplicated, out of order or miscounted records"
+    );
+}
+
+/// Checks that attempt `attempt` of job `job`, on the worker keeping its data in `dir/worker`,
+/// resumed from a checkpoint.
+fn assert_resumed(dir: &Path, worker: &str, job: &str, attempt: u32) {
+    let log = dir
+        .join(worker)
+        .join("deployments")
+        .join(format!("{job}-{attempt}"))
+        .join("executor.log");
+    let log = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    assert!(
+        log.contains("resumes from checkpoint"),
+        "the restart did not resume:\n{log}"
+    );
+}
+
 #[test]
 fn a_killed_workers_job_restarts_on_another_from_its_checkpoint_losing_and_repeating_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -740,17 +769,7 @@ fn a_killed_workers_job_restarts_on_another_from_its_checkpoint_losing_and_repea
         .as_str()
         .unwrap()
         .to_string();
-    let pids: Vec<(String, u32)> = get(&control, "/taskmanagers")["taskmanagers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| {
-            (
-                w["id"].as_str().unwrap().to_string(),
-                w["pid"].as_u64().unwrap() as u32,
-            )
-        })
-        .collect();
+    let pids = worker_pids(&control);
     let pid = pids.iter().find(|(id, _)| *id == holder).unwrap().1;
     let index = workers
         .iter()
@@ -769,28 +788,153 @@ fn a_killed_workers_job_restarts_on_another_from_its_checkpoint_losing_and_repea
             .contains(&format!("worker {holder}")),
         "{exceptions}"
     );
-    let survivor = ["a", "b"][1 - index];
-    let log = dir
-        .path()
-        .join(survivor)
-        .join("deployments")
-        .join(format!("{job}-2"))
-        .join("executor.log");
-    let log = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-    assert!(
-        log.contains("resumes from checkpoint"),
-        "the restart did not resume:\n{log}"
-    );
-    let records: Vec<Echoed> = read_parts(&out)
+    assert_resumed(dir.path(), ["a", "b"][1 - index], &job, 2);
+    every_record_once(&out, events, keys);
+}
+
+/// Every worker's id and pid, as the control plane lists them.
+fn worker_pids(control: &ControlPlane) -> Vec<(String, u32)> {
+    get(control, "/taskmanagers")["taskmanagers"]
+        .as_array()
+        .unwrap()
         .iter()
-        .map(|l| Echoed::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
-        .collect();
-    let check = echo_problems(SequenceSpec::of_cli(events, keys, None), &records);
-    assert_eq!(
-        check,
-        EchoCheck::default(),
-        "lost, duplicated, out of order or miscounted records"
+        .map(|w| {
+            (
+                w["id"].as_str().unwrap().to_string(),
+                w["pid"].as_u64().unwrap() as u32,
+            )
+        })
+        .collect()
+}
+
+/// The id of the worker whose process is `worker`.
+fn worker_id(control: &ControlPlane, worker: &Process) -> String {
+    let pid = worker.0.id();
+    wait_for("the worker's registration", Duration::from_secs(20), || {
+        worker_pids(control)
+            .into_iter()
+            .find_map(|(id, p)| (p == pid).then_some(id))
+    })
+}
+
+/// Waits until job `job` runs attempt `attempt` on worker `worker`.
+fn wait_for_run(control: &ControlPlane, job: &str, attempt: u64, worker: &str) -> Value {
+    wait_for(
+        &format!("attempt {attempt} of job {job} on {worker}"),
+        Duration::from_secs(60),
+        || {
+            let details = get(control, &format!("/jobs/{job}"));
+            let placement = &details["placement"];
+            (placement["attempt"] == attempt
+                && placement["taskmanager"] == worker
+                && placement["running"] == true)
+                .then_some(details)
+        },
+    )
+}
+
+#[test]
+fn a_worker_stopped_by_sigterm_hands_its_job_on_by_savepoint_or_cancel_losing_and_repeating_nothing(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = checkpointed(dir.path());
+    let settings: Vec<&str> = settings.iter().map(String::as_str).collect();
+    let control = start_control(dir.path(), 0, &settings);
+    // Worker a stops its jobs with savepoints (the default), under a notify socket as
+    // systemd would start it; b cancels them.
+    let notify_path = dir.path().join("a.notify");
+    let notify = std::os::unix::net::UnixDatagram::bind(&notify_path).unwrap();
+    let mut command = Command::new(WEIR);
+    worker_args(
+        &mut command,
+        dir.path(),
+        "a",
+        &control,
+        "0",
+        &["worker.shutdown.timeout=60s"],
     );
+    let mut a = Process(
+        command
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start weir worker"),
+    );
+    wait_for_workers(&control, 1);
+    let out = dir.path().join("out");
+    let (events, keys) = (300_000, 64);
+    let job = submit(
+        &control,
+        "sequence-echo",
+        &[
+            "--events",
+            "300000",
+            "--keys",
+            "64",
+            "--rate",
+            "15000",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        1,
+    );
+    let checkpoints = dir.path().join("checkpoints").join(&job);
+    wait_for_checkpoint(&checkpoints, "0", "sequence-echo");
+    let mut b = start_worker(
+        dir.path(),
+        "b",
+        &control,
+        "1",
+        &["worker.shutdown.mode=cancel"],
+    );
+    let b_id = worker_id(&control, &b);
+
+    // SIGTERM: a's run stops with a savepoint and the job starts again from it on b, in a new
+    // generation of checkpoints, with no failure; a exits once that is done.
+    a.terminate(Duration::from_secs(60));
+    let mut said = String::new();
+    notify.set_nonblocking(true).unwrap();
+    let mut buffer = [0u8; 4096];
+    while let Ok(n) = notify.recv(&mut buffer) {
+        said.push_str(&String::from_utf8_lossy(&buffer[..n]));
+        said.push('\n');
+    }
+    assert!(
+        said.lines().any(|l| l == "STOPPING=1")
+            && said.lines().any(|l| l == "EXTEND_TIMEOUT_USEC=100000000"),
+        "worker a told systemd it stops, for up to worker.shutdown.timeout and the cancel's \
+         40 s: {said}"
+    );
+    let details = wait_for_run(&control, &job, 2, &b_id);
+    let restored = details["restoredFrom"].as_str().unwrap_or_default();
+    assert!(
+        restored.contains("savepoint"),
+        "the job starts again from a's savepoint: {details}"
+    );
+    let exceptions = get(&control, &format!("/jobs/{job}/exceptions"));
+    assert!(
+        exceptions["root-exception"].is_null(),
+        "a move is no failure: {exceptions}"
+    );
+    wait_for_checkpoint(&checkpoints, "1", "sequence-echo");
+
+    // SIGTERM with worker.shutdown.mode=cancel: b's run is cancelled and the job restarts
+    // from its latest checkpoint on c.
+    let c = start_worker(dir.path(), "c", &control, "0", &[]);
+    let c_id = worker_id(&control, &c);
+    b.terminate(Duration::from_secs(60));
+    wait_for_run(&control, &job, 3, &c_id);
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(120));
+    assert_eq!(details["attempts"], 3, "{details}");
+    let exceptions = get(&control, &format!("/jobs/{job}/exceptions"));
+    let root = exceptions["root-exception"].as_str().unwrap_or_default();
+    assert!(
+        root.contains(&b_id) && root.contains("shut down"),
+        "the restart names b's shutdown: {exceptions}"
+    );
+    assert_resumed(dir.path(), "c", &job, 3);
+    every_record_once(&out, events, keys);
 }
 
 /// The part files a file sink committed (made visible) in `dir`.
@@ -861,15 +1005,7 @@ fn a_restarted_control_plane_finds_its_running_job_which_checkpointed_and_commit
         details["attempts"], 1,
         "the run went on without a restart: {details}"
     );
-    let records: Vec<Echoed> = read_parts(&out)
-        .iter()
-        .map(|l| Echoed::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
-        .collect();
-    assert_eq!(
-        echo_problems(SequenceSpec::of_cli(events, keys, None), &records),
-        EchoCheck::default(),
-        "lost, duplicated, out of order or miscounted records"
-    );
+    every_record_once(&out, events, keys);
 }
 
 #[test]
@@ -1047,16 +1183,7 @@ fn savepoint_rescale_stop_and_resubmit_keep_every_record_once() {
     let resumed = answer["jobid"].as_str().unwrap();
     wait_for_state(&control, resumed, "FINISHED", Duration::from_secs(120));
 
-    let records: Vec<Echoed> = read_parts(&out)
-        .iter()
-        .map(|l| Echoed::parse(l).unwrap_or_else(|| panic!("a bad line: {l}")))
-        .collect();
-    let check = echo_problems(SequenceSpec::of_cli(events, keys, None), &records);
-    assert_eq!(
-        check,
-        EchoCheck::default(),
-        "lost, duplicated, out of order or miscounted records"
-    );
+    every_record_once(&out, events, keys);
 }
 
 /// `promtool check metrics` of an exposition: its complaints (empty when it passes). Without

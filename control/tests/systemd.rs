@@ -168,24 +168,6 @@ fn start_notified(args: &[&str], socket: &NotifySocket, marker: &str) -> (Proces
     (Process(child), word)
 }
 
-/// Sends SIGTERM and waits for a clean exit within `limit`.
-fn terminate(process: &mut Process, limit: Duration) {
-    // SAFETY: kill(2) on a child this test started and has not reaped.
-    unsafe { libc::kill(process.0.id() as i32, libc::SIGTERM) };
-    let started = Instant::now();
-    loop {
-        if let Some(status) = process.0.try_wait().unwrap() {
-            assert!(status.success(), "exited {status} on SIGTERM");
-            return;
-        }
-        assert!(
-            started.elapsed() < limit,
-            "still running {limit:?} after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn control_plane_and_worker_tell_systemd_ready_ping_its_watchdog_and_stop_on_sigterm() {
     let dir = tempfile::tempdir().unwrap();
@@ -232,8 +214,8 @@ fn control_plane_and_worker_tell_systemd_ready_ping_its_watchdog_and_stop_on_sig
         "the worker says what it does: {seen:?}"
     );
     worker_socket.watchdog_pings();
-    terminate(&mut worker, Duration::from_secs(40));
+    worker.terminate(Duration::from_secs(40));
     worker_socket.wait_for("STOPPING=1", Duration::from_secs(5));
-    terminate(&mut control, Duration::from_secs(10));
+    control.terminate(Duration::from_secs(10));
     control_socket.wait_for("STOPPING=1", Duration::from_secs(5));
 }

@@ -264,6 +264,10 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Where the control plane keeps its durable store: submitted jobs, their state and their checkpoint directories' places (written atomically; a restarted control plane resumes the jobs it finds there)."),
     option!("worker.data-dir", OptionKind::Path, "/var/lib/weir/worker",
         "Where a worker keeps each deployment's descriptor and its executor's log (`<dir>/deployments/<job id>-<attempt>/`)."),
+    option!("worker.shutdown.mode", OptionKind::Choice(&["savepoint", "cancel"]), "savepoint",
+        "What a worker does with its jobs on SIGTERM (`systemctl stop`). 'savepoint': the control plane stops each checkpointed job with a savepoint and starts it again from it on other slots (or on this worker once it is back), losing and repeating nothing; a job without checkpoints is cancelled and restarts as its restart strategy says. 'cancel': every job is cancelled at once and restarts from its latest checkpoint elsewhere. Without a control plane to hand its jobs to, a worker cancels them."),
+    option!("worker.shutdown.timeout", OptionKind::Duration, "5 min",
+        "How long a worker's SIGTERM may take to stop its jobs with savepoints; jobs still running then are cancelled (and killed 30 s later). The worker extends systemd's stop timeout to cover it (EXTEND_TIMEOUT_USEC)."),
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
         "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or RocksDB, one instance per keyed operator subtask in its slot's memory ('rocksdb')."),
     option!("state.backend.rocksdb.localdir", OptionKind::Path, "",
@@ -272,6 +276,49 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Share of a slot's managed memory RocksDB's memtables may take (charged to its block cache)."),
     option!("state.backend.rocksdb.memory.write-back-ratio", OptionKind::Fraction, "0.25",
         "Share of a slot's managed memory for the write-back cache of value, reducing and aggregating state (window accumulators) in front of RocksDB; written back on eviction and before every snapshot; 0 turns it off. The block cache gets the rest."),
+];
+
+/// Rules beyond one key's type and range: the keys each concerns and what it asks. Listed in
+/// the reference; [`Configuration::check`] enforces every one.
+pub const RULES: [(&[&str], &str); 6] = [
+    (
+        &["heartbeat.interval", "heartbeat.timeout"],
+        "The interval is above 0 and the timeout longer than it.",
+    ),
+    (
+        &["execution.checkpointing.dir", "execution.checkpointing.interval"],
+        "A checkpoint directory is set whenever the interval is above 0.",
+    ),
+    (
+        &[
+            "execution.checkpointing.unaligned.enabled",
+            "execution.checkpointing.mode",
+            "execution.checkpointing.max-concurrent-checkpoints",
+        ],
+        "Unaligned checkpoints only with the mode EXACTLY_ONCE and one checkpoint at a time.",
+    ),
+    (
+        &[
+            "taskmanager.memory.managed.fraction",
+            "taskmanager.memory.network.fraction",
+        ],
+        "Managed below 1, network above 0, and the two together below 0.9: the heap keeps a tenth at least.",
+    ),
+    (
+        &[
+            "taskmanager.memory.network.min",
+            "taskmanager.memory.network.max",
+            "taskmanager.memory.segment-size",
+        ],
+        "The network minimum at most its maximum; the segment size a power of two, 4kb at least.",
+    ),
+    (
+        &[
+            "state.backend.rocksdb.memory.write-buffer-ratio",
+            "state.backend.rocksdb.memory.write-back-ratio",
+        ],
+        "The write-buffer ratio above 0, the write-back ratio below 1, and the two together below 1 (memtables are charged to the block cache the write-back cache leaves).",
+    ),
 ];
 
 fn option(key: &str) -> Option<&'static ConfigOption> {
@@ -411,6 +458,15 @@ pub fn reference() -> String {
             default,
             cell(option.description)
         );
+    }
+    out.push_str(
+        "\n## Rules between keys\n\nEach is checked at start, after the file, the environment \
+         and the flags: a process refuses to start on the first one broken, naming the key, \
+         its value and the fix.\n\n",
+    );
+    for (keys, rule) in RULES {
+        let keys: Vec<String> = keys.iter().map(|key| format!("`{key}`")).collect();
+        let _ = writeln!(out, "- {}: {rule}", keys.join(", "));
     }
     out
 }
@@ -878,6 +934,30 @@ impl Configuration {
         self.raw("rest.auth.token")
     }
 
+    /// Every rule of [`RULES`]: the first broken one's key, value and fix. Every process runs
+    /// it at start, after the file, the environment and the flags.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let (interval, timeout) = self.heartbeat();
+        if interval.is_zero() || timeout <= interval {
+            let key = if interval.is_zero() {
+                "heartbeat.interval"
+            } else {
+                "heartbeat.timeout"
+            };
+            return Err(ConfigError::InvalidValue {
+                key: key.into(),
+                value: self.raw(key).unwrap_or_default().into(),
+                expected: format!(
+                    "an interval above 0 and a timeout longer than it (now {interval:?} and \
+                     {timeout:?}); e.g. 10 s and 50 s, the defaults"
+                ),
+            });
+        }
+        self.checkpointing()?;
+        self.worker_budget(1)?;
+        Ok(())
+    }
+
     /// `heartbeat.interval` and `heartbeat.timeout`.
     pub fn heartbeat(&self) -> (Duration, Duration) {
         (
@@ -894,6 +974,15 @@ impl Configuration {
     /// `control.data-dir`.
     pub fn control_data_dir(&self) -> PathBuf {
         PathBuf::from(self.raw("control.data-dir").expect("has a default"))
+    }
+
+    /// `worker.shutdown.mode` (whether jobs stop with a savepoint) and
+    /// `worker.shutdown.timeout`.
+    pub fn worker_shutdown(&self) -> (bool, Duration) {
+        (
+            self.raw("worker.shutdown.mode").map(str::trim) == Some("savepoint"),
+            self.duration("worker.shutdown.timeout"),
+        )
     }
 
     /// `worker.data-dir`.
@@ -934,6 +1023,43 @@ mod tests {
         for (row, option) in rows.iter().zip(OPTIONS) {
             assert!(row.starts_with(&format!("| `{}` |", option.key)), "{row}");
             assert!(row.contains(&option.kind.expected()), "{row}");
+        }
+    }
+
+    #[test]
+    fn every_rule_between_keys_is_enforced_naming_one_of_its_keys() {
+        let broken: [&[(&str, &str)]; RULES.len()] = [
+            &[("heartbeat.interval", "10s"), ("heartbeat.timeout", "5s")],
+            &[("execution.checkpointing.interval", "1s")],
+            &[
+                ("execution.checkpointing.interval", "1s"),
+                ("execution.checkpointing.dir", "/tmp/chk"),
+                ("execution.checkpointing.unaligned.enabled", "true"),
+                ("execution.checkpointing.mode", "AT_LEAST_ONCE"),
+            ],
+            &[
+                ("taskmanager.memory.managed.fraction", "0.5"),
+                ("taskmanager.memory.network.fraction", "0.4"),
+            ],
+            &[("taskmanager.memory.segment-size", "3kb")],
+            &[
+                ("state.backend.rocksdb.memory.write-buffer-ratio", "0.6"),
+                ("state.backend.rocksdb.memory.write-back-ratio", "0.5"),
+            ],
+        ];
+        assert!(Configuration::default().check().is_ok());
+        for ((keys, rule), pairs) in RULES.iter().zip(broken) {
+            let mut config = Configuration::default();
+            for (key, value) in pairs {
+                config = config.with(key, *value).unwrap();
+            }
+            match config.check() {
+                Err(ConfigError::InvalidValue { key, expected, .. }) => {
+                    assert!(keys.contains(&key.as_str()), "{rule}: named {key}");
+                    assert!(!expected.is_empty());
+                }
+                other => panic!("{rule}: {pairs:?} gave {other:?}"),
+            }
         }
     }
 

@@ -83,8 +83,10 @@ impl Default for UnitOptions {
     }
 }
 
-/// How long a worker's stop may take: it cancels its executors and kills those still
-/// running after 30 s.
+/// How long a worker's stop may take before it says more: one that runs jobs extends it by
+/// `worker.shutdown.timeout` and the time to cancel (`EXTEND_TIMEOUT_USEC`) as it hands them
+/// to the control plane; one without a control plane cancels its executors and kills those
+/// still running after 30 s.
 const WORKER_STOP_SEC: u64 = 60;
 
 /// The unit file of `role`.
@@ -151,8 +153,8 @@ pub fn render(role: Role, options: &UnitOptions) -> String {
         }
     }
     if role == Role::Worker {
-        // SIGTERM goes to the worker alone, which cancels its executors itself; whatever
-        // is left when the stop times out is killed.
+        // SIGTERM goes to the worker alone, which stops its executors itself; whatever is
+        // left when the stop times out is killed.
         let _ = writeln!(
             unit,
             "KillMode=mixed\nTimeoutStopSec={WORKER_STOP_SEC}\nLimitMEMLOCK=infinity"

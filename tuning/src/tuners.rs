@@ -332,7 +332,8 @@ struct IrqAffinity;
 
 const INTERRUPTS: &str = "/proc/interrupts";
 
-/// Interrupt names of disks' and network cards' queues.
+/// Interrupt names of disks' and network cards' queues (for devices whose interrupts
+/// `msi_irqs` does not list).
 const DEVICE_IRQS: [&str; 9] = [
     "nvme", "eth", "ens", "enp", "eno", "mlx", "ixgbe", "i40e", "ice",
 ];
@@ -356,6 +357,19 @@ fn managed_queue(name: &str) -> bool {
         .split_once('-')
         .is_some_and(|(device, queue)| device.starts_with("virtio") && queue.starts_with("req"));
     nvme_io || virtio_blk
+}
+
+/// The interrupts of the host's network cards and NVMe controllers, exactly: the numbers in
+/// `/sys/class/{net,nvme}/*/device/msi_irqs` (whatever the interfaces are named).
+fn device_irqs(host: &Host) -> std::collections::BTreeSet<u32> {
+    let mut irqs = std::collections::BTreeSet::new();
+    for class in ["/sys/class/net", "/sys/class/nvme"] {
+        for device in host.list(class) {
+            let listed = host.list(&format!("{class}/{device}/device/msi_irqs"));
+            irqs.extend(listed.iter().filter_map(|irq| irq.parse::<u32>().ok()));
+        }
+    }
+    irqs
 }
 
 /// Whether interrupt `name` is a disk's or a network card's queue (virtio's: `virtio3-input.0`,
@@ -388,6 +402,7 @@ impl Tuner for IrqAffinity {
             .into_iter()
             .filter(|core| !host.shard_cores.contains(core))
             .collect();
+        let devices = device_irqs(host);
         let mut findings = Vec::new();
         let (mut stuck, mut managed) = (Vec::new(), Vec::new());
         for line in text.lines() {
@@ -398,7 +413,7 @@ impl Tuner for IrqAffinity {
                 continue;
             };
             let device = rest.split_whitespace().last().unwrap_or_default();
-            if !device_queue(device) {
+            if !devices.contains(&irq) && !device_queue(device) {
                 continue;
             }
             let path = format!("/proc/irq/{irq}/smp_affinity_list");

@@ -59,6 +59,8 @@ fn untuned(root: &Path) -> Host {
  43:          0          0          0          0   PCI-MSI 49152-edge      virtio0-config
  44:          0          5          0          0   PCI-MSI 49153-edge      virtio0-input.0
  45:          9          0          0          0   PCI-MSI 1048577-edge      nvme0q2
+ 46:          0          7          0          0   PCI-MSI 2097152-edge      wan0-TxRx-0
+ 47:          0          3          0          0   PCI-MSI 3145728-edge      sensor-event
 NMI:          0          0          0          0   Non-maskable interrupts",
     );
     // The NVMe queue's mask is every core, and the kernel put it on shard core 1.
@@ -70,6 +72,11 @@ NMI:          0          0          0          0   Non-maskable interrupts",
     put(root, "/proc/irq/42/smp_affinity_list", "3");
     put(root, "/proc/irq/43/smp_affinity_list", "0-3");
     put(root, "/proc/irq/44/smp_affinity_list", "0-1");
+    // A card renamed wan0, whose queues no name pattern knows: its msi_irqs lists them.
+    put(root, "/sys/class/net/wan0/device/msi_irqs/46", "msi");
+    put(root, "/proc/irq/46/smp_affinity_list", "1");
+    // Some other device's interrupt, on a shard core: not a disk's or a network card's.
+    put(root, "/proc/irq/47/smp_affinity_list", "1");
     let clocksource = "/sys/devices/system/clocksource/clocksource0";
     put(root, &format!("{clocksource}/current_clocksource"), "hpet");
     put(
@@ -154,21 +161,23 @@ fn each_tuner_finds_what_is_off_on_an_untuned_host() {
     let io_uring = findings(&host, "io-uring");
     assert!(io_uring[0].problem.contains("is 2"), "{io_uring:?}");
     assert!(matches!(io_uring[0].fix, Fix::Manual(_)), "{io_uring:?}");
-    // eth0-rx-0 on shard core 1 and virtio's network input on both move to the two spare
-    // cores; eth0-tx-0 is on spare core 3 already, and the timer and virtio's configuration
-    // interrupt are no queue's. The NVMe I/O queue is the kernel's to place: isolcpus.
+    // eth0-rx-0 on shard core 1, virtio's network input on both and wan0's queue (known by
+    // its card's msi_irqs) move to the two spare cores; eth0-tx-0 is on spare core 3 already,
+    // and the timer, virtio's configuration interrupt and the sensor's are no queue's. The
+    // NVMe I/O queue is the kernel's to place: isolcpus.
     let irqs = findings(&host, "irq-affinity");
     assert_eq!(
-        irqs[..2].iter().map(write_of).collect::<Vec<_>>(),
+        irqs[..3].iter().map(write_of).collect::<Vec<_>>(),
         [
             ("/proc/irq/41/smp_affinity_list", "2-3"),
-            ("/proc/irq/44/smp_affinity_list", "2-3")
+            ("/proc/irq/44/smp_affinity_list", "2-3"),
+            ("/proc/irq/46/smp_affinity_list", "2-3")
         ]
     );
-    assert_eq!(irqs.len(), 3, "{irqs:?}");
-    assert!(irqs[2].problem.contains("40 (nvme0q1)"), "{irqs:?}");
+    assert_eq!(irqs.len(), 4, "{irqs:?}");
+    assert!(irqs[3].problem.contains("40 (nvme0q1)"), "{irqs:?}");
     assert!(
-        matches!(&irqs[2].fix, Fix::Manual(what) if what.contains("isolcpus=managed_irq,domain,0-1")),
+        matches!(&irqs[3].fix, Fix::Manual(what) if what.contains("isolcpus=managed_irq,domain,0-1")),
         "{irqs:?}"
     );
     assert_eq!(write_of(&findings(&host, "clocksource")[0]).1, "tsc");
@@ -293,7 +302,8 @@ fn with_a_shard_on_every_core_interrupts_and_isolation_are_left_to_the_operator(
     );
     assert!(
         irqs[0].problem.contains(
-            "40 (nvme0q1), 41 (eth0-rx-0), 42 (eth0-tx-0), 44 (virtio0-input.0), 45 (nvme0q2)"
+            "40 (nvme0q1), 41 (eth0-rx-0), 42 (eth0-tx-0), 44 (virtio0-input.0), 45 (nvme0q2), \
+             46 (wan0-TxRx-0) run"
         ),
         "{irqs:?}"
     );

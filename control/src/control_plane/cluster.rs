@@ -17,7 +17,7 @@ pub use weir_engine::time::now_ms;
 use weir_engine::Configuration;
 
 use super::store::Store;
-use crate::protocol::{ControlMessage, ExecutorReport, ExecutorState, WorkerInfo};
+use crate::protocol::{ControlMessage, ExecutorReport, ExecutorState, Shutdown, WorkerInfo};
 
 /// A job's state, with Flink's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -198,6 +198,9 @@ pub enum OperationKind {
         /// The new parallelism.
         parallelism: usize,
     },
+    /// Stop with a savepoint and start again from it on other slots: the run's worker is
+    /// shutting down (`worker.shutdown.mode: savepoint`).
+    Relocate,
 }
 
 impl OperationKind {
@@ -207,15 +210,23 @@ impl OperationKind {
             OperationKind::Checkpoint => Snapshot::Checkpoint,
             OperationKind::Savepoint => Snapshot::Savepoint,
             OperationKind::Stop { drain: true } => Snapshot::Stop(Stop::Drain),
-            OperationKind::Stop { drain: false } | OperationKind::Rescale { .. } => {
-                Snapshot::Stop(Stop::Suspend)
-            }
+            OperationKind::Stop { drain: false }
+            | OperationKind::Rescale { .. }
+            | OperationKind::Relocate => Snapshot::Stop(Stop::Suspend),
         }
     }
 
-    /// Whether the run stops with it (a stop or a rescale).
+    /// Whether the run stops with it (a stop, a rescale or a relocation).
     fn stops(self) -> bool {
         matches!(self.take(), Snapshot::Stop(_))
+    }
+
+    /// Whether the job starts again from its savepoint (a rescale or a relocation).
+    fn restarts(self) -> bool {
+        matches!(
+            self,
+            OperationKind::Rescale { .. } | OperationKind::Relocate
+        )
     }
 
     /// What it takes, in words.
@@ -244,7 +255,7 @@ pub struct Operation {
     /// The number of the checkpoint or savepoint taken, once it was.
     #[serde(default)]
     pub checkpoint: Option<u64>,
-    /// A rescale: whether the job runs again at its new parallelism.
+    /// A rescale or relocation: whether the job was started again from its savepoint.
     #[serde(default)]
     pub rescaled: bool,
 }
@@ -254,7 +265,7 @@ impl Operation {
     pub fn done(&self) -> bool {
         match (&self.kind, &self.result) {
             (_, None) => false,
-            (OperationKind::Rescale { .. }, Some(Ok(_))) => self.rescaled,
+            (kind, Some(Ok(_))) if kind.restarts() => self.rescaled,
             _ => true,
         }
     }
@@ -293,6 +304,8 @@ pub struct Worker {
     pub connected: bool,
     /// When it was last heard from, ms since the epoch.
     pub last_heartbeat: i64,
+    /// Set once it said it is shutting down: nothing more is deployed to it.
+    pub leaving: Option<Shutdown>,
 }
 
 /// Why a request cannot be done: a client error (4xx) with its message.
@@ -379,9 +392,10 @@ impl Cluster {
         }
     }
 
-    /// Free slots of each worker: its slots less those its jobs' runs hold.
+    /// Free slots of each worker: its slots less those its jobs' runs hold (none of a
+    /// worker that is shutting down).
     pub fn free_slots(&self, worker: &str) -> Vec<usize> {
-        let Some(w) = self.workers.get(worker) else {
+        let Some(w) = self.workers.get(worker).filter(|w| w.leaving.is_none()) else {
             return Vec::new();
         };
         let held: Vec<usize> = self
@@ -490,7 +504,7 @@ impl Cluster {
         let most_slots = self
             .workers
             .values()
-            .filter(|w| w.connected)
+            .filter(|w| w.connected && w.leaving.is_none())
             .map(|w| w.info.cores.len())
             .max()
             .unwrap_or(0);
@@ -688,10 +702,73 @@ impl Cluster {
             }
             Err(error) => tracing::warn!(job_id = %job.id, "{what} {request} failed: {error}"),
         }
+        let relocation_failed = operation.kind == OperationKind::Relocate && result.is_err();
         operation.checkpoint = result.as_ref().ok().map(|taken| taken.checkpoint);
         operation.result = Some(result.map(|taken| taken.dir));
         let id = job.id.clone();
         self.store_job(&id);
+        if relocation_failed {
+            // Its worker is going: the run is cancelled and restarts from its latest
+            // checkpoint instead.
+            self.cancel_run(deployment);
+        }
+    }
+
+    /// Asks the worker of `deployment`, the current run of its job, to cancel it.
+    fn cancel_run(&self, deployment: &DeploymentId) {
+        let worker = self
+            .jobs
+            .get(&deployment.job_id)
+            .and_then(|j| j.placement.as_ref())
+            .filter(|p| p.deployment == *deployment)
+            .and_then(|p| self.workers.get(&p.worker));
+        if let Some(worker) = worker {
+            let _ = worker.link.send(ControlMessage::Cancel {
+                deployment: deployment.clone(),
+            });
+        }
+    }
+
+    /// Worker `worker` is shutting down: nothing more is deployed to it, and each of its runs
+    /// stops with a savepoint to start again elsewhere (`Shutdown::Savepoint`, for runs that
+    /// checkpoint and run) or is cancelled (the others, or `Shutdown::Cancel`), unless a stop,
+    /// rescale or relocation of it is under way already.
+    pub fn leave(&mut self, worker: &str, shutdown: Shutdown) {
+        let Some(w) = self.workers.get_mut(worker) else {
+            return;
+        };
+        if w.leaving.is_none() {
+            tracing::info!(tm_id = %worker, ?shutdown, "worker shutting down; moving its jobs");
+        }
+        w.leaving = Some(shutdown);
+        let placed: Vec<(String, DeploymentId, bool)> = self
+            .jobs
+            .values()
+            .filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Reconciling))
+            .filter_map(|j| {
+                let p = j.placement.as_ref().filter(|p| p.worker == worker)?;
+                let stopping = j
+                    .operations
+                    .iter()
+                    .any(|o| !o.done() && o.kind.stops() && o.deployment == p.deployment);
+                let movable = j.checkpointed && p.running && j.status == JobStatus::Running;
+                (!stopping).then(|| (j.id.clone(), p.deployment.clone(), movable))
+            })
+            .collect();
+        for (id, deployment, movable) in placed {
+            if shutdown == Shutdown::Savepoint && movable {
+                match self.savepoint(&id, OperationKind::Relocate, None) {
+                    Ok(request) => {
+                        tracing::info!(job_id = %id, "stopping the run on worker {worker} with savepoint {request} to start it again elsewhere");
+                        continue;
+                    }
+                    Err(refusal) => {
+                        tracing::warn!(job_id = %id, "cannot move the run off worker {worker} with a savepoint ({refusal:?}); cancelling it")
+                    }
+                }
+            }
+            self.cancel_run(&deployment);
+        }
     }
 
     /// Ends every operation of `job`'s run `deployment` that is not done: one still waiting
@@ -720,6 +797,7 @@ impl Cluster {
         link: UnboundedSender<ControlMessage>,
         connection: u64,
         executors: Vec<ExecutorReport>,
+        leaving: Option<Shutdown>,
     ) {
         let id = info.id.clone();
         tracing::info!(
@@ -737,6 +815,7 @@ impl Cluster {
                 connection,
                 connected: true,
                 last_heartbeat: now_ms(),
+                leaving,
             },
         );
         let reported: Vec<DeploymentId> = executors.iter().map(|r| r.deployment.clone()).collect();
@@ -772,6 +851,13 @@ impl Cluster {
             .map(|j| j.id.clone())
             .collect();
         for job in unstarted {
+            if leaving.is_some() {
+                self.run_failed(
+                    &job,
+                    format!("worker {id} shut down before the run was deployed to it"),
+                );
+                continue;
+            }
             let job = &self.jobs[&job];
             let placement = job.placement.as_ref().expect("filtered above");
             let message = ControlMessage::Deploy {
@@ -779,6 +865,9 @@ impl Cluster {
                 slots: placement.slots.clone(),
             };
             let _ = self.workers[&id].link.send(message);
+        }
+        if let Some(shutdown) = leaving {
+            self.leave(&id, shutdown);
         }
         self.tick();
     }
@@ -800,8 +889,17 @@ impl Cluster {
             .get_mut(worker)
             .filter(|w| w.connection == connection)
         {
-            tracing::warn!(tm_id = %worker, "worker link closed; waiting for it to register again");
             w.connected = false;
+            let holds_runs = self
+                .jobs
+                .values()
+                .any(|j| j.placement.as_ref().is_some_and(|p| p.worker == worker));
+            if w.leaving.is_some() && !holds_runs {
+                tracing::info!(tm_id = %worker, "worker shut down");
+                self.workers.remove(worker);
+            } else {
+                tracing::warn!(tm_id = %worker, "worker link closed; waiting for it to register again");
+            }
         }
     }
 
@@ -915,6 +1013,12 @@ impl Cluster {
     fn run_ended(&mut self, id: &str, end: RunEnd) -> bool {
         let now = now_ms();
         let random = next_random(&mut self.random);
+        let leaving = self
+            .jobs
+            .get(id)
+            .and_then(|j| j.placement.as_ref())
+            .and_then(|p| self.workers.get(&p.worker))
+            .is_some_and(|w| w.leaving.is_some());
         let Some(job) = self.jobs.get_mut(id) else {
             return true;
         };
@@ -947,6 +1051,10 @@ impl Cluster {
         }
         let failure = match &end {
             RunEnd::Finished { .. } => None,
+            RunEnd::Canceled if leaving => Some(format!(
+                "its worker {} shut down and cancelled it (worker.shutdown.mode)",
+                placement.worker
+            )),
             RunEnd::Canceled => Some("its executor was cancelled".to_string()),
             RunEnd::Failed(cause) => Some(cause.clone()),
         };
@@ -966,13 +1074,15 @@ impl Cluster {
             return self.store_job(id);
         }
         match settled {
-            Some((request, OperationKind::Rescale { parallelism }, path)) => {
+            Some((request, kind, path)) if kind.restarts() => {
+                let (parallelism, why) = match kind {
+                    OperationKind::Rescale { parallelism } => (parallelism, "rescale"),
+                    _ => (job.submission.parallelism, "move off its worker"),
+                };
                 if let Some(cause) = failure {
                     job.failures.push(Failure {
                         timestamp: now,
-                        cause: format!(
-                            "the run failed after the savepoint of its rescale: {cause}"
-                        ),
+                        cause: format!("the run failed after the savepoint of its {why}: {cause}"),
                         worker: Some(placement.worker),
                     });
                 }
@@ -981,8 +1091,12 @@ impl Cluster {
                         operation.rescaled = true;
                     }
                 }
-                Cluster::fail_operations(job, &deployment, "the run was stopped for a rescale");
-                tracing::info!(job_id = %id, "rescaling to {parallelism} from {}", path.display());
+                Cluster::fail_operations(
+                    job,
+                    &deployment,
+                    &format!("the run was stopped for a {why}"),
+                );
+                tracing::info!(job_id = %id, "starting again at parallelism {parallelism} from {} ({why})", path.display());
                 job.submission.parallelism = parallelism;
                 job.submission.savepoint_path = Some(path);
                 job.submission.allow_non_restored_state = false;
@@ -1135,7 +1249,7 @@ impl Cluster {
         let found = self
             .workers
             .iter()
-            .filter(|(_, w)| w.connected)
+            .filter(|(_, w)| w.connected && w.leaving.is_none())
             .find_map(|(w, _)| {
                 let free = self.free_slots(w);
                 (free.len() >= wanted).then(|| (w.clone(), free[..wanted].to_vec()))
@@ -1324,7 +1438,7 @@ mod tests {
             heap_memory: 0,
             engine_version: "0".into(),
         };
-        cluster.register(info, "127.0.0.1:1".into(), link, 1, Vec::new());
+        cluster.register(info, "127.0.0.1:1".into(), link, 1, Vec::new(), None);
         messages
     }
 
@@ -1352,11 +1466,15 @@ mod tests {
     }
 
     fn report(cluster: &mut Cluster, run: &RunSpec, state: ExecutorState) {
+        report_from(cluster, "w", run, state);
+    }
+
+    fn report_from(cluster: &mut Cluster, worker: &str, run: &RunSpec, state: ExecutorState) {
         let report = ExecutorReport {
             deployment: run.id.clone(),
             state,
         };
-        cluster.executor("w", report);
+        cluster.executor(worker, report);
     }
 
     fn setting<'a>(run: &'a RunSpec, key: &str) -> &'a str {
@@ -1522,6 +1640,85 @@ mod tests {
         };
         assert!(matches!(operation(&plain).result, Some(Err(e)) if e.contains("rescale")));
         assert!(operation(&rescale).done());
+    }
+
+    /// The request id of the next snapshot request sent, skipping other messages; `take`
+    /// checked.
+    fn asked(messages: &mut UnboundedReceiver<ControlMessage>, wanted: Snapshot) -> String {
+        while let Ok(message) = messages.try_recv() {
+            if let ControlMessage::Snapshot { request, take, .. } = message {
+                assert_eq!(take, wanted);
+                return request;
+            }
+        }
+        panic!("no snapshot request");
+    }
+
+    /// Whether a cancel of `run` was sent, skipping other messages.
+    fn cancel_sent(messages: &mut UnboundedReceiver<ControlMessage>, run: &RunSpec) -> bool {
+        std::iter::from_fn(|| messages.try_recv().ok())
+            .any(|m| matches!(m, ControlMessage::Cancel { deployment } if deployment == run.id))
+    }
+
+    #[test]
+    fn a_leaving_workers_run_moves_by_savepoint_or_cancel_and_nothing_more_lands_on_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut on_w = worker(&mut cluster, "w", 1);
+        let job = submitted(&mut cluster, 1);
+        let (run, _) = deployed(&mut on_w).unwrap();
+        report(&mut cluster, &run, ExecutorState::Running);
+        let mut on_x = worker(&mut cluster, "x", 1);
+
+        // Savepoint: the run stops with one, and the job starts again from it on x, in a
+        // new generation, with no failure.
+        cluster.leave("w", Shutdown::Savepoint);
+        assert!(cluster.free_slots("w").is_empty(), "nothing lands on w");
+        let request = asked(&mut on_w, Snapshot::Stop(Stop::Suspend));
+        cluster.savepoint_done(&run.id, &request, Ok(sp()));
+        let end = ExecutorState::Ended(Outcome::Finished {
+            duration_ms: 1,
+            operators: Vec::new(),
+            savepoint: Some(PathBuf::from("/sp")),
+        });
+        report(&mut cluster, &run, end);
+        let (moved, _) = deployed(&mut on_x).expect("started again on x");
+        assert_eq!(moved.from_savepoint, Some(PathBuf::from("/sp")));
+        assert!(setting(&moved, "execution.checkpointing.dir").ends_with(&format!("{job}/1")));
+        assert!(
+            cluster.jobs[&job].failures.is_empty(),
+            "a move is no failure"
+        );
+        assert!(deployed(&mut on_w).is_none());
+        cluster.disconnected("w", 1);
+        assert!(
+            !cluster.workers.contains_key("w"),
+            "gone once its link closed"
+        );
+
+        // Cancel: the run is cancelled, and the job restarts from its latest checkpoint on y,
+        // naming x's shutdown.
+        let mut on_y = worker(&mut cluster, "y", 1);
+        report_from(&mut cluster, "x", &moved, ExecutorState::Running);
+        cluster.leave("x", Shutdown::Cancel);
+        assert!(cancel_sent(&mut on_x, &moved));
+        report_from(
+            &mut cluster,
+            "x",
+            &moved,
+            ExecutorState::Ended(Outcome::Canceled),
+        );
+        let (restarted, _) = deployed(&mut on_y).expect("restarted on y");
+        assert!(restarted.resume);
+        let cause = &cluster.jobs[&job].failures[0].cause;
+        assert!(cause.contains("worker x shut down"), "{cause}");
+
+        // A move whose savepoint fails cancels the run instead.
+        report_from(&mut cluster, "y", &restarted, ExecutorState::Running);
+        cluster.leave("y", Shutdown::Savepoint);
+        let request = asked(&mut on_y, Snapshot::Stop(Stop::Suspend));
+        cluster.savepoint_done(&restarted.id, &request, Err("boom".into()));
+        assert!(cancel_sent(&mut on_y, &restarted));
     }
 
     #[test]

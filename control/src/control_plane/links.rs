@@ -43,12 +43,13 @@ async fn link(shared: Shared, address: SocketAddr, mut socket: WebSocket) {
             return;
         }
     };
-    let (protocol, worker, executors) = match serde_json::from_str(first.as_str()) {
+    let (protocol, worker, executors, leaving) = match serde_json::from_str(first.as_str()) {
         Ok(WorkerMessage::Register {
             protocol,
             worker,
             executors,
-        }) => (protocol, worker, executors),
+            leaving,
+        }) => (protocol, worker, executors, leaving),
         other => {
             let reason = match other {
                 Ok(_) => "the first message must be a registration".to_string(),
@@ -76,9 +77,14 @@ async fn link(shared: Shared, address: SocketAddr, mut socket: WebSocket) {
         heartbeat_interval_ms: millis(interval),
         heartbeat_timeout_ms: millis(timeout),
     });
-    shared
-        .cluster()
-        .register(worker, address.to_string(), queue, connection, executors);
+    shared.cluster().register(
+        worker,
+        address.to_string(),
+        queue,
+        connection,
+        executors,
+        leaving,
+    );
     let (mut sink, mut stream) = socket.split();
     let mut heartbeats = tokio::time::interval(interval);
     loop {
@@ -105,6 +111,11 @@ async fn link(shared: Shared, address: SocketAddr, mut socket: WebSocket) {
                         let mut cluster = shared.cluster();
                         cluster.heartbeat(&id, connection);
                         cluster.savepoint_done(&deployment, &request, result);
+                    }
+                    Ok(WorkerMessage::Leaving { shutdown }) => {
+                        let mut cluster = shared.cluster();
+                        cluster.heartbeat(&id, connection);
+                        cluster.leave(&id, shutdown);
                     }
                     Ok(WorkerMessage::Register { .. }) => {
                         tracing::warn!(tm_id = %id, "worker registered twice on one link; ignored");

@@ -61,9 +61,9 @@ pub fn serve(
         .thread_name("control")
         .enable_all()
         .build()?;
-    crate::protocol::heartbeat_settings(&config)?;
-    // Jobs take the checkpoint settings: refuse them here rather than at every submission.
-    config.checkpointing()?;
+    // The heartbeat, and the checkpoint settings jobs take: refused here rather than at every
+    // registration or submission.
+    config.check()?;
     runtime.block_on(async move {
         let (host, port) = config.rest_endpoint();
         let listener = tokio::net::TcpListener::bind((host.as_str(), port))

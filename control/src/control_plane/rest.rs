@@ -383,6 +383,8 @@ async fn taskmanagers(State(shared): State<Shared>) -> Answer {
                 "timeSinceLastHeartbeat": w.last_heartbeat,
                 "slotsNumber": w.info.cores.len(),
                 "freeSlots": cluster.free_slots(id).len(),
+                // Weir's: it is shutting down and its jobs move off it.
+                "shuttingDown": w.leaving.is_some(),
                 "cores": w.info.cores,
                 "engineVersion": w.info.engine_version,
                 "hardware": {
@@ -861,6 +863,9 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
         "programArgs": job.submission.args,
         "attempts": job.attempts,
         "restarts": job.attempts.saturating_sub(1),
+        // Weir's: the savepoint the current generation started from (a restore, rescale or
+        // move off a worker that shut down).
+        "restoredFrom": job.submission.savepoint_path,
         "placement": job.placement.as_ref().map(|p| json!({
             "taskmanager": p.worker,
             "slots": p.slots,

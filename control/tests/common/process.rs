@@ -1,9 +1,30 @@
-//! A process a test started, SIGKILLed and reaped when dropped, however the test ends.
+//! A process a test started, SIGKILLed and reaped when dropped, however the test ends, or
+//! stopped with SIGTERM.
 
 use std::process::Child;
 
 /// A process this test started, SIGKILLed when dropped.
 pub struct Process(pub Child);
+
+impl Process {
+    /// Sends SIGTERM and waits for a clean exit within `limit`.
+    pub fn terminate(&mut self, limit: std::time::Duration) {
+        // SAFETY: kill(2) on a child this test started and has not reaped.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait().expect("the child's status") {
+                assert!(status.success(), "exited {status} on SIGTERM");
+                return;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "still running {limit:?} after SIGTERM"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
 
 impl Drop for Process {
     fn drop(&mut self) {
