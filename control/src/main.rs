@@ -77,7 +77,6 @@ impl ConfigArgs {
         };
         config.apply_env()?;
         config.apply_pairs(self.pairs.iter().map(String::as_str))?;
-        config.check()?;
         Ok(config)
     }
 }

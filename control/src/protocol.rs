@@ -179,4 +179,7 @@ pub enum ControlMessage {
         /// Which run.
         deployment: DeploymentId,
     },
+    /// To a worker that is shutting down: no run of a job is placed on it any more, and none
+    /// will be; it may exit.
+    Released,
 }

@@ -41,6 +41,10 @@ const CANCEL_GRACE: Duration = Duration::from_secs(30);
 /// acknowledge the runs' ends before it exits anyway.
 const EXIT_SLACK: Duration = Duration::from_secs(10);
 
+/// How much longer than a stopping worker's own limit systemd is asked to wait, so that the
+/// worker's exit, not systemd's SIGKILL, ends the stop.
+const SYSTEMD_MARGIN: Duration = Duration::from_secs(10);
+
 /// How long one attempt to reach and register with the control plane may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -83,6 +87,8 @@ struct Agent {
     shutdown_timeout: Duration,
     /// Since when it is shutting down (SIGTERM), handing its jobs to the control plane.
     leaving: Option<Instant>,
+    /// The control plane said, on the current link, that no run is placed here any more.
+    released: bool,
 }
 
 /// The worker's figures for `/metrics`.
@@ -162,7 +168,10 @@ pub fn serve(config: Configuration, control: String) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(run(config, control))
+    let result = runtime.block_on(run(config, control));
+    // A package download a cancelled run waited for must not hold the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 fn worker_info(config: &Configuration) -> Result<WorkerInfo> {
@@ -260,6 +269,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
         shutdown: Shutdown::of(&config),
         shutdown_timeout: config.worker_shutdown().1,
         leaving: None,
+        released: false,
     };
     tracing::info!(
         tm_id = %agent.info.id,
@@ -278,6 +288,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     let mut answers: Vec<WorkerMessage> = Vec::new();
     let mut stop = crate::signals::stop_signals()?;
     let mut stopping = tokio::time::interval(Duration::from_secs(1));
+    stopping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Serving: its /metrics answers and it registers with the control plane (a systemd start
     // does not wait for a control plane that may be down).
     crate::notify::ready(&format!(
@@ -296,6 +307,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                         tracing::info!(tm_id = %agent.info.id, "weir worker {}: registered with {control}", agent.info.id);
                         crate::notify::notify(&format!("STATUS=registered with {control}; {} slot(s)", agent.info.cores.len()));
                         link = Some(connected);
+                        agent.released = false;
                         heard = Instant::now();
                         silence_limit = timeout;
                         heartbeats = tokio::time::interval(interval);
@@ -367,20 +379,20 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                 }
             }
             _ = stop.recv() => {
-                if agent.leaving.is_none() && link.is_some() && !agent.executors.is_empty() {
+                if agent.leaving.is_none() {
                     agent.leave(&mut link).await;
+                    if link.is_none() {
+                        // No control plane to hand the jobs to: it restarts them from their
+                        // checkpoints when it finds the worker gone.
+                        agent.cancel_all("the worker stops without a control plane");
+                    }
                 } else {
-                    // A second signal, no control plane to hand the jobs to (which then
-                    // restarts them from their checkpoints), or nothing to hand.
-                    crate::notify::notify("STOPPING=1");
-                    tracing::info!(tm_id = %agent.info.id, "weir worker {}: stopping; cancelling its executors", agent.info.id);
-                    agent.shut_down(&mut executor_events).await;
-                    return Ok(());
+                    agent.cancel_all("a second stop signal");
                 }
             }
             _ = stopping.tick(), if agent.leaving.is_some() => {}
         }
-        if agent.may_exit(link.is_some()) {
+        if agent.may_exit(link.is_some(), answers.is_empty()) {
             tracing::info!(tm_id = %agent.info.id, "weir worker {}: stopped", agent.info.id);
             return Ok(());
         }
@@ -516,6 +528,7 @@ impl Agent {
             ControlMessage::Heartbeat
             | ControlMessage::Registered { .. }
             | ControlMessage::Refused { .. } => {}
+            ControlMessage::Released => self.released = true,
             ControlMessage::Deploy { run, slots } => {
                 let deployment = run.id.clone();
                 if self.leaving.is_some() && !self.executors.contains_key(&deployment) {
@@ -866,7 +879,7 @@ impl Agent {
     /// control plane that the worker is going, which then stops each job's run with a
     /// savepoint to start it again elsewhere, or cancels it (`worker.shutdown.mode`).
     async fn leave(&mut self, link: &mut Option<Link>) {
-        let most = self.shutdown_timeout + CANCEL_GRACE + EXIT_SLACK;
+        let most = self.shutdown_timeout + CANCEL_GRACE + EXIT_SLACK + SYSTEMD_MARGIN;
         crate::notify::notify(&format!(
             "STOPPING=1\nEXTEND_TIMEOUT_USEC={}\nSTATUS=stopping: handing its jobs to the \
              control plane ({:?})",
@@ -891,11 +904,12 @@ impl Agent {
 
     /// While the worker stops: cancels what outstays `worker.shutdown.timeout` and kills
     /// what outstays its cancel; true once it may exit. That is when the control plane
-    /// acknowledged every run's end, or — without a link — when every run was cancelled or
-    /// failed (which the control plane restarts from a checkpoint when it finds the worker
-    /// gone; a savepoint's end waits for it, as its job must start from that savepoint), or
-    /// when even the kills' time is over.
-    fn may_exit(&mut self, linked: bool) -> bool {
+    /// acknowledged every run's end and said no run is placed here any more (`released`), or
+    /// — without a link — when every run was cancelled or failed and no savepoint's answer
+    /// waits to be sent (the control plane restarts those runs from a checkpoint when it finds
+    /// the worker gone; a savepoint's end waits for it, as its job must start from that
+    /// savepoint), or when even the kills' time is over.
+    fn may_exit(&mut self, linked: bool, answered: bool) -> bool {
         let Some(since) = self.leaving else {
             return false;
         };
@@ -908,44 +922,16 @@ impl Agent {
             tracing::warn!(tm_id = %self.info.id, "weir worker {}: exiting with runs whose end the control plane did not acknowledge", self.info.id);
             return true;
         }
-        !linked
+        if linked {
+            return self.released && self.executors.is_empty();
+        }
+        answered
             && self.executors.values().all(|e| {
                 matches!(
                     e.state,
                     ExecutorState::Ended(Outcome::Canceled | Outcome::Failed { .. })
                 )
             })
-            || self.executors.is_empty()
-    }
-
-    /// Cancels every executor and waits for them (killing those that outstay the grace).
-    async fn shut_down(&mut self, events: &mut mpsc::UnboundedReceiver<Report>) {
-        for executor in self.executors.values_mut() {
-            executor.cancel();
-        }
-        let deadline = tokio::time::Instant::now() + CANCEL_GRACE;
-        while self
-            .executors
-            .values()
-            .any(|e| !matches!(e.state, ExecutorState::Ended(_)))
-        {
-            match tokio::time::timeout_at(deadline, events.recv()).await {
-                Ok(Some(Report::State(deployment, state))) => {
-                    if let Some(executor) = self.executors.get_mut(&deployment) {
-                        executor.state = state;
-                    }
-                }
-                Ok(Some(
-                    Report::Snapshot { .. } | Report::Figures(..) | Report::Fetched { .. },
-                )) => {}
-                _ => {
-                    for executor in self.executors.values_mut() {
-                        executor.kill();
-                    }
-                    return;
-                }
-            }
-        }
     }
 }
 

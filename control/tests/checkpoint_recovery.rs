@@ -139,6 +139,23 @@ fn killed_and_resumed(backend: &str, slots: usize) {
     killed_and_resumed_with(backend, &[], slots);
 }
 
+/// The number of the newest checkpoint completed under `checkpoints` (`<job>/chk-<n>`).
+fn newest_checkpoint(checkpoints: &Path) -> Option<u64> {
+    let jobs = std::fs::read_dir(checkpoints)
+        .into_iter()
+        .flatten()
+        .flatten();
+    jobs.flat_map(|job| {
+        std::fs::read_dir(job.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+    })
+    .filter(|chk| chk.path().join("_metadata").exists())
+    .filter_map(|chk| chk.file_name().to_str()?.strip_prefix("chk-")?.parse().ok())
+    .max()
+}
+
 /// [`killed_and_resumed`] with more settings (`-D` pairs): every key reported once, with
 /// every record counted once.
 fn killed_and_resumed_with(backend: &str, settings: &[&str], slots: usize) {
@@ -181,7 +198,19 @@ fn killed_and_resumed_to_end(
             slots,
             attempt > 0,
         );
-        let delay = Duration::from_millis(400 + random.next() % 900);
+        // Killed at a random moment after the run completed a checkpoint of its own (however
+        // long a loaded machine takes to start it), so that the next run resumes from one.
+        let before = newest_checkpoint(&checkpoints);
+        let started = Instant::now();
+        while newest_checkpoint(&checkpoints) <= before
+            && started.elapsed() < Duration::from_secs(60)
+        {
+            if child.try_wait().expect("poll weir").is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let delay = Duration::from_millis(random.next() % 900);
         let started = Instant::now();
         while started.elapsed() < delay {
             if child.try_wait().expect("poll weir").is_some() {
@@ -199,8 +228,8 @@ fn killed_and_resumed_to_end(
         );
         resumed += usize::from(stderr.contains("resumes from checkpoint"));
     }
-    assert!(
-        resumed >= 2,
+    assert_eq!(
+        resumed, 3,
         "only {resumed} of the 3 killed runs after the first resumed from a checkpoint (seed {seed})"
     );
     let child = start_with(job, backend, settings, &checkpoints, &output, slots, true);

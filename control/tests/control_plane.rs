@@ -902,9 +902,9 @@ fn a_worker_stopped_by_sigterm_hands_its_job_on_by_savepoint_or_cancel_losing_an
     }
     assert!(
         said.lines().any(|l| l == "STOPPING=1")
-            && said.lines().any(|l| l == "EXTEND_TIMEOUT_USEC=100000000"),
-        "worker a told systemd it stops, for up to worker.shutdown.timeout and the cancel's \
-         40 s: {said}"
+            && said.lines().any(|l| l == "EXTEND_TIMEOUT_USEC=110000000"),
+        "worker a told systemd it stops, for up to worker.shutdown.timeout, the cancel's 40 s \
+         and 10 s more: {said}"
     );
     let details = wait_for_run(&control, &job, 2, &b_id);
     let restored = details["restoredFrom"].as_str().unwrap_or_default();
@@ -930,7 +930,7 @@ fn a_worker_stopped_by_sigterm_hands_its_job_on_by_savepoint_or_cancel_losing_an
     let exceptions = get(&control, &format!("/jobs/{job}/exceptions"));
     let root = exceptions["root-exception"].as_str().unwrap_or_default();
     assert!(
-        root.contains(&b_id) && root.contains("shut down"),
+        root.contains(&b_id) && root.contains("shutting down"),
         "the restart names b's shutdown: {exceptions}"
     );
     assert_resumed(dir.path(), "c", &job, 3);

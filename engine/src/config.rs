@@ -265,7 +265,7 @@ pub const OPTIONS: &[ConfigOption] = &[
     option!("worker.data-dir", OptionKind::Path, "/var/lib/weir/worker",
         "Where a worker keeps each deployment's descriptor and its executor's log (`<dir>/deployments/<job id>-<attempt>/`)."),
     option!("worker.shutdown.mode", OptionKind::Choice(&["savepoint", "cancel"]), "savepoint",
-        "What a worker does with its jobs on SIGTERM (`systemctl stop`). 'savepoint': the control plane stops each checkpointed job with a savepoint and starts it again from it on other slots (or on this worker once it is back), losing and repeating nothing; a job without checkpoints is cancelled and restarts as its restart strategy says. 'cancel': every job is cancelled at once and restarts from its latest checkpoint elsewhere. Without a control plane to hand its jobs to, a worker cancels them."),
+        "What a worker does with its jobs on SIGTERM (`systemctl stop`). 'savepoint': the control plane stops each checkpointed job with a savepoint and starts it again from it on other slots (or on this worker once it is back), losing and repeating nothing; a job without checkpoints is cancelled and restarts as its restart strategy says. 'cancel': every job is cancelled at once and restarts as after a failure (from its latest checkpoint elsewhere, as its restart strategy allows). Without a control plane to hand its jobs to, a worker cancels them."),
     option!("worker.shutdown.timeout", OptionKind::Duration, "5 min",
         "How long a worker's SIGTERM may take to stop its jobs with savepoints; jobs still running then are cancelled (and killed 30 s later). The worker extends systemd's stop timeout to cover it (EXTEND_TIMEOUT_USEC)."),
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
@@ -295,7 +295,7 @@ pub const RULES: [(&[&str], &str); 6] = [
             "execution.checkpointing.mode",
             "execution.checkpointing.max-concurrent-checkpoints",
         ],
-        "Unaligned checkpoints only with the mode EXACTLY_ONCE and one checkpoint at a time.",
+        "With checkpointing on, unaligned checkpoints only with the mode EXACTLY_ONCE and one checkpoint at a time.",
     ),
     (
         &[
@@ -460,9 +460,10 @@ pub fn reference() -> String {
         );
     }
     out.push_str(
-        "\n## Rules between keys\n\nEach is checked at start, after the file, the environment \
-         and the flags: a process refuses to start on the first one broken, naming the key, \
-         its value and the fix.\n\n",
+        "\n## Rules between keys\n\nThe control plane and a worker check every one at start, \
+         after the file, the environment and the flags, and refuse to start on the first one \
+         broken, naming the key, its value and the fix; `weir run` checks those of the \
+         settings it uses as its job starts.\n\n",
     );
     for (keys, rule) in RULES {
         let keys: Vec<String> = keys.iter().map(|key| format!("`{key}`")).collect();
@@ -934,8 +935,8 @@ impl Configuration {
         self.raw("rest.auth.token")
     }
 
-    /// Every rule of [`RULES`]: the first broken one's key, value and fix. Every process runs
-    /// it at start, after the file, the environment and the flags.
+    /// Every rule of [`RULES`]: the first broken one's key, value and fix. The control plane
+    /// and a worker run it at start.
     pub fn check(&self) -> Result<(), ConfigError> {
         let (interval, timeout) = self.heartbeat();
         if interval.is_zero() || timeout <= interval {

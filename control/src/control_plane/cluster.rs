@@ -229,6 +229,14 @@ impl OperationKind {
         )
     }
 
+    /// A rescale's or relocation's name, in words.
+    fn restart_name(self) -> &'static str {
+        match self {
+            OperationKind::Relocate => "move off its worker",
+            _ => "rescale",
+        }
+    }
+
     /// What it takes, in words.
     pub fn taken(self) -> &'static str {
         match self {
@@ -645,7 +653,7 @@ impl Cluster {
             }
             exposition.counter(
                 "weir_job_restarts_total",
-                "Runs of the job started after its first (restarts and rescales).",
+                "Runs of the job started after its first (restarts, rescales and moves off a worker that shut down).",
                 &labels,
                 f64::from(job.attempts.saturating_sub(1)),
             );
@@ -702,15 +710,24 @@ impl Cluster {
             }
             Err(error) => tracing::warn!(job_id = %job.id, "{what} {request} failed: {error}"),
         }
-        let relocation_failed = operation.kind == OperationKind::Relocate && result.is_err();
+        let stop_failed = operation.kind.stops() && result.is_err();
         operation.checkpoint = result.as_ref().ok().map(|taken| taken.checkpoint);
         operation.result = Some(result.map(|taken| taken.dir));
         let id = job.id.clone();
         self.store_job(&id);
-        if relocation_failed {
-            // Its worker is going: the run is cancelled and restarts from its latest
-            // checkpoint instead.
-            self.cancel_run(deployment);
+        if stop_failed {
+            // The run goes on: on a worker that is shutting down it is handed on again (a
+            // failed relocation's run is cancelled and restarts from its latest checkpoint).
+            let relocation = OperationKind::Relocate;
+            let failed_relocation = self.jobs[&id]
+                .operations
+                .iter()
+                .any(|o| o.id == request && o.kind == relocation);
+            if failed_relocation {
+                self.cancel_run(deployment);
+            } else {
+                self.hand_on(&id);
+            }
         }
     }
 
@@ -741,33 +758,71 @@ impl Cluster {
             tracing::info!(tm_id = %worker, ?shutdown, "worker shutting down; moving its jobs");
         }
         w.leaving = Some(shutdown);
-        let placed: Vec<(String, DeploymentId, bool)> = self
+        let placed: Vec<String> = self
             .jobs
             .values()
-            .filter(|j| matches!(j.status, JobStatus::Running | JobStatus::Reconciling))
-            .filter_map(|j| {
-                let p = j.placement.as_ref().filter(|p| p.worker == worker)?;
-                let stopping = j
-                    .operations
-                    .iter()
-                    .any(|o| !o.done() && o.kind.stops() && o.deployment == p.deployment);
-                let movable = j.checkpointed && p.running && j.status == JobStatus::Running;
-                (!stopping).then(|| (j.id.clone(), p.deployment.clone(), movable))
-            })
+            .filter(|j| j.placement.as_ref().is_some_and(|p| p.worker == worker))
+            .map(|j| j.id.clone())
             .collect();
-        for (id, deployment, movable) in placed {
-            if shutdown == Shutdown::Savepoint && movable {
-                match self.savepoint(&id, OperationKind::Relocate, None) {
-                    Ok(request) => {
-                        tracing::info!(job_id = %id, "stopping the run on worker {worker} with savepoint {request} to start it again elsewhere");
-                        continue;
-                    }
-                    Err(refusal) => {
-                        tracing::warn!(job_id = %id, "cannot move the run off worker {worker} with a savepoint ({refusal:?}); cancelling it")
-                    }
+        for id in placed {
+            self.hand_on(&id);
+        }
+        self.release_if_idle(worker);
+    }
+
+    /// Job `id`'s run is on a worker that is shutting down: stops it with a savepoint to
+    /// start it again elsewhere (`Shutdown::Savepoint`, for a run that checkpoints and runs),
+    /// or cancels it — unless a stop, rescale or relocation of it is under way or done.
+    fn hand_on(&mut self, id: &str) {
+        let Some(job) = self.jobs.get(id) else {
+            return;
+        };
+        let Some(placement) = job.placement.as_ref() else {
+            return;
+        };
+        let Some(shutdown) = self.workers.get(&placement.worker).and_then(|w| w.leaving) else {
+            return;
+        };
+        if !matches!(job.status, JobStatus::Running | JobStatus::Reconciling) {
+            return;
+        }
+        // A stopping operation still pending, or whose savepoint completed: the run ends.
+        let stopping = job.operations.iter().any(|o| {
+            o.kind.stops()
+                && o.deployment == placement.deployment
+                && !matches!(o.result, Some(Err(_)))
+        });
+        if stopping {
+            return;
+        }
+        let (worker, deployment) = (placement.worker.clone(), placement.deployment.clone());
+        let movable = job.checkpointed && placement.running && job.status == JobStatus::Running;
+        if shutdown == Shutdown::Savepoint && movable {
+            match self.savepoint(id, OperationKind::Relocate, None) {
+                Ok(request) => {
+                    tracing::info!(job_id = %id, "stopping the run on worker {worker} with savepoint {request} to start it again elsewhere");
+                    return;
+                }
+                Err(refusal) => {
+                    tracing::warn!(job_id = %id, "cannot move the run off worker {worker} with a savepoint ({refusal:?}); cancelling it")
                 }
             }
-            self.cancel_run(&deployment);
+        }
+        self.cancel_run(&deployment);
+    }
+
+    /// Tells a worker that is shutting down, once none of the jobs' runs is placed on it,
+    /// that it may exit.
+    fn release_if_idle(&self, worker: &str) {
+        let Some(w) = self.workers.get(worker).filter(|w| w.leaving.is_some()) else {
+            return;
+        };
+        let holds_runs = self
+            .jobs
+            .values()
+            .any(|j| j.placement.as_ref().is_some_and(|p| p.worker == worker));
+        if !holds_runs {
+            let _ = w.link.send(ControlMessage::Released);
         }
     }
 
@@ -781,7 +836,10 @@ impl Cluster {
                         "the run ended before the {} completed: {why}",
                         operation.kind.taken()
                     ),
-                    Some(_) => format!("the rescale did not happen: {why}"),
+                    Some(_) => format!(
+                        "the {} did not happen: {why}",
+                        operation.kind.restart_name()
+                    ),
                 };
                 operation.result = Some(Err(message));
             }
@@ -854,7 +912,7 @@ impl Cluster {
             if leaving.is_some() {
                 self.run_failed(
                     &job,
-                    format!("worker {id} shut down before the run was deployed to it"),
+                    format!("worker {id} is shutting down; the run was not deployed to it"),
                 );
                 continue;
             }
@@ -990,6 +1048,7 @@ impl Cluster {
                     });
                 }
                 self.tick();
+                self.release_if_idle(worker);
             }
         }
     }
@@ -1005,7 +1064,15 @@ impl Cluster {
                 });
             }
         }
+        let worker = self
+            .jobs
+            .get(id)
+            .and_then(|j| j.placement.as_ref())
+            .map(|p| p.worker.clone());
         self.run_ended(id, RunEnd::Failed(cause));
+        if let Some(worker) = worker {
+            self.release_if_idle(&worker);
+        }
     }
 
     /// Job `id`'s current run ended: the job finishes, is cancelled, rescales, or restarts as
@@ -1052,7 +1119,7 @@ impl Cluster {
         let failure = match &end {
             RunEnd::Finished { .. } => None,
             RunEnd::Canceled if leaving => Some(format!(
-                "its worker {} shut down and cancelled it (worker.shutdown.mode)",
+                "its worker {} is shutting down and cancelled it",
                 placement.worker
             )),
             RunEnd::Canceled => Some("its executor was cancelled".to_string()),
@@ -1073,12 +1140,23 @@ impl Cluster {
             job.enter(JobStatus::Canceled, now);
             return self.store_job(id);
         }
+        if leaving && !placement.running && settled.is_none() && failure.is_some() {
+            // It never ran, on a worker that is shutting down (cancelled, or refused there):
+            // it goes elsewhere, no failure of its own.
+            tracing::info!(job_id = %id, "deploying again: worker {} is shutting down", placement.worker);
+            Cluster::fail_operations(job, &deployment, "its worker is shutting down");
+            job.due_ms = Some(now);
+            job.waiting_since = now;
+            job.enter(JobStatus::Created, now);
+            return self.store_job(id);
+        }
         match settled {
             Some((request, kind, path)) if kind.restarts() => {
-                let (parallelism, why) = match kind {
-                    OperationKind::Rescale { parallelism } => (parallelism, "rescale"),
-                    _ => (job.submission.parallelism, "move off its worker"),
+                let parallelism = match kind {
+                    OperationKind::Rescale { parallelism } => parallelism,
+                    _ => job.submission.parallelism,
                 };
+                let why = kind.restart_name();
                 if let Some(cause) = failure {
                     job.failures.push(Failure {
                         timestamp: now,
@@ -1664,14 +1742,14 @@ mod tests {
     fn a_leaving_workers_run_moves_by_savepoint_or_cancel_and_nothing_more_lands_on_it() {
         let dir = tempfile::tempdir().unwrap();
         let mut cluster = cluster(dir.path());
-        let mut on_w = worker(&mut cluster, "w", 1);
+        let mut on_w = worker(&mut cluster, "w", 2);
         let job = submitted(&mut cluster, 1);
         let (run, _) = deployed(&mut on_w).unwrap();
         report(&mut cluster, &run, ExecutorState::Running);
         let mut on_x = worker(&mut cluster, "x", 1);
 
         // Savepoint: the run stops with one, and the job starts again from it on x, in a
-        // new generation, with no failure.
+        // new generation, with no failure; w, holding no run, is released.
         cluster.leave("w", Shutdown::Savepoint);
         assert!(cluster.free_slots("w").is_empty(), "nothing lands on w");
         let request = asked(&mut on_w, Snapshot::Stop(Stop::Suspend));
@@ -1689,7 +1767,7 @@ mod tests {
             cluster.jobs[&job].failures.is_empty(),
             "a move is no failure"
         );
-        assert!(deployed(&mut on_w).is_none());
+        assert!(released(&mut on_w));
         cluster.disconnected("w", 1);
         assert!(
             !cluster.workers.contains_key("w"),
@@ -1709,9 +1787,12 @@ mod tests {
             ExecutorState::Ended(Outcome::Canceled),
         );
         let (restarted, _) = deployed(&mut on_y).expect("restarted on y");
-        assert!(restarted.resume);
+        assert!(
+            setting(&restarted, "execution.checkpointing.dir").ends_with(&format!("{job}/1")),
+            "a restart, from the generation's latest checkpoint"
+        );
         let cause = &cluster.jobs[&job].failures[0].cause;
-        assert!(cause.contains("worker x shut down"), "{cause}");
+        assert!(cause.contains("worker x is shutting down"), "{cause}");
 
         // A move whose savepoint fails cancels the run instead.
         report_from(&mut cluster, "y", &restarted, ExecutorState::Running);
@@ -1719,6 +1800,35 @@ mod tests {
         let request = asked(&mut on_y, Snapshot::Stop(Stop::Suspend));
         cluster.savepoint_done(&restarted.id, &request, Err("boom".into()));
         assert!(cancel_sent(&mut on_y, &restarted));
+    }
+
+    /// Whether `released` was sent, skipping other messages.
+    fn released(messages: &mut UnboundedReceiver<ControlMessage>) -> bool {
+        std::iter::from_fn(|| messages.try_recv().ok()).any(|m| m == ControlMessage::Released)
+    }
+
+    #[test]
+    fn a_run_that_never_ran_on_a_leaving_worker_goes_elsewhere_with_no_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut on_w = worker(&mut cluster, "w", 1);
+        let job = submitted(&mut cluster, 1);
+        let (run, _) = deployed(&mut on_w).unwrap();
+        let mut on_x = worker(&mut cluster, "x", 1);
+        // Still deploying: nothing to take a savepoint of, so it is cancelled.
+        cluster.leave("w", Shutdown::Savepoint);
+        assert!(cancel_sent(&mut on_w, &run));
+        report(&mut cluster, &run, ExecutorState::Ended(Outcome::Canceled));
+        let (again, _) = deployed(&mut on_x).expect("deployed on x");
+        assert_eq!(again.id.attempt, 2);
+        let job = &cluster.jobs[&job];
+        assert!(job.failures.is_empty(), "{:?}", job.failures);
+        assert_eq!(
+            job.restarts.as_ref().unwrap().restarts(),
+            0,
+            "not a restart"
+        );
+        assert!(released(&mut on_w));
     }
 
     #[test]
