@@ -6,8 +6,9 @@ use std::hash::Hash;
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
-use rkyv::api::low::{LowDeserializer, LowSerializer};
-use rkyv::rancor::Failure;
+use rkyv::api::low::{LowDeserializer, LowSerializer, LowValidator};
+use rkyv::bytecheck::CheckBytes;
+use rkyv::rancor::{self, Failure};
 use rkyv::ser::allocator::{Arena, ArenaHandle};
 use rkyv::ser::{Allocator, Positional, Writer};
 use rkyv::{Archive, Deserialize, Serialize};
@@ -81,16 +82,22 @@ pub trait Record: Clone + Send + 'static {
     /// Reads a record back from bytes written by [`Record::encode`].
     ///
     /// # Safety
-    /// `bytes` must be exactly what `encode` wrote for this type, starting at a 16-byte
-    /// aligned address.
+    /// `bytes` must be exactly what `encode` wrote for this type, or bytes [`Record::check`]
+    /// passed, starting at a 16-byte aligned address.
     unsafe fn decode(bytes: &[u8]) -> Self;
+
+    /// Checks that `bytes` (16-byte aligned) hold a valid archive of this type (rkyv's
+    /// `bytecheck`): what bytes from another process must pass before [`Record::decode`]
+    /// reads them.
+    fn check(bytes: &[u8]) -> Result<(), String>;
 }
 
 impl<T> Record for T
 where
     T: Archive + Clone + Send + 'static,
     T: for<'a, 's, 'h> Serialize<LowSerializer<RecordWriter<'a>, &'s mut Scratch<'h>, Failure>>,
-    T::Archived: Deserialize<T, LowDeserializer<Failure>>,
+    T::Archived: Deserialize<T, LowDeserializer<Failure>>
+        + for<'a> CheckBytes<LowValidator<'a, rancor::Error>>,
 {
     #[inline]
     fn encode(&self, out: &mut [u8], scratch: &mut Scratch<'_>) -> Option<usize> {
@@ -112,6 +119,12 @@ where
         // the archived root of a valid `T::Archived` sits at the end of the slice.
         let archived = unsafe { rkyv::access_unchecked::<T::Archived>(bytes) };
         rkyv::api::low::deserialize::<T, Failure>(archived).expect("archived record deserializes")
+    }
+
+    fn check(bytes: &[u8]) -> Result<(), String> {
+        rkyv::api::low::access::<T::Archived, rancor::Error>(bytes)
+            .map(|_| ())
+            .map_err(|error| error.to_string())
     }
 }
 

@@ -51,6 +51,17 @@ impl<L: Record, R: Record> Record for Either<L, R> {
             other => unreachable!("internal error: Either archive with tag {other}"),
         }
     }
+
+    fn check(bytes: &[u8]) -> Result<(), String> {
+        match bytes.split_last() {
+            Some((&LEFT, inner)) => L::check(inner),
+            Some((&RIGHT, inner)) => R::check(inner),
+            other => Err(format!(
+                "an Either archive ends in side byte {LEFT} or {RIGHT}, found {:?}",
+                other.map(|(tag, _)| tag)
+            )),
+        }
+    }
 }
 
 /// In a state backend (records of a window join's windows): one byte for the side, then the

@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use std::rc::Rc;
 
-use glommio::channels::shared_channel::{ConnectedReceiver, ConnectedSender};
-use weir_memory::{Segment, SegmentPool};
+use weir_memory::SegmentPool;
 
 use crate::checkpoint::driver::TaskCheckpointing;
 use crate::connector::Boundedness;
 use crate::error::TaskResult;
 use crate::metrics::{OperatorMetrics, TaskMetrics};
 use crate::operator::{RuntimeContext, SideOutputs};
+use crate::runtime::exchange::channel::{SegmentReceiver, SegmentSender};
 use crate::runtime::exchange::inflight::Announcements;
 use crate::runtime::exchange::PartitionKind;
 use crate::runtime::task::{Subtask, TaskSettings};
@@ -87,16 +87,17 @@ pub(crate) trait SourceFactory: Send + Sync {
     ) -> TaskResult<Box<dyn Subtask>>;
 }
 
-/// The sending end of one channel: a ring to another shard, or a queue to a subtask on this
-/// shard (a `LocalChannel<T>` for the edge's `T`, checked when the writer is built).
+/// The sending end of one channel: one carrying segments (to another shard or process, see
+/// `exchange/channel.rs`), or a queue to a subtask on this shard (a `LocalChannel<T>` for the
+/// edge's `T`, checked when the writer is built).
 pub(crate) enum SenderEnd {
-    Remote(ConnectedSender<Segment>),
+    Segments(Box<dyn SegmentSender>),
     Local(Rc<dyn Any>),
 }
 
 /// The receiving end of one channel, as [`SenderEnd`].
 pub(crate) enum ReceiverEnd {
-    Remote(ConnectedReceiver<Segment>),
+    Segments(SegmentReceiver),
     Local(Rc<dyn Any>),
 }
 

@@ -17,6 +17,7 @@ use futures::FutureExt;
 use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
 use weir_memory::{PoolStats, Segment, SegmentPool};
 
+use super::exchange::channel::ring;
 use super::exchange::inflight::{decode_in_flight, layout_of_data, PART_IN_FLIGHT};
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
@@ -549,7 +550,7 @@ async fn run_subtask(
     let senders = join_all(senders.into_iter().map(|(edge, txs)| async move {
         let ends = join_all(txs.into_iter().map(|tx| async move {
             match tx {
-                EndPlan::Remote(tx) => SenderEnd::Remote(tx.connect().await),
+                EndPlan::Remote(tx) => SenderEnd::Segments(Box::new(tx.connect().await)),
                 EndPlan::Local(plan) => SenderEnd::Local(locals.get(plan)),
             }
         }));
@@ -557,7 +558,7 @@ async fn run_subtask(
     }));
     let receivers = join_all(receivers.into_iter().map(|rx| async move {
         match rx {
-            EndPlan::Remote(rx) => ReceiverEnd::Remote(rx.connect().await),
+            EndPlan::Remote(rx) => ReceiverEnd::Segments(ring::receiver(rx.connect().await)),
             EndPlan::Local(plan) => ReceiverEnd::Local(locals.get(plan)),
         }
     }));

@@ -118,6 +118,29 @@ impl<K: Key, A: StateValue + Send> Record for Partial<K, A> {
             acc: A::decode(&bytes[key_end..]).expect("a partial's accumulator decodes"),
         }
     }
+
+    fn check(bytes: &[u8]) -> Result<(), String> {
+        let word = |at: usize| {
+            bytes
+                .get(at..at + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        };
+        let key_end = word(24)
+            .and_then(|len| usize::try_from(len).ok())
+            .and_then(|len| len.checked_add(PARTIAL_HEADER))
+            .filter(|&end| end <= bytes.len())
+            .ok_or_else(|| {
+                format!(
+                    "a partial of {} bytes has no whole header and key",
+                    bytes.len()
+                )
+            })?;
+        K::decode(&bytes[PARTIAL_HEADER..key_end])
+            .map_err(|e| format!("a partial's key does not decode: {e}"))?;
+        A::decode(&bytes[key_end..])
+            .map_err(|e| format!("a partial's accumulator does not decode: {e}"))?;
+        Ok(())
+    }
 }
 
 /// The local phase: folds records into one accumulator per (key, pane) and emits partials.

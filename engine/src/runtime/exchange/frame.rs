@@ -115,6 +115,83 @@ pub(crate) fn closing_barrier(bytes: &[u8]) -> Option<(usize, CheckpointBarrier)
     }
 }
 
+/// Why bytes from another process are not a segment this process may read: the entry's
+/// offset, and what is wrong there.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrameError {
+    /// Where the entry starts, in bytes from the segment's start.
+    pub offset: usize,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+impl std::fmt::Display for FrameError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "entry at byte {}: {}", self.offset, self.problem)
+    }
+}
+
+impl std::error::Error for FrameError {}
+
+/// Checks filled segment bytes that came from another process before anything reads them:
+/// every header whole and in bounds, every tag known, every event's payload its own length, a
+/// barrier only as the last entry, and every record a valid archive of `T` (rkyv's
+/// `bytecheck`). Bytes that pass read as [`Entries`] without a panic, and their records
+/// decode with [`Record::decode`]. Bytes written in this process need no check.
+pub fn check_segment<T: Record>(bytes: &[u8]) -> Result<(), FrameError> {
+    let error = |offset: usize, problem: String| Err(FrameError { offset, problem });
+    if !(bytes.as_ptr() as usize).is_multiple_of(16) {
+        return error(0, "the segment's bytes are not 16-byte aligned".into());
+    }
+    let mut pos = FIRST_ENTRY;
+    while pos < bytes.len() {
+        let Some(header) = bytes.get(pos..pos + HEADER) else {
+            return error(
+                pos,
+                format!("{} bytes left, too few for a header", bytes.len() - pos),
+            );
+        };
+        let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        let tag = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let Some(payload) = bytes.get(pos + HEADER..pos + HEADER + len) else {
+            return error(
+                pos,
+                format!(
+                    "a payload of {len} bytes runs past the segment's {} bytes",
+                    bytes.len()
+                ),
+            );
+        };
+        let last = next_entry(pos, len) >= bytes.len();
+        match tag {
+            TAG_RECORD => {
+                if let Err(problem) = T::check(payload) {
+                    return error(pos, format!("not a valid record: {problem}"));
+                }
+            }
+            TAG_LATENCY_MARKER if len != MARKER_PAYLOAD => {
+                return error(
+                    pos,
+                    format!("a latency marker with {len} payload bytes, not {MARKER_PAYLOAD}"),
+                );
+            }
+            TAG_BARRIER | TAG_SAVEPOINT_BARRIER | TAG_FINAL_BARRIER if !last => {
+                return error(pos, "a barrier that is not the segment's last entry".into());
+            }
+            TAG_WATERMARK..=TAG_LATENCY_MARKER if tag != TAG_LATENCY_MARKER && len != 0 => {
+                return error(
+                    pos,
+                    format!("event tag {tag} with {len} payload bytes, not 0"),
+                );
+            }
+            TAG_WATERMARK..=TAG_LATENCY_MARKER => {}
+            other => return error(pos, format!("unknown entry tag {other}")),
+        }
+        pos = next_entry(pos, len);
+    }
+    Ok(())
+}
+
 /// An event travelling in-band with the records of a channel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -375,6 +452,123 @@ mod tests {
             }
             prop_assert_eq!(back, records);
         }
+    }
+
+    /// Bytes copied to a 16-byte aligned buffer, as a segment's are.
+    fn aligned(bytes: &[u8]) -> rkyv::util::AlignedVec<16> {
+        let mut out = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
+        out.extend_from_slice(bytes);
+        out
+    }
+
+    /// What a receiver does with bytes from a peer: check them, and read them only if they
+    /// pass — every entry, every record decoded. Returns whether they passed.
+    fn receive<T: Record>(bytes: &[u8]) -> bool {
+        if check_segment::<T>(bytes).is_err() {
+            return false;
+        }
+        for entry in Entries::of(bytes) {
+            if let Entry::Record(payload, _) = entry {
+                // SAFETY: `check_segment` passed: the payload is a valid archive of `T`.
+                let _ = unsafe { T::decode(payload) };
+            }
+        }
+        true
+    }
+
+    /// A segment of `records` and every kind of event, as a writer fills one.
+    fn written(records: &[(u64, String)]) -> Segment {
+        let pool = SegmentPool::new(0, 1, 8192);
+        let mut arena = Arena::new();
+        let mut scratch = Scratch::new(&mut arena);
+        let mut builder = SegmentBuilder::new(pool.acquire().unwrap());
+        for record in records {
+            assert!(builder.try_record(record, 5, &mut scratch));
+        }
+        for event in [
+            Event::Watermark(Watermark(3)),
+            Event::LatencyMarker(LatencyMarker {
+                marked_ms: 1,
+                source: 2,
+                subtask: 3,
+            }),
+            Event::Barrier(CheckpointBarrier::checkpoint(4)),
+        ] {
+            assert!(builder.try_event(event));
+        }
+        builder.finish()
+    }
+
+    proptest! {
+        /// Random bytes: an error, never a panic, and nothing read that did not pass.
+        #[test]
+        fn random_bytes_from_a_peer_are_refused_or_read_whole(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            receive::<(u64, String)>(&aligned(&bytes));
+            receive::<Vec<String>>(&aligned(&bytes));
+        }
+
+        /// A segment as a writer makes it, then damaged: each mutation is refused or yields
+        /// records that decode; the undamaged segment always passes.
+        #[test]
+        fn mutated_segments_are_refused_or_read_whole(
+            records in proptest::collection::vec((any::<u64>(), ".{0,24}"), 0..12),
+            mutations in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6),
+            cut in any::<usize>(),
+        ) {
+            let segment = written(&records);
+            let bytes = segment.filled();
+            prop_assert!(receive::<(u64, String)>(bytes));
+            let mut damaged = bytes.to_vec();
+            for (at, value) in mutations {
+                let len = damaged.len();
+                damaged[at % len] ^= value;
+            }
+            receive::<(u64, String)>(&aligned(&damaged));
+            let cut = cut % (bytes.len() + 1);
+            receive::<(u64, String)>(&aligned(&bytes[..cut]));
+        }
+    }
+
+    #[test]
+    fn a_bad_segment_is_refused_naming_the_entry_and_the_problem() {
+        let segment = written(&[(1, "one".into())]);
+        let bytes = segment.filled().to_vec();
+        let refused = |bytes: &[u8]| check_segment::<(u64, String)>(&aligned(bytes)).unwrap_err();
+        let mut tag = bytes.clone();
+        tag[4] = 99;
+        assert_eq!(
+            refused(&tag).to_string(),
+            "entry at byte 0: unknown entry tag 99"
+        );
+        let mut long = bytes.clone();
+        long[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        assert!(
+            refused(&long).problem.contains("runs past"),
+            "{:?}",
+            refused(&long)
+        );
+        let mut record = bytes.clone();
+        // The string, inline after the number: invalid UTF-8 (0xff pads an inline string).
+        record[HEADER + 8..HEADER + 16]
+            .copy_from_slice(&[0xc3, 0x28, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        assert!(
+            refused(&record).problem.starts_with("not a valid record"),
+            "{:?}",
+            refused(&record)
+        );
+        // The barrier moved before the marker: no longer the last entry.
+        let barrier = bytes.len() - HEADER;
+        let marker = barrier - next_entry(0, MARKER_PAYLOAD);
+        let mut early = bytes.clone();
+        early[marker..marker + HEADER].copy_from_slice(&bytes[barrier..]);
+        let problem = refused(&early);
+        assert!(
+            problem.problem.contains("not the segment's last"),
+            "{problem:?}"
+        );
+        assert!(refused(&bytes[..bytes.len() - 3])
+            .problem
+            .contains("too few for a header"));
     }
 
     #[test]

@@ -15,7 +15,8 @@ use futures::stream::{self, LocalBoxStream, SelectAll, Stream, StreamExt};
 use rkyv::ser::allocator::Arena;
 use weir_memory::Segment;
 
-use super::frame::{closing_barrier, Event};
+use super::channel::Origin;
+use super::frame::{check_segment, closing_barrier, Event, FrameError};
 use super::inflight::{
     chunk_of, chunk_of_local, Announcements, Chunk, InputLayout, Recording, RestoredInFlight,
     SharedRecording,
@@ -153,6 +154,8 @@ impl<S: Stream + Unpin> Stream for Holdable<S> {
 /// channel held for barrier alignment is not read until the gate lets it go.
 pub(crate) struct InputGate<T> {
     channels: SelectAll<LocalBoxStream<'static, (usize, Option<Delivery<T>>)>>,
+    /// Per channel, the check a segment from another process failed: the channel ended there.
+    refusals: Vec<Rc<RefCell<Option<FrameError>>>>,
     /// Per channel, whether it is held.
     holds: Vec<Rc<Hold>>,
     /// Per channel, where a local channel's emptied batches go back to.
@@ -209,15 +212,36 @@ impl<T: Record> InputGate<T> {
         let count = inputs.len();
         let mut recyclers = Vec::with_capacity(count);
         let mut holds = Vec::with_capacity(count);
+        let refusals: Vec<Rc<RefCell<Option<FrameError>>>> =
+            (0..count).map(|_| Rc::default()).collect();
         let channels = stream::select_all(inputs.into_iter().enumerate().map(|(i, input)| {
             let deliveries = match input {
-                ReceiverEnd::Remote(receiver) => {
+                ReceiverEnd::Segments(receiver) => {
                     recyclers.push(None);
                     let bytes_in = bytes_in.clone();
-                    receiver
-                        .inspect(move |segment| bytes_in.add(segment.len() as u64))
-                        .map(Delivery::Segment)
-                        .boxed_local()
+                    let segments = receiver
+                        .segments
+                        .inspect(move |segment| bytes_in.add(segment.len() as u64));
+                    match receiver.origin {
+                        Origin::ThisProcess => segments.map(Delivery::Segment).boxed_local(),
+                        // Nothing reads another process's bytes before they pass the check; the
+                        // first that fails ends the channel.
+                        Origin::Peer => {
+                            let refusal = Rc::clone(&refusals[i]);
+                            segments
+                                .scan((), move |(), segment| {
+                                    let checked = check_segment::<T>(segment.filled());
+                                    std::future::ready(match checked {
+                                        Ok(()) => Some(Delivery::Segment(segment)),
+                                        Err(error) => {
+                                            *refusal.borrow_mut() = Some(error);
+                                            None
+                                        }
+                                    })
+                                })
+                                .boxed_local()
+                        }
+                    }
                 }
                 ReceiverEnd::Local(channel) => {
                     let receiver = LocalReceiver::<T>::from_any(channel);
@@ -234,6 +258,7 @@ impl<T: Record> InputGate<T> {
         }));
         InputGate {
             channels,
+            refusals,
             holds,
             recyclers,
             watermarks: Vec::new(),
@@ -417,8 +442,15 @@ impl<T: Record> InputGate<T> {
         }
     }
 
-    /// A channel's stream ended: fine if its sender ended it, a failure if not.
+    /// A channel's stream ended: fine if its sender ended it, a failure if not (or if a
+    /// segment from another process failed its check).
     fn channel_closed(&self, channel: usize) -> TaskResult {
+        if let Some(error) = self.refusals[channel].borrow().as_ref() {
+            return Err(TaskError::external(format!(
+                "input channel {channel} brought a segment from another process that is not \
+                 valid ({error}); nothing of it was read"
+            )));
+        }
         if self.ended[channel] {
             return Ok(());
         }
@@ -988,6 +1020,7 @@ pub(crate) enum GateEvent {
 mod tests {
     use futures::FutureExt;
 
+    use super::super::channel::SegmentReceiver;
     use super::super::frame::Event;
     use super::super::local::{LocalChannel, LocalSender};
     use super::*;
@@ -1074,6 +1107,56 @@ mod tests {
         in_flight.sort_unstable();
         after.sort_unstable();
         (in_flight, after)
+    }
+
+    /// A segment holding `values` as records, then end of partition.
+    fn segment_of(pool: &weir_memory::SegmentPool, values: &[u32]) -> Segment {
+        let mut arena = Arena::new();
+        let mut scratch = Scratch::new(&mut arena);
+        let mut builder = super::super::frame::SegmentBuilder::new(pool.acquire().unwrap());
+        for value in values {
+            assert!(builder.try_record(value, 0, &mut scratch));
+        }
+        assert!(builder.try_event(Event::EndOfPartition));
+        builder.finish()
+    }
+
+    #[test]
+    fn a_peers_segments_are_read_once_checked_and_a_bad_one_fails_the_task_unread() {
+        let pool = weir_memory::SegmentPool::new(0, 4, 4096);
+        let good = segment_of(&pool, &[1, 2, 3]);
+        let peer = |segments: Vec<Segment>| {
+            let receiver = SegmentReceiver::new(stream::iter(segments), Origin::Peer);
+            InputGate::<u32>::new(
+                vec![ReceiverEnd::Segments(receiver)],
+                BarrierAlignment::Aligned,
+                Counter::default(),
+            )
+        };
+        let mut gate = peer(vec![good]);
+        let (channel, delivery) = gate.next().now_or_never().unwrap().unwrap().unwrap();
+        assert_eq!(channel, 0);
+        assert!(
+            matches!(delivery, Delivery::Segment(_)),
+            "the checked segment, in place"
+        );
+
+        // A record's bytes damaged: the channel ends there, the task fails naming why, and the
+        // damaged segment is never delivered.
+        let mut bad = segment_of(&pool, &[4]);
+        bad.buffer_mut()[4] = 42;
+        let mut gate = peer(vec![bad]);
+        let error = match gate.next().now_or_never().unwrap() {
+            Err(error) => error,
+            Ok(next) => panic!("delivered {:?}", next.map(|(channel, _)| channel)),
+        };
+        assert!(
+            error
+                .message
+                .contains("not valid (entry at byte 0: unknown entry tag 42)"),
+            "{}",
+            error.message
+        );
     }
 
     /// A batch of `values` for a local channel.

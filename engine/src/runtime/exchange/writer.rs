@@ -1,9 +1,8 @@
 //! The sending side of an exchange edge: one open buffer per receiving channel. For a channel
-//! to another shard it serializes records into a segment and hands full (or timed-out)
-//! segments over the channel's bounded ring; for a channel to a subtask on this shard it moves
-//! records into a batch and queues full batches (`local.rs`). A full ring or queue means the
-//! receiver has granted no more credit: the writer waits, and with it the whole chain up to
-//! the source.
+//! to another shard or process it serializes records into a segment and hands full (or
+//! timed-out) segments to the channel (`channel.rs`); for a channel to a subtask on this shard
+//! it moves records into a batch and queues full batches (`local.rs`). A channel without
+//! credit makes the writer wait, and with it the whole chain up to the source.
 
 use std::future::Future;
 use std::marker::PhantomData;
@@ -12,11 +11,10 @@ use std::sync::Arc;
 use std::task::Poll;
 
 use futures::future::LocalBoxFuture;
-use glommio::channels::shared_channel::ConnectedSender;
-use glommio::{GlommioError, ResourceType};
 use rkyv::ser::allocator::Arena;
-use weir_memory::{Segment, SegmentPool};
+use weir_memory::SegmentPool;
 
+use super::channel::{SegmentSender, TrySendError};
 use super::frame::{Event, SegmentBuilder};
 use super::inflight::Announcements;
 use super::local::{Closed, LocalItem, LocalSender};
@@ -27,11 +25,11 @@ use crate::metrics::OperatorMetrics;
 use crate::operator::{nothing_to_do, Batch, ChainEvent, Output, Taking};
 use crate::record::{Record, Scratch};
 
-/// One receiving channel: to another shard (records archived into segments) or to a subtask
-/// on this shard (records moved in batches, see `local.rs`).
+/// One receiving channel: to another shard or process (records archived into segments) or to
+/// a subtask on this shard (records moved in batches, see `local.rs`).
 enum Channel<T> {
-    Remote {
-        sender: ConnectedSender<Segment>,
+    Segments {
+        sender: Box<dyn SegmentSender>,
         open: Option<SegmentBuilder>,
     },
     Local {
@@ -43,7 +41,7 @@ enum Channel<T> {
 impl<T> Channel<T> {
     fn has_open_records(&self) -> bool {
         match self {
-            Channel::Remote { open, .. } => open.as_ref().is_some_and(|b| !b.is_empty()),
+            Channel::Segments { open, .. } => open.as_ref().is_some_and(|b| !b.is_empty()),
             Channel::Local { open, .. } => !open.is_empty(),
         }
     }
@@ -91,9 +89,9 @@ fn closed() -> TaskError {
     TaskError::cancelled("the receiving subtask closed its channel (it failed or was cancelled)")
 }
 
-/// Sends a remote channel's open segment (if any), waiting for credit if the ring is full.
+/// Sends a segment channel's open segment (if any), waiting for credit if it has none.
 async fn send_segment(
-    sender: &ConnectedSender<Segment>,
+    sender: &dyn SegmentSender,
     open: &mut Option<SegmentBuilder>,
     metrics: &OperatorMetrics,
     cancel: &AtomicBool,
@@ -106,13 +104,12 @@ async fn send_segment(
     metrics.task.bytes_out.add(segment.len() as u64);
     match sender.try_send(segment) {
         Ok(()) => Ok(()),
-        Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
-            // glommio 0.9's `send` waits for free space only: if the receiver goes away while
-            // the ring is full, no space ever frees and `send` never returns (its waker is
-            // woken over and over). A receiver only goes before its senders end when its
+        Err(TrySendError::NoCredit(segment)) => {
+            // A wait for credit may not notice that the receiver went (glommio 0.9's ring does
+            // not: no space ever frees). A receiver only goes before its senders end when its
             // subtask failed, which sets the job's cancel flag, so the wait also ends when that
             // flag is set.
-            let mut send = std::pin::pin!(sender.send(segment));
+            let mut send = sender.send(segment);
             wait_for_credit(metrics, cancel, |cx| {
                 send.as_mut()
                     .poll(cx)
@@ -120,7 +117,7 @@ async fn send_segment(
             })
             .await
         }
-        Err(_) => Err(closed()),
+        Err(TrySendError::Closed) => Err(closed()),
     }
 }
 
@@ -194,7 +191,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
                 .senders
                 .into_iter()
                 .map(|end| match end {
-                    SenderEnd::Remote(sender) => Channel::Remote { sender, open: None },
+                    SenderEnd::Segments(sender) => Channel::Segments { sender, open: None },
                     SenderEnd::Local(channel) => {
                         let sender = LocalSender::from_any(channel);
                         let open = sender.fresh_batch(batch_size);
@@ -215,7 +212,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
         }
     }
 
-    /// The open segment of a remote channel, taking a fresh one from the pool if none is open.
+    /// The open segment of a segment channel, taking a fresh one from the pool if none is open.
     /// Inlined: it runs per record, and only the first record of a segment takes the pool.
     #[inline]
     fn open_segment<'s>(
@@ -254,7 +251,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
                     Put::Done
                 })
             }
-            Channel::Remote { open, .. } => {
+            Channel::Segments { open, .. } => {
                 let builder = Self::open_segment(open, &self.pool)?;
                 if builder.try_record(&record, timestamp, &mut Scratch::new(&mut self.arena)) {
                     return Ok(if flush { Put::SendAfter } else { Put::Done });
@@ -286,7 +283,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
                     open.push(record, timestamp);
                     !local_batch_due(open.len(), self.batch_size, flush)
                 }
-                Channel::Remote { open, .. } => {
+                Channel::Segments { open, .. } => {
                     let builder = Self::open_segment(open, &self.pool)?;
                     if !builder.try_record(record, timestamp, &mut scratch) {
                         // Full: it goes on after the segment is sent (or cannot go at all).
@@ -309,7 +306,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
     /// and write the record again, or — when the segment was empty — fail, naming the setting.
     fn refused(&self, channel: usize, record: T) -> TaskResult<Put<T>> {
         match &self.channels[channel] {
-            Channel::Remote {
+            Channel::Segments {
                 open: Some(builder),
                 ..
             } if builder.is_empty() => Err(TaskError::user(format!(
@@ -353,8 +350,8 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
     /// receiver has none to give.
     async fn send(&mut self, channel: usize) -> TaskResult {
         match &mut self.channels[channel] {
-            Channel::Remote { sender, open } => {
-                send_segment(sender, open, &self.metrics, &self.cancel).await
+            Channel::Segments { sender, open } => {
+                send_segment(sender.as_ref(), open, &self.metrics, &self.cancel).await
             }
             Channel::Local { sender, open } => {
                 send_batch(sender, open, self.batch_size, &self.metrics, &self.cancel).await
@@ -374,9 +371,9 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
     async fn write_event_to(&mut self, channel: usize, event: Event) -> TaskResult {
         let (metrics, cancel) = (&self.metrics, &self.cancel);
         match &mut self.channels[channel] {
-            Channel::Remote { sender, open } => {
+            Channel::Segments { sender, open } => {
                 if !Self::open_segment(open, &self.pool)?.try_event(event) {
-                    send_segment(sender, open, metrics, cancel).await?;
+                    send_segment(sender.as_ref(), open, metrics, cancel).await?;
                     let fitted = Self::open_segment(open, &self.pool)?.try_event(event);
                     debug_assert!(fitted, "an empty segment takes any event");
                 }
@@ -384,7 +381,7 @@ impl<T: Record, P: Partitioner<T>> ExchangeWriter<T, P> {
                 // timeout) and ends its segment, so the receiver never holds records
                 // behind a barrier of a channel it has stopped reading.
                 if self.flush_per_record || matches!(event, Event::Barrier(_)) {
-                    send_segment(sender, open, metrics, cancel).await?;
+                    send_segment(sender.as_ref(), open, metrics, cancel).await?;
                 }
             }
             Channel::Local { sender, open } => {
