@@ -46,6 +46,8 @@ struct PoolInner {
     in_use: AtomicUsize,
     high_water: AtomicUsize,
     acquired: AtomicU64,
+    /// Called after a segment came back (see [`SegmentPool::on_return`]).
+    on_return: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 // SAFETY: the pool's memory is only reached through `Segment` handles, and each segment index
@@ -143,21 +145,31 @@ impl SegmentPool {
                 in_use: AtomicUsize::new(0),
                 high_water: AtomicUsize::new(0),
                 acquired: AtomicU64::new(0),
+                on_return: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Calls `hook` each time a segment comes back to the pool, on the thread that dropped it
+    /// (a network channel's receiver announces credit for its freed segments so). One hook
+    /// per pool, for the pool's life (a channel's own pool): false, and `hook` dropped, if it
+    /// has one already. The hook must not hold the pool, or the pool is never unmapped.
+    pub fn on_return(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+        self.inner.on_return.set(Box::new(hook)).is_ok()
     }
 
     /// Takes a free segment, or fails if every segment is in flight.
     pub fn acquire(&self) -> Result<Segment, SegmentPoolError> {
         let inner = &self.inner;
-        let index = inner.free.lock().expect("segment pool lock").pop().ok_or(
-            SegmentPoolError::Exhausted {
-                slot: inner.slot,
-                segments: inner.segments,
-                segment_size: inner.segment_size,
-            },
-        )?;
+        let mut free = inner.free.lock().expect("segment pool lock");
+        let index = free.pop().ok_or(SegmentPoolError::Exhausted {
+            slot: inner.slot,
+            segments: inner.segments,
+            segment_size: inner.segment_size,
+        })?;
+        // Counted under the lock, as a return is: `in_use` never disagrees with the free list.
         let in_use = inner.in_use.fetch_add(1, Ordering::Relaxed) + 1;
+        drop(free);
         inner.high_water.fetch_max(in_use, Ordering::Relaxed);
         inner.acquired.fetch_add(1, Ordering::Relaxed);
         Ok(Segment {
@@ -263,7 +275,6 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
         // A poisoned lock only means another thread panicked while holding it; the list of
         // indices itself is always consistent.
         let mut free = self
@@ -272,6 +283,13 @@ impl Drop for Segment {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         free.push(self.index);
+        // Under the lock, as `acquire` counts: `in_use` never disagrees with the free list
+        // (a receiver announcing credit for what it says is free finds those segments there).
+        self.pool.in_use.fetch_sub(1, Ordering::Relaxed);
+        drop(free);
+        if let Some(hook) = self.pool.on_return.get() {
+            hook();
+        }
     }
 }
 
@@ -310,6 +328,45 @@ mod tests {
         for (i, s) in segs.iter().enumerate() {
             assert!(s.filled().iter().all(|&b| b == i as u8));
         }
+    }
+
+    #[test]
+    fn a_return_hook_runs_for_every_segment_back() {
+        let pool = SegmentPool::new(0, 2, 4096);
+        let returned = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&returned);
+        assert!(pool.on_return(move || {
+            count.fetch_add(1, Ordering::Relaxed);
+        }));
+        assert!(!pool.on_return(|| {}), "one hook per pool");
+        let (a, b) = (pool.acquire().unwrap(), pool.acquire().unwrap());
+        drop(a);
+        std::thread::spawn(move || drop(b)).join().unwrap();
+        assert_eq!(returned.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn in_use_never_exceeds_the_pool_while_threads_take_and_return() {
+        let pool = SegmentPool::new(0, 2, 4096);
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let pool = pool.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..20_000 {
+                        if let Ok(segment) = pool.acquire() {
+                            assert!(pool.stats().in_use <= 2);
+                            drop(segment);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().unwrap();
+        }
+        let stats = pool.stats();
+        assert_eq!(stats.in_use, 0);
+        assert!(stats.high_water <= 2, "{stats:?}");
     }
 
     #[test]

@@ -1,6 +1,11 @@
 //! Data exchange between servers.
 //!
-//! This crate will carry network segments between workers over QUIC with credit-based flow
-//! control. Weir currently runs in local mode only (one worker, exchange between shards through
-//! `weir-engine`'s local exchange), so the crate holds no code yet.
+//! A channel between executors in different processes carries whole network segments over
+//! an ordered byte stream of its own (a QUIC stream), with credit-based flow control on top
+//! of the transport's: [`wire`] is what the stream carries (data frames landing in segments
+//! of the receiver's own pool, credit frames back), [`credit`] the bookkeeping of both sides.
+//! Both are free of I/O, for whatever drives the transport.
 #![warn(missing_docs)]
+
+pub mod credit;
+pub mod wire;

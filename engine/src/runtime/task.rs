@@ -648,9 +648,11 @@ impl<T: Record> NetworkTask<T> {
                 Entry::Record(bytes, timestamp) => {
                     // SAFETY: the sender wrote these bytes with `T::encode` at a 16-byte
                     // aligned offset of a page-aligned segment (see `frame`), or of a 16-byte
-                    // aligned chunk of in-flight data (`inflight`). Both ends of an edge are
-                    // built from one typed API call (`DataStream<T>` feeding an operator of
-                    // input `T`), so the sender's type is this task's `T`.
+                    // aligned chunk of in-flight data (`inflight`); a segment from another
+                    // process passed `frame::check_segment::<T>` in the input gate before it
+                    // was delivered. Both ends of an edge are built from one typed API call
+                    // (`DataStream<T>` feeding an operator of input `T`), so the sender's
+                    // type is this task's `T`.
                     batch.push(unsafe { T::decode(bytes) }, timestamp);
                     if batch.len() >= self.settings.batch_size {
                         self.chain.push(batch).await?;

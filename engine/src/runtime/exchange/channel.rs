@@ -61,11 +61,12 @@ pub struct SegmentReceiver {
 }
 
 impl SegmentReceiver {
-    /// The receiving end of a channel whose segments come from `origin`.
-    pub fn new(segments: impl Stream<Item = Segment> + 'static, origin: Origin) -> Self {
+    /// The receiving end of a channel from another process: its segments are checked before
+    /// anything reads them.
+    pub fn from_peer(segments: impl Stream<Item = Segment> + 'static) -> Self {
         SegmentReceiver {
             segments: segments.boxed_local(),
-            origin,
+            origin: Origin::Peer,
         }
     }
 }
@@ -101,8 +102,12 @@ pub(crate) mod ring {
         }
     }
 
-    /// The receiving end of a ring from another shard.
+    /// The receiving end of a ring from another shard: the only receiver whose segments are
+    /// read unchecked.
     pub(crate) fn receiver(ring: ConnectedReceiver<Segment>) -> SegmentReceiver {
-        SegmentReceiver::new(ring, Origin::ThisProcess)
+        SegmentReceiver {
+            segments: Box::pin(ring),
+            origin: Origin::ThisProcess,
+        }
     }
 }

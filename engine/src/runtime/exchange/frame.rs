@@ -153,7 +153,8 @@ pub fn check_segment<T: Record>(bytes: &[u8]) -> Result<(), FrameError> {
         };
         let len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
         let tag = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
-        let Some(payload) = bytes.get(pos + HEADER..pos + HEADER + len) else {
+        let end = (pos + HEADER).saturating_add(len);
+        let Some(payload) = bytes.get(pos + HEADER..end) else {
             return error(
                 pos,
                 format!(
@@ -162,7 +163,7 @@ pub fn check_segment<T: Record>(bytes: &[u8]) -> Result<(), FrameError> {
                 ),
             );
         };
-        let last = next_entry(pos, len) >= bytes.len();
+        let last = end.next_multiple_of(16) >= bytes.len();
         match tag {
             TAG_RECORD => {
                 if let Err(problem) = T::check(payload) {

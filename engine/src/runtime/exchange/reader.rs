@@ -31,7 +31,7 @@ use crate::record::{Record, Scratch, Watermark};
 
 /// What one input channel delivered.
 pub(crate) enum Delivery<T> {
-    /// A segment from a subtask on another shard.
+    /// A segment from a subtask on another shard, or from another process (checked first).
     Segment(Segment),
     /// Records or an event from a subtask on this shard.
     Local(LocalItem<T>),
@@ -1126,7 +1126,7 @@ mod tests {
         let pool = weir_memory::SegmentPool::new(0, 4, 4096);
         let good = segment_of(&pool, &[1, 2, 3]);
         let peer = |segments: Vec<Segment>| {
-            let receiver = SegmentReceiver::new(stream::iter(segments), Origin::Peer);
+            let receiver = SegmentReceiver::from_peer(stream::iter(segments));
             InputGate::<u32>::new(
                 vec![ReceiverEnd::Segments(receiver)],
                 BarrierAlignment::Aligned,
@@ -1141,8 +1141,8 @@ mod tests {
             "the checked segment, in place"
         );
 
-        // A record's bytes damaged: the channel ends there, the task fails naming why, and the
-        // damaged segment is never delivered.
+        // Its first entry's tag damaged: the channel ends there, the task fails naming why,
+        // and the damaged segment is never delivered.
         let mut bad = segment_of(&pool, &[4]);
         bad.buffer_mut()[4] = 42;
         let mut gate = peer(vec![bad]);
