@@ -11,6 +11,7 @@ use rkyv::bytecheck::CheckBytes;
 use rkyv::rancor::{self, Failure};
 use rkyv::ser::allocator::{Arena, ArenaHandle};
 use rkyv::ser::{Allocator, Positional, Writer};
+use rkyv::validation::{archive::ArchiveValidator, Validator};
 use rkyv::{Archive, Deserialize, Serialize};
 
 /// Where a record is archived: the free bytes of a segment, filled front to back. (rkyv's own
@@ -122,10 +123,25 @@ where
     }
 
     fn check(bytes: &[u8]) -> Result<(), String> {
-        rkyv::api::low::access::<T::Archived, rancor::Error>(bytes)
-            .map(|_| ())
-            .map_err(|error| error.to_string())
+        check_archive::<T>(bytes, MAX_RECORD_DEPTH)
     }
+}
+
+/// How deeply a record from another process may nest (boxes, vectors, strings inside one
+/// another): a recursive type nested deeper would take the shard's stack to check and read.
+const MAX_RECORD_DEPTH: usize = 64;
+
+/// Checks that `bytes` hold a valid archive of `T` nested at most `depth` deep.
+fn check_archive<T>(bytes: &[u8], depth: usize) -> Result<(), String>
+where
+    T: Archive,
+    T::Archived: for<'a> CheckBytes<LowValidator<'a, rancor::Error>>,
+{
+    let limit = ArchiveValidator::with_max_depth(bytes, std::num::NonZeroUsize::new(depth));
+    let mut validator = Validator::new(limit, ());
+    rkyv::api::access_with_context::<T::Archived, _, rancor::Error>(bytes, &mut validator)
+        .map(|_| ())
+        .map_err(|error| error.to_string())
 }
 
 /// A key of a keyed stream: hashed to its key group (with the stable hash, see
@@ -192,6 +208,26 @@ mod tests {
             round_trip(&(s.clone(), n));
             round_trip(&v);
         }
+    }
+
+    #[test]
+    fn a_checked_record_may_nest_only_so_deep() {
+        #[repr(align(16))]
+        struct Aligned([u8; 4096]);
+        let mut buf = Aligned([0; 4096]);
+        let mut arena = Arena::new();
+        let nested = vec![vec![vec![7u8; 3]; 2]; 2];
+        let len = nested
+            .encode(&mut buf.0, &mut Scratch::new(&mut arena))
+            .expect("fits");
+        let bytes = &buf.0[..len];
+        assert_eq!(<Vec<Vec<Vec<u8>>>>::check(bytes), Ok(()));
+        // Three vectors inside one another take five levels as rkyv's validator counts them:
+        // refused below that, passed from it on.
+        let passes = |depth| check_archive::<Vec<Vec<Vec<u8>>>>(bytes, depth).is_ok();
+        let least = (1..MAX_RECORD_DEPTH).find(|&depth| passes(depth));
+        assert_eq!(least, Some(5), "the least depth that passes");
+        assert!(passes(MAX_RECORD_DEPTH));
     }
 
     #[test]

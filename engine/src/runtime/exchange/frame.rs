@@ -227,6 +227,21 @@ pub enum Entry<'a> {
     Event(Event),
 }
 
+/// Zeroes the padding after the entry at `pos` with a payload of `len` bytes, and returns
+/// where the next entry goes: no byte of a segment's earlier use stays between entries (a
+/// segment may leave the process).
+#[inline]
+fn pad(buf: &mut [u8], pos: usize, len: usize) -> usize {
+    let end = pos + HEADER + len;
+    let next = next_entry(pos, len).min(buf.len());
+    match buf.get_mut(end..end + 16) {
+        // One 16-byte store, past the padding into what the next entry overwrites.
+        Some(tail) => tail.copy_from_slice(&[0; 16]),
+        None => buf[end..next].fill(0),
+    }
+    next
+}
+
 /// Fills a segment with entries.
 pub struct SegmentBuilder {
     segment: Segment,
@@ -249,7 +264,7 @@ impl SegmentBuilder {
         let pos = self.pos;
         let buf = self.segment.buffer_mut();
         write_header(buf, pos, len, tag, value);
-        self.pos = next_entry(pos, len).min(buf.len());
+        self.pos = pad(buf, pos, len);
     }
 
     /// Appends a record; `false` if it does not fit in what is left of the segment.
@@ -283,7 +298,7 @@ impl SegmentBuilder {
         let pos = self.pos;
         let buf = self.segment.buffer_mut();
         write_event(buf, pos, event);
-        self.pos = next_entry(pos, len).min(buf.len());
+        self.pos = pad(buf, pos, len);
         true
     }
 
@@ -527,6 +542,40 @@ mod tests {
             receive::<(u64, String)>(&aligned(&damaged));
             let cut = cut % (bytes.len() + 1);
             receive::<(u64, String)>(&aligned(&bytes[..cut]));
+        }
+    }
+
+    #[test]
+    fn no_stale_byte_of_a_reused_segment_stays_between_entries() {
+        let pool = SegmentPool::new(0, 1, 4096);
+        let mut used = pool.acquire().unwrap();
+        used.buffer_mut().fill(0xaa);
+        drop(used);
+        let mut arena = Arena::new();
+        let mut scratch = Scratch::new(&mut arena);
+        let mut builder = SegmentBuilder::new(pool.acquire().unwrap());
+        for record in [(1u64, "a".to_string()), (2, "bb".repeat(9))] {
+            assert!(builder.try_record(&record, 0, &mut scratch));
+        }
+        assert!(builder.try_event(Event::LatencyMarker(LatencyMarker {
+            marked_ms: 1,
+            source: 2,
+            subtask: 3
+        })));
+        assert!(builder.try_event(Event::EndOfPartition));
+        let segment = builder.finish();
+        let bytes = segment.filled();
+        // Every byte outside the headers and payloads is zero.
+        let mut pos = 0;
+        while pos < bytes.len() {
+            let len = u32::from_le_bytes(bytes[pos..pos + 4].try_into().unwrap()) as usize;
+            let next = next_entry(pos, len).min(bytes.len());
+            assert!(
+                bytes[pos + HEADER + len..next].iter().all(|&b| b == 0),
+                "padding after the entry at {pos}: {:?}",
+                &bytes[pos + HEADER + len..next]
+            );
+            pos = next;
         }
     }
 
