@@ -400,6 +400,21 @@ impl Cluster {
         }
     }
 
+    /// The runs placed on worker `worker`.
+    fn placed_on<'a>(&'a self, worker: &'a str) -> impl Iterator<Item = &'a Placement> {
+        self.jobs
+            .values()
+            .filter_map(|j| j.placement.as_ref())
+            .filter(move |p| p.worker == worker)
+    }
+
+    /// The jobs whose runs are placed on worker `worker`.
+    fn jobs_on(&self, worker: &str) -> Vec<String> {
+        self.placed_on(worker)
+            .map(|p| p.deployment.job_id.clone())
+            .collect()
+    }
+
     /// Free slots of each worker: its slots less those its jobs' runs hold (none of a
     /// worker that is shutting down).
     pub fn free_slots(&self, worker: &str) -> Vec<usize> {
@@ -407,10 +422,7 @@ impl Cluster {
             return Vec::new();
         };
         let held: Vec<usize> = self
-            .jobs
-            .values()
-            .filter_map(|j| j.placement.as_ref())
-            .filter(|p| p.worker == worker)
+            .placed_on(worker)
             .flat_map(|p| p.slots.iter().copied())
             .collect();
         (0..w.info.cores.len())
@@ -758,13 +770,7 @@ impl Cluster {
             tracing::info!(tm_id = %worker, ?shutdown, "worker shutting down; moving its jobs");
         }
         w.leaving = Some(shutdown);
-        let placed: Vec<String> = self
-            .jobs
-            .values()
-            .filter(|j| j.placement.as_ref().is_some_and(|p| p.worker == worker))
-            .map(|j| j.id.clone())
-            .collect();
-        for id in placed {
+        for id in self.jobs_on(worker) {
             self.hand_on(&id);
         }
         self.release_if_idle(worker);
@@ -817,11 +823,7 @@ impl Cluster {
         let Some(w) = self.workers.get(worker).filter(|w| w.leaving.is_some()) else {
             return;
         };
-        let holds_runs = self
-            .jobs
-            .values()
-            .any(|j| j.placement.as_ref().is_some_and(|p| p.worker == worker));
-        if !holds_runs {
+        if self.placed_on(worker).next().is_none() {
             let _ = w.link.send(ControlMessage::Released);
         }
     }
@@ -942,16 +944,13 @@ impl Cluster {
     /// A worker's link closed: unless it registers again within `heartbeat.timeout` of its
     /// last heartbeat, it is lost (its executors keep running that long, and no longer).
     pub fn disconnected(&mut self, worker: &str, connection: u64) {
+        let holds_runs = self.placed_on(worker).next().is_some();
         if let Some(w) = self
             .workers
             .get_mut(worker)
             .filter(|w| w.connection == connection)
         {
             w.connected = false;
-            let holds_runs = self
-                .jobs
-                .values()
-                .any(|j| j.placement.as_ref().is_some_and(|p| p.worker == worker));
             if w.leaving.is_some() && !holds_runs {
                 tracing::info!(tm_id = %worker, "worker shut down");
                 self.workers.remove(worker);
@@ -963,14 +962,8 @@ impl Cluster {
 
     fn lose_worker(&mut self, worker: &str, cause: String) {
         tracing::warn!(tm_id = %worker, "{cause}");
-        let affected: Vec<String> = self
-            .jobs
-            .values()
-            .filter(|j| j.placement.as_ref().is_some_and(|p| p.worker == worker))
-            .map(|j| j.id.clone())
-            .collect();
         // While its link (if it still has one) can take the cancels of its runs.
-        for id in affected {
+        for id in self.jobs_on(worker) {
             self.run_failed(&id, cause.clone());
         }
         // Dropping the link's queue closes the link: a worker still alive registers again.
@@ -1056,22 +1049,14 @@ impl Cluster {
     /// The current run of job `id` failed (its worker was lost, or no worker reported it):
     /// cancel what is left of it and go on as its end says.
     fn run_failed(&mut self, id: &str, cause: String) {
-        if let Some(placement) = self.jobs.get(id).and_then(|j| j.placement.as_ref()) {
+        let placement = self.jobs.get(id).and_then(|j| j.placement.clone());
+        if let Some(placement) = &placement {
             // Whatever is left of the run must not run beside its restart.
-            if let Some(worker) = self.workers.get(&placement.worker) {
-                let _ = worker.link.send(ControlMessage::Cancel {
-                    deployment: placement.deployment.clone(),
-                });
-            }
+            self.cancel_run(&placement.deployment);
         }
-        let worker = self
-            .jobs
-            .get(id)
-            .and_then(|j| j.placement.as_ref())
-            .map(|p| p.worker.clone());
         self.run_ended(id, RunEnd::Failed(cause));
-        if let Some(worker) = worker {
-            self.release_if_idle(&worker);
+        if let Some(placement) = placement {
+            self.release_if_idle(&placement.worker);
         }
     }
 
