@@ -25,6 +25,9 @@ pub enum BenchError {
         /// Cores available.
         cores: usize,
     },
+    /// The network exchange benchmark cannot run.
+    #[error("the network exchange benchmark: {0}")]
+    Net(String),
     /// No shards asked for.
     #[error("--shards must be at least 1 (got 0)")]
     NoShards,

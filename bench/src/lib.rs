@@ -16,12 +16,14 @@
 //!   against a plain buffered write of the same bytes.
 //! - [`postgres`]: generated rows written by the exactly-once PostgreSQL sink from one
 //!   subtask, against a hand-written `COPY` of the same rows.
+//! - [`net`]: segments between two shards over `weir-net`'s QUIC channels on loopback, against
+//!   a bare quinn bulk transfer of the same bytes.
 //! - [`nexmark`]: the Nexmark event model, its standard generator, hand-written baselines of
 //!   the queries, the queries as Weir jobs, and the harness behind `weir bench nexmark`
 //!   (throughput per core, generation-to-result latency, checksums against the baseline).
 //! - [`record`]: the 64-byte record both use, and the map and filter functions they share.
 //!
-//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|window|state|join|checkpoint|file-sink|postgres|nexmark
+//! Every report derives `serde::Serialize`; the `weir bench chain|exchange|net|window|state|join|checkpoint|file-sink|postgres|nexmark
 //! --json` commands print one as a JSON object. The criterion micro-benchmarks live in
 //! `benches/pipeline.rs` (pipelines, key groups, record codec) and `benches/hot_paths.rs` (a
 //! Nexmark bid's codecs, segment write/read, the shard-to-shard ring, window assignment, state
@@ -35,6 +37,7 @@ pub mod exchange;
 pub mod file_sink;
 pub mod join;
 mod measure;
+pub mod net;
 pub mod nexmark;
 pub mod postgres;
 pub mod record;

@@ -352,6 +352,25 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// Segments between two shards over the network exchange (QUIC with mutual TLS and
+    /// credit, on loopback), against a bare quinn transfer of the same bytes.
+    Net {
+        /// Bytes each round sends, e.g. 2g.
+        #[arg(long, default_value = "1g", value_parser = parse_bytes)]
+        bytes: u64,
+        /// The segment size, e.g. 32k (a power of two).
+        #[arg(long, default_value = "32kb", value_parser = parse_bytes)]
+        segment_size: u64,
+        /// Channels (streams of the one connection) the bytes are split over.
+        #[arg(long, default_value_t = 1)]
+        channels: usize,
+        /// Segments of each channel's receiving pool: the sender's credit.
+        #[arg(long, default_value_t = 16)]
+        credits: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// A keyed count per window on one shard, against a hand-written loop with hash maps.
     Window {
         /// tumbling (10 s), sliding (10 s every 2 s) or session (1 s gap).
@@ -701,6 +720,16 @@ fn run_bench(bench: Bench) -> Result<()> {
             json,
         } => print_report(
             &weir_bench::exchange::run(records, shards, &settings)?,
+            json,
+        ),
+        Bench::Net {
+            bytes,
+            segment_size,
+            channels,
+            credits,
+            json,
+        } => print_report(
+            &weir_bench::net::run(bytes, segment_size as usize, channels, credits)?,
             json,
         ),
         Bench::Window {

@@ -64,6 +64,22 @@ pub(crate) enum TuneCommand {
         #[arg(long)]
         watchdog_sec: Option<u64>,
     },
+    /// Make the cluster's certificates for mutual TLS: a cluster CA (made once, in DIR; kept
+    /// and reused when it is there) and a certificate and key per node, which every member
+    /// presents and whose CA it requires of its peers.
+    Certs {
+        /// Where the certificates go: ca.pem, ca-key.pem (keep it off the cluster), and
+        /// NAME.pem and NAME-key.pem per node.
+        #[arg(long)]
+        dir: PathBuf,
+        /// A node: the name its peers dial it by, then any further host names or IP
+        /// addresses they may use, e.g. worker-1=10.0.0.11,worker-1.example (repeatable).
+        #[arg(long = "node", value_name = "NAME[=ALSO,...]", required = true)]
+        nodes: Vec<String>,
+        /// The cluster CA's name, for a new CA.
+        #[arg(long, default_value = "weir cluster CA")]
+        cluster: String,
+    },
     /// A worker's memory per slot (managed: RocksDB's block cache and write buffers; network
     /// segments; heap), computed by the code the worker runs, naming the key behind each.
     Memory {
@@ -237,6 +253,14 @@ fn run_command(command: &TuneCommand) -> anyhow::Result<ExitCode> {
             print!("{}", systemd::render(role, &options));
             Ok(ExitCode::SUCCESS)
         }
+        TuneCommand::Certs {
+            dir,
+            nodes,
+            cluster,
+        } => {
+            certs(dir, nodes, cluster)?;
+            Ok(ExitCode::SUCCESS)
+        }
         TuneCommand::Memory {
             process_size,
             slots,
@@ -253,4 +277,91 @@ fn run_command(command: &TuneCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `weir tune certs`: the cluster CA in `dir` (made when absent) and a certificate per node.
+fn certs(dir: &std::path::Path, nodes: &[String], cluster: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use weir_net::tls::ClusterCa;
+
+    // Every node first: a bad one is refused before anything is written.
+    let mut issue = Vec::new();
+    for node in nodes {
+        let (name, also) = node.split_once('=').unwrap_or((node, ""));
+        let valid = |n: &str| {
+            !n.is_empty()
+                && n.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | ':'))
+        };
+        let also: Vec<String> = also
+            .split(',')
+            .filter(|a| !a.is_empty())
+            .map(String::from)
+            .collect();
+        if !valid(name) || name.starts_with('.') || !also.iter().all(|a| valid(a)) {
+            anyhow::bail!(
+                "--node {node}: a node is NAME[=ALSO,...], each a host name or an IP address \
+                 (letters, digits, '-', '.', ':'), e.g. worker-1=10.0.0.11"
+            );
+        }
+        for file in [format!("{name}.pem"), format!("{name}-key.pem")] {
+            let path = dir.join(&file);
+            if path.exists() {
+                anyhow::bail!(
+                    "{} exists: node {name} has a certificate; remove {name}.pem and \
+                     {name}-key.pem first to issue a new one",
+                    path.display()
+                );
+            }
+        }
+        issue.push((name.to_string(), also));
+    }
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))?;
+    let write = |file: &str, text: &str, mode: u32| -> anyhow::Result<()> {
+        let path = dir.join(file);
+        let mut out = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        std::io::Write::write_all(&mut out, text.as_bytes())
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("wrote {}", path.display());
+        Ok(())
+    };
+    let (ca_path, key_path) = (dir.join("ca.pem"), dir.join("ca-key.pem"));
+    let ca = if ca_path.exists() || key_path.exists() {
+        let read = |path: &std::path::Path| {
+            std::fs::read_to_string(path).with_context(|| {
+                format!(
+                    "cannot read {}: the cluster CA is ca.pem and ca-key.pem together",
+                    path.display()
+                )
+            })
+        };
+        let ca = ClusterCa::from_pem(
+            &read(&ca_path)?,
+            &read(&key_path)?,
+            &format!("{} and {}", ca_path.display(), key_path.display()),
+        )?;
+        println!("issuing with the cluster CA in {}", ca_path.display());
+        ca
+    } else {
+        let ca = ClusterCa::generate(cluster)?;
+        write("ca.pem", ca.cert_pem(), 0o644)?;
+        write("ca-key.pem", ca.key_pem(), 0o600)?;
+        ca
+    };
+    for (name, also) in issue {
+        let node = ca.issue(&name, &also)?;
+        write(&format!("{name}.pem"), &node.cert_pem, 0o644)?;
+        write(&format!("{name}-key.pem"), &node.key_pem, 0o600)?;
+    }
+    Ok(())
 }

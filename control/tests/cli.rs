@@ -630,3 +630,81 @@ fn the_packaged_units_are_what_weir_tune_systemd_renders() {
         );
     }
 }
+
+#[test]
+fn weir_tune_certs_makes_the_cluster_ca_once_and_a_certificate_per_node() {
+    use std::os::unix::fs::PermissionsExt;
+    use weir_net::tls::TlsIdentity;
+
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let path = certs.to_str().unwrap();
+    let (wrote, _) = succeeds(&[
+        "tune",
+        "certs",
+        "--dir",
+        path,
+        "--node",
+        "control",
+        "--node",
+        "worker-1=10.0.0.11,worker-1.example",
+    ]);
+    assert!(
+        wrote.contains("ca.pem") && wrote.contains("worker-1-key.pem"),
+        "{wrote}"
+    );
+    let mode = |file: &str| {
+        std::fs::metadata(certs.join(file))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode("ca-key.pem"), 0o600);
+    assert_eq!(mode("worker-1-key.pem"), 0o600);
+    assert_eq!(mode("worker-1.pem"), 0o644);
+    let load = |node: &str| {
+        TlsIdentity::from_files(
+            &certs.join("ca.pem"),
+            &certs.join(format!("{node}.pem")),
+            &certs.join(format!("{node}-key.pem")),
+        )
+    };
+    load("control").unwrap();
+    load("worker-1").unwrap();
+
+    // A later node is issued by the same CA, which stays as it was.
+    let ca = std::fs::read_to_string(certs.join("ca.pem")).unwrap();
+    let (wrote, _) = succeeds(&["tune", "certs", "--dir", path, "--node", "worker-2"]);
+    assert!(wrote.contains("issuing with the cluster CA"), "{wrote}");
+    assert_eq!(std::fs::read_to_string(certs.join("ca.pem")).unwrap(), ca);
+    load("worker-2").unwrap();
+
+    // A node's key with another node's certificate is refused, naming the files.
+    let mismatched = TlsIdentity::from_files(
+        &certs.join("ca.pem"),
+        &certs.join("worker-1.pem"),
+        &certs.join("worker-2-key.pem"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(mismatched.contains("worker-2-key.pem"), "{mismatched}");
+    let missing = load("worker-3").unwrap_err().to_string();
+    assert!(
+        missing.contains("worker-3.pem") && missing.contains("weir tune certs"),
+        "{missing}"
+    );
+
+    // An existing node is not overwritten; a bad name is refused before anything is written.
+    fails_naming(
+        &["tune", "certs", "--dir", path, "--node", "worker-2"],
+        "remove worker-2.pem and worker-2-key.pem first",
+    );
+    fails_naming(
+        &[
+            "tune", "certs", "--dir", path, "--node", "ok", "--node", "../evil",
+        ],
+        "--node ../evil",
+    );
+    assert!(!certs.join("ok.pem").exists());
+}

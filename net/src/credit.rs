@@ -54,13 +54,15 @@ impl ReceiverCredit {
     /// The receiving end of a channel whose segments come from `pool` (the channel's own:
     /// its size is the most the sender may have in flight). `freed` runs each time a segment
     /// goes back to the pool, on the thread that dropped it: it wakes whatever announces.
-    pub fn new(pool: SegmentPool, freed: impl Fn() + Send + Sync + 'static) -> ReceiverCredit {
-        let hooked = pool.on_return(freed);
-        assert!(hooked, "a channel's pool is its own");
-        ReceiverCredit {
+    /// `None` when the pool serves another channel already (it has a return hook).
+    pub fn new(
+        pool: SegmentPool,
+        freed: impl Fn() + Send + Sync + 'static,
+    ) -> Option<ReceiverCredit> {
+        pool.on_return(freed).then_some(ReceiverCredit {
             pool,
             outstanding: 0,
-        }
+        })
     }
 
     /// The channel's pool.

@@ -6,7 +6,10 @@
 //! |---|---|---|---|---|
 //! | 1 | data | sender → receiver | the segment's filled length | that many bytes: one whole segment |
 //! | 2 | credit | receiver → sender | segments the receiver can take beyond those it announced before | none |
+//! | 3 | open | sender → receiver, first on the stream | the channel's key length (at most [`MAX_KEY`]) | the key |
 //!
+//! The open frame names the channel the stream carries; the receiving side matches it to a
+//! receiver registered under that key and grants credit only then.
 //! A data frame lands in a segment of the receiver's own pool for the channel, whose size is
 //! the credit the receiver grants (see `credit.rs`): a sender that keeps to its credit always
 //! finds one free. The segment's bytes are not checked here; the engine checks every segment
@@ -20,6 +23,9 @@ use crate::credit::ReceiverCredit;
 pub const HEADER: usize = 8;
 const TAG_DATA: u32 = 1;
 const TAG_CREDIT: u32 = 2;
+const TAG_OPEN: u32 = 3;
+/// The longest channel key an open frame carries.
+pub const MAX_KEY: usize = 256;
 
 /// The header of a data frame carrying `len` bytes of a segment.
 pub fn data_header(len: usize) -> [u8; HEADER] {
@@ -32,6 +38,14 @@ pub fn data_header(len: usize) -> [u8; HEADER] {
 /// A credit frame granting `credits` more segments.
 pub fn credit_frame(credits: u32) -> [u8; HEADER] {
     header(TAG_CREDIT, credits)
+}
+
+/// The open frame naming the channel `key` (at most [`MAX_KEY`] bytes).
+pub fn open_frame(key: &[u8]) -> Vec<u8> {
+    assert!(key.len() <= MAX_KEY, "a channel key of {} bytes", key.len());
+    let mut frame = header(TAG_OPEN, key.len() as u32).to_vec();
+    frame.extend_from_slice(key);
+    frame
 }
 
 fn header(tag: u32, value: u32) -> [u8; HEADER] {
@@ -75,6 +89,15 @@ pub enum WireError {
         len: usize,
         /// The receiver's segment size.
         segment_size: usize,
+    },
+    /// An open frame whose key is longer than [`MAX_KEY`].
+    #[error(
+        "the channel's open frame names a key of {len} bytes, longer than {MAX_KEY}: the peer \
+         speaks another protocol"
+    )]
+    KeyTooLong {
+        /// The key's length.
+        len: usize,
     },
     /// A data frame the receiver had granted no credit for.
     #[error(
@@ -134,6 +157,12 @@ impl FrameReader {
     /// sender's side or when there is none.
     pub fn announce(&mut self) -> Option<u32> {
         self.credit.as_mut()?.announce()
+    }
+
+    /// Whether the stream read so far ends where a frame ends (a stream that ends elsewhere
+    /// lost the rest of a frame).
+    pub fn between_frames(&self) -> bool {
+        self.body.is_none() && self.have == 0
     }
 
     /// Reads `bytes`, the stream's next, appending each whole frame to `out`.
@@ -223,5 +252,54 @@ impl FrameReader {
                 },
             }),
         }
+    }
+}
+
+/// An open frame read whole: the channel's key, and the stream's bytes after the frame (the
+/// channel's data frames, for its [`FrameReader`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Opened {
+    /// The channel's key.
+    pub key: Vec<u8>,
+    /// The bytes read after the frame.
+    pub rest: Vec<u8>,
+}
+
+/// Reads the open frame at the start of a stream, fed bytes in whatever pieces they arrive.
+#[derive(Debug, Default)]
+pub struct OpenReader {
+    bytes: Vec<u8>,
+}
+
+impl OpenReader {
+    /// A reader waiting for the stream's first bytes.
+    pub fn new() -> OpenReader {
+        OpenReader::default()
+    }
+
+    /// Reads `bytes`, the stream's next: the open frame once it is whole, `None` until then.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<Opened>, WireError> {
+        self.bytes.extend_from_slice(bytes);
+        if self.bytes.len() < HEADER {
+            return Ok(None);
+        }
+        let tag = u32::from_le_bytes(self.bytes[..4].try_into().expect("4 bytes"));
+        let len = u32::from_le_bytes(self.bytes[4..HEADER].try_into().expect("4 bytes")) as usize;
+        if tag != TAG_OPEN {
+            return Err(WireError::Tag {
+                at: 0,
+                tag,
+                expected: "open (3)",
+            });
+        }
+        if len > MAX_KEY {
+            return Err(WireError::KeyTooLong { len });
+        }
+        if self.bytes.len() < HEADER + len {
+            return Ok(None);
+        }
+        let rest = self.bytes.split_off(HEADER + len);
+        let key = self.bytes.split_off(HEADER);
+        Ok(Some(Opened { key, rest }))
     }
 }

@@ -11,7 +11,10 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use weir_memory::{Segment, SegmentPool};
 use weir_net::credit::{ReceiverCredit, SenderCredit};
-use weir_net::wire::{credit_frame, data_header, FrameReader, Inbound, WireError, HEADER};
+use weir_net::wire::{
+    credit_frame, data_header, open_frame, FrameReader, Inbound, OpenReader, Opened, WireError,
+    HEADER, MAX_KEY,
+};
 
 const SEGMENT: usize = 256;
 
@@ -55,7 +58,7 @@ proptest! {
         let count = Arc::clone(&freed);
         let mut data = FrameReader::data(ReceiverCredit::new(receiver_pool.clone(), move || {
             count.fetch_add(1, Ordering::Relaxed);
-        }));
+        }).unwrap());
         let mut grants = FrameReader::credits();
         let mut credit = SenderCredit::new();
         let (mut forward, mut back) = (VecDeque::new(), VecDeque::new());
@@ -119,12 +122,59 @@ proptest! {
         let mut credits = FrameReader::credits();
         let _ = credits.feed(&bytes, &mut out);
     }
+
+    /// A stream's open frame, cut anywhere, gives its key and exactly the bytes after it;
+    /// any bytes give a key, nothing yet, or an error, never a panic.
+    #[test]
+    fn an_open_frame_gives_its_key_and_the_rest_wherever_it_is_cut(
+        key in proptest::collection::vec(any::<u8>(), 0..=MAX_KEY),
+        rest in proptest::collection::vec(any::<u8>(), 0..64),
+        cut in 0usize..400,
+        noise in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        let mut stream = open_frame(&key);
+        stream.extend_from_slice(&rest);
+        let cut = cut.min(stream.len());
+        let mut open = OpenReader::new();
+        let first = open.feed(&stream[..cut]).unwrap();
+        let (Opened { key: got, rest: mut after }, whole) = match first {
+            Some(found) => (found, false),
+            None => (open.feed(&stream[cut..]).unwrap().expect("the whole frame"), true),
+        };
+        prop_assert_eq!(&got, &key);
+        if !whole {
+            // Whole within the first piece: the rest of that piece, then the next piece.
+            prop_assert_eq!(&after[..], &stream[HEADER + key.len()..cut]);
+            after.extend_from_slice(&stream[cut..]);
+        }
+        prop_assert_eq!(after, rest);
+        if let Ok(Some(opened)) = OpenReader::new().feed(&noise) {
+            prop_assert!(opened.key.len() <= MAX_KEY);
+        }
+    }
+}
+
+#[test]
+fn an_open_frame_with_another_tag_or_a_key_too_long_is_refused() {
+    let data = data_header(4);
+    assert!(matches!(
+        OpenReader::new().feed(&data),
+        Err(WireError::Tag { tag: 1, .. })
+    ));
+    let mut long = open_frame(&[7; MAX_KEY]);
+    long[4..8].copy_from_slice(&(MAX_KEY as u32 + 1).to_le_bytes());
+    assert_eq!(
+        OpenReader::new().feed(&long),
+        Err(WireError::KeyTooLong { len: MAX_KEY + 1 })
+    );
 }
 
 /// The receiving side of a channel with a pool of `segments`, its credit announced.
 fn receiving(segments: usize) -> FrameReader {
     let pool = SegmentPool::new(0, segments, SEGMENT);
-    let mut data = FrameReader::data(ReceiverCredit::new(pool, || {}));
+    let mut data = FrameReader::data(ReceiverCredit::new(pool.clone(), || {}).unwrap());
+    // A pool serves one channel.
+    assert!(ReceiverCredit::new(pool, || {}).is_none());
     assert_eq!(data.announce(), Some(segments as u32));
     data
 }

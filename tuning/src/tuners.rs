@@ -275,7 +275,7 @@ impl Tuner for UdpBuffers {
         "udp-buffers"
     }
     fn about(&self) -> &'static str {
-        "net.core.rmem_max and wmem_max are at least 8 MiB, for QUIC (UDP) between servers, the exchange weir-net is to carry: a socket's buffer is capped there, and a capped one drops datagrams at line rate"
+        "net.core.rmem_max and wmem_max are at least 8 MiB, for the exchange between servers (QUIC over UDP, weir-net asks 8 MiB per shard socket): a socket's buffer is capped there, and a capped one drops datagrams at line rate"
     }
     fn unsupported(&self, host: &Host) -> Option<String> {
         needs(host, "/proc/sys/net/core/rmem_max", "no network sysctls")
