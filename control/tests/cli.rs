@@ -708,3 +708,33 @@ fn weir_tune_certs_makes_the_cluster_ca_once_and_a_certificate_per_node() {
     );
     assert!(!certs.join("ok.pem").exists());
 }
+
+#[test]
+fn weir_bench_net_moves_every_byte_over_the_exchange_and_over_bare_quinn() {
+    let json = bench_json(
+        &[
+            "bench",
+            "net",
+            "--bytes",
+            "4m",
+            "--channels",
+            "2",
+            "--credits",
+            "4",
+            "--json",
+        ],
+        &[
+            "bytes_per_second",
+            "quinn_bytes_per_second",
+            "ratio_to_quinn",
+        ],
+    );
+    // 4 MiB in 32 KiB segments over two channels: 64 per channel, every byte received (the
+    // benchmark fails a round that lost any).
+    assert_eq!(json["bytes"], 4 << 20, "{json}");
+    assert!(json["bytes_per_second"].as_f64().unwrap() > 0.0, "{json}");
+    fails_naming(
+        &["bench", "net", "--segment-size", "1000"],
+        "--segment-size a power of two",
+    );
+}
