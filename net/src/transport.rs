@@ -473,10 +473,12 @@ impl NetShard {
                 conn.waiting.remove(&stream);
                 conn.inbound.insert(stream, key.to_vec());
                 receiving.stream = Some((handle, stream));
-                if let Some(end) = end {
-                    receiving.end.get_or_insert(end);
+                if end.is_some() {
                     let _ = conn.conn.send_stream(stream).finish();
                 }
+            }
+            if let Some(end) = end {
+                receiving.end.get_or_insert(end);
             }
         }
         state.receivers.insert(key.to_vec(), receiving);
@@ -780,9 +782,8 @@ impl Drop for ChannelReceiver {
                     conn.inbound.remove(&stream);
                     let gone = VarInt::from_u32(RECEIVER_GONE);
                     let _ = conn.conn.recv_stream(stream).stop(gone);
-                    if conn.conn.send_stream(stream).finish().is_err() {
-                        let _ = conn.conn.send_stream(stream).reset(gone);
-                    }
+                    // Stopped by its sender already: `process` resets it.
+                    let _ = conn.conn.send_stream(stream).finish();
                 }
             }
         }
@@ -847,6 +848,7 @@ fn push(sending: &mut Sending, conn: &mut Connection, stream: StreamId) {
             Err(WriteError::Stopped(_)) | Err(WriteError::ClosedStream) => {
                 sending.pending.clear();
                 sending.closed = Some(NetError::ReceiverGone { peer: sending.peer });
+                sending.wakers.drain(..).for_each(Waker::wake);
                 return;
             }
         }
@@ -1220,7 +1222,13 @@ fn read_stream(state: &mut State, handle: ConnId, stream: StreamId) {
                             refused = true;
                             break;
                         }
-                        None if state.unmatched.contains_key(&key) => {
+                        // A second stream for a waiting channel, unless the first one's
+                        // connection was lost (a sender reconnecting).
+                        None if state
+                            .unmatched
+                            .get(&key)
+                            .is_some_and(|(_, _, end)| !matches!(end, Some(Err(_)))) =>
+                        {
                             refused = true;
                             break;
                         }
@@ -1259,12 +1267,35 @@ fn read_stream(state: &mut State, handle: ConnId, stream: StreamId) {
     let _ = chunks.finalize();
     if refused {
         refuse(conn, stream);
+    }
+    // A sender's credit half that broke the protocol or ended: its channel is over.
+    if let Some(sending) = state.senders.get_mut(&(handle, stream)) {
+        if refused || ended.is_some() {
+            sending.pending.clear();
+            sending
+                .closed
+                .get_or_insert(NetError::ReceiverGone { peer });
+            sending.wakers.drain(..).for_each(Waker::wake);
+            if sending.dropped {
+                state.senders.remove(&(handle, stream));
+            }
+        }
+        return;
+    }
+    if refused {
         return;
     }
     let Some(end) = ended else {
         return;
     };
-    conn.opening.remove(&stream);
+    if conn.opening.remove(&stream).is_some() {
+        // Ended before naming its channel: freed on this side too.
+        let _ = conn
+            .conn
+            .send_stream(stream)
+            .reset(VarInt::from_u32(PROTOCOL));
+        return;
+    }
     if let Some(key) = conn.waiting.get(&stream) {
         // Ended before its receiver registered: it learns so when it does.
         if let Some(entry) = state.unmatched.get_mut(key) {
@@ -1387,7 +1418,13 @@ fn lose(state: &mut State, handle: ConnId, lost: Lost) {
         sending.wakers.drain(..).for_each(Waker::wake);
         !sending.dropped
     });
-    state.unmatched.retain(|_, (h, _, _)| *h != handle);
+    // Streams still waiting for their receivers: one that ended keeps its end, one that did
+    // not has failed; either way its receiver learns it when it comes.
+    for (h, _, end) in state.unmatched.values_mut() {
+        if *h == handle {
+            end.get_or_insert(Err(error.clone()));
+        }
+    }
 }
 
 /// Announces every receiver's new credit on its stream.

@@ -336,7 +336,7 @@ fn a_peer_that_shuts_down_fails_every_channel_it_carried() {
     let (b_addr_tx, b_addr_rx) = mpsc::channel::<SocketAddr>();
     let (flowing_tx, flowing_rx) = mpsc::channel::<()>();
     let a = shard("a", move || async move {
-        let (_net, mut inbound, _peer, outbound) =
+        let (net, mut inbound, _peer, outbound) =
             trade(config(a_identity), 0, a_addr_tx, b_addr_rx).await;
         flowing_tx.send(()).unwrap();
         // b shuts down: the channel from it ends unfinished, the one to it closes.
@@ -351,11 +351,27 @@ fn a_peer_that_shuts_down_fails_every_channel_it_carried() {
             }
         };
         assert!(matches!(closed, NetError::Lost { .. }), "{closed}");
+        // Channels b opened for receivers that came only after it went: the one b had
+        // finished ends cleanly, the other failed with the connection.
+        let mut ended = net
+            .receive(b"ended", SegmentPool::new(1, 2, SEGMENT))
+            .unwrap();
+        assert!(ended.next().await.is_none());
+        assert!(ended.failure().is_none(), "{:?}", ended.failure());
+        let mut open = net
+            .receive(b"open", SegmentPool::new(2, 2, SEGMENT))
+            .unwrap();
+        assert!(open.next().await.is_none());
+        let failure = open.failure().expect("the open channel failed");
+        assert!(matches!(failure, NetError::Lost { .. }), "{failure}");
     });
     let b = shard("b", move || async move {
-        let (net, _inbound, _peer, _outbound) =
+        let (net, _inbound, peer, _outbound) =
             trade(config(b_identity), 1, b_addr_tx, a_addr_rx).await;
         arrive(&flowing_rx).await;
+        drop(peer.open_channel(b"ended").unwrap());
+        let _open = peer.open_channel(b"open").unwrap();
+        glommio::timer::sleep(Duration::from_millis(100)).await;
         drop(net);
         // The driver sends the close before this executor ends.
         glommio::timer::sleep(Duration::from_millis(100)).await;
