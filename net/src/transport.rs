@@ -478,7 +478,7 @@ impl NetShard {
                 }
             }
             if let Some(end) = end {
-                receiving.end.get_or_insert(end);
+                receiving.finish(end);
             }
         }
         state.receivers.insert(key.to_vec(), receiving);
@@ -791,6 +791,23 @@ impl Drop for ChannelReceiver {
     }
 }
 
+impl Sending {
+    /// The channel is over: nothing more goes out, and whoever waits for credit learns why.
+    fn close(&mut self, error: NetError) {
+        self.pending.clear();
+        self.closed = Some(error);
+        self.wakers.drain(..).for_each(Waker::wake);
+    }
+}
+
+impl Receiving {
+    /// The channel ended (the first end is the one that stays): its task learns it.
+    fn finish(&mut self, end: End) {
+        self.end.get_or_insert(end);
+        wake(&mut self.waker);
+    }
+}
+
 impl State {
     /// A new connection: its id.
     fn add(&mut self, handle: ConnectionHandle, conn: Connection, peer: SocketAddr) -> ConnId {
@@ -846,9 +863,7 @@ fn push(sending: &mut Sending, conn: &mut Connection, stream: StreamId) {
             }
             Ok(_) | Err(WriteError::Blocked) => return,
             Err(WriteError::Stopped(_)) | Err(WriteError::ClosedStream) => {
-                sending.pending.clear();
-                sending.closed = Some(NetError::ReceiverGone { peer: sending.peer });
-                sending.wakers.drain(..).for_each(Waker::wake);
+                sending.close(NetError::ReceiverGone { peer: sending.peer });
                 return;
             }
         }
@@ -1131,9 +1146,7 @@ fn process(state: &mut State) {
                         let _ = conn.conn.send_stream(id).reset(error_code);
                     }
                     if let Some(sending) = state.senders.get_mut(&(handle, id)) {
-                        sending.pending.clear();
-                        sending.closed = Some(NetError::ReceiverGone { peer: sending.peer });
-                        sending.wakers.drain(..).for_each(Waker::wake);
+                        sending.close(NetError::ReceiverGone { peer: sending.peer });
                         if sending.dropped {
                             state.senders.remove(&(handle, id));
                         }
@@ -1189,7 +1202,6 @@ fn read_stream(state: &mut State, handle: ConnId, stream: StreamId) {
                     peer,
                     detail: error.to_string(),
                 });
-                sending.pending.clear();
                 refused = true;
             }
             for inbound in out {
@@ -1271,11 +1283,8 @@ fn read_stream(state: &mut State, handle: ConnId, stream: StreamId) {
     // A sender's credit half that broke the protocol or ended: its channel is over.
     if let Some(sending) = state.senders.get_mut(&(handle, stream)) {
         if refused || ended.is_some() {
-            sending.pending.clear();
-            sending
-                .closed
-                .get_or_insert(NetError::ReceiverGone { peer });
-            sending.wakers.drain(..).for_each(Waker::wake);
+            let error = sending.closed.take();
+            sending.close(error.unwrap_or(NetError::ReceiverGone { peer }));
             if sending.dropped {
                 state.senders.remove(&(handle, stream));
             }
@@ -1314,8 +1323,7 @@ fn read_stream(state: &mut State, handle: ConnId, stream: StreamId) {
             }),
             end => end,
         };
-        receiving.end.get_or_insert(end);
-        wake(&mut receiving.waker);
+        receiving.finish(end);
     }
     // The credit half is done too: the stream is freed on both sides.
     let _ = conn.conn.send_stream(stream).finish();
@@ -1405,17 +1413,14 @@ fn lose(state: &mut State, handle: ConnId, lost: Lost) {
     conn.waiters.drain(..).for_each(Waker::wake);
     for key in conn.inbound.values() {
         if let Some(receiving) = state.receivers.get_mut(key) {
-            receiving.end.get_or_insert(Err(error.clone()));
-            wake(&mut receiving.waker);
+            receiving.finish(Err(error.clone()));
         }
     }
     state.senders.retain(|(h, _), sending| {
         if *h != handle {
             return true;
         }
-        sending.pending.clear();
-        sending.closed = Some(error.clone());
-        sending.wakers.drain(..).for_each(Waker::wake);
+        sending.close(error.clone());
         !sending.dropped
     });
     // Streams still waiting for their receivers: one that ended keeps its end, one that did
@@ -1467,8 +1472,7 @@ fn shut_down(state: &mut State) {
         lose(state, handle, Lost::from(&ConnectionError::LocallyClosed));
     }
     for receiving in state.receivers.values_mut() {
-        receiving.end.get_or_insert(Err(NetError::Shutdown));
-        wake(&mut receiving.waker);
+        receiving.finish(Err(NetError::Shutdown));
     }
 }
 
