@@ -11,6 +11,12 @@ pub enum BenchError {
     /// A run asked for no records, so there is no rate to report.
     #[error("--records must be at least 1 (got 0)")]
     NoRecords,
+    /// A record width the remote exchange benchmark has no record for.
+    #[error("--record-bytes must be 64 or 1024 (got {0})")]
+    RecordBytes(usize),
+    /// The executors of a spread run could not be set up.
+    #[error("cannot set up two executors on loopback: {0}")]
+    Remote(String),
     /// A state benchmark asked for no operations.
     #[error("--ops must be at least 1 (got 0)")]
     NoOps,

@@ -14,18 +14,19 @@
 
 use std::hint::black_box;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use weir_engine::prelude::*;
-use weir_engine::runtime::available_cores;
+use weir_engine::runtime::{available_cores, on_loopback, RunOptions};
 
 use crate::error::BenchError;
 use crate::measure::{alternate, best, rate, Measurement, ROUNDS};
-use crate::record::BenchRecord;
+use crate::record::{BenchRecord, ExchangeRecord, WideRecord};
 
 const JOB: &str = "bench-exchange";
 const SINK: &str = "discard";
+const REMOTE_JOB: &str = "bench-remote-exchange";
 
 /// Records per batch the baseline hands from producer to consumer.
 pub const BATCH: usize = 1024;
@@ -107,36 +108,168 @@ fn run_job(
     exchange: bool,
 ) -> Result<Measurement, BenchError> {
     check_shards(shards)?;
-    let env = StreamEnvironment::new(config(shards, settings)?).map_err(BenchError::job(JOB))?;
+    let env = exchange_job::<BenchRecord>(records, shards, config(shards, settings)?, exchange)?;
+    let result = env.execute(JOB).map_err(BenchError::job(JOB))?;
+    Ok(measured(&result))
+}
+
+/// What a run of the exchange job measured.
+fn measured(result: &JobResult) -> Measurement {
+    Measurement {
+        duration: result.duration,
+        surviving_records: result.records_in(&format!("Sink: {SINK}")),
+    }
+}
+
+/// The exchange job over records `R` at `parallelism` (with `exchange`; else its operators
+/// chained on every shard), built on `config` and not run.
+fn exchange_job<R: ExchangeRecord>(
+    records: u64,
+    parallelism: usize,
+    config: Configuration,
+    exchange: bool,
+) -> Result<StreamEnvironment, BenchError> {
+    let shards = parallelism;
+    // Every operator at the job's parallelism, whatever this executor's own slots are.
+    let config = config
+        .with("parallelism.default", parallelism.to_string())
+        .map_err(|e| BenchError::job(JOB)(e.into()))?;
+    let env = StreamEnvironment::new(config).map_err(BenchError::job(JOB))?;
     let survivors = env
         .from_source(
-            DataGeneratorSource::new(Some(records), BenchRecord::generate),
+            DataGeneratorSource::new(Some(records), R::generate),
             WatermarkStrategy::no_watermarks(),
             "generator",
         )
         .uid("generator")
         .parallelism(shards)
-        .map(BenchRecord::mapped)
-        .filter(BenchRecord::survives);
+        .map(R::mapped)
+        .filter(R::survives);
     let forwarded = if exchange {
         survivors
-            .key_by(|record: &BenchRecord| record.key)
-            .process(
-                |record: BenchRecord, ctx: &mut KeyedProcessContext<'_, u64, BenchRecord>| {
-                    ctx.emit(record)
-                },
-            )
+            .key_by(R::key)
+            .process(|record: R, ctx: &mut KeyedProcessContext<'_, u64, R>| ctx.emit(record))
             .uid("forward")
     } else {
-        survivors.map(|record: BenchRecord| record).uid("forward")
+        survivors.map(|record: R| record).uid("forward")
     };
     forwarded
         .sink_to(DiscardSink::new(), SINK)
         .parallelism(shards);
-    let result = env.execute(JOB).map_err(BenchError::job(JOB))?;
-    Ok(Measurement {
-        duration: result.duration,
-        surviving_records: result.records_in(&format!("Sink: {SINK}")),
+    Ok(env)
+}
+
+/// The exchange job over records `R` on two slots, spread over two executors side by side
+/// in this process, each with one slot on a core of its own (QUIC with mutual TLS on
+/// loopback between them): the later of their ends, and what reached both sinks.
+fn run_spread<R: ExchangeRecord>(
+    records: u64,
+    settings: &[String],
+) -> Result<Measurement, BenchError> {
+    let spreads = on_loopback(REMOTE_JOB, 2).map_err(BenchError::Remote)?;
+    let cores = available_cores();
+    let mut runs = Vec::with_capacity(spreads.len());
+    for (spread, core) in spreads.into_iter().zip(cores) {
+        let config = config(1, settings)?
+            .with("taskmanager.cpu.cores", core.to_string())
+            .map_err(|e| BenchError::job(REMOTE_JOB)(e.into()))?;
+        let options = RunOptions {
+            spread: Some(spread),
+            ..RunOptions::default()
+        };
+        let run = exchange_job::<R>(records, 2, config, true)?
+            .execute_async(REMOTE_JOB, options)
+            .map_err(BenchError::job(REMOTE_JOB));
+        runs.push(run);
+    }
+    // Both waited for, whatever the first did (a failure on one side ends the other too).
+    let results: Vec<_> = runs
+        .into_iter()
+        .map(|run| run.and_then(|run| run.wait().map_err(BenchError::job(REMOTE_JOB))))
+        .collect();
+    let mut total = Measurement {
+        duration: Duration::ZERO,
+        surviving_records: 0,
+    };
+    for result in results {
+        let side = measured(&result?);
+        total.duration = total.duration.max(side.duration);
+        total.surviving_records += side.surviving_records;
+    }
+    Ok(total)
+}
+
+/// What `weir bench remote-exchange --json` prints: the exchange job on two slots with its
+/// keyed exchange between two shards of one executor, and spread over two executors.
+#[derive(Clone, Debug, Serialize)]
+pub struct RemoteExchangeReport {
+    /// Records generated (each run, both slots together).
+    pub records: u64,
+    /// Bytes per record.
+    pub record_bytes: usize,
+    /// Rounds run, alternating; the best round of each side is reported.
+    pub rounds: usize,
+    /// Both slots in one executor, records crossing between its shards (rings): generated
+    /// records per second.
+    pub local_records_per_second: f64,
+    /// One slot in each of two executors, records crossing over QUIC: generated records per
+    /// second (from each executor's start, the connection's set-up included, to the later
+    /// end).
+    pub remote_records_per_second: f64,
+    /// `local_records_per_second / remote_records_per_second`: how many times the local
+    /// exchange's time the remote one takes.
+    pub remote_cost: f64,
+    /// Further engine settings the runs had (`-D KEY=VALUE`).
+    pub settings: Vec<String>,
+    /// Whether both sides' sinks received the same number of records.
+    pub results_match: bool,
+}
+
+/// Runs the exchange job over `record_bytes`-byte records (64 or 1024) on two slots, on one
+/// executor and spread over two, alternately.
+pub fn run_remote(
+    records: u64,
+    record_bytes: usize,
+    settings: &[String],
+) -> Result<RemoteExchangeReport, BenchError> {
+    match record_bytes {
+        64 => run_remote_of::<BenchRecord>(records, settings),
+        1024 => run_remote_of::<WideRecord>(records, settings),
+        other => Err(BenchError::RecordBytes(other)),
+    }
+}
+
+fn run_remote_of<R: ExchangeRecord>(
+    records: u64,
+    settings: &[String],
+) -> Result<RemoteExchangeReport, BenchError> {
+    if records == 0 {
+        return Err(BenchError::NoRecords);
+    }
+    check_shards(2)?;
+    config(2, settings)?;
+    let mut locals = Vec::with_capacity(ROUNDS);
+    let mut remotes = Vec::with_capacity(ROUNDS);
+    for _ in 0..ROUNDS {
+        let env = exchange_job::<R>(records, 2, config(2, settings)?, true)?;
+        locals.push(measured(&env.execute(JOB).map_err(BenchError::job(JOB))?));
+        remotes.push(run_spread::<R>(records, settings)?);
+    }
+    let (local, remote) = (best(&locals), best(&remotes));
+    let local_records_per_second = rate(records, local.duration);
+    let remote_records_per_second = rate(records, remote.duration);
+    Ok(RemoteExchangeReport {
+        records,
+        record_bytes: std::mem::size_of::<R>(),
+        rounds: ROUNDS,
+        local_records_per_second,
+        remote_records_per_second,
+        remote_cost: local_records_per_second / remote_records_per_second,
+        settings: settings.to_vec(),
+        results_match: locals
+            .iter()
+            .chain(&remotes)
+            .all(|m| m.surviving_records == local.surviving_records),
     })
 }
 

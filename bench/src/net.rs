@@ -22,7 +22,7 @@ use weir_net::tls::{ClusterCa, TlsIdentity};
 use weir_net::{NetConfig, NetShard};
 
 use crate::error::BenchError;
-use crate::measure::{best, Measurement, ROUNDS};
+use crate::measure::{best, rate, Measurement, ROUNDS};
 
 /// What `weir bench net --json` prints.
 #[derive(Clone, Debug, Serialize)]
@@ -108,7 +108,7 @@ pub fn run(
         }
     }
     let (net, quinn) = (best(&nets), best(&quinns));
-    let rate = |m: &Measurement| m.surviving_records as f64 / m.duration.as_secs_f64();
+    let rate = |m: &Measurement| rate(m.surviving_records, m.duration);
     Ok(NetReport {
         bytes: sent,
         segment_size,
@@ -263,11 +263,13 @@ fn quinn_round(
 ) -> Result<Measurement, String> {
     let shape = *shape;
     let error = |e: &dyn std::fmt::Display| e.to_string();
+    // weir-net's windows (`NetConfig`'s defaults), so that both sides stream under one bound.
+    let windows = NetConfig::new("127.0.0.1:0".parse().expect("an address"), sender.clone());
     let mut transport = quinn::TransportConfig::default();
     transport
-        .stream_receive_window(quinn::VarInt::from_u32(4 << 20))
-        .receive_window(quinn::VarInt::MAX)
-        .send_window(u64::MAX);
+        .stream_receive_window(quinn::VarInt::from_u32(windows.stream_window))
+        .receive_window(quinn::VarInt::from_u32(windows.connection_window))
+        .send_window(u64::from(windows.connection_window));
     let transport = Arc::new(transport);
     let server = quinn::crypto::rustls::QuicServerConfig::try_from(
         receiver.server_config().map_err(|e| error(&e))?,

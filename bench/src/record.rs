@@ -57,6 +57,64 @@ impl BenchRecord {
     }
 }
 
+/// A 1 KiB record: a [`BenchRecord`] and opaque bytes, for the benchmarks that compare how
+/// record width changes a cost.
+#[derive(Archive, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct WideRecord {
+    /// The fields the map, filter and key read.
+    pub record: BenchRecord,
+    /// Opaque bytes that make the record 1 KiB long.
+    pub padding: [u8; 960],
+}
+
+const _: () = assert!(std::mem::size_of::<WideRecord>() == 1024);
+
+/// What the exchange benchmarks generate, map, filter and key, at either width.
+pub trait ExchangeRecord: weir_engine::Record + Clone + Send + Sync + 'static {
+    /// Record `i` (see [`BenchRecord::generate`]).
+    fn generate(i: u64) -> Self;
+    /// The map function.
+    fn mapped(self) -> Self;
+    /// The filter predicate.
+    fn survives(&self) -> bool;
+    /// The key the exchange partitions by.
+    fn key(&self) -> u64;
+}
+
+impl ExchangeRecord for BenchRecord {
+    fn generate(i: u64) -> Self {
+        BenchRecord::generate(i)
+    }
+    fn mapped(self) -> Self {
+        BenchRecord::mapped(self)
+    }
+    fn survives(&self) -> bool {
+        BenchRecord::survives(self)
+    }
+    fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+impl ExchangeRecord for WideRecord {
+    fn generate(i: u64) -> Self {
+        WideRecord {
+            record: BenchRecord::generate(i),
+            padding: [i as u8; 960],
+        }
+    }
+    fn mapped(mut self) -> Self {
+        self.record = self.record.mapped();
+        self
+    }
+    fn survives(&self) -> bool {
+        self.record.survives()
+    }
+    fn key(&self) -> u64 {
+        self.record.key
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

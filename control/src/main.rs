@@ -352,6 +352,22 @@ enum Bench {
         #[arg(long)]
         json: bool,
     },
+    /// The keyed exchange on two slots spread over two executors (QUIC with mutual TLS on
+    /// loopback between them) against the same job on one executor (rings between shards).
+    RemoteExchange {
+        /// Records to generate.
+        #[arg(long, default_value_t = 10_000_000)]
+        records: u64,
+        /// Bytes per record: 64 or 1024.
+        #[arg(long, default_value_t = 64)]
+        record_bytes: usize,
+        /// Set a further engine configuration key (repeatable).
+        #[arg(short = 'D', value_name = "KEY=VALUE")]
+        settings: Vec<String>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Segments between two shards over the network exchange (QUIC with mutual TLS and
     /// credit, on loopback), against a bare quinn transfer of the same bytes.
     Net {
@@ -720,6 +736,15 @@ fn run_bench(bench: Bench) -> Result<()> {
             json,
         } => print_report(
             &weir_bench::exchange::run(records, shards, &settings)?,
+            json,
+        ),
+        Bench::RemoteExchange {
+            records,
+            record_bytes,
+            settings,
+            json,
+        } => print_report(
+            &weir_bench::exchange::run_remote(records, record_bytes, &settings)?,
             json,
         ),
         Bench::Net {

@@ -738,3 +738,35 @@ fn weir_bench_net_moves_every_byte_over_the_exchange_and_over_bare_quinn() {
         "--segment-size a power of two",
     );
 }
+
+#[test]
+fn weir_bench_remote_exchange_runs_the_job_on_one_executor_and_spread_over_two() {
+    if weir_engine::runtime::available_cores().len() < 2 {
+        return;
+    }
+    for bytes in ["64", "1024"] {
+        let json = bench_json(
+            &[
+                "bench",
+                "remote-exchange",
+                "--records",
+                "20000",
+                "--record-bytes",
+                bytes,
+                "--json",
+            ],
+            &[
+                "local_records_per_second",
+                "remote_records_per_second",
+                "remote_cost",
+            ],
+        );
+        assert_eq!(json["record_bytes"].to_string(), bytes, "{json}");
+        // Every round, local and spread, sank as many records as the first local one.
+        assert_eq!(json["results_match"], true, "{json}");
+    }
+    fails_naming(
+        &["bench", "remote-exchange", "--record-bytes", "100"],
+        "--record-bytes must be 64 or 1024 (got 100)",
+    );
+}

@@ -72,6 +72,10 @@ pub struct NetConfig {
     pub idle_timeout: Duration,
     /// How long [`NetShard::connect`] retries a peer that does not answer.
     pub connect_timeout: Duration,
+    /// How long a receiver waits for its sender to open the channel before the channel fails
+    /// (a sender that never came: its process failed before opening it, or named another
+    /// channel).
+    pub open_timeout: Duration,
     /// The UDP socket's receive buffer, bytes (the kernel caps it at `net.core.rmem_max`).
     pub udp_receive_buffer: usize,
     /// The UDP socket's send buffer, bytes (capped at `net.core.wmem_max`).
@@ -91,6 +95,7 @@ impl NetConfig {
             identity,
             idle_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(30),
+            open_timeout: Duration::from_secs(60),
             udp_receive_buffer: 8 << 20,
             udp_send_buffer: 8 << 20,
             stream_window: 1 << 20,
@@ -158,6 +163,21 @@ pub enum NetError {
         peer: SocketAddr,
         /// Why.
         reason: String,
+    },
+    /// The peer shut its endpoint down (its run ended) with the connection's channels open:
+    /// every channel on it fails.
+    #[error("the peer at {peer} shut its endpoint down (its run ended)")]
+    PeerEnded {
+        /// The peer's address.
+        peer: SocketAddr,
+    },
+    /// No sender opened a registered channel in time.
+    #[error("no sender opened channel {} within {waited:?}", String::from_utf8_lossy(.key))]
+    NotOpened {
+        /// The channel's key.
+        key: Vec<u8>,
+        /// How long its receiver waited.
+        waited: Duration,
     },
     /// A channel's stream broke the protocol.
     #[error("the channel from {peer} breaks the exchange's protocol: {detail}")]
@@ -227,6 +247,7 @@ struct Shared {
     ready: glommio::net::UdpSocket,
     local: SocketAddr,
     connect_timeout: Duration,
+    open_timeout: Duration,
     stream_window: u32,
 }
 
@@ -283,6 +304,8 @@ struct Receiving {
     waker: Option<Waker>,
     /// Why the channel ended.
     end: Option<End>,
+    /// When the channel fails if no sender opened it by then.
+    open_by: Instant,
 }
 
 struct Sending {
@@ -371,6 +394,7 @@ impl NetShard {
             ready,
             local,
             connect_timeout: config.connect_timeout,
+            open_timeout: config.open_timeout,
             stream_window: config.stream_window,
         });
         glommio::spawn_local(drive(Rc::clone(&shared))).detach();
@@ -380,6 +404,33 @@ impl NetShard {
     /// The address peers reach this shard at.
     pub fn local_addr(&self) -> SocketAddr {
         self.shared.local
+    }
+
+    /// Waits until every channel this shard took part in is over at both ends — each sender's
+    /// receiving side has received its end (or went), and the peers acknowledged everything
+    /// this side wrote — or its connection is lost, for `timeout` at most; whether it
+    /// drained. Dropping the shard then closes its connections without cutting any channel
+    /// short: what was still on its way when a connection closes is lost.
+    pub async fn drain(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.drained() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            glommio::timer::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    fn drained(&self) -> bool {
+        let mut state = self.shared.state.borrow_mut();
+        state.senders.is_empty()
+            && state
+                .connections
+                .values_mut()
+                .all(|conn| conn.lost.is_some() || conn.conn.streams().send_streams() == 0)
     }
 
     /// A connection to the shard at `addr`, whose certificate must name `name`; retried with
@@ -465,6 +516,7 @@ impl NetShard {
             credit_out: Vec::new(),
             waker: None,
             end: state.shutdown.then_some(Err(NetError::Shutdown)),
+            open_by: Instant::now() + self.shared.open_timeout,
         };
         let unmatched = state.unmatched.remove(key);
         if let Some((handle, stream, end)) = unmatched {
@@ -510,6 +562,8 @@ struct Lost {
     reason: String,
     /// The peer never answered (worth trying again).
     unanswered: bool,
+    /// The peer shut its endpoint down.
+    ended: bool,
 }
 
 impl Lost {
@@ -517,6 +571,8 @@ impl Lost {
         Lost {
             reason: describe(error),
             unanswered: matches!(error, ConnectionError::TimedOut),
+            ended: matches!(error, ConnectionError::ApplicationClosed(close)
+                if close.error_code == VarInt::from_u32(SHUTDOWN)),
         }
     }
 }
@@ -685,11 +741,14 @@ impl Drop for ChannelSender {
         let state = &mut *state;
         if let Some(sending) = state.senders.get_mut(&self.key) {
             sending.dropped = true;
+            // Its credit half is read on until the receiver ends it, having read the channel's
+            // end: only then is the channel over at both ends (`NetShard::drain`).
             if let Some(conn) = state.connections.get_mut(&self.key.0) {
-                let _ = conn.conn.recv_stream(self.key.1).stop(VarInt::from_u32(0));
                 push(sending, &mut conn.conn, self.key.1);
             }
-            if sending.pending.is_empty() {
+            // Kept until its receiver read the end (its credit half ends) or the channel
+            // failed: until then the shard has not drained (`NetShard::drain`).
+            if sending.closed.is_some() {
                 state.senders.remove(&self.key);
             }
         }
@@ -801,6 +860,11 @@ impl Sending {
 }
 
 impl Receiving {
+    /// When the channel fails unless a sender opens it first (`None`: opened, or ended).
+    fn open_deadline(&self) -> Option<Instant> {
+        (self.stream.is_none() && self.end.is_none()).then_some(self.open_by)
+    }
+
     /// The channel ended (the first end is the one that stays): its task learns it.
     fn finish(&mut self, end: End) {
         self.end.get_or_insert(end);
@@ -948,10 +1012,16 @@ async fn drive(shared: Rc<Shared>) {
                 closing = true;
                 shut_down(&mut state);
             }
+            let opening = state
+                .receivers
+                .values()
+                .filter_map(Receiving::open_deadline)
+                .min();
             state
                 .connections
                 .values_mut()
                 .filter_map(|conn| conn.conn.poll_timeout())
+                .chain(opening)
                 .min()
         };
         if closing && shared.state.borrow().connections.is_empty() {
@@ -972,6 +1042,15 @@ async fn drive(shared: Rc<Shared>) {
             for conn in state.connections.values_mut() {
                 if conn.conn.poll_timeout().is_some_and(|at| at <= now) {
                     conn.conn.handle_timeout(now);
+                }
+            }
+            let open_timeout = shared.open_timeout;
+            for (key, receiving) in &mut state.receivers {
+                if receiving.open_deadline().is_some_and(|at| at <= now) {
+                    receiving.finish(Err(NetError::NotOpened {
+                        key: key.clone(),
+                        waited: open_timeout,
+                    }));
                 }
             }
             process(&mut state);
@@ -1135,7 +1214,7 @@ fn process(state: &mut State) {
                         state.connections.get_mut(&handle),
                     ) {
                         push(sending, &mut conn.conn, id);
-                        if sending.dropped && sending.pending.is_empty() {
+                        if sending.dropped && sending.closed.is_some() {
                             state.senders.remove(&(handle, id));
                         }
                     }
@@ -1380,6 +1459,7 @@ fn hear(state: &mut State, handle: ConnId) {
         Lost {
             reason,
             unanswered: false,
+            ended: false,
         },
     );
 }
@@ -1405,9 +1485,13 @@ fn lose(state: &mut State, handle: ConnId, lost: Lost) {
     if conn.lost.is_some() {
         return;
     }
-    let error = NetError::Lost {
-        peer: conn.peer,
-        reason: lost.reason.clone(),
+    let error = if lost.ended {
+        NetError::PeerEnded { peer: conn.peer }
+    } else {
+        NetError::Lost {
+            peer: conn.peer,
+            reason: lost.reason.clone(),
+        }
     };
     conn.lost = Some(lost);
     conn.waiters.drain(..).for_each(Waker::wake);

@@ -329,6 +329,74 @@ async fn trade(
 }
 
 #[test]
+fn a_shard_that_drains_before_it_goes_cuts_no_channel_short() {
+    // The receiver's whole pool: the sender's credit, all of it sent at once.
+    const MESSAGES: u32 = 64;
+    let ca = ClusterCa::generate("test cluster").unwrap();
+    let (a_identity, b_identity) = (identity(&ca, "a"), identity(&ca, "b"));
+    let (a_addr_tx, a_addr_rx) = mpsc::channel::<SocketAddr>();
+    let (b_addr_tx, b_addr_rx) = mpsc::channel::<SocketAddr>();
+    let a = shard("a", move || async move {
+        let (net, _inbound, peer, outbound) =
+            trade(config(a_identity), 0, a_addr_tx, b_addr_rx).await;
+        drop(outbound);
+        let pool = SegmentPool::new(7, MESSAGES as usize, SEGMENT);
+        let sender = peer.open_channel(b"slow").unwrap();
+        for n in 0..MESSAGES {
+            sender.send(message(&pool, 9, n)).await.unwrap();
+        }
+        // Nearly all of it is still on this side, not even on the wire (a send with credit
+        // does not wait for the driver), and b reads slowly: closing the connection now
+        // would lose it; draining waits until b received the channel's end.
+        drop(sender);
+        assert!(net.drain(Duration::from_secs(20)).await, "a drained");
+        drop(net);
+        glommio::timer::sleep(Duration::from_millis(100)).await;
+    });
+    let b = shard("b", move || async move {
+        let (net, _inbound, _peer, outbound) =
+            trade(config(b_identity), 1, b_addr_tx, a_addr_rx).await;
+        drop(outbound);
+        let mut slow = net
+            .receive(b"slow", SegmentPool::new(1, MESSAGES as usize, SEGMENT))
+            .unwrap();
+        let mut n = 0;
+        while let Some(segment) = slow.next().await {
+            check(&segment, 9, n);
+            n += 1;
+            glommio::timer::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(slow.failure().is_none(), "{:?}", slow.failure());
+        n
+    });
+    a.join().unwrap();
+    assert_eq!(b.join().unwrap(), MESSAGES, "every segment arrived");
+}
+
+#[test]
+fn a_channel_no_sender_opens_fails_after_the_open_timeout() {
+    let ca = ClusterCa::generate("test cluster").unwrap();
+    let a_identity = identity(&ca, "a");
+    shard("a", move || async move {
+        let mut config = config(a_identity);
+        config.open_timeout = Duration::from_millis(300);
+        let net = NetShard::bind(&config).unwrap();
+        let mut nobody = net
+            .receive(b"nobody", SegmentPool::new(0, 2, SEGMENT))
+            .unwrap();
+        assert!(nobody.next().await.is_none());
+        let failure = nobody.failure().expect("the channel failed");
+        assert!(matches!(failure, NetError::NotOpened { .. }), "{failure}");
+        assert!(
+            failure.to_string().contains("no sender opened channel"),
+            "{failure}"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
 fn a_peer_that_shuts_down_fails_every_channel_it_carried() {
     let ca = ClusterCa::generate("test cluster").unwrap();
     let (a_identity, b_identity) = (identity(&ca, "a"), identity(&ca, "b"));
@@ -342,7 +410,7 @@ fn a_peer_that_shuts_down_fails_every_channel_it_carried() {
         // b shuts down: the channel from it ends unfinished, the one to it closes.
         while inbound.next().await.is_some() {}
         let failure = inbound.failure().expect("the channel from b failed");
-        assert!(matches!(failure, NetError::Lost { .. }), "{failure}");
+        assert!(matches!(failure, NetError::PeerEnded { .. }), "{failure}");
         let pool = SegmentPool::new(7, 8, SEGMENT);
         let closed = loop {
             match outbound.send(message(&pool, 0, 1)).await {
@@ -350,7 +418,7 @@ fn a_peer_that_shuts_down_fails_every_channel_it_carried() {
                 Ok(()) => glommio::timer::sleep(Duration::from_millis(5)).await,
             }
         };
-        assert!(matches!(closed, NetError::Lost { .. }), "{closed}");
+        assert!(matches!(closed, NetError::PeerEnded { .. }), "{closed}");
         // Channels b opened for receivers that came only after it went: the one b had
         // finished ends cleanly, the other failed with the connection.
         let mut ended = net
@@ -363,7 +431,7 @@ fn a_peer_that_shuts_down_fails_every_channel_it_carried() {
             .unwrap();
         assert!(open.next().await.is_none());
         let failure = open.failure().expect("the open channel failed");
-        assert!(matches!(failure, NetError::Lost { .. }), "{failure}");
+        assert!(matches!(failure, NetError::PeerEnded { .. }), "{failure}");
     });
     let b = shard("b", move || async move {
         let (net, _inbound, peer, _outbound) =

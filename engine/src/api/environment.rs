@@ -149,6 +149,17 @@ impl StreamEnvironment {
 
     /// Translates the job built so far into its execution graph (without running it).
     pub fn plan(&self, job_name: &str) -> Result<ExecutionGraph, JobError> {
+        self.plan_over(job_name, None)
+    }
+
+    /// The execution graph of a run over `options`' spread, if any: the job's slots are then
+    /// all the spread's, this executor's shards (its cores) running those on its node.
+    fn plan_for(&self, job_name: &str, options: &RunOptions) -> Result<ExecutionGraph, JobError> {
+        self.plan_over(job_name, options.spread.as_ref().map(|s| s.slots.len()))
+    }
+
+    /// The execution graph on `slots` slots (default: one per core of this executor).
+    fn plan_over(&self, job_name: &str, slots: Option<usize>) -> Result<ExecutionGraph, JobError> {
         let state = self.state.borrow();
         if let Some(error) = state.errors.first() {
             return Err(JobError::InvalidJob(error.clone()));
@@ -163,7 +174,8 @@ impl StreamEnvironment {
             state.config.max_parallelism(),
             state.config.chaining_enabled(),
         )?;
-        ExecutionGraph::new(job, state.cores.len(), state.cores.clone())
+        let slots = slots.unwrap_or(state.cores.len());
+        ExecutionGraph::new(job, slots, state.cores.clone())
     }
 
     /// The StreamGraph, JobGraph and ExecutionGraph of the job built so far, as text.
@@ -178,7 +190,7 @@ impl StreamEnvironment {
 
     /// Runs the job with options (e.g. a live progress report on stderr).
     pub fn execute_with(&self, job_name: &str, options: RunOptions) -> Result<JobResult, JobError> {
-        let exec = self.plan(job_name)?;
+        let exec = self.plan_for(job_name, &options)?;
         let config = self.config();
         run_job(exec, &config, options)
     }
@@ -190,7 +202,7 @@ impl StreamEnvironment {
         job_name: &str,
         options: RunOptions,
     ) -> Result<JobClient, JobError> {
-        let exec = self.plan(job_name)?;
+        let exec = self.plan_for(job_name, &options)?;
         let config = self.config();
         let cancel = options.cancel.clone();
         let savepoints = options.savepoints.clone();

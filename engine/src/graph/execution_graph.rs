@@ -26,10 +26,21 @@ pub struct ExecutionGraph {
     pub job: JobGraph,
     /// Number of slots.
     pub slots: usize,
-    /// Core id of each slot.
+    /// Core id of each slot; in a run spread over several executors, of each of this
+    /// executor's slots, in slot order (this executor's cores).
     pub cores: Vec<usize>,
     /// Every subtask.
     pub subtasks: Vec<ExecutionVertex>,
+}
+
+/// What a slot's channels need of its network segments (see
+/// [`ExecutionGraph::required_segments`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotSegments {
+    /// Its pool, which its outgoing channels fill.
+    pub sending: usize,
+    /// The pools of its channels from other processes, one each.
+    pub receiving: usize,
 }
 
 /// The (sender subtask, receiver subtask) pairs of an exchange edge, in channel order per
@@ -96,18 +107,32 @@ impl ExecutionGraph {
         )
     }
 
-    /// Network segments each slot's pool must hold so that no sender ever finds it empty:
-    /// per outgoing channel to another slot, one segment being filled, `credits` in flight and
-    /// one being read. (Channels within a slot move records without segments.)
-    pub fn required_segments(&self, credits: usize) -> Vec<usize> {
-        let mut per_slot = vec![0; self.slots];
+    /// Network segments each slot needs so that no sender ever finds its pool empty, where
+    /// `crosses(sender, receiver)` says whether a channel between two slots leaves the
+    /// process. Per outgoing channel to another slot of this process: one segment being
+    /// filled, `credits` in flight and one being read. Per channel to another process: as
+    /// many again as are in flight, since a sent segment is held until the peer acknowledged
+    /// it; and per channel from one, the receiver's own `credits` segments. (Channels within
+    /// a slot move records without segments.)
+    pub fn required_segments(
+        &self,
+        credits: usize,
+        crosses: impl Fn(usize, usize) -> bool,
+    ) -> Vec<SlotSegments> {
+        let mut per_slot = vec![SlotSegments::default(); self.slots];
         for (index, edge) in self.job.edges.iter().enumerate() {
             if edge.chained {
                 continue;
             }
             for (sender, receiver) in self.channels(index) {
-                if !within_slot(sender, receiver) {
-                    per_slot[sender] += credits + 2;
+                if within_slot(sender, receiver) {
+                    continue;
+                }
+                if crosses(sender, receiver) {
+                    per_slot[sender].sending += 2 * credits + 2;
+                    per_slot[receiver].receiving += credits;
+                } else {
+                    per_slot[sender].sending += credits + 2;
                 }
             }
         }
@@ -199,7 +224,9 @@ impl ExecutionGraph {
             let _ = writeln!(
                 out,
                 "  slot {slot} (core {}): {}",
-                self.cores[slot],
+                self.cores
+                    .get(slot)
+                    .map_or("elsewhere".into(), |c| c.to_string()),
                 here.join(", ")
             );
         }

@@ -17,7 +17,7 @@ pub mod operator_id;
 mod stream_graph;
 
 pub(crate) use execution_graph::within_slot;
-pub use execution_graph::{ExecutionGraph, ExecutionVertex};
+pub use execution_graph::{ExecutionGraph, ExecutionVertex, SlotSegments};
 pub use job_graph::{JobEdge, JobGraph, JobVertex};
 pub use operator_id::OperatorId;
 pub(crate) use stream_graph::{

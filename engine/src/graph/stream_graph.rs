@@ -61,11 +61,15 @@ pub(crate) type SharedEnumerator = Arc<dyn Any + Send + Sync>;
 pub(crate) trait SourceFactory: Send + Sync {
     fn boundedness(&self) -> Boundedness;
     /// The enumerator of a run with `parallelism` readers; `restored` is its snapshot in the
-    /// checkpoint the run resumes from.
+    /// checkpoint the run resumes from. With `pinned`, every split any reader could take
+    /// goes to one reader, as if it had been pinned to it (split `i` of those to reader
+    /// `i % parallelism`): each executor of a spread run makes the same enumerator and
+    /// serves only its own readers from it.
     fn create_enumerator(
         &self,
         parallelism: usize,
         restored: Option<&[u8]>,
+        pinned: bool,
     ) -> Result<SharedEnumerator, String>;
     /// The enumerator's snapshot for `checkpoint`; it hands no reader another split until
     /// that reader has passed the checkpoint's barrier.

@@ -4,7 +4,7 @@
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -17,10 +17,11 @@ use futures::FutureExt;
 use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
 use weir_memory::{PoolStats, Segment, SegmentPool};
 
-use super::exchange::channel::ring;
+use super::exchange::channel::{net, ring};
 use super::exchange::inflight::{decode_in_flight, layout_of_data, PART_IN_FLIGHT};
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
+use super::spread::{ShardNet, Spread};
 use super::task::{Subtask, TaskSettings};
 use crate::checkpoint::driver::{
     open_checkpoints, open_savepoint, CheckpointDriver, CheckpointStart, DriverEnd, DriverPlan,
@@ -124,6 +125,10 @@ pub struct RunOptions {
     pub monitor: crate::monitor::JobMonitor,
     /// Asks the running job for savepoints, and to stop with one.
     pub savepoints: SavepointHandle,
+    /// Where the job's slots are when the run spans several executors (`None`: all here).
+    /// Such a run is not restarted by its executor: a failure ends it, and whoever placed it
+    /// (the control plane) starts every executor of the job again.
+    pub spread: Option<Spread>,
 }
 
 /// Cancels a running job: its sources stop, every subtask winds down, and the run ends with
@@ -149,11 +154,17 @@ impl CancelHandle {
     }
 }
 
-/// One end of a channel, before connecting: a ring between shards, or a channel between two
-/// subtasks of one shard, which that shard creates (`LocalChannels`).
+/// One end of a channel, before connecting: a ring between shards, a channel between two
+/// subtasks of one shard, which that shard creates (`LocalChannels`), or a channel to or from
+/// a slot in another executor, which the shard's endpoint opens (`ShardNet`).
 enum EndPlan<E> {
     Remote(E),
     Local(LocalChannelPlan),
+    Net {
+        key: Vec<u8>,
+        /// The slot at the other end.
+        slot: usize,
+    },
 }
 
 /// Names a channel: (edge, sender subtask, receiver subtask).
@@ -216,6 +227,10 @@ struct JobShared {
     sinks: SinkSettings,
     /// Where the attempt's figures go: each task says when it is ready.
     monitor: crate::monitor::JobMonitor,
+    /// How many subtasks run in this executor.
+    local_subtasks: usize,
+    /// Where the slots are, when the run spans several executors.
+    spread: Option<Spread>,
 }
 
 /// A subtask's failure, attributed.
@@ -535,6 +550,7 @@ async fn run_subtask(
     shared: Arc<JobShared>,
     pool: SegmentPool,
     locals: Rc<LocalChannels>,
+    net: Option<Rc<ShardNet>>,
 ) -> Result<(), SubtaskFailure> {
     let SubtaskPlan {
         index,
@@ -547,20 +563,30 @@ async fn run_subtask(
     } = plan;
     // Connect every endpoint at once: a connect waits for its peer, which may be doing the same.
     let locals = &locals;
+    let net = net.as_deref();
+    let shard_net =
+        || net.ok_or_else(|| TaskError::internal("a channel to another executor in a run on one"));
     let senders = join_all(senders.into_iter().map(|(edge, txs)| async move {
         let ends = join_all(txs.into_iter().map(|tx| async move {
-            match tx {
+            Ok(match tx {
                 EndPlan::Remote(tx) => SenderEnd::Segments(Box::new(tx.connect().await)),
                 EndPlan::Local(plan) => SenderEnd::Local(locals.get(plan)),
-            }
+                EndPlan::Net { key, slot } => {
+                    SenderEnd::Segments(Box::new(shard_net()?.open(&key, slot)?))
+                }
+            })
         }));
-        (edge, ends.await)
+        let ends: TaskResult<Vec<SenderEnd>> = ends.await.into_iter().collect();
+        ends.map(|ends| (edge, ends))
     }));
     let receivers = join_all(receivers.into_iter().map(|rx| async move {
-        match rx {
+        Ok(match rx {
             EndPlan::Remote(rx) => ReceiverEnd::Segments(ring::receiver(rx.connect().await)),
             EndPlan::Local(plan) => ReceiverEnd::Local(locals.get(plan)),
-        }
+            EndPlan::Net { key, .. } => {
+                ReceiverEnd::Segments(net::receiver(shard_net()?.receive(&key)?))
+            }
+        })
     }));
     let (senders, receivers) = futures::join!(senders, receivers);
 
@@ -572,6 +598,12 @@ async fn run_subtask(
             error,
             parallelism: None,
         }
+    };
+    let senders: TaskResult<Vec<(usize, Vec<SenderEnd>)>> = senders.into_iter().collect();
+    let receivers: TaskResult<Vec<ReceiverEnd>> = receivers.into_iter().collect();
+    let (senders, receivers) = match (senders, receivers) {
+        (Ok(senders), Ok(receivers)) => (senders, receivers),
+        (Err(error), _) | (_, Err(error)) => return Err(fail(error)),
     };
     let builder = ChainBuilder {
         shared: &shared,
@@ -591,7 +623,7 @@ async fn run_subtask(
     let outcome = AssertUnwindSafe(async {
         let task = builder.build(index, vertex, receivers)?;
         // Built: its operators opened, their state restored.
-        shared.monitor.task_ready(shared.exec.subtasks.len());
+        shared.monitor.task_ready(shared.local_subtasks);
         task.run().await
     })
     .catch_unwind()
@@ -613,17 +645,30 @@ async fn run_subtask(
     }
 }
 
-/// What a shard runs: its subtasks, and a background loop that samples its load and, with
-/// `heap_share`, checks its heap use against the slot's share every 100 ms.
-fn run_shard(
+/// What one shard runs: its slot's subtasks, and (in a spread run) the slots in other
+/// executors its subtasks send to, which it dials before they start.
+struct ShardPlan {
     slot: usize,
+    subtasks: Vec<SubtaskPlan>,
+    dials: Vec<usize>,
+}
+
+/// What a shard runs: its subtasks, and a background loop that samples its load and, with
+/// `heap_share`, checks its heap use against the slot's share every 100 ms. In a spread run,
+/// its endpoint first: bound, and connected to the shards it sends to.
+fn run_shard(
+    plan: ShardPlan,
     heap_share: Option<u64>,
     credits: usize,
-    plans: Vec<SubtaskPlan>,
     shared: Arc<JobShared>,
     pool: SegmentPool,
     load: Arc<ShardLoad>,
 ) -> impl FnOnce(ShardQueues) -> LocalBoxFuture<'static, Vec<SubtaskFailure>> + Send {
+    let ShardPlan {
+        slot,
+        subtasks: plans,
+        dials,
+    } = plan;
     move |queues: ShardQueues| {
         Box::pin(async move {
             weir_memory::register_current_thread(&format!("shard-{slot}"));
@@ -658,21 +703,49 @@ fn run_shard(
                 credits,
                 made: RefCell::default(),
             });
-            let tasks: Vec<_> = plans
-                .into_iter()
-                .map(|plan| {
-                    glommio::spawn_local_into(
-                        run_subtask(plan, Arc::clone(&shared), pool.clone(), Rc::clone(&locals)),
-                        queues.processing,
-                    )
-                    .expect("spawn subtask")
-                })
-                .collect();
-            let mut failures: Vec<SubtaskFailure> = join_all(tasks)
-                .await
-                .into_iter()
-                .filter_map(Result::err)
-                .collect();
+            let net = match &shared.spread {
+                None => Ok(None),
+                Some(spread) => ShardNet::start(spread, slot, &dials, credits, pool.segment_size())
+                    .await
+                    .map(|net| Some(Rc::new(net))),
+            };
+            let mut failures = match net {
+                Err(error) => {
+                    shared.cancel.store(true, Ordering::Relaxed);
+                    vec![SubtaskFailure {
+                        vertex: first_vertex,
+                        subtask: slot,
+                        error,
+                        parallelism: None,
+                    }]
+                }
+                Ok(net) => {
+                    let tasks: Vec<_> = plans
+                        .into_iter()
+                        .map(|plan| {
+                            let task = run_subtask(
+                                plan,
+                                Arc::clone(&shared),
+                                pool.clone(),
+                                Rc::clone(&locals),
+                                net.clone(),
+                            );
+                            glommio::spawn_local_into(task, queues.processing)
+                                .expect("spawn subtask")
+                        })
+                        .collect();
+                    let failures: Vec<SubtaskFailure> = join_all(tasks)
+                        .await
+                        .into_iter()
+                        .filter_map(Result::err)
+                        .collect();
+                    // Every subtask ended well: let peers receive the ends of its channels.
+                    if let (Some(net), true) = (&net, failures.is_empty()) {
+                        net.finish().await;
+                    }
+                    failures
+                }
+            };
             crate::checkpoint::driver::finish_shard_writes().await;
             // Dropping a glommio task cancels it: the sampler stops without finishing its sleep.
             drop(sampler);
@@ -737,7 +810,9 @@ fn run_attempts(
             }
             Err(error) => error,
         };
-        if !error.is_restartable() || options.cancel.is_requested() {
+        // A spread run's other executors go on without this one's restart: whoever placed
+        // the run restarts all of them.
+        if !error.is_restartable() || options.cancel.is_requested() || options.spread.is_some() {
             return Err(error);
         }
         let now_ms = started.elapsed().as_millis().min(i64::MAX as u128) as i64;
@@ -823,25 +898,53 @@ fn run_attempt(
         .map(|v| v.parallelism)
         .max()
         .unwrap_or(1);
-    let budget = config.worker_budget(exec.slots)?.slot;
+    let spread = options.spread.as_ref();
+    if let Some(spread) = spread {
+        spread.check(slots).map_err(JobError::InvalidJob)?;
+    }
+    let here = |slot: usize| spread.is_none_or(|spread| spread.is_here(slot));
+    // This executor's shards: one per slot here, on its cores in slot order.
+    let local_slots: Vec<usize> = (0..slots).filter(|&slot| here(slot)).collect();
+    if let (Some(spread), true) = (spread, local_slots.len() > exec.cores.len()) {
+        return Err(JobError::InvalidJob(format!(
+            "{} of the run's slots are on node '{}', but this executor has {} core(s) \
+             (taskmanager.numberOfTaskSlots, taskmanager.cpu.cores): one shard per core",
+            local_slots.len(),
+            spread.node,
+            exec.cores.len()
+        )));
+    }
+    let budget = config.worker_budget(exec.cores.len())?.slot;
     let credits = config.buffers_per_channel();
-    for (slot, &needed) in exec.required_segments(credits).iter().enumerate() {
-        if needed > budget.segments {
+    let needs = exec.required_segments(credits, |sender, receiver| here(sender) != here(receiver));
+    for &slot in &local_slots {
+        let need = needs[slot];
+        if need.sending + need.receiving > budget.segments {
             return Err(JobError::InvalidJob(format!(
-                "slot {slot} needs {needed} network segments ({credits} credits + 2 per outgoing channel) but its \
+                "slot {slot} needs {} network segments ({credits} credits + 2 per channel to another slot of \
+                 this executor, 2 × {credits} + 2 per channel to another executor, {credits} per channel from one) but its \
                  pool has {} ({budget}); raise taskmanager.memory.network.fraction (and \
                  taskmanager.memory.network.max if it caps the share) or taskmanager.memory.process.size, \
                  or lower taskmanager.network.memory.buffers-per-channel",
+                need.sending + need.receiving,
                 budget.segments
             )));
         }
     }
-    let pools: Vec<SegmentPool> = (0..slots)
-        .map(|slot| SegmentPool::new(slot, budget.segments.max(1), budget.segment_size))
+    // Per shard here. Channels from other executors land in pools of their own, taken from
+    // the slot's share.
+    let pools: Vec<SegmentPool> = local_slots
+        .iter()
+        .map(|&slot| {
+            let segments = budget.segments.saturating_sub(needs[slot].receiving);
+            SegmentPool::new(slot, segments.max(1), budget.segment_size)
+        })
         .collect();
 
     // Channels: one per (sender, receiver) pair of every exchange edge — a bounded ring between
     // two shards, a local channel between two subtasks of one shard.
+    // Per slot, the slots in other executors its subtasks send to: its shard dials each once.
+    let mut dials: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); slots];
     let mut plans: Vec<SubtaskPlan> = exec
         .subtasks
         .iter()
@@ -877,17 +980,38 @@ fn run_attempt(
             .local_channel;
         let mut per_sender: HashMap<usize, Vec<EndPlan<SharedSender<Segment>>>> = HashMap::new();
         for (sender, receiver) in exec.channels(index) {
-            let (tx, rx) = if within_slot(sender, receiver) {
-                let plan = LocalChannelPlan {
-                    id: (index, sender, receiver),
-                    make,
-                };
-                (EndPlan::Local(plan), EndPlan::Local(plan))
-            } else {
-                let (tx, rx) = shared_channel::new_bounded(credits);
-                (EndPlan::Remote(tx), EndPlan::Remote(rx))
+            // Subtask `i` runs on slot `i`: a channel's ends are here or in another executor.
+            let (tx, rx) = match (here(sender), here(receiver)) {
+                (false, false) => continue,
+                (true, false) => {
+                    dials[sender].insert(receiver);
+                    let key = spread.expect("a spread run").key(index, sender, receiver);
+                    per_sender.entry(sender).or_default().push(EndPlan::Net {
+                        key,
+                        slot: receiver,
+                    });
+                    continue;
+                }
+                (false, true) => {
+                    let key = spread.expect("a spread run").key(index, sender, receiver);
+                    let rx = EndPlan::Net { key, slot: sender };
+                    (None, rx)
+                }
+                (true, true) if within_slot(sender, receiver) => {
+                    let plan = LocalChannelPlan {
+                        id: (index, sender, receiver),
+                        make,
+                    };
+                    (Some(EndPlan::Local(plan)), EndPlan::Local(plan))
+                }
+                (true, true) => {
+                    let (tx, rx) = shared_channel::new_bounded(credits);
+                    (Some(EndPlan::Remote(tx)), EndPlan::Remote(rx))
+                }
             };
-            per_sender.entry(sender).or_default().push(tx);
+            if let Some(tx) = tx {
+                per_sender.entry(sender).or_default().push(tx);
+            }
             let plan = &mut plans[plan_index[&(to, receiver)]];
             plan.receivers.push(rx);
             plan.channel_sources.push(ChannelSource {
@@ -904,6 +1028,14 @@ fn run_attempt(
 
     let job_name = exec.job.job_name().to_string();
     let checkpoint_config = config.checkpointing()?;
+    if let (Some(spread), Some(_)) = (spread, &checkpoint_config) {
+        return Err(JobError::InvalidJob(format!(
+            "job '{job_name}' is checkpointed, and its run is spread over the slots of {} \
+             nodes: checkpoints of a job spread over several executors are not supported \
+             yet; run it on one worker, or without execution.checkpointing.interval",
+            spread.nodes()
+        )));
+    }
     if resume.is_some() && checkpoint_config.is_none() {
         return Err(JobError::InvalidJob(format!(
             "cannot resume job '{job_name}': checkpointing is off; set \
@@ -956,7 +1088,11 @@ fn run_attempt(
                     .as_ref()
                     .and_then(|restored| restored.enumerators.get(&id));
                 let enumerator = factory
-                    .create_enumerator(exec.job.node_parallelism[n.id], snapshot.map(Vec::as_slice))
+                    .create_enumerator(
+                        exec.job.node_parallelism[n.id],
+                        snapshot.map(Vec::as_slice),
+                        spread.is_some(),
+                    )
                     .map_err(|error| {
                         JobError::InvalidJob(format!(
                             "cannot restore the split enumerator of source '{}': {error}",
@@ -982,7 +1118,7 @@ fn run_attempt(
         auto_watermark_interval: config.auto_watermark_interval(),
         latency_interval: config.latency_interval(),
     };
-    let cores = exec.cores[..slots].to_vec();
+    let cores = exec.cores[..local_slots.len()].to_vec();
     let state_backend = config.state_backend();
     let rocksdb = match state_backend {
         BackendType::RocksDb => Some(JobRocksDb::open(
@@ -1028,19 +1164,38 @@ fn run_attempt(
         restored,
         sinks: config.sink_settings(),
         monitor: options.monitor.clone(),
+        local_subtasks: exec.subtasks.iter().filter(|s| here(s.slot)).count(),
+        spread: spread.cloned(),
     });
 
-    let mut per_slot: Vec<Vec<SubtaskPlan>> = (0..slots).map(|_| Vec::new()).collect();
+    let mut shards: Vec<ShardPlan> = local_slots
+        .iter()
+        .map(|&slot| ShardPlan {
+            slot,
+            subtasks: Vec::new(),
+            dials: dials[slot].iter().copied().collect(),
+        })
+        .collect();
     for (plan, placed) in plans.into_iter().zip(&shared.exec.subtasks) {
-        per_slot[placed.slot].push(plan);
+        if let Some(shard) = local_slots.iter().position(|&slot| slot == placed.slot) {
+            shards[shard].subtasks.push(plan);
+        }
     }
-    let loads: Vec<Arc<ShardLoad>> = (0..slots).map(|_| Arc::new(ShardLoad::default())).collect();
+    let loads: Vec<Arc<ShardLoad>> = local_slots
+        .iter()
+        .map(|_| Arc::new(ShardLoad::default()))
+        .collect();
     let memory = crate::monitor::SlotMemory {
         budget,
         rocksdb: shared
             .rocksdb
             .as_ref()
-            .map(|dbs| dbs.slots.clone())
+            .map(|dbs| {
+                local_slots
+                    .iter()
+                    .map(|&slot| dbs.slots[slot].clone())
+                    .collect()
+            })
             .unwrap_or_default(),
         heap_counted: heap_share.is_some() && weir_memory::is_counting(),
     };
@@ -1059,13 +1214,12 @@ fn run_attempt(
     });
 
     let started = Instant::now();
-    let mut per_slot = per_slot.into_iter();
+    let mut shards = shards.into_iter();
     let results = run_on_shards(&cores, config.spin_before_park(), |shard| {
         run_shard(
-            shard,
+            shards.next().expect("a plan per shard"),
             heap_share,
             credits,
-            per_slot.next().expect("a plan list per shard"),
             Arc::clone(&shared),
             pools[shard].clone(),
             Arc::clone(&loads[shard]),

@@ -366,8 +366,9 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
         &self,
         parallelism: usize,
         restored: Option<&[u8]>,
+        pinned: bool,
     ) -> Result<SharedEnumerator, String> {
-        let enumerator = match restored {
+        let mut enumerator = match restored {
             None => self.source.create_enumerator(parallelism),
             Some(bytes) => {
                 let pending = decode_splits(bytes, "the split enumerator's snapshot")?;
@@ -375,6 +376,21 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
                     .restore_enumerator(parallelism, repin(pending, parallelism))
             }
         };
+        if pinned {
+            let mut free = 0;
+            let pending = enumerator
+                .snapshot_state()
+                .into_iter()
+                .map(|(owner, split)| {
+                    let owner = owner.unwrap_or_else(|| {
+                        free += 1;
+                        (free - 1) % parallelism.max(1)
+                    });
+                    (Some(owner), split)
+                })
+                .collect();
+            enumerator = self.source.restore_enumerator(parallelism, pending);
+        }
         Ok(Arc::new(Mutex::new(EnumeratorCell {
             enumerator,
             held: vec![None; parallelism],

@@ -10,27 +10,36 @@
 //! - **Order.** Segments arrive in the order they were sent. Events travel in-band inside them
 //!   (`frame.rs`): watermarks, barriers, end of partition keep their place among the records.
 //! - **Closed.** A sender learns that its receiver went ([`Closed`]): the receiving subtask
-//!   failed or was cancelled. A receiver's stream ends when its sender went: after an
-//!   end-of-partition entry if the sender ended the channel, before one if it failed.
+//!   failed or was cancelled, or the channel itself failed (a lost connection: [`Closed`]
+//!   says why). A receiver's stream ends when its sender went: after an end-of-partition
+//!   entry if the sender ended the channel, before one if it failed; a channel that failed
+//!   says why (the input gate names it).
 //! - **Trust.** A receiver says where its segments were written. Segments written in this
 //!   process are read in place, unchecked; segments from another process are checked
 //!   ([`super::frame::check_segment`]: every header and every record's archive) before
 //!   anything reads them.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use futures::future::LocalBoxFuture;
 use futures::stream::{LocalBoxStream, Stream, StreamExt};
 use weir_memory::Segment;
 
-/// The receiver is gone: its subtask failed or was cancelled.
-#[derive(Debug)]
-pub struct Closed;
+/// The channel is closed: its receiver went (its subtask failed or was cancelled), or the
+/// channel failed, and then `cause` says why (a lost connection).
+#[derive(Debug, Default)]
+pub struct Closed {
+    /// Why the channel failed; `None`: its receiver went.
+    pub cause: Option<String>,
+}
 
 /// Why [`SegmentSender::try_send`] did not send.
 pub enum TrySendError {
     /// The receiver has granted no credit now: the segment, back.
     NoCredit(Segment),
-    /// The receiver is gone.
-    Closed,
+    /// The channel is closed.
+    Closed(Closed),
 }
 
 /// The sending end of a channel carrying segments.
@@ -53,21 +62,91 @@ pub enum Origin {
     Peer,
 }
 
+/// Why a channel failed, noted when its stream ends (`None`: it did not fail).
+pub(crate) type Failure = Rc<RefCell<Option<String>>>;
+
 /// The receiving end of a channel carrying segments: the segments in the order they were
 /// sent, ending when the sender went.
 pub struct SegmentReceiver {
     pub(crate) segments: LocalBoxStream<'static, Segment>,
     pub(crate) origin: Origin,
+    pub(crate) failure: Failure,
 }
 
 impl SegmentReceiver {
     /// The receiving end of a channel from another process: its segments are checked before
     /// anything reads them.
     pub fn from_peer(segments: impl Stream<Item = Segment> + 'static) -> Self {
+        Self::peer(segments, Failure::default())
+    }
+
+    /// From another process, saying in `failure` why the channel failed once it ended.
+    fn peer(segments: impl Stream<Item = Segment> + 'static, failure: Failure) -> Self {
         SegmentReceiver {
             segments: segments.boxed_local(),
             origin: Origin::Peer,
+            failure,
         }
+    }
+}
+
+/// Channels to and from other processes: `weir-net`'s QUIC streams, whose credit their
+/// receivers announce as they free segments of their own pools.
+pub(crate) mod net {
+    use futures::future::LocalBoxFuture;
+    use futures::StreamExt;
+    use weir_memory::Segment;
+    use weir_net::{ChannelReceiver, ChannelSender, NetError, TrySend};
+
+    use super::{Closed, Failure, SegmentReceiver, SegmentSender, TrySendError};
+
+    /// Why a channel failed, if it did: `None` when its other end went (its subtask failed or
+    /// was cancelled, or its executor's run ended), which is a consequence of another failure.
+    fn cause(error: NetError) -> Option<String> {
+        match error {
+            NetError::ReceiverGone { .. } | NetError::PeerEnded { .. } => None,
+            error => Some(error.to_string()),
+        }
+    }
+
+    fn closed(error: NetError) -> Closed {
+        Closed {
+            cause: cause(error),
+        }
+    }
+
+    impl SegmentSender for ChannelSender {
+        fn try_send(&self, segment: Segment) -> Result<(), TrySendError> {
+            ChannelSender::try_send(self, segment).map_err(|error| match error {
+                TrySend::NoCredit(segment) => TrySendError::NoCredit(segment),
+                TrySend::Closed(error) => TrySendError::Closed(closed(error)),
+            })
+        }
+
+        fn send(&self, segment: Segment) -> LocalBoxFuture<'_, Result<(), Closed>> {
+            Box::pin(async move { ChannelSender::send(self, segment).await.map_err(closed) })
+        }
+    }
+
+    /// The receiving end of a channel from another process: checked before anything reads
+    /// it; when it ends, why it failed (if it did) is noted before the channel goes.
+    pub(crate) fn receiver(channel: ChannelReceiver) -> SegmentReceiver {
+        let failure = Failure::default();
+        let noted = failure.clone();
+        let segments = futures::stream::unfold(Some(channel), move |channel| {
+            let noted = noted.clone();
+            async move {
+                let mut channel = channel?;
+                match channel.next().await {
+                    Some(segment) => Some((segment, Some(channel))),
+                    None => {
+                        *noted.borrow_mut() = channel.failure().and_then(cause);
+                        None
+                    }
+                }
+            }
+        });
+        SegmentReceiver::peer(segments, failure)
     }
 }
 
@@ -89,7 +168,7 @@ pub(crate) mod ring {
                 Err(GlommioError::WouldBlock(ResourceType::Channel(segment))) => {
                     Err(TrySendError::NoCredit(segment))
                 }
-                Err(_) => Err(TrySendError::Closed),
+                Err(_) => Err(TrySendError::Closed(Closed::default())),
             }
         }
 
@@ -97,7 +176,7 @@ pub(crate) mod ring {
             Box::pin(async move {
                 ConnectedSender::send(self, segment)
                     .await
-                    .map_err(|_| Closed)
+                    .map_err(|_| Closed::default())
             })
         }
     }
@@ -108,6 +187,7 @@ pub(crate) mod ring {
         SegmentReceiver {
             segments: Box::pin(ring),
             origin: Origin::ThisProcess,
+            failure: super::Failure::default(),
         }
     }
 }

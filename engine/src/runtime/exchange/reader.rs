@@ -15,7 +15,7 @@ use futures::stream::{self, LocalBoxStream, SelectAll, Stream, StreamExt};
 use rkyv::ser::allocator::Arena;
 use weir_memory::Segment;
 
-use super::channel::Origin;
+use super::channel::{Failure, Origin};
 use super::frame::{check_segment, closing_barrier, Event, FrameError};
 use super::inflight::{
     chunk_of, chunk_of_local, Announcements, Chunk, InputLayout, Recording, RestoredInFlight,
@@ -156,6 +156,9 @@ pub(crate) struct InputGate<T> {
     channels: SelectAll<LocalBoxStream<'static, (usize, Option<Delivery<T>>)>>,
     /// Per channel, the check a segment from another process failed: the channel ended there.
     refusals: Vec<Rc<RefCell<Option<FrameError>>>>,
+    /// Per channel, why it failed once it ended (a channel from another process whose
+    /// connection was lost).
+    failures: Vec<Failure>,
     /// Per channel, whether it is held.
     holds: Vec<Rc<Hold>>,
     /// Per channel, where a local channel's emptied batches go back to.
@@ -212,12 +215,14 @@ impl<T: Record> InputGate<T> {
         let count = inputs.len();
         let mut recyclers = Vec::with_capacity(count);
         let mut holds = Vec::with_capacity(count);
+        let mut failures = Vec::with_capacity(count);
         let refusals: Vec<Rc<RefCell<Option<FrameError>>>> =
             (0..count).map(|_| Rc::default()).collect();
         let channels = stream::select_all(inputs.into_iter().enumerate().map(|(i, input)| {
             let deliveries = match input {
                 ReceiverEnd::Segments(receiver) => {
                     recyclers.push(None);
+                    failures.push(receiver.failure.clone());
                     let bytes_in = bytes_in.clone();
                     let segments = receiver
                         .segments
@@ -246,6 +251,7 @@ impl<T: Record> InputGate<T> {
                 ReceiverEnd::Local(channel) => {
                     let receiver = LocalReceiver::<T>::from_any(channel);
                     recyclers.push(Some(receiver.recycler()));
+                    failures.push(Failure::default());
                     receiver.map(Delivery::Local).boxed_local()
                 }
             };
@@ -259,6 +265,7 @@ impl<T: Record> InputGate<T> {
         InputGate {
             channels,
             refusals,
+            failures,
             holds,
             recyclers,
             watermarks: Vec::new(),
@@ -453,6 +460,11 @@ impl<T: Record> InputGate<T> {
         }
         if self.ended[channel] {
             return Ok(());
+        }
+        if let Some(cause) = self.failures[channel].borrow().as_ref() {
+            return Err(TaskError::external(format!(
+                "input channel {channel} failed before its sender ended it: {cause}"
+            )));
         }
         Err(TaskError::cancelled(
             "an upstream subtask closed its channel without ending it (it failed or was cancelled)",

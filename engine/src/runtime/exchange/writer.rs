@@ -14,7 +14,7 @@ use futures::future::LocalBoxFuture;
 use rkyv::ser::allocator::Arena;
 use weir_memory::SegmentPool;
 
-use super::channel::{SegmentSender, TrySendError};
+use super::channel::{Closed as ChannelClosed, SegmentSender, TrySendError};
 use super::frame::{Event, SegmentBuilder};
 use super::inflight::Announcements;
 use super::local::{Closed, LocalItem, LocalSender};
@@ -85,8 +85,15 @@ async fn wait_for_credit<O>(
     .await
 }
 
-fn closed() -> TaskError {
-    TaskError::cancelled("the receiving subtask closed its channel (it failed or was cancelled)")
+/// The error of a closed channel: a consequence when its receiver went (the receiving
+/// subtask failed or was cancelled), a failure of its own when the channel failed.
+fn closed(closed: ChannelClosed) -> TaskError {
+    match closed.cause {
+        None => TaskError::cancelled(
+            "the receiving subtask closed its channel (it failed or was cancelled)",
+        ),
+        Some(cause) => TaskError::external(format!("an output channel failed: {cause}")),
+    }
 }
 
 /// Sends a segment channel's open segment (if any), waiting for credit if it has none.
@@ -111,13 +118,11 @@ async fn send_segment(
             // flag is set.
             let mut send = sender.send(segment);
             wait_for_credit(metrics, cancel, |cx| {
-                send.as_mut()
-                    .poll(cx)
-                    .map(|sent| sent.map_err(|_| closed()))
+                send.as_mut().poll(cx).map(|sent| sent.map_err(closed))
             })
             .await
         }
-        Err(TrySendError::Closed) => Err(closed()),
+        Err(TrySendError::Closed(channel)) => Err(closed(channel)),
     }
 }
 
@@ -130,14 +135,14 @@ async fn send_local<T: 'static>(
 ) -> TaskResult {
     let item = match sender.try_send(item) {
         Ok(()) => return Ok(()),
-        Err((_, Some(Closed))) => return Err(closed()),
+        Err((_, Some(Closed))) => return Err(closed(ChannelClosed::default())),
         Err((item, None)) => item,
     };
     let mut send = std::pin::pin!(sender.send(item));
     wait_for_credit(metrics, cancel, |cx| {
         send.as_mut()
             .poll(cx)
-            .map(|sent| sent.map_err(|Closed| closed()))
+            .map(|sent| sent.map_err(|Closed| closed(ChannelClosed::default())))
     })
     .await
 }
