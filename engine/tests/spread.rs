@@ -215,6 +215,47 @@ fn an_executor_whose_senders_never_come_fails_naming_the_channel() {
 }
 
 #[test]
+fn a_shard_that_cannot_reach_its_peer_fails_the_run_and_its_neighbours_do_not_wait() {
+    if common::slots() < 2 {
+        return;
+    }
+    // Slots 0 and 1 here, slot 2 on node-2, which never runs: slot 0 dials it and gives up,
+    // while slot 1 (which dials nobody) waits for its ring from slot 0.
+    let mut spread = on_loopback("test-run-4", 3).unwrap().remove(0);
+    spread.slots[1].node = "node-0".into();
+    spread.connect_timeout = Duration::from_millis(500);
+    spread.idle_timeout = Duration::from_secs(1);
+    let (ended_tx, ended_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let cores = weir_engine::runtime::available_cores();
+        let cores = format!("{},{}", cores[0], cores[1]);
+        let env = common::env_with(
+            2,
+            &[
+                ("taskmanager.cpu.cores", cores.as_str()),
+                ("parallelism.default", "3"),
+            ],
+        );
+        let _ = fanned_out(&env);
+        let options = RunOptions {
+            spread: Some(spread),
+            ..RunOptions::default()
+        };
+        let error = env.execute_with("unreachable", options).map(|_| ());
+        ended_tx.send(error).unwrap();
+    });
+    let error = ended_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the run ends")
+        .expect_err("slot 2 cannot be reached")
+        .to_string();
+    assert!(
+        error.contains("slot 0 cannot reach slot 2 on node 'node-2'"),
+        "{error}"
+    );
+}
+
+#[test]
 fn a_spread_that_cannot_work_is_refused_naming_why() {
     let mut spread = spreads("test-run-2").remove(0);
     let env = executor_env(0);

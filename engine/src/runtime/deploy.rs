@@ -563,30 +563,38 @@ async fn run_subtask(
     } = plan;
     // Connect every endpoint at once: a connect waits for its peer, which may be doing the same.
     let locals = &locals;
+    // A channel to another executor that cannot be made (or whose shard's endpoint did not
+    // start, which the shard's failure names) is made closed: the task is built and fails at
+    // the channel like at any other, so that its channels within the shard end as usual.
     let net = net.as_deref();
-    let shard_net =
-        || net.ok_or_else(|| TaskError::internal("a channel to another executor in a run on one"));
     let senders = join_all(senders.into_iter().map(|(edge, txs)| async move {
         let ends = join_all(txs.into_iter().map(|tx| async move {
-            Ok(match tx {
+            match tx {
                 EndPlan::Remote(tx) => SenderEnd::Segments(Box::new(tx.connect().await)),
                 EndPlan::Local(plan) => SenderEnd::Local(locals.get(plan)),
-                EndPlan::Net { key, slot } => {
-                    SenderEnd::Segments(Box::new(shard_net()?.open(&key, slot)?))
-                }
-            })
+                EndPlan::Net { key, slot } => SenderEnd::Segments(match net {
+                    Some(net) => match net.open(&key, slot) {
+                        Ok(sender) => Box::new(sender),
+                        Err(cause) => Box::new(net::Unmade(Some(cause))),
+                    },
+                    None => Box::new(net::Unmade(None)),
+                }),
+            }
         }));
-        let ends: TaskResult<Vec<SenderEnd>> = ends.await.into_iter().collect();
-        ends.map(|ends| (edge, ends))
+        (edge, ends.await)
     }));
     let receivers = join_all(receivers.into_iter().map(|rx| async move {
-        Ok(match rx {
+        match rx {
             EndPlan::Remote(rx) => ReceiverEnd::Segments(ring::receiver(rx.connect().await)),
             EndPlan::Local(plan) => ReceiverEnd::Local(locals.get(plan)),
-            EndPlan::Net { key, .. } => {
-                ReceiverEnd::Segments(net::receiver(shard_net()?.receive(&key)?))
-            }
-        })
+            EndPlan::Net { key, .. } => ReceiverEnd::Segments(match net {
+                Some(net) => match net.receive(&key) {
+                    Ok(channel) => net::receiver(channel),
+                    Err(cause) => net::unmade_receiver(Some(cause)),
+                },
+                None => net::unmade_receiver(None),
+            }),
+        }
     }));
     let (senders, receivers) = futures::join!(senders, receivers);
 
@@ -598,12 +606,6 @@ async fn run_subtask(
             error,
             parallelism: None,
         }
-    };
-    let senders: TaskResult<Vec<(usize, Vec<SenderEnd>)>> = senders.into_iter().collect();
-    let receivers: TaskResult<Vec<ReceiverEnd>> = receivers.into_iter().collect();
-    let (senders, receivers) = match (senders, receivers) {
-        (Ok(senders), Ok(receivers)) => (senders, receivers),
-        (Err(error), _) | (_, Err(error)) => return Err(fail(error)),
     };
     let builder = ChainBuilder {
         shared: &shared,
@@ -703,49 +705,47 @@ fn run_shard(
                 credits,
                 made: RefCell::default(),
             });
+            // An endpoint that does not start fails the shard; its subtasks still run as far
+            // as connecting their channels (and then fail as a consequence), so that subtasks
+            // of other shards waiting for their rings to them are not left waiting.
+            let mut failures = Vec::new();
             let net = match &shared.spread {
-                None => Ok(None),
-                Some(spread) => ShardNet::start(spread, slot, &dials, credits, pool.segment_size())
-                    .await
-                    .map(|net| Some(Rc::new(net))),
-            };
-            let mut failures = match net {
-                Err(error) => {
-                    shared.cancel.store(true, Ordering::Relaxed);
-                    vec![SubtaskFailure {
-                        vertex: first_vertex,
-                        subtask: slot,
-                        error,
-                        parallelism: None,
-                    }]
-                }
-                Ok(net) => {
-                    let tasks: Vec<_> = plans
-                        .into_iter()
-                        .map(|plan| {
-                            let task = run_subtask(
-                                plan,
-                                Arc::clone(&shared),
-                                pool.clone(),
-                                Rc::clone(&locals),
-                                net.clone(),
-                            );
-                            glommio::spawn_local_into(task, queues.processing)
-                                .expect("spawn subtask")
-                        })
-                        .collect();
-                    let failures: Vec<SubtaskFailure> = join_all(tasks)
-                        .await
-                        .into_iter()
-                        .filter_map(Result::err)
-                        .collect();
-                    // Every subtask ended well: let peers receive the ends of its channels.
-                    if let (Some(net), true) = (&net, failures.is_empty()) {
-                        net.finish().await;
+                None => None,
+                Some(spread) => {
+                    match ShardNet::start(spread, slot, &dials, credits, pool.segment_size()).await
+                    {
+                        Ok(net) => Some(Rc::new(net)),
+                        Err(error) => {
+                            shared.cancel.store(true, Ordering::Relaxed);
+                            failures.push(SubtaskFailure {
+                                vertex: first_vertex,
+                                subtask: slot,
+                                error,
+                                parallelism: None,
+                            });
+                            None
+                        }
                     }
-                    failures
                 }
             };
+            let tasks: Vec<_> = plans
+                .into_iter()
+                .map(|plan| {
+                    let task = run_subtask(
+                        plan,
+                        Arc::clone(&shared),
+                        pool.clone(),
+                        Rc::clone(&locals),
+                        net.clone(),
+                    );
+                    glommio::spawn_local_into(task, queues.processing).expect("spawn subtask")
+                })
+                .collect();
+            failures.extend(join_all(tasks).await.into_iter().filter_map(Result::err));
+            // Every subtask ended well: let peers receive the ends of its channels.
+            if let (Some(net), true) = (&net, failures.is_empty()) {
+                net.finish().await;
+            }
             crate::checkpoint::driver::finish_shard_writes().await;
             // Dropping a glommio task cancels it: the sampler stops without finishing its sleep.
             drop(sampler);

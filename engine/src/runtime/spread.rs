@@ -200,28 +200,26 @@ impl ShardNet {
         })
     }
 
-    /// The sending end of channel `key` to the shard of `slot`.
-    pub(crate) fn open(&self, key: &[u8], slot: usize) -> TaskResult<ChannelSender> {
+    /// The sending end of channel `key` to the shard of `slot`, or why it cannot be made.
+    pub(crate) fn open(&self, key: &[u8], slot: usize) -> Result<ChannelSender, String> {
+        let key = String::from_utf8_lossy(key);
         let peer = self
             .peers
             .get(&slot)
-            .ok_or_else(|| TaskError::internal(format!("no connection to slot {slot} was made")))?;
-        peer.open_channel(key).map_err(|error| {
-            TaskError::external(format!(
-                "cannot open channel {} to slot {slot}: {error}",
-                String::from_utf8_lossy(key)
-            ))
-        })
+            .ok_or_else(|| format!("no connection to slot {slot} was made for channel {key}"))?;
+        peer.open_channel(key.as_bytes())
+            .map_err(|error| format!("cannot open channel {key} to slot {slot}: {error}"))
     }
 
-    /// The receiving end of channel `key`, landing in a pool of its own.
-    pub(crate) fn receive(&self, key: &[u8]) -> TaskResult<ChannelReceiver> {
+    /// The receiving end of channel `key`, landing in a pool of its own, or why it cannot be
+    /// made.
+    pub(crate) fn receive(&self, key: &[u8]) -> Result<ChannelReceiver, String> {
         let pool = SegmentPool::new(self.slot, self.credits, self.segment_size);
         self.net.receive(key, pool).map_err(|error| {
-            TaskError::external(format!(
+            format!(
                 "cannot receive channel {}: {error}",
                 String::from_utf8_lossy(key)
-            ))
+            )
         })
     }
 

@@ -148,6 +148,30 @@ pub(crate) mod net {
         });
         SegmentReceiver::peer(segments, failure)
     }
+
+    /// A channel to another process that could not be made: closed for `cause` (`None`: a
+    /// consequence of a failure reported elsewhere).
+    pub(crate) struct Unmade(pub(crate) Option<String>);
+
+    impl SegmentSender for Unmade {
+        fn try_send(&self, _segment: Segment) -> Result<(), TrySendError> {
+            Err(TrySendError::Closed(Closed {
+                cause: self.0.clone(),
+            }))
+        }
+
+        fn send(&self, _segment: Segment) -> LocalBoxFuture<'_, Result<(), Closed>> {
+            let cause = self.0.clone();
+            Box::pin(async move { Err(Closed { cause }) })
+        }
+    }
+
+    /// The receiving end of a channel from another process that could not be made: it ends
+    /// at once, failed for `cause` (`None`: a consequence of a failure reported elsewhere).
+    pub(crate) fn unmade_receiver(cause: Option<String>) -> SegmentReceiver {
+        let failure = Failure::new(std::cell::RefCell::new(cause));
+        SegmentReceiver::peer(futures::stream::empty(), failure)
+    }
 }
 
 /// Channels between shards of this process: glommio's bounded single-producer
