@@ -117,6 +117,7 @@ async fn simulated_worker(
         network_memory: 1 << 27,
         heap_memory: 1 << 29,
         engine_version: weir_engine::package::ENGINE_VERSION.into(),
+        exchange: None,
     };
     let text = |message: &WorkerMessage| {
         Message::text(serde_json::to_string(message).expect("messages encode"))

@@ -204,16 +204,24 @@ pub fn job_text(job: &Value, exceptions: &Value) -> String {
         job["parallelism"],
         job["attempts"],
     );
-    if let Some(placement) = job["placement"].as_object() {
+    for executor in job["placement"]["executors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let state = match (
+            executor["finished"].as_bool(),
+            executor["running"].as_bool(),
+        ) {
+            (Some(true), _) => "finished",
+            (_, Some(true)) => "running",
+            _ => "deploying",
+        };
         out += &format!(
-            "  placement  worker {} slots {} ({})\n",
-            placement["taskmanager"].as_str().unwrap_or("?"),
-            placement["slots"],
-            if placement["running"].as_bool() == Some(true) {
-                "running"
-            } else {
-                "deploying"
-            }
+            "  placement  worker {} slots {} (job slots {}, {state})\n",
+            executor["taskmanager"].as_str().unwrap_or("?"),
+            executor["slots"],
+            executor["job-slots"],
         );
     }
     for vertex in job["vertices"].as_array().into_iter().flatten() {

@@ -11,7 +11,7 @@ use weir_engine::monitor::Figures;
 use weir_engine::package::{DeploymentId, Outcome, RunSpec, Snapshot};
 
 /// The version of these messages. Raised with any change to them.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Where workers fetch uploaded packages' executables (`{jar}`: the package's id).
 pub const PACKAGES_PATH: &str = "/v1/packages/{jar}";
@@ -110,6 +110,23 @@ pub struct WorkerInfo {
     pub heap_memory: u64,
     /// Its engine's version.
     pub engine_version: String,
+    /// Where its slots take part in runs over several workers, if it can (it has a
+    /// certificate of the cluster CA: `security.ssl.internal.dir`).
+    #[serde(default)]
+    pub exchange: Option<ExchangeInfo>,
+}
+
+/// How a worker's slots are reached by other workers' in a run over several.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExchangeInfo {
+    /// The name its certificate was issued for (`security.ssl.internal.node`).
+    pub node: String,
+    /// Its address (`taskmanager.host`, resolved); `None`: the address the control plane
+    /// sees it connect from.
+    pub host: Option<std::net::IpAddr>,
+    /// Its first slot's port (`taskmanager.data.port`); slot i listens on this + i.
+    pub port: u16,
 }
 
 /// An executor's state, as its worker reports it.

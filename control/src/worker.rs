@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use weir_engine::checkpoint::Taken;
+use weir_engine::config::ExchangeConfig;
 use weir_engine::monitor::Figures;
 use weir_engine::package::{
     Deployment, DeploymentId, ExecutorCommand, ExecutorEvent, Outcome, RunSpec, ENGINE_VERSION,
@@ -30,8 +31,8 @@ use weir_engine::{Configuration, StreamEnvironment};
 use crate::exposition::Exposition;
 
 use crate::protocol::{
-    ControlMessage, ExecutorReport, ExecutorState, Shutdown, WorkerInfo, WorkerMessage,
-    PACKAGES_PATH, PROTOCOL_VERSION, WORKERS_PATH,
+    ControlMessage, ExchangeInfo, ExecutorReport, ExecutorState, Shutdown, WorkerInfo,
+    WorkerMessage, PACKAGES_PATH, PROTOCOL_VERSION, WORKERS_PATH,
 };
 
 /// How long an executor asked to cancel may take before it is killed.
@@ -89,6 +90,9 @@ struct Agent {
     leaving: Option<Instant>,
     /// The control plane said, on the current link, that no run is placed here any more.
     released: bool,
+    /// What a run over several workers' executors get from this worker's configuration
+    /// (its certificate, the exchange's timeouts and buffers); `None`: it has no certificate.
+    exchange_keys: Option<Vec<(String, String)>>,
 }
 
 /// The worker's figures for `/metrics`.
@@ -182,7 +186,9 @@ fn worker_info(config: &Configuration) -> Result<WorkerInfo> {
     let budget = config.worker_budget(cores.len())?;
     let host = hostname();
     let pid = std::process::id();
+    let exchange = exchange_info(config, cores.len(), &host)?;
     Ok(WorkerInfo {
+        exchange,
         id: format!("{host}-{pid}-{:x}", crate::control_plane::nonce()),
         host,
         pid,
@@ -270,7 +276,9 @@ async fn run(config: Configuration, control: String) -> Result<()> {
         shutdown_timeout: config.worker_shutdown().1,
         leaving: None,
         released: false,
+        exchange_keys: None,
     };
+    agent.exchange_keys = exchange_keys(&config, &agent.info);
     tracing::info!(
         tm_id = %agent.info.id,
         "weir worker {}: {} slot(s) on cores {:?}, control plane {control}",
@@ -789,6 +797,16 @@ impl Agent {
                 (share * slots.len() as u64).to_string(),
             ),
         ]);
+        if run.spread.is_some() {
+            let Some(keys) = &self.exchange_keys else {
+                bail!(
+                    "the run spans several workers and worker {} has no certificate to take \
+                     part: set security.ssl.internal.dir on it",
+                    self.info.id
+                );
+            };
+            run.config.extend(keys.iter().cloned());
+        }
         let dir = self.data_dir.join(run.id.to_string());
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -1151,6 +1169,110 @@ fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// How other workers reach this one's slots, if it has a certificate: checked now, so that a
+/// missing or bad one is refused at start, naming the files.
+fn exchange_info(
+    config: &Configuration,
+    slots: usize,
+    hostname: &str,
+) -> Result<Option<ExchangeInfo>> {
+    let exchange = config.exchange();
+    let Some(dir) = &exchange.tls_dir else {
+        return Ok(None);
+    };
+    let node = exchange
+        .node
+        .clone()
+        .unwrap_or_else(|| hostname.to_string());
+    let [ca, cert, key] = ExchangeConfig::tls_files(dir, &node);
+    weir_net::tls::TlsIdentity::from_files(&ca, &cert, &key).with_context(|| {
+        format!(
+            "security.ssl.internal.dir {} holds no usable certificate of node '{node}'; issue \
+             one with `weir tune certs --dir {} --node {node}` (or set \
+             security.ssl.internal.node to the name it was issued for)",
+            dir.display(),
+            dir.display()
+        )
+    })?;
+    let last = usize::from(exchange.port) + slots.saturating_sub(1);
+    if last > usize::from(u16::MAX) {
+        bail!(
+            "taskmanager.data.port {}: its {slots} slots would need ports up to {last}; set a \
+             port of at most {}",
+            exchange.port,
+            usize::from(u16::MAX) + 1 - slots
+        );
+    }
+    let host = match &exchange.host {
+        Some(name) => {
+            use std::net::ToSocketAddrs;
+            let resolved = (name.as_str(), exchange.port)
+                .to_socket_addrs()
+                .ok()
+                .and_then(|mut addrs| addrs.next());
+            let Some(addr) = resolved else {
+                bail!(
+                    "taskmanager.host '{name}' does not resolve; set it to this worker's address"
+                );
+            };
+            Some(addr.ip())
+        }
+        None => None,
+    };
+    for (sysctl, key, wanted) in [
+        ("rmem_max", "receive-buffer", exchange.udp_receive_buffer),
+        ("wmem_max", "send-buffer", exchange.udp_send_buffer),
+    ] {
+        let path = format!("/proc/sys/net/core/{sysctl}");
+        let limit = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| text.trim().parse::<usize>().ok());
+        if let Some(limit) = limit.filter(|&limit| limit < wanted) {
+            tracing::warn!(
+                "net.core.{sysctl} is {limit} bytes, less than taskmanager.network.udp.{key} \
+                 ({wanted}): the kernel caps the exchange's UDP buffers at it; raise it with \
+                 `sysctl -w net.core.{sysctl}={wanted}` (`weir tune apply` sets it)"
+            );
+        }
+    }
+    Ok(Some(ExchangeInfo {
+        node,
+        host,
+        port: exchange.port,
+    }))
+}
+
+/// What an executor of a run over several workers gets from `config` on top of the run's
+/// configuration.
+fn exchange_keys(config: &Configuration, info: &WorkerInfo) -> Option<Vec<(String, String)>> {
+    let node = &info.exchange.as_ref()?.node;
+    let exchange = config.exchange();
+    let dir = exchange.tls_dir?;
+    Some(vec![
+        (
+            "security.ssl.internal.dir".into(),
+            dir.display().to_string(),
+        ),
+        ("security.ssl.internal.node".into(), node.clone()),
+        (
+            "taskmanager.network.connect-timeout".into(),
+            format!("{}us", exchange.connect_timeout.as_micros()),
+        ),
+        (
+            "taskmanager.network.idle-timeout".into(),
+            format!("{}us", exchange.idle_timeout.as_micros()),
+        ),
+        (
+            "taskmanager.network.udp.receive-buffer".into(),
+            exchange.udp_receive_buffer.to_string(),
+        ),
+        (
+            "taskmanager.network.udp.send-buffer".into(),
+            exchange.udp_send_buffer.to_string(),
+        ),
+    ])
 }
 
 fn hostname() -> String {

@@ -3,6 +3,8 @@
 //! a SIGKILLed worker's job restarts from its checkpoint on another worker with nothing lost or
 //! repeated; a SIGKILLed control plane, started again, finds its running job.
 
+#[path = "common/netns.rs"]
+mod netns;
 #[path = "common/parts.rs"]
 mod parts;
 #[path = "common/process.rs"]
@@ -765,7 +767,7 @@ fn a_killed_workers_job_restarts_on_another_from_its_checkpoint_losing_and_repea
         "sequence-echo",
     );
     let details = get(&control, &format!("/jobs/{job}"));
-    let holder = details["placement"]["taskmanager"]
+    let holder = details["placement"]["executors"][0]["taskmanager"]
         .as_str()
         .unwrap()
         .to_string();
@@ -790,6 +792,264 @@ fn a_killed_workers_job_restarts_on_another_from_its_checkpoint_losing_and_repea
     );
     assert_resumed(dir.path(), ["a", "b"][1 - index], &job, 2);
     every_record_once(&out, events, keys);
+}
+
+/// Certificates of a cluster CA for nodes `nodes`, in `dir/certs` (`weir tune certs`).
+fn certificates(dir: &Path, nodes: &[&str]) -> std::path::PathBuf {
+    let certs = dir.join("certs");
+    let mut command = Command::new(WEIR);
+    command.args(["tune", "certs", "--dir", certs.to_str().unwrap()]);
+    for node in nodes {
+        command.args(["--node", node]);
+    }
+    let output = command.output().expect("run weir tune certs");
+    assert!(output.status.success(), "{output:?}");
+    certs
+}
+
+/// A worker's settings to take part in runs over several workers: node `node`'s
+/// certificate in `certs`, its slots' exchange on `host` (default: where the control plane
+/// sees it from) from `port`, and a short idle timeout (a lost peer fails the run quickly).
+fn exchange_settings(certs: &Path, node: &str, host: Option<&str>, port: u16) -> Vec<String> {
+    let mut settings = vec![
+        format!("security.ssl.internal.dir={}", certs.display()),
+        format!("security.ssl.internal.node={node}"),
+        format!("taskmanager.data.port={port}"),
+        "taskmanager.network.idle-timeout=2s".into(),
+        "taskmanager.network.connect-timeout=20s".into(),
+    ];
+    settings.extend(host.map(|host| format!("taskmanager.host={host}")));
+    settings
+}
+
+/// A free UDP port of loopback (free when asked: a worker's executor binds it again).
+fn free_udp_port() -> u16 {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.local_addr().unwrap().port()
+}
+
+/// Settings of a worker with one slot on loopback taking part in runs over several workers.
+fn loopback_exchange(certs: &Path, node: &str) -> Vec<String> {
+    exchange_settings(certs, node, Some("127.0.0.1"), free_udp_port())
+}
+
+fn strs(settings: &[String]) -> Vec<&str> {
+    settings.iter().map(String::as_str).collect()
+}
+
+/// The workers of job `job`'s running executors, once every one runs, with the job's
+/// details.
+fn wait_for_executors(control: &ControlPlane, job: &str, count: usize) -> (Vec<String>, Value) {
+    wait_for(
+        &format!("{count} running executors of job {job}"),
+        Duration::from_secs(60),
+        || {
+            let details = get(control, &format!("/jobs/{job}"));
+            let executors = details["placement"]["executors"].as_array()?.clone();
+            let running = details["placement"]["running"] == true;
+            (running && executors.len() == count).then(|| {
+                let workers = executors
+                    .iter()
+                    .map(|e| e["taskmanager"].as_str().unwrap().to_string())
+                    .collect();
+                (workers, details)
+            })
+        },
+    )
+}
+
+/// Workers a and b of `control` on loopback (cores 0 and 1, a slot each, certificates
+/// from `certs`).
+fn loopback_workers(dir: &Path, certs: &Path, control: &ControlPlane) -> [Option<Process>; 2] {
+    let workers = [("a", "0"), ("b", "1")].map(|(name, core)| {
+        let settings = loopback_exchange(certs, name);
+        Some(start_worker(dir, name, control, core, &strs(&settings)))
+    });
+    wait_for_workers(control, 2);
+    workers
+}
+
+/// Sequence-echo at parallelism 2 on `control`'s two workers of a slot each — over both,
+/// keyed both ways: each source subtask's records go to both count subtasks — at `rate`
+/// records/s per source subtask into `dir/out`, once both executors run: the job and its
+/// output directory.
+fn echo_over_two(dir: &Path, control: &ControlPlane, rate: &str) -> (String, std::path::PathBuf) {
+    let out = dir.join("out");
+    let job = submit(
+        control,
+        "sequence-echo",
+        &[
+            "--events",
+            &ECHO_EVENTS.to_string(),
+            "--keys",
+            &ECHO_KEYS.to_string(),
+            "--rate",
+            rate,
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        2,
+    );
+    wait_for_executors(control, &job, 2);
+    (job, out)
+}
+
+/// What [`echo_over_two`] echoes: records, over keys.
+const ECHO_EVENTS: u64 = 200_000;
+const ECHO_KEYS: u32 = 64;
+
+#[test]
+fn a_job_wider_than_one_worker_runs_over_two_and_writes_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certificates(dir.path(), &["a", "b"]);
+    let control = start_control(dir.path(), 0, &[]);
+    let workers = loopback_workers(dir.path(), &certs, &control);
+    let (job, out) = echo_over_two(dir.path(), &control, "25000");
+    let (running, details) = wait_for_executors(&control, &job, 2);
+    let ids = workers
+        .each_ref()
+        .map(|w| worker_id(&control, w.as_ref().unwrap()));
+    assert!(
+        running.iter().all(|w| ids.contains(w)) && running[0] != running[1],
+        "{details}"
+    );
+    let exchange = details["placement"]["exchange"]
+        .as_array()
+        .expect("a run over two workers");
+    assert_eq!(exchange.len(), 2, "{details}");
+    // Every subtask shows the worker of its slot, once both executors' figures came.
+    let details = wait_for("both executors' figures", Duration::from_secs(30), || {
+        let details = get(&control, &format!("/jobs/{job}"));
+        let vertices = details["vertices"].as_array()?;
+        let both = !vertices.is_empty() && vertices.iter().all(|v| v["parallelism"] == 2);
+        both.then_some(details)
+    });
+    let subtasks: Vec<&Value> = details["vertices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|v| v["subtasks"].as_array().unwrap())
+        .collect();
+    for subtask in subtasks {
+        let slot = subtask["subtask"].as_u64().unwrap() as usize;
+        assert_eq!(subtask["taskmanager"], running[slot], "{details}");
+    }
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(120));
+    assert_eq!(details["attempts"], 1, "{details}");
+    every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
+    // Each worker ran an executor of the run.
+    for worker in ["a", "b"] {
+        let log = dir
+            .path()
+            .join(worker)
+            .join("deployments")
+            .join(format!("{job}-1"));
+        assert!(log.join("executor.log").exists(), "{}", log.display());
+    }
+}
+
+#[test]
+fn a_killed_worker_ends_the_whole_run_over_two_which_starts_again_on_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certificates(dir.path(), &["a", "b", "c"]);
+    let settings = [
+        "restart-strategy.type=fixed-delay",
+        "restart-strategy.fixed-delay.attempts=3",
+        "restart-strategy.fixed-delay.delay=200ms",
+    ];
+    let control = start_control(dir.path(), 0, &settings);
+    let mut workers = loopback_workers(dir.path(), &certs, &control);
+    let (job, out) = echo_over_two(dir.path(), &control, "10000");
+    wait_for(
+        "records through both executors",
+        Duration::from_secs(30),
+        || {
+            let details = get(&control, &format!("/jobs/{job}"));
+            let counted = details["vertices"]
+                .as_array()?
+                .iter()
+                .flat_map(|v| v["subtasks"].as_array().cloned().unwrap_or_default())
+                .filter(|s| s["read-records"].as_u64() > Some(0))
+                .count();
+            (counted >= 4).then_some(())
+        },
+    );
+    // A third worker, for the restart; then b goes (SIGKILL, its executor with it).
+    let settings_c = loopback_exchange(&certs, "c");
+    let _c = start_worker(dir.path(), "c", &control, "1", &strs(&settings_c));
+    wait_for_workers(&control, 3);
+    let killed = worker_id(&control, workers[1].as_ref().unwrap());
+    drop(workers[1].take());
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(120));
+    assert_eq!(details["attempts"], 2, "{details}");
+    let exceptions = get(&control, &format!("/jobs/{job}/exceptions"));
+    let root = exceptions["root-exception"].as_str().unwrap();
+    // a's executor lost its channels to b's (or the control plane lost b) first.
+    assert!(
+        root.contains("node 'b'") || root.contains(&killed),
+        "{exceptions}"
+    );
+    // Without checkpoints the run starts over; its file sinks commit at their end, which
+    // the first run's never reached.
+    every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
+}
+
+#[test]
+fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_once_losing_datagrams()
+{
+    let Some(network) = netns::Network::start(2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certificates(dir.path(), &["a", "b"]);
+    let rest = format!("rest.address={}", network.host());
+    let control = start_control(dir.path(), 0, &[&rest]);
+    let _workers: Vec<Process> = ["a", "b"]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            // No taskmanager.host: the address the control plane sees it connect from.
+            let settings = exchange_settings(&certs, name, None, 6121);
+            let mut command = network.command(i, WEIR);
+            worker_args(
+                &mut command,
+                dir.path(),
+                name,
+                &control,
+                &i.to_string(),
+                &strs(&settings),
+            );
+            Process(
+                command
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .expect("start weir worker in its namespace"),
+            )
+        })
+        .collect();
+    wait_for_workers(&control, 2);
+    // Every namespace drops 2 % of the datagrams it sends: QUIC sends them again.
+    network.lose_udp(0, 2);
+    network.lose_udp(1, 2);
+    let (job, out) = echo_over_two(dir.path(), &control, "50000");
+    let details = get(&control, &format!("/jobs/{job}"));
+    let addresses: Vec<&str> = details["placement"]["exchange"]
+        .as_array()
+        .expect("a run over two workers")
+        .iter()
+        .map(|slot| slot["address"].as_str().unwrap())
+        .collect();
+    let mut expected = [0, 1].map(|i| format!("{}:6121", network.address(i)));
+    expected.sort();
+    let mut addresses = addresses.clone();
+    addresses.sort();
+    assert_eq!(addresses, expected, "{details}");
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(120));
+    assert_eq!(details["attempts"], 1, "{details}");
+    every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
+    let lost = network.lost_udp(0) + network.lost_udp(1);
+    assert!(lost > 0, "no datagram was dropped: the test lost nothing");
 }
 
 /// Every worker's id and pid, as the control plane lists them.
@@ -826,7 +1086,7 @@ fn wait_for_run(control: &ControlPlane, job: &str, attempt: u64, worker: &str) -
             let details = get(control, &format!("/jobs/{job}"));
             let placement = &details["placement"];
             (placement["attempt"] == attempt
-                && placement["taskmanager"] == worker
+                && placement["executors"][0]["taskmanager"] == worker
                 && placement["running"] == true)
                 .then_some(details)
         },

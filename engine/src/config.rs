@@ -142,6 +142,39 @@ pub struct CheckpointConfig {
     pub unaligned: Option<std::time::Duration>,
 }
 
+/// What the exchange between workers is configured with ([`Configuration::exchange`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExchangeConfig {
+    /// `taskmanager.host`, if set.
+    pub host: Option<String>,
+    /// `taskmanager.data.port`: the worker's first slot's port.
+    pub port: u16,
+    /// `security.ssl.internal.dir`, if set.
+    pub tls_dir: Option<PathBuf>,
+    /// `security.ssl.internal.node`, if set.
+    pub node: Option<String>,
+    /// `taskmanager.network.connect-timeout`.
+    pub connect_timeout: Duration,
+    /// `taskmanager.network.idle-timeout`.
+    pub idle_timeout: Duration,
+    /// `taskmanager.network.udp.receive-buffer`, bytes.
+    pub udp_receive_buffer: usize,
+    /// `taskmanager.network.udp.send-buffer`, bytes.
+    pub udp_send_buffer: usize,
+}
+
+impl ExchangeConfig {
+    /// The cluster CA's certificate, this node's certificate and its key, in the TLS
+    /// directory (`weir tune certs`' names).
+    pub fn tls_files(dir: &Path, node: &str) -> [PathBuf; 3] {
+        [
+            dir.join("ca.pem"),
+            dir.join(format!("{node}.pem")),
+            dir.join(format!("{node}-key.pem")),
+        ]
+    }
+}
+
 /// Every key Weir reads.
 pub const OPTIONS: &[ConfigOption] = &[
     option!("taskmanager.numberOfTaskSlots", OptionKind::Count(1), "",
@@ -259,7 +292,7 @@ pub const OPTIONS: &[ConfigOption] = &[
     option!("metrics.reporter.prom.port", OptionKind::Range(0, 65535), "9249",
         "Port of a worker's Prometheus `/metrics` (Flink's reporter port); 0 takes a free port, which `weir worker` prints. The control plane serves its own on its REST port."),
     option!("slot.request.timeout", OptionKind::Duration, "5 min",
-        "A submitted or restarting job waits this long for enough free slots on one worker before it fails."),
+        "A submitted or restarting job waits this long for enough free slots (on one worker, or, for a job without checkpointing, over the workers with a certificate: security.ssl.internal.dir) before it fails."),
     option!("control.data-dir", OptionKind::Path, "/var/lib/weir/control",
         "Where the control plane keeps its durable store: submitted jobs, their state and their checkpoint directories' places (written atomically; a restarted control plane resumes the jobs it finds there)."),
     option!("worker.data-dir", OptionKind::Path, "/var/lib/weir/worker",
@@ -268,6 +301,24 @@ pub const OPTIONS: &[ConfigOption] = &[
         "What a worker does with its jobs on SIGTERM (`systemctl stop`). 'savepoint': the control plane stops each checkpointed job with a savepoint and starts it again from it on other slots (or on this worker once it is back), losing and repeating nothing; a job without checkpoints is cancelled and restarts as its restart strategy says. 'cancel': every job is cancelled at once and restarts as after a failure (from its latest checkpoint elsewhere, as its restart strategy allows). Without a control plane to hand its jobs to, a worker cancels them."),
     option!("worker.shutdown.timeout", OptionKind::Duration, "5 min",
         "How long a worker's SIGTERM may take to stop its jobs with savepoints; jobs still running then are cancelled (and killed 30 s later). The worker extends systemd's stop timeout to cover it (EXTEND_TIMEOUT_USEC)."),
+    option!("taskmanager.host", OptionKind::Text, "",
+        "Address other workers reach this worker's slots at for a job spread over several workers (each slot's exchange endpoint binds it). Default: the address the control plane sees the worker connect from."),
+    option!("taskmanager.data.port", OptionKind::Range(1, 65535), "6121",
+        "First UDP port of the worker's exchange endpoints: slot i of the worker listens on this port + i while a job spread over several workers runs there. Workers on one host need ranges of their own (the control plane keeps a worker whose range overlaps another's out of jobs over several workers, saying why)."),
+    option!("security.ssl.internal.dir", OptionKind::Path, "",
+        "Directory with the cluster CA's certificate `ca.pem` and this node's certificate `<node>.pem` and key `<node>-key.pem`, as `weir tune certs` writes them: the mutual TLS of the exchange between workers. A worker without it runs only jobs that fit its own slots."),
+    option!("security.ssl.internal.node", OptionKind::Text, "",
+        "The name this worker's certificate was issued for (`weir tune certs --node NAME`); peers check it. Default: the host name."),
+    option!("taskmanager.network.connect-timeout", OptionKind::Duration, "2 min",
+        "Set on workers: how long a slot retries a slot on another worker that does not answer yet (its executor may start later: it covers the workers' start skew, a package download included); a channel no sender opened within twice this fails."),
+    option!("taskmanager.network.idle-timeout", OptionKind::Duration, "30 s",
+        "Set on workers: a connection between two workers' slots that hears nothing for this long (keep-alives go at a third of it) is lost, and the job fails over."),
+    option!("taskmanager.network.udp.receive-buffer", OptionKind::Size, "8m",
+        "Set on workers: the receive buffer of each exchange endpoint's UDP socket; the kernel caps it at net.core.rmem_max (the worker warns when that is smaller)."),
+    option!("taskmanager.network.udp.send-buffer", OptionKind::Size, "8m",
+        "Set on workers: the send buffer of each exchange endpoint's UDP socket; the kernel caps it at net.core.wmem_max (the worker warns when that is smaller)."),
+    option!("cluster.evenly-spread-out-slots", OptionKind::Bool, "false",
+        "How the control plane places a job's slots (Flink's key): false packs them on the fewest workers (one worker when one has enough free slots, else the workers with a certificate, those with the most free slots first); true deals them one at a time round the workers with a certificate (security.ssl.internal.dir) and free slots, falling back to one worker when they have too few. Only a job without checkpointing goes over several workers (checkpoints across workers are not built yet)."),
     option!("state.backend.type", OptionKind::Choice(&["hashmap", "heap", "rocksdb"]), "hashmap",
         "Where keyed state lives: typed maps on the heap ('hashmap', also 'heap') or RocksDB, one instance per keyed operator subtask in its slot's memory ('rocksdb')."),
     option!("state.backend.rocksdb.localdir", OptionKind::Path, "",
@@ -984,6 +1035,29 @@ impl Configuration {
             self.raw("worker.shutdown.mode").map(str::trim) == Some("savepoint"),
             self.duration("worker.shutdown.timeout"),
         )
+    }
+
+    /// `taskmanager.host`, `taskmanager.data.port`, `security.ssl.internal.*` and
+    /// `taskmanager.network.*`: the exchange between workers.
+    pub fn exchange(&self) -> ExchangeConfig {
+        ExchangeConfig {
+            host: self.raw("taskmanager.host").map(str::to_string),
+            port: self
+                .count("taskmanager.data.port")
+                .and_then(|p| u16::try_from(p).ok())
+                .expect("validated"),
+            tls_dir: self.raw("security.ssl.internal.dir").map(PathBuf::from),
+            node: self.raw("security.ssl.internal.node").map(str::to_string),
+            connect_timeout: self.duration("taskmanager.network.connect-timeout"),
+            idle_timeout: self.duration("taskmanager.network.idle-timeout"),
+            udp_receive_buffer: self.size("taskmanager.network.udp.receive-buffer") as usize,
+            udp_send_buffer: self.size("taskmanager.network.udp.send-buffer") as usize,
+        }
+    }
+
+    /// `cluster.evenly-spread-out-slots`.
+    pub fn spread_out_slots(&self) -> bool {
+        self.raw("cluster.evenly-spread-out-slots") == Some("true")
     }
 
     /// `worker.data-dir`.

@@ -188,6 +188,41 @@ pub struct TaskFigures {
 }
 
 impl Figures {
+    /// The figures of a run spread over several executors, from each one's: their subtasks,
+    /// tasks, shards and latencies together, restarts summed, the longest uptime, the
+    /// earliest first record, and the tasks ready once every executor's are (the latest).
+    /// Checkpoints are the first executor's.
+    pub fn merge<'a>(parts: impl IntoIterator<Item = &'a Figures>) -> Figures {
+        let mut merged = Figures::default();
+        let mut all_ready = true;
+        for (i, part) in parts.into_iter().enumerate() {
+            if i == 0 {
+                merged.checkpoints = part.checkpoints.clone();
+            }
+            merged.subtasks.extend(part.subtasks.iter().cloned());
+            merged.tasks.extend(part.tasks.iter().cloned());
+            merged.shards.extend(part.shards.iter().cloned());
+            merged.latency.extend(part.latency.iter().cloned());
+            merged.restarts += part.restarts;
+            merged.uptime_seconds = merged.uptime_seconds.max(part.uptime_seconds);
+            merged.first_record_at = match (merged.first_record_at, part.first_record_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            all_ready &= part.ready_seconds.is_some();
+            merged.ready_seconds = match (merged.ready_seconds, part.ready_seconds) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        if !all_ready {
+            merged.ready_seconds = None;
+        }
+        merged.subtasks.sort_by_key(|s| (s.node, s.subtask));
+        merged.tasks.sort_by_key(|t| (t.head, t.subtask));
+        merged
+    }
+
     /// The task that runs operator `node` in `subtask`.
     pub fn task_of(&self, node: usize, subtask: usize) -> Option<&TaskFigures> {
         self.tasks

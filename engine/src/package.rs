@@ -22,12 +22,15 @@ use serde::{Deserialize, Serialize};
 use crate::api::RunOptions;
 use crate::checkpoint::{StopMode, Taken};
 use crate::monitor::Figures;
-use crate::runtime::PeriodicThread;
+use weir_net::tls::TlsIdentity;
+
+use crate::config::ExchangeConfig;
+use crate::runtime::{PeriodicThread, SlotPlace, Spread};
 use crate::{Configuration, JobError, StreamEnvironment};
 
 /// The version of the worker ↔ executor protocol (descriptor, commands, events) this engine
 /// build speaks. A worker refuses an executor of another version, naming both.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// How often a running executor reports its job's figures to its worker.
 pub const FIGURES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -208,6 +211,39 @@ pub struct RunSpec {
     pub from_savepoint: Option<PathBuf>,
     /// Leave out the state of operators the job no longer has.
     pub allow_non_restored_state: bool,
+    /// Where every slot of the job runs when the run spans several executors (the job's
+    /// parallelism is then theirs together, and this executor runs the slots on its node,
+    /// `security.ssl.internal.node`); `None`: all of them here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Vec<SlotPlace>>,
+}
+
+/// The [`Spread`] of run `run` over `slots` from the executor's configuration: its node, the
+/// cluster CA and its certificate, and the exchange's timeouts and buffers.
+fn spread_of(
+    run: &DeploymentId,
+    slots: &[SlotPlace],
+    config: &Configuration,
+) -> Result<Spread, String> {
+    let exchange = config.exchange();
+    let (Some(dir), Some(node)) = (&exchange.tls_dir, &exchange.node) else {
+        return Err(
+            "the run spans several workers but its executor has no certificate: set \
+             security.ssl.internal.dir and security.ssl.internal.node on the worker"
+                .to_string(),
+        );
+    };
+    let [ca, cert, key] = ExchangeConfig::tls_files(dir, node);
+    let identity = TlsIdentity::from_files(&ca, &cert, &key).map_err(|e| e.to_string())?;
+    Ok(Spread {
+        run: run.to_string(),
+        node: node.clone(),
+        slots: slots.to_vec(),
+        identity,
+        idle_timeout: exchange.idle_timeout,
+        connect_timeout: exchange.connect_timeout,
+        udp_buffers: (exchange.udp_receive_buffer, exchange.udp_send_buffer),
+    })
 }
 
 /// A worker's command to its executor (a line of the executor's standard input).
@@ -443,7 +479,15 @@ fn run_deployment(registry: &Registry, deployment: &RunSpec, events: &Events) ->
             deployment.entry
         ));
     }
+    let spread = match &deployment.spread {
+        Some(slots) => match spread_of(&deployment.id, slots, &env.config()) {
+            Ok(spread) => Some(spread),
+            Err(error) => return failed(error),
+        },
+        None => None,
+    };
     let options = RunOptions {
+        spread,
         resume: deployment.resume,
         from_savepoint: deployment.from_savepoint.clone(),
         allow_non_restored_state: deployment.allow_non_restored_state,
@@ -567,6 +611,10 @@ mod tests {
                 resume: true,
                 from_savepoint: Some(PathBuf::from("/sp")),
                 allow_non_restored_state: false,
+                spread: Some(vec![SlotPlace {
+                    node: "worker-1".into(),
+                    addr: "10.0.0.1:6121".parse().unwrap(),
+                }]),
             },
         };
         let text = serde_json::to_string(&deployment).unwrap();

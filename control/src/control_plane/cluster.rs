@@ -13,11 +13,14 @@ use weir_engine::checkpoint::restart::{RestartDecision, RestartTracker};
 use weir_engine::checkpoint::Taken;
 use weir_engine::monitor::{Checkpoints, Figures};
 use weir_engine::package::{DeploymentId, OperatorTotals, Outcome, RunSpec, Snapshot, Stop};
+use weir_engine::runtime::SlotPlace;
 pub use weir_engine::time::now_ms;
 use weir_engine::Configuration;
 
 use super::store::Store;
-use crate::protocol::{ControlMessage, ExecutorReport, ExecutorState, Shutdown, WorkerInfo};
+use crate::protocol::{
+    ControlMessage, ExchangeInfo, ExecutorReport, ExecutorState, Shutdown, WorkerInfo,
+};
 
 /// A job's state, with Flink's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,17 +97,125 @@ pub struct Submission {
     pub allow_non_restored_state: bool,
 }
 
-/// Where a run of a job is.
+/// Where a run of a job is: an executor on each worker it spans.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "StoredPlacement")]
 pub struct Placement {
     /// Which run.
     pub deployment: DeploymentId,
-    /// The worker.
+    /// Its executors, in the job's slot order: the first runs the job's first slots.
+    pub executors: Vec<ExecutorPlace>,
+    /// Where each of the job's slots runs, when the run spans several workers (every
+    /// executor gets it).
+    #[serde(default)]
+    pub spread: Option<Vec<SlotPlace>>,
+}
+
+/// One executor of a run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ExecutorPlace {
+    /// Its worker.
     pub worker: String,
     /// Its slots there.
     pub slots: Vec<usize>,
-    /// Whether the executor reported its tasks running.
+    /// Whether it reported its tasks running.
     pub running: bool,
+    /// Once it finished (its share of the run's sources all ended): its operators' counts.
+    /// The run finishes when every executor did.
+    #[serde(default)]
+    pub finished: Option<Vec<OperatorTotals>>,
+    /// Not stored: whether its worker reported it since this control plane started (a run
+    /// being reconciled is running again once every executor it has was reported).
+    #[serde(skip)]
+    pub heard: bool,
+}
+
+/// A placement as stored: today's, or one stored before runs spanned workers.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum StoredPlacement {
+    Executors {
+        deployment: DeploymentId,
+        executors: Vec<ExecutorPlace>,
+        #[serde(default)]
+        spread: Option<Vec<SlotPlace>>,
+    },
+    One {
+        deployment: DeploymentId,
+        worker: String,
+        slots: Vec<usize>,
+        running: bool,
+    },
+}
+
+impl TryFrom<StoredPlacement> for Placement {
+    type Error = String;
+
+    fn try_from(stored: StoredPlacement) -> Result<Placement, String> {
+        Ok(match stored {
+            StoredPlacement::Executors {
+                deployment,
+                executors,
+                ..
+            } if executors.is_empty() => {
+                return Err(format!("the placement of run {deployment} has no executor"));
+            }
+            StoredPlacement::Executors {
+                deployment,
+                executors,
+                spread,
+            } => Placement {
+                deployment,
+                executors,
+                spread,
+            },
+            StoredPlacement::One {
+                deployment,
+                worker,
+                slots,
+                running,
+            } => Placement {
+                deployment,
+                executors: vec![ExecutorPlace {
+                    worker,
+                    slots,
+                    running,
+                    finished: None,
+                    heard: false,
+                }],
+                spread: None,
+            },
+        })
+    }
+}
+
+impl Placement {
+    /// Its executor on `worker`, if it has one there.
+    pub fn on(&self, worker: &str) -> Option<&ExecutorPlace> {
+        self.executors.iter().find(|e| e.worker == worker)
+    }
+
+    /// Whether every executor reported its tasks running.
+    pub fn running(&self) -> bool {
+        self.executors
+            .iter()
+            .all(|e| e.running || e.finished.is_some())
+    }
+
+    /// The workers of its executors.
+    pub fn workers(&self) -> impl Iterator<Item = &str> {
+        self.executors.iter().map(|e| e.worker.as_str())
+    }
+
+    /// The job's slots: all its executors' together.
+    pub fn slots(&self) -> usize {
+        self.executors.iter().map(|e| e.slots.len()).sum()
+    }
+
+    /// The worker of its first executor (the only one of a run on one worker).
+    pub fn first_worker(&self) -> &str {
+        &self.executors[0].worker
+    }
 }
 
 /// A failure of a job's run, for `/jobs/:id/exceptions`.
@@ -162,9 +273,13 @@ pub struct Job {
     /// Not stored: since when it waits for slots (`slot.request.timeout` counts from here).
     #[serde(skip)]
     waiting_since: i64,
-    /// Not stored: the current run's latest figures.
+    /// Not stored: the current run's latest figures (its executors' together).
     #[serde(skip)]
     pub live: Option<Box<Figures>>,
+    /// Not stored: each executor's figures before its latest and its latest, by worker,
+    /// when the run spans several.
+    #[serde(skip)]
+    pub parts: BTreeMap<String, (Option<Box<Figures>>, Box<Figures>)>,
     /// Not stored: the current run's figures before those (what the shares of time over the
     /// last interval are measured from).
     #[serde(skip)]
@@ -314,6 +429,9 @@ pub struct Worker {
     pub last_heartbeat: i64,
     /// Set once it said it is shutting down: nothing more is deployed to it.
     pub leaving: Option<Shutdown>,
+    /// Slots of executors cancelled here whose runs no longer count (another executor of
+    /// theirs ended them) until they end: nothing is placed on them before.
+    pub ending: BTreeMap<DeploymentId, Vec<usize>>,
 }
 
 /// Why a request cannot be done: a client error (4xx) with its message.
@@ -400,12 +518,12 @@ impl Cluster {
         }
     }
 
-    /// The runs placed on worker `worker`.
+    /// The runs with an executor on worker `worker` that has not finished.
     fn placed_on<'a>(&'a self, worker: &'a str) -> impl Iterator<Item = &'a Placement> {
         self.jobs
             .values()
             .filter_map(|j| j.placement.as_ref())
-            .filter(move |p| p.worker == worker)
+            .filter(move |p| p.on(worker).is_some_and(|e| e.finished.is_none()))
     }
 
     /// The jobs whose runs are placed on worker `worker`.
@@ -421,9 +539,13 @@ impl Cluster {
         let Some(w) = self.workers.get(worker).filter(|w| w.leaving.is_none()) else {
             return Vec::new();
         };
+        // Those of runs placed there (but executors that finished), and of runs that no
+        // longer count but whose executors have not ended yet.
         let held: Vec<usize> = self
             .placed_on(worker)
-            .flat_map(|p| p.slots.iter().copied())
+            .filter_map(|p| p.on(worker))
+            .flat_map(|e| e.slots.iter().copied())
+            .chain(w.ending.values().flatten().copied())
             .collect();
         (0..w.info.cores.len())
             .filter(|s| !held.contains(s))
@@ -467,6 +589,7 @@ impl Cluster {
             due_ms: Some(now),
             waiting_since: now,
             live: None,
+            parts: BTreeMap::new(),
             previous: None,
             last_checkpoints: None,
             first_record: None,
@@ -491,12 +614,8 @@ impl Cluster {
             }
             JobStatus::Running | JobStatus::Reconciling => {
                 job.enter(JobStatus::Cancelling, now);
-                if let Some(placement) = &job.placement {
-                    if let Some(worker) = self.workers.get(&placement.worker) {
-                        let _ = worker.link.send(ControlMessage::Cancel {
-                            deployment: placement.deployment.clone(),
-                        });
-                    }
+                if let Some(placement) = job.placement.clone() {
+                    self.cancel_run(&placement.deployment);
                 }
             }
             JobStatus::Cancelling => return Ok(()),
@@ -557,14 +676,15 @@ impl Cluster {
                 kind.taken()
             )));
         }
+        // A run that checkpoints has one executor: such jobs are not spread (yet).
+        let holder = placement.first_worker();
         let worker = self
             .workers
-            .get(&placement.worker)
+            .get(holder)
             .filter(|w| w.connected)
             .ok_or_else(|| {
                 Refusal::Conflict(format!(
-                    "job {id}'s worker {} is reconnecting; ask again in a moment",
-                    placement.worker
+                    "job {id}'s worker {holder} is reconnecting; ask again in a moment"
                 ))
             })?;
         if let Some(pending) = job
@@ -583,7 +703,8 @@ impl Cluster {
             if parallelism > most_slots {
                 return Err(Refusal::Conflict(format!(
                     "no worker has {parallelism} slots (the most is {most_slots}): until jobs \
-                     span workers, a job's parallelism is at most one worker's slots"
+                     that checkpoint span workers, their parallelism is at most one worker's \
+                     slots"
                 )));
             }
         }
@@ -597,8 +718,7 @@ impl Cluster {
             })
             .map_err(|_| {
                 Refusal::Conflict(format!(
-                    "job {id}'s worker {} is reconnecting; ask again in a moment",
-                    placement.worker
+                    "job {id}'s worker {holder} is reconnecting; ask again in a moment"
                 ))
             })?;
         job.operations.push(Operation {
@@ -679,22 +799,38 @@ impl Cluster {
         exposition.render()
     }
 
-    /// A run's latest figures.
-    pub fn figures(&mut self, deployment: &DeploymentId, figures: Box<Figures>) {
+    /// A run's latest figures, from its executor on `worker`.
+    pub fn figures(&mut self, worker: &str, deployment: &DeploymentId, figures: Box<Figures>) {
         if let Some(job) = self.jobs.get_mut(&deployment.job_id) {
-            if job
+            let Some(placement) = job
                 .placement
                 .as_ref()
-                .is_some_and(|p| p.deployment == *deployment)
-            {
-                if figures.first_record_at.is_some() {
-                    job.first_record = figures.first_record_at;
-                }
-                if figures.ready_seconds.is_some() {
-                    job.tasks_ready = figures.ready_seconds;
-                }
-                job.previous = job.live.replace(figures);
+                .filter(|p| p.deployment == *deployment && p.on(worker).is_some())
+            else {
+                return;
+            };
+            let (previous, live) = if placement.executors.len() > 1 {
+                // Each executor's reading against its own before it, all together.
+                let before = job.parts.remove(worker).map(|(_, latest)| latest);
+                job.parts.insert(worker.to_string(), (before, figures));
+                let previous = job
+                    .parts
+                    .values()
+                    .filter_map(|(before, _)| before.as_deref());
+                let previous = Figures::merge(previous);
+                let live = Figures::merge(job.parts.values().map(|(_, latest)| &**latest));
+                (Some(Box::new(previous)), Box::new(live))
+            } else {
+                (job.live.take(), figures)
+            };
+            if live.first_record_at.is_some() {
+                job.first_record = live.first_record_at;
             }
+            if live.ready_seconds.is_some() {
+                job.tasks_ready = live.ready_seconds;
+            }
+            job.previous = previous;
+            job.live = Some(live);
         }
     }
 
@@ -743,18 +879,23 @@ impl Cluster {
         }
     }
 
-    /// Asks the worker of `deployment`, the current run of its job, to cancel it.
+    /// Asks the workers of `deployment`, the current run of its job, to cancel its executors
+    /// (those that have not finished).
     fn cancel_run(&self, deployment: &DeploymentId) {
-        let worker = self
+        let Some(placement) = self
             .jobs
             .get(&deployment.job_id)
             .and_then(|j| j.placement.as_ref())
             .filter(|p| p.deployment == *deployment)
-            .and_then(|p| self.workers.get(&p.worker));
-        if let Some(worker) = worker {
-            let _ = worker.link.send(ControlMessage::Cancel {
-                deployment: deployment.clone(),
-            });
+        else {
+            return;
+        };
+        for executor in placement.executors.iter().filter(|e| e.finished.is_none()) {
+            if let Some(worker) = self.workers.get(&executor.worker) {
+                let _ = worker.link.send(ControlMessage::Cancel {
+                    deployment: deployment.clone(),
+                });
+            }
         }
     }
 
@@ -786,7 +927,11 @@ impl Cluster {
         let Some(placement) = job.placement.as_ref() else {
             return;
         };
-        let Some(shutdown) = self.workers.get(&placement.worker).and_then(|w| w.leaving) else {
+        let leaving = placement.executors.iter().find_map(|e| {
+            let shutdown = self.workers.get(&e.worker)?.leaving?;
+            Some((e.worker.clone(), shutdown))
+        });
+        let Some((worker, shutdown)) = leaving else {
             return;
         };
         if !matches!(job.status, JobStatus::Running | JobStatus::Reconciling) {
@@ -801,8 +946,8 @@ impl Cluster {
         if stopping {
             return;
         }
-        let (worker, deployment) = (placement.worker.clone(), placement.deployment.clone());
-        let movable = job.checkpointed && placement.running && job.status == JobStatus::Running;
+        let deployment = placement.deployment.clone();
+        let movable = job.checkpointed && placement.running() && job.status == JobStatus::Running;
         if shutdown == Shutdown::Savepoint && movable {
             match self.savepoint(id, OperationKind::Relocate, None) {
                 Ok(request) => {
@@ -866,6 +1011,19 @@ impl Cluster {
             slots = info.cores.len(),
             "worker registered"
         );
+        let mut info = info;
+        if let Some(clash) = self.exchange_clash(&info, &address) {
+            tracing::error!(tm_id = %id, "worker {id} takes no part in jobs over several workers: {clash}");
+            info.exchange = None;
+        }
+        let reported: Vec<DeploymentId> = executors.iter().map(|r| r.deployment.clone()).collect();
+        // Executors still ending that it no longer reports are gone.
+        let mut ending = self
+            .workers
+            .remove(&id)
+            .map(|w| w.ending)
+            .unwrap_or_default();
+        ending.retain(|deployment, _| reported.contains(deployment));
         self.workers.insert(
             id.clone(),
             Worker {
@@ -876,16 +1034,16 @@ impl Cluster {
                 connected: true,
                 last_heartbeat: now_ms(),
                 leaving,
+                ending,
             },
         );
-        let reported: Vec<DeploymentId> = executors.iter().map(|r| r.deployment.clone()).collect();
         for report in executors {
             self.executor(&id, report);
         }
         // Snapshot requests a lost link or a restarted control plane may have dropped: the
         // executor answers a request id once.
         for job in self.jobs.values() {
-            let Some(placement) = job.placement.as_ref().filter(|p| p.worker == id) else {
+            let Some(placement) = job.placement.as_ref().filter(|p| p.on(&id).is_some()) else {
                 continue;
             };
             for operation in &job.operations {
@@ -905,7 +1063,9 @@ impl Cluster {
             .filter(|j| {
                 j.status == JobStatus::Running
                     && j.placement.as_ref().is_some_and(|p| {
-                        p.worker == id && !p.running && !reported.contains(&p.deployment)
+                        p.on(&id)
+                            .is_some_and(|e| !e.running && e.finished.is_none())
+                            && !reported.contains(&p.deployment)
                     })
             })
             .map(|j| j.id.clone())
@@ -915,14 +1075,15 @@ impl Cluster {
                 self.run_failed(
                     &job,
                     format!("worker {id} is shutting down; the run was not deployed to it"),
+                    Some(&id),
                 );
                 continue;
             }
             let job = &self.jobs[&job];
             let placement = job.placement.as_ref().expect("filtered above");
             let message = ControlMessage::Deploy {
-                run: run_spec(job, placement.deployment.clone()),
-                slots: placement.slots.clone(),
+                run: run_spec(job, placement),
+                slots: placement.on(&id).expect("filtered above").slots.clone(),
             };
             let _ = self.workers[&id].link.send(message);
         }
@@ -964,7 +1125,7 @@ impl Cluster {
         tracing::warn!(tm_id = %worker, "{cause}");
         // While its link (if it still has one) can take the cancels of its runs.
         for id in self.jobs_on(worker) {
-            self.run_failed(&id, cause.clone());
+            self.run_failed(&id, cause.clone(), Some(worker));
         }
         // Dropping the link's queue closes the link: a worker still alive registers again.
         self.workers.remove(worker);
@@ -975,17 +1136,25 @@ impl Cluster {
         let current = self.jobs.get(&report.deployment.job_id).and_then(|j| {
             j.placement
                 .as_ref()
-                .filter(|p| p.deployment == report.deployment && p.worker == worker)
+                .filter(|p| p.deployment == report.deployment && p.on(worker).is_some())
                 .map(|_| j.id.clone())
         });
         let link = self.workers.get(worker).map(|w| w.link.clone());
         let Some(id) = current else {
             // A run the control plane no longer counts on (its job was restarted elsewhere
-            // or is gone): end it, or forget its end.
+            // or is gone): end it, or forget its end (and free its slots).
             let message = match report.state {
-                ExecutorState::Ended(_) => ControlMessage::Forget {
-                    deployment: report.deployment,
-                },
+                ExecutorState::Ended(_) => {
+                    if let Some(w) = self.workers.get_mut(worker) {
+                        if w.ending.remove(&report.deployment).is_some() {
+                            self.tick();
+                        }
+                    }
+                    self.release_if_idle(worker);
+                    ControlMessage::Forget {
+                        deployment: report.deployment,
+                    }
+                }
                 _ => ControlMessage::Cancel {
                     deployment: report.deployment,
                 },
@@ -999,17 +1168,27 @@ impl Cluster {
         match report.state {
             ExecutorState::Deploying | ExecutorState::Running => {
                 let job = self.jobs.get_mut(&id).expect("found above");
-                if let Some(placement) = &mut job.placement {
-                    placement.running |= report.state == ExecutorState::Running;
+                let placement = job.placement.as_mut().expect("found above");
+                if let Some(executor) = placement.executors.iter_mut().find(|e| e.worker == worker)
+                {
+                    executor.running |= report.state == ExecutorState::Running;
+                    executor.heard = true;
                 }
+                // After a control plane restart: found again once every executor was.
+                let all_heard = placement
+                    .executors
+                    .iter()
+                    .all(|e| e.heard || e.finished.is_some());
                 match job.status {
-                    JobStatus::Reconciling => {
+                    JobStatus::Reconciling if all_heard => {
                         job.due_ms = None;
                         job.enter(JobStatus::Running, now);
                     }
                     // A cancel asked before the control plane restarted.
                     JobStatus::Cancelling => {
-                        job.due_ms = None;
+                        if all_heard {
+                            job.due_ms = None;
+                        }
                         if let Some(link) = &link {
                             let _ = link.send(ControlMessage::Cancel {
                                 deployment: report.deployment.clone(),
@@ -1026,14 +1205,49 @@ impl Cluster {
                         operators,
                         savepoint,
                         ..
-                    } => RunEnd::Finished {
-                        operators,
-                        savepoint,
-                    },
+                    } => {
+                        // The run finishes once every executor of it did.
+                        let placement = self
+                            .jobs
+                            .get_mut(&id)
+                            .and_then(|j| j.placement.as_mut())
+                            .expect("found above");
+                        let executor = placement
+                            .executors
+                            .iter_mut()
+                            .find(|e| e.worker == worker)
+                            .expect("found above");
+                        executor.finished = Some(operators);
+                        if placement.executors.iter().any(|e| e.finished.is_none()) {
+                            let stored = self.store_job(&id);
+                            if let (Some(link), true) = (link, stored) {
+                                let _ = link.send(ControlMessage::Forget {
+                                    deployment: report.deployment,
+                                });
+                            }
+                            self.tick();
+                            self.release_if_idle(worker);
+                            return;
+                        }
+                        RunEnd::Finished {
+                            operators: merge_totals(
+                                placement
+                                    .executors
+                                    .iter()
+                                    .filter_map(|e| e.finished.as_deref()),
+                            ),
+                            savepoint,
+                        }
+                    }
                     Outcome::Canceled => RunEnd::Canceled,
                     Outcome::Failed { cause } => RunEnd::Failed(cause),
                 };
-                let stored = self.run_ended(&id, end);
+                let workers: Vec<String> = self.jobs[&id]
+                    .placement
+                    .iter()
+                    .flat_map(|p| p.workers().map(str::to_string))
+                    .collect();
+                let stored = self.run_ended(&id, end, Some(worker));
                 // Acknowledged only once stored: otherwise the worker reports it again.
                 if let (Some(link), true) = (link, stored) {
                     let _ = link.send(ControlMessage::Forget {
@@ -1041,48 +1255,81 @@ impl Cluster {
                     });
                 }
                 self.tick();
-                self.release_if_idle(worker);
+                for worker in &workers {
+                    self.release_if_idle(worker);
+                }
             }
         }
     }
 
-    /// The current run of job `id` failed (its worker was lost, or no worker reported it):
-    /// cancel what is left of it and go on as its end says.
-    fn run_failed(&mut self, id: &str, cause: String) {
+    /// The current run of job `id` failed (on `worker`, which was lost or will not run it;
+    /// or no worker reported it): cancel what is left of it and go on as its end says.
+    fn run_failed(&mut self, id: &str, cause: String, worker: Option<&str>) {
         let placement = self.jobs.get(id).and_then(|j| j.placement.clone());
-        if let Some(placement) = &placement {
-            // Whatever is left of the run must not run beside its restart.
-            self.cancel_run(&placement.deployment);
+        let Some(placement) = placement else {
+            return;
+        };
+        // Its executor there, if the worker is still linked; the others are cancelled as the
+        // run ends.
+        if let Some(w) = worker
+            .filter(|w| placement.on(w).is_some())
+            .and_then(|w| self.workers.get(w))
+        {
+            let _ = w.link.send(ControlMessage::Cancel {
+                deployment: placement.deployment.clone(),
+            });
         }
-        self.run_ended(id, RunEnd::Failed(cause));
-        if let Some(placement) = placement {
-            self.release_if_idle(&placement.worker);
+        self.run_ended(id, RunEnd::Failed(cause), worker);
+        for executor in &placement.executors {
+            self.release_if_idle(&executor.worker);
         }
     }
 
-    /// Job `id`'s current run ended: the job finishes, is cancelled, rescales, or restarts as
-    /// its strategy says (or fails). Returns whether the change was stored.
-    fn run_ended(&mut self, id: &str, end: RunEnd) -> bool {
+    /// Job `id`'s current run ended (on `worker`, if one said so): the job finishes, is
+    /// cancelled, rescales, or restarts as its strategy says (or fails); its executors on
+    /// other workers are cancelled, their slots held until they end. Returns whether the
+    /// change was stored.
+    fn run_ended(&mut self, id: &str, end: RunEnd, worker: Option<&str>) -> bool {
         let now = now_ms();
         let random = next_random(&mut self.random);
-        let leaving = self
-            .jobs
-            .get(id)
-            .and_then(|j| j.placement.as_ref())
-            .and_then(|p| self.workers.get(&p.worker))
-            .is_some_and(|w| w.leaving.is_some());
-        let Some(job) = self.jobs.get_mut(id) else {
+        let Some(placement) = self.jobs.get_mut(id).and_then(|j| j.placement.take()) else {
             return true;
         };
-        let Some(placement) = job.placement.take() else {
-            return true;
+        // A worker of the run shutting down (then its cancel is why the run ended).
+        let leaving_worker = placement
+            .workers()
+            .find(|w| self.workers.get(*w).is_some_and(|w| w.leaving.is_some()))
+            .map(str::to_string);
+        let leaving = leaving_worker.is_some();
+        let ended_on = match (&end, leaving_worker) {
+            (RunEnd::Canceled, Some(leaving)) => leaving,
+            _ => worker.unwrap_or(placement.first_worker()).to_string(),
         };
+        // Whatever is left of the run must not run beside its restart.
+        for executor in &placement.executors {
+            if executor.finished.is_some() || Some(executor.worker.as_str()) == worker {
+                continue;
+            }
+            if let Some(w) = self.workers.get_mut(&executor.worker) {
+                let _ = w.link.send(ControlMessage::Cancel {
+                    deployment: placement.deployment.clone(),
+                });
+                // (One not reported since this control plane started is not known to run:
+                // it ends the run by not being reported.)
+                if executor.heard {
+                    w.ending
+                        .insert(placement.deployment.clone(), executor.slots.clone());
+                }
+            }
+        }
+        let job = self.jobs.get_mut(id).expect("placed above");
         job.due_ms = None;
         job.previous = None;
+        job.parts.clear();
         if let Some(live) = job.live.take() {
             job.last_checkpoints = Some(live.checkpoints);
         }
-        let deployment = placement.deployment;
+        let deployment = placement.deployment.clone();
         if let RunEnd::Finished {
             operators,
             savepoint,
@@ -1104,8 +1351,7 @@ impl Cluster {
         let failure = match &end {
             RunEnd::Finished { .. } => None,
             RunEnd::Canceled if leaving => Some(format!(
-                "its worker {} is shutting down and cancelled it",
-                placement.worker
+                "its worker {ended_on} is shutting down and cancelled it"
             )),
             RunEnd::Canceled => Some("its executor was cancelled".to_string()),
             RunEnd::Failed(cause) => Some(cause.clone()),
@@ -1125,10 +1371,10 @@ impl Cluster {
             job.enter(JobStatus::Canceled, now);
             return self.store_job(id);
         }
-        if leaving && !placement.running && settled.is_none() && failure.is_some() {
+        if leaving && !placement.running() && settled.is_none() && failure.is_some() {
             // It never ran, on a worker that is shutting down (cancelled, or refused there):
             // it goes elsewhere, no failure of its own.
-            tracing::info!(job_id = %id, "deploying again: worker {} is shutting down", placement.worker);
+            tracing::info!(job_id = %id, "deploying again: worker {ended_on} is shutting down");
             Cluster::fail_operations(job, &deployment, "its worker is shutting down");
             job.due_ms = Some(now);
             job.waiting_since = now;
@@ -1146,7 +1392,7 @@ impl Cluster {
                     job.failures.push(Failure {
                         timestamp: now,
                         cause: format!("the run failed after the savepoint of its {why}: {cause}"),
-                        worker: Some(placement.worker),
+                        worker: Some(ended_on.clone()),
                     });
                 }
                 for operation in &mut job.operations {
@@ -1177,7 +1423,7 @@ impl Cluster {
                              {cause}",
                             path.display()
                         ),
-                        worker: Some(placement.worker),
+                        worker: Some(ended_on.clone()),
                     });
                 }
                 Cluster::fail_operations(job, &deployment, "the job stopped");
@@ -1193,7 +1439,7 @@ impl Cluster {
                     job.failures.push(Failure {
                         timestamp: now,
                         cause: cause.clone(),
-                        worker: Some(placement.worker),
+                        worker: Some(ended_on.clone()),
                     });
                     let tracker = job.restarts.as_mut().expect("set when the job was made");
                     match tracker.on_failure(now, random) {
@@ -1262,6 +1508,7 @@ impl Cluster {
                 "no worker reported the job's run within heartbeat.timeout after the control \
                  plane restarted"
                     .into(),
+                None,
             );
         }
         // A savepoint not answered within the checkpoint timeout (and a minute for the
@@ -1304,31 +1551,171 @@ impl Cluster {
         }
     }
 
-    /// Deploys job `id` on the first worker with enough free slots, or fails it when it has
-    /// waited for them longer than `slot.request.timeout`.
-    fn deploy(&mut self, id: &str, now: i64) {
-        let job = &self.jobs[id];
-        let wanted = job.submission.parallelism;
-        let found = self
+    /// Where a run of `wanted` slots goes: its workers and their slots, in the job's slot
+    /// order. Packed (`cluster.evenly-spread-out-slots` false): the first worker with enough
+    /// free slots, else (if `spreadable`) workers with the most free slots first; spread out:
+    /// one slot at a time round the workers. Only workers with a certificate take part in a
+    /// run over several (one per node name).
+    fn place(&self, wanted: usize, spreadable: bool) -> Option<Vec<(String, Vec<usize>)>> {
+        let open: Vec<(String, Vec<usize>)> = self
             .workers
             .iter()
             .filter(|(_, w)| w.connected && w.leaving.is_none())
-            .find_map(|(w, _)| {
-                let free = self.free_slots(w);
-                (free.len() >= wanted).then(|| (w.clone(), free[..wanted].to_vec()))
-            });
-        let Some((worker, slots)) = found else {
+            .map(|(id, _)| (id.clone(), self.free_slots(id)))
+            .filter(|(_, free)| !free.is_empty())
+            .collect();
+        let one = || {
+            open.iter()
+                .find(|(_, free)| free.len() >= wanted)
+                .map(|(w, free)| vec![(w.clone(), free[..wanted].to_vec())])
+        };
+        let spread_out = self.config.spread_out_slots();
+        if !spreadable || !spread_out {
+            if let Some(found) = one() {
+                return Some(found);
+            }
+            if !spreadable {
+                return None;
+            }
+        }
+        let mut nodes = Vec::new();
+        let mut able: Vec<(String, Vec<usize>)> = open
+            .iter()
+            .filter(|(w, _)| {
+                let Some(exchange) = &self.workers[w].info.exchange else {
+                    return false;
+                };
+                let fresh = !nodes.contains(&exchange.node);
+                nodes.push(exchange.node.clone());
+                fresh
+            })
+            .cloned()
+            .collect();
+        if able.iter().map(|(_, free)| free.len()).sum::<usize>() < wanted {
+            return one();
+        }
+        let mut counts = vec![0; able.len()];
+        if spread_out {
+            let mut taken = 0;
+            while taken < wanted {
+                for (count, (_, free)) in counts.iter_mut().zip(&able) {
+                    if taken < wanted && *count < free.len() {
+                        *count += 1;
+                        taken += 1;
+                    }
+                }
+            }
+        } else {
+            able.sort_by_key(|(_, free)| std::cmp::Reverse(free.len()));
+            let mut left = wanted;
+            for (count, (_, free)) in counts.iter_mut().zip(&able) {
+                *count = left.min(free.len());
+                left -= *count;
+            }
+        }
+        Some(
+            able.into_iter()
+                .zip(counts)
+                .filter(|(_, count)| *count > 0)
+                .map(|((w, free), count)| (w, free[..count].to_vec()))
+                .collect(),
+        )
+    }
+
+    /// Why a worker registering with `info` from `address` cannot take part in runs over
+    /// several workers beside those registered: another (by another id) has its node name,
+    /// or data ports of its own on the same address.
+    fn exchange_clash(&self, info: &WorkerInfo, address: &str) -> Option<String> {
+        let exchange = info.exchange.as_ref()?;
+        let host = exchange_host(exchange, address);
+        let ports = |first: u16, slots: usize| {
+            let first = usize::from(first);
+            first..first + slots
+        };
+        let mine = ports(exchange.port, info.cores.len());
+        self.workers
+            .values()
+            .filter(|w| w.info.id != info.id)
+            .find_map(|other| {
+                let theirs = other.info.exchange.as_ref()?;
+                if theirs.node == exchange.node {
+                    return Some(format!(
+                        "worker {} has its node name '{}' (security.ssl.internal.node): give \
+                         each worker a certificate of its own",
+                        other.info.id, exchange.node
+                    ));
+                }
+                let overlap = exchange_host(theirs, &other.address) == host
+                    && ports(theirs.port, other.info.cores.len()).any(|p| mine.contains(&p));
+                overlap.then(|| {
+                    format!(
+                        "worker {} on {host} has data ports from {} for {} slot(s), which \
+                         overlap this one's from {}: give each worker on a host its own \
+                         taskmanager.data.port range",
+                        other.info.id,
+                        theirs.port,
+                        other.info.cores.len(),
+                        exchange.port
+                    )
+                })
+            })
+    }
+
+    /// Where each slot of a run over `executors` (several workers) runs: the worker's
+    /// certificate name, and its address with the slot's port.
+    fn slot_places(&self, executors: &[(String, Vec<usize>)]) -> Vec<SlotPlace> {
+        let mut places = Vec::new();
+        for (worker, slots) in executors {
+            let w = &self.workers[worker];
+            let exchange = w.info.exchange.as_ref().expect("placed with a certificate");
+            let host = exchange_host(exchange, &w.address);
+            for &slot in slots {
+                let port = exchange.port.saturating_add(slot as u16);
+                places.push(SlotPlace {
+                    node: exchange.node.clone(),
+                    addr: std::net::SocketAddr::new(host, port),
+                });
+            }
+        }
+        places
+    }
+
+    /// Deploys job `id` on free slots (see [`Cluster::place`]), or fails it when it has waited
+    /// for them longer than `slot.request.timeout`.
+    fn deploy(&mut self, id: &str, now: i64) {
+        let job = &self.jobs[id];
+        let wanted = job.submission.parallelism;
+        // A run that checkpoints stays on one worker: checkpoints across workers are not
+        // built yet.
+        let spreadable = !job.checkpointed;
+        let Some(executors) = self.place(wanted, spreadable) else {
             let timeout = self.config.slot_request_timeout();
             if now - job.waiting_since > ms(timeout) {
-                let most = self
+                let free: Vec<usize> = self
                     .workers
                     .keys()
                     .map(|w| self.free_slots(w).len())
-                    .max()
-                    .unwrap_or(0);
+                    .collect();
+                let most = free.iter().max().copied().unwrap_or(0);
+                let spanning = if spreadable {
+                    let able: usize = self
+                        .workers
+                        .iter()
+                        .filter(|(_, w)| w.info.exchange.is_some())
+                        .map(|(id, _)| self.free_slots(id).len())
+                        .sum();
+                    format!(
+                        "; workers that can share a job (security.ssl.internal.dir set) had \
+                         {able} free together"
+                    )
+                } else {
+                    " (a job that checkpoints runs on one worker: checkpoints across workers \
+                     are not built yet)"
+                        .to_string()
+                };
                 let cause = format!(
-                    "no worker had {wanted} free slot(s) within slot.request.timeout ({} s); \
-                     the most free on one worker was {most}: start a worker with more slots, \
+                    "no {wanted} free slot(s) within slot.request.timeout ({} s): the most \
+                     free on one worker was {most}{spanning}; start workers with more slots, \
                      free some, or submit with a lower parallelism",
                     timeout.as_secs()
                 );
@@ -1344,43 +1731,84 @@ impl Cluster {
             }
             return;
         };
+        let spread = (executors.len() > 1).then(|| self.slot_places(&executors));
         let job = self.jobs.get_mut(id).expect("looked up above");
         job.attempts += 1;
-        let deployment = DeploymentId {
-            job_id: id.to_string(),
-            attempt: job.attempts,
+        let placement = Placement {
+            deployment: DeploymentId {
+                job_id: id.to_string(),
+                attempt: job.attempts,
+            },
+            executors: executors
+                .iter()
+                .map(|(worker, slots)| ExecutorPlace {
+                    worker: worker.clone(),
+                    slots: slots.clone(),
+                    running: false,
+                    finished: None,
+                    heard: true,
+                })
+                .collect(),
+            spread,
         };
-        let run = run_spec(job, deployment.clone());
+        let run = run_spec(job, &placement);
         job.first_record = None;
         job.tasks_ready = None;
-        job.placement = Some(Placement {
-            deployment,
-            worker: worker.clone(),
-            slots: slots.clone(),
-            running: false,
-        });
+        job.parts.clear();
+        job.placement = Some(placement);
         job.due_ms = None;
         job.enter(JobStatus::Running, now);
         // Stored before it is sent: a control plane that restarts knows every run it started.
         self.store_job(id);
-        let _ = self.workers[&worker]
-            .link
-            .send(ControlMessage::Deploy { run, slots });
+        for (worker, slots) in executors {
+            let _ = self.workers[&worker].link.send(ControlMessage::Deploy {
+                run: run.clone(),
+                slots,
+            });
+        }
     }
 }
 
 /// Keys of the control plane and the workers themselves, not handed to a job's runs (the
-/// worker sets the slots' cores and their memory).
-const CLUSTER_KEYS: [&str; 8] = [
+/// worker sets the slots' cores and their memory, and for a run over several workers its
+/// certificate and the exchange's timeouts and buffers).
+const CLUSTER_KEYS: [&str; 15] = [
     "rest.",
     "heartbeat.",
     "slot.",
     "control.",
     "worker.",
+    "cluster.",
+    "security.",
     "taskmanager.numberOfTaskSlots",
     "taskmanager.cpu.cores",
     "taskmanager.memory.process.size",
+    "taskmanager.host",
+    "taskmanager.data.port",
+    "taskmanager.network.connect-timeout",
+    "taskmanager.network.idle-timeout",
+    "taskmanager.network.udp.",
 ];
+
+/// The operator counts of a run over several executors, from each one's (in stream order;
+/// an operator is matched by its name and how many of that name came before it).
+fn merge_totals<'a>(parts: impl Iterator<Item = &'a [OperatorTotals]>) -> Vec<OperatorTotals> {
+    let mut merged: Vec<OperatorTotals> = Vec::new();
+    for part in parts {
+        for (i, totals) in part.iter().enumerate() {
+            let nth = part[..i].iter().filter(|t| t.name == totals.name).count();
+            match merged.iter_mut().filter(|t| t.name == totals.name).nth(nth) {
+                Some(known) => {
+                    known.parallelism += totals.parallelism;
+                    known.records_in += totals.records_in;
+                    known.records_out += totals.records_out;
+                }
+                None => merged.push(totals.clone()),
+            }
+        }
+    }
+    merged
+}
 
 /// How a run ended.
 enum RunEnd {
@@ -1400,7 +1828,7 @@ const RECONNECT_SLACK_MS: i64 = 3_000;
 
 /// Run `deployment` of `job`: its configuration with the checkpoint directory of its
 /// generation and its parallelism.
-fn run_spec(job: &Job, deployment: DeploymentId) -> RunSpec {
+fn run_spec(job: &Job, placement: &Placement) -> RunSpec {
     let mut config = job.config.clone();
     for (key, value) in &mut config {
         if key == "execution.checkpointing.dir" {
@@ -1415,7 +1843,7 @@ fn run_spec(job: &Job, deployment: DeploymentId) -> RunSpec {
         job.submission.parallelism.to_string(),
     ));
     RunSpec {
-        id: deployment,
+        id: placement.deployment.clone(),
         // ("weir": the built-in package's name in jobs stored before packages were uploaded.)
         package: (![super::packages::BUILTIN, "weir"].contains(&job.submission.package.as_str()))
             .then(|| job.submission.package.clone()),
@@ -1425,7 +1853,18 @@ fn run_spec(job: &Job, deployment: DeploymentId) -> RunSpec {
         resume: job.checkpointed,
         from_savepoint: job.submission.savepoint_path.clone(),
         allow_non_restored_state: job.submission.allow_non_restored_state,
+        spread: placement.spread.clone(),
     }
+}
+
+/// The address a worker's slots are reached at: the one it names (`taskmanager.host`), else
+/// the one it connects to the control plane from (`address`).
+fn exchange_host(exchange: &ExchangeInfo, address: &str) -> std::net::IpAddr {
+    let seen = address.parse::<std::net::SocketAddr>().map(|a| a.ip());
+    exchange
+        .host
+        .or(seen.ok())
+        .unwrap_or(std::net::Ipv4Addr::LOCALHOST.into())
 }
 
 fn no_job(id: &str) -> Refusal {
@@ -1471,6 +1910,55 @@ mod tests {
 
     use super::*;
 
+    /// A cluster with no checkpointing (runs may span workers), and `extra` keys.
+    fn plain_cluster(dir: &Path, extra: &[(&str, &str)]) -> Cluster {
+        let mut config = Configuration::default()
+            .with("restart-strategy.type", "fixed-delay")
+            .and_then(|c| c.with("restart-strategy.fixed-delay.attempts", "5"))
+            .and_then(|c| c.with("restart-strategy.fixed-delay.delay", "0"))
+            .unwrap();
+        for (key, value) in extra {
+            config = config.with(key, *value).unwrap();
+        }
+        Cluster::open(config, Store::open(dir).unwrap()).unwrap()
+    }
+
+    /// A worker with a certificate (node `id`, data ports from 7000).
+    fn able_worker(
+        cluster: &mut Cluster,
+        id: &str,
+        slots: usize,
+    ) -> UnboundedReceiver<ControlMessage> {
+        let (link, messages) = unbounded_channel();
+        let info = WorkerInfo {
+            // Ports of their own, on one address.
+            exchange: Some(ExchangeInfo {
+                node: id.into(),
+                host: None,
+                port: 7000 + 100 * u16::from(id.as_bytes()[0] - b'a'),
+            }),
+            ..worker_info(id, slots)
+        };
+        cluster.register(info, "10.0.0.9:1".into(), link, 1, Vec::new(), None);
+        messages
+    }
+
+    fn worker_info(id: &str, slots: usize) -> WorkerInfo {
+        WorkerInfo {
+            id: id.into(),
+            host: "host".into(),
+            pid: 1,
+            cores: (0..slots).collect(),
+            physical_memory: 0,
+            process_memory: 0,
+            managed_memory: 0,
+            network_memory: 0,
+            heap_memory: 0,
+            engine_version: "0".into(),
+            exchange: None,
+        }
+    }
+
     fn cluster(dir: &Path) -> Cluster {
         let config = Configuration::default()
             .with("execution.checkpointing.interval", "1s")
@@ -1489,18 +1977,7 @@ mod tests {
 
     fn worker(cluster: &mut Cluster, id: &str, slots: usize) -> UnboundedReceiver<ControlMessage> {
         let (link, messages) = unbounded_channel();
-        let info = WorkerInfo {
-            id: id.into(),
-            host: "host".into(),
-            pid: 1,
-            cores: (0..slots).collect(),
-            physical_memory: 0,
-            process_memory: 0,
-            managed_memory: 0,
-            network_memory: 0,
-            heap_memory: 0,
-            engine_version: "0".into(),
-        };
+        let info = worker_info(id, slots);
         cluster.register(info, "127.0.0.1:1".into(), link, 1, Vec::new(), None);
         messages
     }
@@ -1851,5 +2328,276 @@ mod tests {
         let (again, _) = deployed(&mut messages).expect("sent again");
         assert_eq!(again.id, run.id);
         assert_eq!(cluster.jobs[&job].attempts, 1);
+    }
+
+    fn finished(records: u64) -> ExecutorState {
+        ExecutorState::Ended(Outcome::Finished {
+            duration_ms: 1,
+            operators: vec![OperatorTotals {
+                name: "Source".into(),
+                parallelism: 1,
+                records_in: 0,
+                records_out: records,
+            }],
+            savepoint: None,
+        })
+    }
+
+    #[test]
+    fn a_job_wider_than_any_worker_spans_workers_with_certificates_packed_or_spread_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = plain_cluster(dir.path(), &[]);
+        let mut on_a = able_worker(&mut cluster, "a", 3);
+        let mut on_b = able_worker(&mut cluster, "b", 2);
+        let mut on_c = worker(&mut cluster, "c", 4);
+        // Packed: one worker while one has the slots, none of the others told.
+        submitted(&mut cluster, 4);
+        let (run, slots) = deployed(&mut on_c).expect("on c, which has 4");
+        assert_eq!((run.spread, slots), (None, vec![0, 1, 2, 3]));
+        // Then the workers with certificates, the most free first; c takes no part.
+        let wide = submitted(&mut cluster, 4);
+        let (run, on_a_slots) = deployed(&mut on_a).expect("on a");
+        let (same, on_b_slots) = deployed(&mut on_b).expect("and on b");
+        assert_eq!(run, same, "every executor gets the same run");
+        assert_eq!((on_a_slots, on_b_slots), (vec![0, 1, 2], vec![0]));
+        let places = run.spread.clone().expect("spread");
+        let shown: Vec<(String, String)> = places
+            .iter()
+            .map(|p| (p.node.clone(), p.addr.to_string()))
+            .collect();
+        let expected = [
+            ("a", "10.0.0.9:7000"),
+            ("a", "10.0.0.9:7001"),
+            ("a", "10.0.0.9:7002"),
+            ("b", "10.0.0.9:7100"),
+        ];
+        assert_eq!(
+            shown,
+            expected
+                .map(|(n, a)| (n.to_string(), a.to_string()))
+                .to_vec()
+        );
+        assert_eq!(setting(&run, "parallelism.default"), "4");
+        assert_eq!(cluster.jobs[&wide].placement.as_ref().unwrap().slots(), 4);
+
+        // Spread out: a slot at a time round the workers.
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = plain_cluster(dir.path(), &[("cluster.evenly-spread-out-slots", "true")]);
+        let mut on_a = able_worker(&mut cluster, "a", 3);
+        let mut on_b = able_worker(&mut cluster, "b", 2);
+        submitted(&mut cluster, 4);
+        assert_eq!(deployed(&mut on_a).unwrap().1, vec![0, 1]);
+        assert_eq!(deployed(&mut on_b).unwrap().1, vec![0, 1]);
+        // The one slot left: a run on one worker.
+        submitted(&mut cluster, 1);
+        let (run, slots) = deployed(&mut on_a).expect("on a");
+        assert_eq!((run.spread, slots), (None, vec![2]));
+    }
+
+    #[test]
+    fn a_job_that_checkpoints_is_not_spread_and_fails_naming_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = cluster(dir.path());
+        let mut on_a = able_worker(&mut cluster, "a", 1);
+        let mut on_b = able_worker(&mut cluster, "b", 1);
+        let job = submitted(&mut cluster, 2);
+        assert!(deployed(&mut on_a).is_none() && deployed(&mut on_b).is_none());
+        cluster.jobs.get_mut(&job).unwrap().waiting_since = 0;
+        cluster.tick();
+        let job = &cluster.jobs[&job];
+        assert_eq!(job.status, JobStatus::Failed);
+        let cause = &job.failures[0].cause;
+        assert!(
+            cause.contains("the most free on one worker was 1")
+                && cause.contains("checkpoints across workers are not built yet"),
+            "{cause}"
+        );
+    }
+
+    /// A cluster; the links of its workers a and b, a slot each; a job (its id) running at
+    /// parallelism 2 over both, as run.
+    type OverTwo = (
+        Cluster,
+        UnboundedReceiver<ControlMessage>,
+        UnboundedReceiver<ControlMessage>,
+        String,
+        RunSpec,
+    );
+
+    fn over_two(dir: &Path) -> OverTwo {
+        let mut cluster = plain_cluster(dir, &[]);
+        let mut on_a = able_worker(&mut cluster, "a", 1);
+        let mut on_b = able_worker(&mut cluster, "b", 1);
+        let job = submitted(&mut cluster, 2);
+        let (run, _) = deployed(&mut on_a).unwrap();
+        assert_eq!(deployed(&mut on_b).unwrap().0, run);
+        (cluster, on_a, on_b, job, run)
+    }
+
+    #[test]
+    fn a_failed_executor_ends_the_spread_run_and_the_restart_waits_for_the_others_slots() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cluster, mut on_a, mut on_b, job, run) = over_two(dir.path());
+        report_from(&mut cluster, "a", &run, ExecutorState::Running);
+        assert!(!cluster.jobs[&job].placement.as_ref().unwrap().running());
+        report_from(&mut cluster, "b", &run, ExecutorState::Running);
+        assert!(cluster.jobs[&job].placement.as_ref().unwrap().running());
+
+        report_from(&mut cluster, "a", &run, failed("boom on a"));
+        assert!(cancel_sent(&mut on_b, &run), "b's executor is cancelled");
+        assert_eq!(cluster.jobs[&job].status, JobStatus::Restarting);
+        assert!(
+            deployed(&mut on_a).is_none(),
+            "not restarted while b's executor still holds its slot"
+        );
+        assert!(cluster.free_slots("b").is_empty());
+        report_from(
+            &mut cluster,
+            "b",
+            &run,
+            ExecutorState::Ended(Outcome::Canceled),
+        );
+        let (again, _) = deployed(&mut on_a).expect("restarted on a");
+        assert_eq!(deployed(&mut on_b).expect("and on b").0, again);
+        assert_eq!(again.id.attempt, 2);
+        let job = &cluster.jobs[&job];
+        assert_eq!(job.status, JobStatus::Running);
+        assert_eq!(job.failures.len(), 1);
+        assert_eq!(job.failures[0].worker.as_deref(), Some("a"));
+        assert!(job.failures[0].cause.contains("boom on a"));
+    }
+
+    #[test]
+    fn a_spread_run_finishes_once_every_executor_did_with_their_counts_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cluster, mut on_a, _, job, run) = over_two(dir.path());
+        report_from(&mut cluster, "a", &run, finished(10));
+        assert_eq!(cluster.jobs[&job].status, JobStatus::Running);
+        assert!(
+            std::iter::from_fn(|| on_a.try_recv().ok()).any(
+                |m| matches!(m, ControlMessage::Forget { deployment } if deployment == run.id)
+            ),
+            "a's end is acknowledged"
+        );
+        assert!(
+            !cluster.free_slots("a").is_empty(),
+            "a finished executor holds no slot"
+        );
+        report_from(&mut cluster, "b", &run, finished(5));
+        let job = &cluster.jobs[&job];
+        assert_eq!(job.status, JobStatus::Finished);
+        assert_eq!(
+            job.totals,
+            vec![OperatorTotals {
+                name: "Source".into(),
+                parallelism: 2,
+                records_in: 0,
+                records_out: 15,
+            }]
+        );
+    }
+
+    #[test]
+    fn a_placement_stored_before_runs_spanned_workers_still_loads() {
+        let stored = r#"{"deployment":{"job_id":"j","attempt":3},"worker":"w","slots":[1,2],"running":true}"#;
+        let placement: Placement = serde_json::from_str(stored).unwrap();
+        assert_eq!(placement.first_worker(), "w");
+        assert_eq!(placement.executors[0].slots, vec![1, 2]);
+        assert!(placement.running() && placement.spread.is_none());
+        let again: Placement =
+            serde_json::from_str(&serde_json::to_string(&placement).unwrap()).unwrap();
+        assert_eq!(again, placement);
+    }
+
+    #[test]
+    fn a_lost_worker_ends_the_spread_run_unless_its_executor_had_finished() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cluster, mut on_a, mut on_b, job, run) = over_two(dir.path());
+        // a's executor finished: losing a changes nothing for the run, and frees nothing
+        // of b's.
+        report_from(&mut cluster, "a", &run, finished(10));
+        cluster.workers.get_mut("a").unwrap().last_heartbeat = 0;
+        cluster.tick();
+        assert_eq!(cluster.jobs[&job].status, JobStatus::Running);
+        assert!(!cancel_sent(&mut on_b, &run));
+        // b lost while its executor runs: the run fails (b's executor is told to go, if b
+        // still hears), and the job waits for slots.
+        let mut on_c = able_worker(&mut cluster, "c", 1);
+        let mut on_d = able_worker(&mut cluster, "d", 1);
+        cluster.workers.get_mut("b").unwrap().last_heartbeat = 0;
+        cluster.tick();
+        assert!(cancel_sent(&mut on_b, &run));
+        let (again, _) = deployed(&mut on_c).expect("restarted on c");
+        assert_eq!(deployed(&mut on_d).expect("and d").0, again);
+        assert!(cluster.jobs[&job].failures[0]
+            .cause
+            .contains("worker b lost"));
+        assert!(deployed(&mut on_a).is_none());
+    }
+
+    #[test]
+    fn a_leaving_workers_spread_run_is_cancelled_whole_and_the_worker_released() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut cluster, mut on_a, mut on_b, job, run) = over_two(dir.path());
+        report_from(&mut cluster, "a", &run, ExecutorState::Running);
+        report_from(&mut cluster, "b", &run, ExecutorState::Running);
+        cluster.leave("b", Shutdown::Savepoint);
+        assert!(cancel_sent(&mut on_a, &run) && cancel_sent(&mut on_b, &run));
+        // a's end first: the run ended because b is shutting down, and b may go.
+        report_from(
+            &mut cluster,
+            "a",
+            &run,
+            ExecutorState::Ended(Outcome::Canceled),
+        );
+        let cause = &cluster.jobs[&job].failures[0];
+        assert!(
+            cause.cause.contains("worker b is shutting down"),
+            "{cause:?}"
+        );
+        assert_eq!(cause.worker.as_deref(), Some("b"));
+        assert!(released(&mut on_b));
+    }
+
+    #[test]
+    fn a_worker_whose_data_ports_or_node_clash_with_anothers_runs_only_jobs_of_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = plain_cluster(dir.path(), &[]);
+        able_worker(&mut cluster, "a", 2);
+        let same_ports = WorkerInfo {
+            exchange: Some(ExchangeInfo {
+                node: "b".into(),
+                host: None,
+                port: 7001,
+            }),
+            ..worker_info("b", 2)
+        };
+        let same_node = WorkerInfo {
+            exchange: Some(ExchangeInfo {
+                node: "a".into(),
+                host: Some("10.0.0.7".parse().unwrap()),
+                port: 7000,
+            }),
+            ..worker_info("c", 2)
+        };
+        let elsewhere = WorkerInfo {
+            exchange: Some(ExchangeInfo {
+                node: "d".into(),
+                host: Some("10.0.0.8".parse().unwrap()),
+                port: 7000,
+            }),
+            ..worker_info("d", 2)
+        };
+        for info in [same_ports, same_node, elsewhere] {
+            let (link, _) = unbounded_channel();
+            cluster.register(info, "10.0.0.9:2".into(), link, 1, Vec::new(), None);
+        }
+        let able: Vec<&str> = cluster
+            .workers
+            .values()
+            .filter(|w| w.info.exchange.is_some())
+            .map(|w| w.info.id.as_str())
+            .collect();
+        assert_eq!(able, ["a", "d"]);
     }
 }

@@ -105,7 +105,7 @@ async fn link(shared: Shared, address: SocketAddr, mut socket: WebSocket) {
                     Ok(WorkerMessage::Figures { deployment, figures }) => {
                         let mut cluster = shared.cluster();
                         cluster.heartbeat(&id, connection);
-                        cluster.figures(&deployment, figures);
+                        cluster.figures(&id, &deployment, figures);
                     }
                     Ok(WorkerMessage::Snapshot { deployment, request, result }) => {
                         let mut cluster = shared.cluster();

@@ -12,7 +12,9 @@ use serde_json::{json, Value};
 
 use weir_engine::monitor::{Figures, SubtaskFigures};
 
-use super::cluster::{now_ms, Job, JobStatus, OperationKind, Refusal, Submission};
+use super::cluster::{
+    now_ms, Cluster, Job, JobStatus, OperationKind, Placement, Refusal, Submission,
+};
 use super::packages::{self, Staging, BUILTIN};
 // The workers' link is served here too (`__path_connect` is its OpenAPI description).
 use super::links::{__path_connect, connect};
@@ -387,6 +389,13 @@ async fn taskmanagers(State(shared): State<Shared>) -> Answer {
                 "shuttingDown": w.leaving.is_some(),
                 "cores": w.info.cores,
                 "engineVersion": w.info.engine_version,
+                // Weir's: how runs over several workers reach its slots (none without a
+                // certificate: it runs only jobs that fit its own slots).
+                "exchange": w.info.exchange.as_ref().map(|e| json!({
+                    "node": e.node,
+                    "host": e.host.map(|h| h.to_string()),
+                    "dataPort": e.port,
+                })),
                 "hardware": {
                     "cpuCores": w.info.cores.len(),
                     "physicalMemory": w.info.physical_memory,
@@ -780,12 +789,14 @@ fn duration(job: &Job, now: i64) -> i64 {
 }
 
 fn summary(job: &Job, now: i64) -> Value {
-    let slots = job.placement.as_ref().map_or(0, |p| p.slots.len());
-    let running = job
-        .placement
-        .as_ref()
-        .filter(|p| p.running)
-        .map_or(0, |p| p.slots.len());
+    let slots = job.placement.as_ref().map_or(0, |p| p.slots());
+    let running = job.placement.as_ref().map_or(0, |p| {
+        p.executors
+            .iter()
+            .filter(|e| e.running && e.finished.is_none())
+            .map(|e| e.slots.len())
+            .sum()
+    });
     json!({
         "jid": job.id,
         "name": job.submission.entry,
@@ -841,7 +852,7 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
     let now = now_ms();
     let mut details = summary(job, now);
     let vertices = match &job.live {
-        Some(figures) => live_vertices(figures),
+        Some(figures) => live_vertices(figures, job.placement.as_ref()),
         None => job
             .totals
             .iter()
@@ -866,12 +877,7 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
         // Weir's: the savepoint the current generation started from (a restore, rescale or
         // move off a worker that shut down).
         "restoredFrom": job.submission.savepoint_path,
-        "placement": job.placement.as_ref().map(|p| json!({
-            "taskmanager": p.worker,
-            "slots": p.slots,
-            "attempt": p.deployment.attempt,
-            "running": p.running,
-        })),
+        "placement": job.placement.as_ref().map(|p| placement(&cluster, p)),
         "firstRecordTime": job.first_record,
         // Weir's: the latest run's start to its last task built (its state restored).
         "tasksReadyMs": job.tasks_ready.map(|seconds| seconds * 1000.0),
@@ -883,11 +889,55 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
     Ok(Json(details))
 }
 
+/// Where a run is: its executors, each with its worker, host, the worker's slots and the
+/// job's slots (subtask indexes) it runs, and whether it runs; for a run over several
+/// workers, the address every job slot's exchange listens on.
+fn placement(cluster: &Cluster, placement: &Placement) -> Value {
+    let mut first = 0;
+    let executors: Vec<Value> = placement
+        .executors
+        .iter()
+        .map(|e| {
+            let job_slots: Vec<usize> = (first..first + e.slots.len()).collect();
+            first += e.slots.len();
+            json!({
+                "taskmanager": e.worker,
+                "host": cluster.workers.get(&e.worker).map(|w| &w.info.host),
+                "slots": e.slots,
+                "job-slots": job_slots,
+                "running": e.running,
+                "finished": e.finished.is_some(),
+            })
+        })
+        .collect();
+    json!({
+        "attempt": placement.deployment.attempt,
+        "running": placement.running(),
+        "executors": executors,
+        "exchange": placement.spread.as_ref().map(|places| places
+            .iter()
+            .enumerate()
+            .map(|(slot, place)| json!({ "slot": slot, "node": place.node, "address": place.addr.to_string() }))
+            .collect::<Vec<_>>()),
+    })
+}
+
+/// The worker of each of the job's slots, in slot order.
+fn slot_workers(placement: Option<&Placement>) -> Vec<&str> {
+    placement.map_or_else(Vec::new, |p| {
+        p.executors
+            .iter()
+            .flat_map(|e| e.slots.iter().map(|_| e.worker.as_str()))
+            .collect()
+    })
+}
+
 /// The running operators (Weir reports per operator, Flink per chained vertex), each with
-/// its subtasks' counts, from a run's latest figures. Bytes read are its task's, shown on
-/// the chain's first operator; bytes written, the operator's own (what it sent to other
-/// shards).
-fn live_vertices(figures: &Figures) -> Vec<Value> {
+/// its subtasks' counts and worker, from a run's latest figures. Bytes read are its task's,
+/// shown on the chain's first operator; bytes written, the operator's own (what it sent to
+/// other shards).
+fn live_vertices(figures: &Figures, placement: Option<&Placement>) -> Vec<Value> {
+    let workers = slot_workers(placement);
     let task_of = |node: usize, subtask: usize| figures.task_of(node, subtask);
     let read_bytes = |node: usize, subtask: usize| {
         task_of(node, subtask)
@@ -924,6 +974,8 @@ fn live_vertices(figures: &Figures) -> Vec<Value> {
                     "write-bytes": s.bytes_out,
                     "backpressure-waits": s.backpressure_waits,
                     "watermark": task_of(node, s.subtask).and_then(|t| t.watermark),
+                    // Subtask i of every vertex runs on the job's slot i.
+                    "taskmanager": workers.get(s.subtask),
                 })).collect::<Vec<_>>(),
             })
         })

@@ -574,7 +574,7 @@ async fn run_subtask(
                 EndPlan::Local(plan) => SenderEnd::Local(locals.get(plan)),
                 EndPlan::Net { key, slot } => SenderEnd::Segments(match net {
                     Some(net) => match net.open(&key, slot) {
-                        Ok(sender) => Box::new(sender),
+                        Ok(sender) => Box::new(net::ToPeer::new(sender, net.peer(slot))),
                         Err(cause) => Box::new(net::Unmade(Some(cause))),
                     },
                     None => Box::new(net::Unmade(None)),
@@ -587,9 +587,9 @@ async fn run_subtask(
         match rx {
             EndPlan::Remote(rx) => ReceiverEnd::Segments(ring::receiver(rx.connect().await)),
             EndPlan::Local(plan) => ReceiverEnd::Local(locals.get(plan)),
-            EndPlan::Net { key, .. } => ReceiverEnd::Segments(match net {
+            EndPlan::Net { key, slot } => ReceiverEnd::Segments(match net {
                 Some(net) => match net.receive(&key) {
-                    Ok(channel) => net::receiver(channel),
+                    Ok(channel) => net::receiver(channel, net.peer(slot)),
                     Err(cause) => net::unmade_receiver(Some(cause)),
                 },
                 None => net::unmade_receiver(None),

@@ -36,10 +36,13 @@ pub struct Spread {
     pub idle_timeout: Duration,
     /// How long a shard retries a peer shard that does not answer.
     pub connect_timeout: Duration,
+    /// Each endpoint's UDP receive and send buffers, bytes.
+    pub udp_buffers: (usize, usize),
 }
 
 /// Where one slot of a spread run runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SlotPlace {
     /// The node (its certificate's name).
     pub node: String,
@@ -127,6 +130,7 @@ pub fn on_loopback(run: &str, slots: usize) -> Result<Vec<Spread>, String> {
                 identity,
                 idle_timeout: Duration::from_secs(10),
                 connect_timeout: Duration::from_secs(10),
+                udp_buffers: (8 << 20, 8 << 20),
             })
         })
         .collect()
@@ -136,6 +140,8 @@ pub fn on_loopback(run: &str, slots: usize) -> Result<Vec<Spread>, String> {
 /// to.
 pub(crate) struct ShardNet {
     net: NetShard,
+    /// The node of every slot of the run.
+    nodes: Vec<String>,
     peers: HashMap<usize, Peer>,
     idle_timeout: Duration,
     slot: usize,
@@ -165,6 +171,7 @@ impl ShardNet {
         // Every sender opens its channels once its shard dialled its peers, each within the
         // connect timeout: a channel not opened in twice that never will be.
         config.open_timeout = spread.connect_timeout * 2;
+        (config.udp_receive_buffer, config.udp_send_buffer) = spread.udp_buffers;
         config.stream_window = config.stream_window.max(stream_window);
         config.connection_window = config.connection_window.max(stream_window);
         let net = NetShard::bind(&config).map_err(|error| {
@@ -192,12 +199,22 @@ impl ShardNet {
         let peers = futures::future::try_join_all(dials).await?;
         Ok(ShardNet {
             net,
+            nodes: spread
+                .slots
+                .iter()
+                .map(|place| place.node.clone())
+                .collect(),
             peers: peers.into_iter().collect(),
             idle_timeout: spread.idle_timeout,
             slot,
             credits,
             segment_size,
         })
+    }
+
+    /// The shard of `slot` and its node, in words.
+    pub(crate) fn peer(&self, slot: usize) -> String {
+        format!("slot {slot} on node '{}'", self.nodes[slot])
     }
 
     /// The sending end of channel `key` to the shard of `slot`, or why it cannot be made.

@@ -109,40 +109,56 @@ pub(crate) mod net {
         }
     }
 
-    fn closed(error: NetError) -> Closed {
-        Closed {
-            cause: cause(error),
+    /// The sending end of a channel to `peer` (its slot and node, which a failure names).
+    pub(crate) struct ToPeer {
+        channel: ChannelSender,
+        peer: String,
+    }
+
+    impl ToPeer {
+        pub(crate) fn new(channel: ChannelSender, peer: String) -> ToPeer {
+            ToPeer { channel, peer }
+        }
+
+        fn closed(&self, error: NetError) -> Closed {
+            Closed {
+                cause: cause(error).map(|cause| format!("{}: {cause}", self.peer)),
+            }
         }
     }
 
-    impl SegmentSender for ChannelSender {
+    impl SegmentSender for ToPeer {
         fn try_send(&self, segment: Segment) -> Result<(), TrySendError> {
-            ChannelSender::try_send(self, segment).map_err(|error| match error {
+            self.channel.try_send(segment).map_err(|error| match error {
                 TrySend::NoCredit(segment) => TrySendError::NoCredit(segment),
-                TrySend::Closed(error) => TrySendError::Closed(closed(error)),
+                TrySend::Closed(error) => TrySendError::Closed(self.closed(error)),
             })
         }
 
         fn send(&self, segment: Segment) -> LocalBoxFuture<'_, Result<(), Closed>> {
-            Box::pin(async move { ChannelSender::send(self, segment).await.map_err(closed) })
+            Box::pin(async move {
+                let sent = self.channel.send(segment).await;
+                sent.map_err(|error| self.closed(error))
+            })
         }
     }
 
-    /// The receiving end of a channel from another process: checked before anything reads
-    /// it; when it ends, why it failed (if it did) is noted before the channel goes.
-    pub(crate) fn receiver(channel: ChannelReceiver) -> SegmentReceiver {
+    /// The receiving end of a channel from `peer` (its slot and node, which a failure
+    /// names): checked before anything reads it; when it ends, why it failed (if it did) is
+    /// noted before the channel goes.
+    pub(crate) fn receiver(channel: ChannelReceiver, peer: String) -> SegmentReceiver {
         let failure = Failure::default();
-        let noted = failure.clone();
-        let segments = futures::stream::unfold(Some(channel), move |channel| {
-            let noted = noted.clone();
-            async move {
-                let mut channel = channel?;
-                match channel.next().await {
-                    Some(segment) => Some((segment, Some(channel))),
-                    None => {
-                        *noted.borrow_mut() = channel.failure().and_then(cause);
-                        None
-                    }
+        let state = Some((channel, failure.clone(), peer));
+        let segments = futures::stream::unfold(state, |state| async move {
+            let (mut channel, noted, peer) = state?;
+            match channel.next().await {
+                Some(segment) => Some((segment, Some((channel, noted, peer)))),
+                None => {
+                    *noted.borrow_mut() = channel
+                        .failure()
+                        .and_then(cause)
+                        .map(|cause| format!("{peer}: {cause}"));
+                    None
                 }
             }
         });

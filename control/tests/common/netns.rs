@@ -1,0 +1,170 @@
+//! Worker processes on a network of their own: a Linux bridge in this namespace (which the
+//! control plane listens on) and a network namespace per worker joined to it by a veth pair,
+//! so that what workers send each other crosses a real network stack. Needs root and
+//! iproute2 (nftables to lose packets); `Network::start` says why it cannot, and with
+//! `WEIR_REQUIRE_NETNS` set (`.ci/run`) that fails the test instead of skipping it.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A bridge and a namespace per worker, removed when dropped.
+pub struct Network {
+    bridge: String,
+    namespaces: Vec<String>,
+    /// The subnet's first three octets.
+    prefix: String,
+}
+
+/// Networks made by this process so far (each gets names and a subnet of its own).
+static MADE: AtomicU32 = AtomicU32::new(0);
+
+/// Runs `args` (a command and its arguments), or says why it failed.
+fn run(args: &[&str]) -> Result<(), String> {
+    let output = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args.join(" ")))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))
+    }
+}
+
+impl Network {
+    /// A network of `namespaces` namespaces, or `None` (and why, printed) where this process
+    /// cannot make one — unless `WEIR_REQUIRE_NETNS` is set, when that fails the test.
+    pub fn start(namespaces: usize) -> Option<Network> {
+        match Network::make(namespaces) {
+            Ok(network) => Some(network),
+            Err(why) if std::env::var_os("WEIR_REQUIRE_NETNS").is_none() => {
+                eprintln!(
+                    "skipped: cannot make network namespaces ({why}); run as root with iproute2"
+                );
+                None
+            }
+            Err(why) => panic!("cannot make network namespaces: {why}"),
+        }
+    }
+
+    fn make(count: usize) -> Result<Network, String> {
+        let made = MADE.fetch_add(1, Ordering::Relaxed);
+        let tag = format!("{}{made}", std::process::id() % 100_000);
+        let prefix = format!("10.{}.{}", 200 + made % 50, std::process::id() % 250);
+        let mut network = Network {
+            bridge: format!("wbr{tag}"),
+            namespaces: Vec::new(),
+            prefix,
+        };
+        let bridge = network.bridge.clone();
+        run(&["ip", "link", "add", &bridge, "type", "bridge"])?;
+        run(&[
+            "ip",
+            "addr",
+            "add",
+            &format!("{}.1/24", network.prefix),
+            "dev",
+            &bridge,
+        ])?;
+        run(&["ip", "link", "set", &bridge, "up"])?;
+        for i in 0..count {
+            let namespace = format!("weir{tag}n{i}");
+            run(&["ip", "netns", "add", &namespace])?;
+            network.namespaces.push(namespace.clone());
+            let (outer, inner) = (format!("wv{tag}{i}o"), format!("wv{tag}{i}i"));
+            run(&[
+                "ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+            ])?;
+            run(&["ip", "link", "set", &inner, "netns", &namespace])?;
+            run(&["ip", "link", "set", &outer, "master", &bridge])?;
+            run(&["ip", "link", "set", &outer, "up"])?;
+            let inside = |args: &[&str]| {
+                let mut all = vec!["ip", "netns", "exec", &namespace];
+                all.extend_from_slice(args);
+                run(&all)
+            };
+            let address = format!("{}/24", network.address(i));
+            inside(&["ip", "addr", "add", &address, "dev", &inner])?;
+            inside(&["ip", "link", "set", &inner, "up"])?;
+            inside(&["ip", "link", "set", "lo", "up"])?;
+        }
+        Ok(network)
+    }
+
+    /// This namespace's address on the bridge (where the control plane listens).
+    pub fn host(&self) -> String {
+        format!("{}.1", self.prefix)
+    }
+
+    /// Namespace `i`'s address.
+    pub fn address(&self, i: usize) -> String {
+        format!("{}.{}", self.prefix, i + 2)
+    }
+
+    /// `program` to run in namespace `i` (`ip netns exec`, which execs it: its pid is the
+    /// program's).
+    pub fn command(&self, i: usize, program: &str) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.namespaces[i], program]);
+        command
+    }
+
+    /// Namespace `i` drops `percent` % of the UDP datagrams it sends, at random (nftables).
+    pub fn lose_udp(&self, i: usize, percent: u32) {
+        let namespace = &self.namespaces[i];
+        let nft = |rest: &[&str]| {
+            let mut all = vec!["ip", "netns", "exec", namespace, "nft"];
+            all.extend_from_slice(rest);
+            run(&all).unwrap_or_else(|e| panic!("{e}"));
+        };
+        nft(&["add", "table", "inet", "weirloss"]);
+        nft(&[
+            "add",
+            "chain",
+            "inet",
+            "weirloss",
+            "out",
+            "{ type filter hook output priority 0; policy accept; }",
+        ]);
+        let below = percent.to_string();
+        nft(&[
+            "add", "rule", "inet", "weirloss", "out", "meta", "l4proto", "udp", "numgen", "random",
+            "mod", "100", "<", &below, "counter", "drop",
+        ]);
+    }
+
+    /// The UDP datagrams namespace `i` dropped so far ([`Network::lose_udp`]).
+    pub fn lost_udp(&self, i: usize) -> u64 {
+        let output = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.namespaces[i],
+                "nft",
+                "list",
+                "table",
+                "inet",
+                "weirloss",
+            ])
+            .output()
+            .expect("nft list");
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.split_once("counter packets ")
+            .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes its end of the veth pair, and with it the other.
+        for namespace in &self.namespaces {
+            let _ = run(&["ip", "netns", "del", namespace]);
+        }
+        let _ = run(&["ip", "link", "del", &self.bridge]);
+    }
+}
