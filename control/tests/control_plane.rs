@@ -994,28 +994,26 @@ fn a_killed_worker_ends_the_whole_run_over_two_which_starts_again_on_others() {
     every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
 }
 
-#[test]
-fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_once_losing_datagrams()
-{
-    let Some(network) = netns::Network::start(2) else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let certs = certificates(dir.path(), &["a", "b"]);
-    let rest = format!("rest.address={}", network.host());
-    let control = start_control(dir.path(), 0, &[&rest]);
-    let _workers: Vec<Process> = ["a", "b"]
+/// Workers a and b of `control`, each in namespace 0 and 1 of `network` (cores 0 and 1, a
+/// slot each, certificates from `certs`), registered.
+fn namespace_workers(
+    network: &netns::Network,
+    dir: &Path,
+    certs: &Path,
+    control: &ControlPlane,
+) -> Vec<Process> {
+    let workers = ["a", "b"]
         .iter()
         .enumerate()
         .map(|(i, name)| {
             // No taskmanager.host: the address the control plane sees it connect from.
-            let settings = exchange_settings(&certs, name, None, 6121);
+            let settings = exchange_settings(certs, name, None, 6121);
             let mut command = network.command(i, WEIR);
             worker_args(
                 &mut command,
-                dir.path(),
+                dir,
                 name,
-                &control,
+                control,
                 &i.to_string(),
                 &strs(&settings),
             );
@@ -1028,7 +1026,21 @@ fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_onc
             )
         })
         .collect();
-    wait_for_workers(&control, 2);
+    wait_for_workers(control, 2);
+    workers
+}
+
+#[test]
+fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_once_losing_datagrams()
+{
+    let Some(network) = netns::Network::start(2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certificates(dir.path(), &["a", "b"]);
+    let rest = format!("rest.address={}", network.host());
+    let control = start_control(dir.path(), 0, &[&rest]);
+    let _workers = namespace_workers(&network, dir.path(), &certs, &control);
     // Every namespace drops 2 % of the datagrams it sends: QUIC sends them again.
     network.lose_udp(0, 2);
     network.lose_udp(1, 2);
@@ -1050,6 +1062,104 @@ fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_onc
     every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
     let lost = network.lost_udp(0) + network.lost_udp(1);
     assert!(lost > 0, "no datagram was dropped: the test lost nothing");
+}
+
+/// Resident memory of process `pid` and of its children (a worker and its executors),
+/// bytes.
+fn resident_with_children(pid: u32) -> u64 {
+    let resident = |pid: &str| {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|status| {
+                let line = status
+                    .lines()
+                    .find(|l| l.starts_with("VmRSS:"))?
+                    .to_string();
+                line.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .map_or(0, |kib| kib * 1024)
+    };
+    let parent = pid.to_string();
+    let children: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // After the command's closing parenthesis: state, then the parent's pid.
+            let (_, rest) = stat.rsplit_once(')')?;
+            (rest.split_whitespace().nth(1)? == parent).then_some(name)
+        })
+        .collect();
+    resident(&parent) + children.iter().map(|c| resident(c)).sum::<u64>()
+}
+
+#[test]
+fn a_slow_subtask_on_one_worker_backpressures_the_source_on_the_other_with_bounded_memory() {
+    let Some(network) = netns::Network::start(2) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certificates(dir.path(), &["a", "b"]);
+    let rest = format!("rest.address={}", network.host());
+    let control = start_control(dir.path(), 0, &[&rest, "web.upload.enabled=true"]);
+    let workers = namespace_workers(&network, dir.path(), &certs, &control);
+    let jar = upload_example(&control, dir.path());
+    let job = run_uploaded(&control, &jar, "slow-subtask", "--sleep-us 1000", 2);
+    let (running, _) = wait_for_executors(&control, &job, 2);
+    // Which worker runs subtask 0 (the fast one) and which subtask 1 (the slow one).
+    let fast = workers
+        .iter()
+        .find(|w| worker_id(&control, w) == running[0])
+        .expect("one of this test's workers");
+    // Source subtask 0, on the fast worker, waits for the credit of its channel to the
+    // slow subtask on the other worker.
+    let source = wait_for("both executors' figures", Duration::from_secs(30), || {
+        let details = get(&control, &format!("/jobs/{job}"));
+        vertex(&details, "Source: numbers").filter(|source| source["parallelism"] == 2)
+    });
+    wait_for(
+        "source subtask 0 backpressured",
+        Duration::from_secs(60),
+        || {
+            let answer = get(
+                &control,
+                &format!("/jobs/{job}/vertices/{}/backpressure", source["id"]),
+            );
+            let subtasks = answer["subtasks"].as_array()?.clone();
+            let first = subtasks.iter().find(|s| s["subtask"] == 0)?;
+            (first["backpressuredRatio"].as_f64()? > 0.5).then_some(())
+        },
+    );
+    // What is in flight between the sources and the maps stays within the channels' credit,
+    // and the fast worker's memory stays put, however long the sources would run ahead.
+    let in_flight = || {
+        let details = get(&control, &format!("/jobs/{job}"));
+        let sent = must_vertex(&details, "Source: numbers")["metrics"]["write-records"]
+            .as_u64()
+            .unwrap();
+        let received = must_vertex(&details, "slow on subtask 1")["metrics"]["read-records"]
+            .as_u64()
+            .unwrap();
+        sent.saturating_sub(received)
+    };
+    let (before, resident_before) = (in_flight(), resident_with_children(fast.0.id()));
+    std::thread::sleep(Duration::from_secs(5));
+    let (after, resident_after) = (in_flight(), resident_with_children(fast.0.id()));
+    // Four channels, the two to the other worker each at most its sending pool and its
+    // receiver's credit (50 segments of 32 KiB, a few thousand 8-byte numbers each): under a
+    // million records (about 20 thousand here), where unbounded buffering would hold the
+    // tens of millions the sources make in these seconds.
+    for records in [before, after] {
+        assert!(records < 1_000_000, "{records} records in flight");
+    }
+    assert!(
+        resident_after < resident_before + (32 << 20),
+        "the fast worker grew from {resident_before} to {resident_after} bytes"
+    );
+    let (status, _) = call(&control, "PATCH", &format!("/jobs/{job}?mode=cancel"), None);
+    assert_eq!(status, 202);
+    wait_for_state(&control, &job, "CANCELED", Duration::from_secs(60));
 }
 
 /// Every worker's id and pid, as the control plane lists them.
@@ -1725,6 +1835,36 @@ fn upload_example(control: &ControlPlane, dir: &Path) -> String {
     answer["filename"].as_str().unwrap().to_string()
 }
 
+/// The vertex named `name` of a job's `details`, if they list it.
+fn vertex(details: &Value, name: &str) -> Option<Value> {
+    let vertices = details["vertices"].as_array()?;
+    vertices.iter().find(|v| v["name"] == name).cloned()
+}
+
+/// The vertex named `name` of a job's `details`, which must list it.
+fn must_vertex(details: &Value, name: &str) -> Value {
+    vertex(details, name).unwrap_or_else(|| panic!("no vertex {name}: {details}"))
+}
+
+/// Runs job `entry` of uploaded package `jar` with `args` at `parallelism`: its id.
+fn run_uploaded(
+    control: &ControlPlane,
+    jar: &str,
+    entry: &str,
+    args: &str,
+    parallelism: usize,
+) -> String {
+    let body = json!({ "entryClass": entry, "programArgs": args, "parallelism": parallelism });
+    let (status, answer) = call(
+        control,
+        "POST",
+        &format!("/jars/{jar}/run"),
+        Some(&body.to_string()),
+    );
+    assert_eq!(status, 200, "{answer}");
+    answer["jobid"].as_str().unwrap().to_string()
+}
+
 #[test]
 fn an_uploaded_package_runs_its_jobs_on_a_worker_and_bad_uploads_are_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -1906,19 +2046,13 @@ fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back()
     let jar = upload_example(&control, dir.path());
     // Two sources, split 1's event time a minute behind split 0's, feeding a map that sleeps
     // 200 µs per record.
-    let body = json!({
-        "entryClass": "lagging-split",
-        "programArgs": "--lag-ms 60000 --sleep-us 200",
-        "parallelism": 2,
-    });
-    let (status, answer) = call(
+    let job = run_uploaded(
         &control,
-        "POST",
-        &format!("/jars/{jar}/run"),
-        Some(&body.to_string()),
+        &jar,
+        "lagging-split",
+        "--lag-ms 60000 --sleep-us 200",
+        2,
     );
-    assert_eq!(status, 200, "{answer}");
-    let job = answer["jobid"].as_str().unwrap().to_string();
     let (status, answer) = call(&control, "GET", &format!("/jobs/{job}/bottleneck"), None);
     assert!(
         status == 200 || status == 409,
@@ -1941,16 +2075,10 @@ fn the_slow_task_is_the_bottleneck_and_the_lagging_split_holds_event_time_back()
         "{bottleneck}"
     );
     let details = get(&control, &format!("/jobs/{job}"));
-    let vertex = |name: &str| {
-        details["vertices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == name)
-            .unwrap_or_else(|| panic!("no vertex {name}: {details}"))
-            .clone()
-    };
-    let (source, map) = (vertex("Source: numbers"), vertex("slow map"));
+    let (source, map) = (
+        must_vertex(&details, "Source: numbers"),
+        must_vertex(&details, "slow map"),
+    );
     assert!(
         source["metrics"]["write-bytes"].as_u64().unwrap() > 0,
         "records cross shards in segments: {source}"

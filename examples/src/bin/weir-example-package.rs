@@ -36,6 +36,14 @@ fn main() -> ExitCode {
                  --sleep-us per record (default 100) into a discard sink: a job whose \
                  bottleneck and event-time holdback are known (run it at parallelism 2).",
                 lagging_split,
+            )
+            .job(
+                "slow-subtask",
+                "Numbers without end, dealt round-robin to a map whose subtask 1 takes \
+                 --sleep-us per record (default 1000) into a discard sink: run at parallelism \
+                 2, subtask 1 backpressures every source subtask, over the network where the \
+                 job spans workers.",
+                slow_subtask,
             ),
     )
 }
@@ -117,6 +125,36 @@ fn lagging_split(env: &StreamEnvironment, args: &[String]) -> Result<(), String>
         })
         .name("slow map")
         .sink_to(DiscardSink::new(), "discard");
+    Ok(())
+}
+
+fn slow_subtask(env: &StreamEnvironment, args: &[String]) -> Result<(), String> {
+    let sleep_us = match args {
+        [] => 1000,
+        [flag, value] if flag == "--sleep-us" => value
+            .parse()
+            .map_err(|_| format!("--sleep-us takes a whole number, not '{value}'"))?,
+        other => {
+            return Err(format!(
+                "unexpected arguments {other:?}; the only one is --sleep-us N"
+            ))
+        }
+    };
+    env.from_source(
+        DataGeneratorSource::new(None, |i| i),
+        WatermarkStrategy::no_watermarks(),
+        "numbers",
+    )
+    .uid("numbers")
+    .rebalance()
+    .process(move |n: u64, ctx: &mut ProcessContext<'_, u64>| {
+        if ctx.runtime().subtask == 1 {
+            std::thread::sleep(std::time::Duration::from_micros(sleep_us));
+        }
+        ctx.emit(n);
+    })
+    .name("slow on subtask 1")
+    .sink_to(DiscardSink::new(), "discard");
     Ok(())
 }
 
