@@ -557,6 +557,10 @@ enum Bench {
         /// does for its worker's /metrics (what scraping costs the job).
         #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
         scrape_ms: Option<u64>,
+        /// Spread the engine run over N executors in this process, one slot each, with QUIC
+        /// and mutual TLS on loopback between them (--parallelism N; no checkpoints).
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        executors: usize,
         /// Print one JSON object (an array with --all).
         #[arg(long)]
         json: bool,
@@ -849,6 +853,7 @@ fn run_bench(bench: Bench) -> Result<()> {
             checkpoint_interval_ms,
             settings,
             scrape_ms,
+            executors,
             json,
         } => {
             use weir_bench::nexmark::harness;
@@ -863,6 +868,7 @@ fn run_bench(bench: Bench) -> Result<()> {
                 checkpoint_interval_ms,
                 settings,
                 scrape_ms,
+                executors,
             };
             if all {
                 let rows = harness::run_suite(&options)?;

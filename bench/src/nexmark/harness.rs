@@ -163,6 +163,9 @@ pub struct NexmarkOptions {
     /// Read the job's live figures this often and encode them as an executor does for its
     /// worker's `/metrics` (`None`: no monitor is read).
     pub scrape_ms: Option<u64>,
+    /// Executors the engine run is spread over, in this process (1: one executor; more: one
+    /// slot each, QUIC with mutual TLS on loopback between them).
+    pub executors: usize,
 }
 
 /// Milliseconds at the median and the maximum.
@@ -277,6 +280,8 @@ pub struct NexmarkReport {
     pub events_per_second_per_core: f64,
     /// Cores used (shards; 1 for the baseline).
     pub cores: usize,
+    /// Executors the engine run was spread over (1: one; and for the baseline).
+    pub executors: usize,
     /// Generation-to-result latency (engine runs; `None` for the baseline, for q12 — its
     /// windows are in processing time — or without results).
     pub latency_ms: Option<LatencyMs>,
@@ -350,6 +355,7 @@ pub fn run_baseline(options: &NexmarkOptions) -> Result<NexmarkReport, BenchErro
         events_per_second: rate,
         events_per_second_per_core: rate,
         cores: 1,
+        executors: 1,
         latency_ms: None,
         results: result.results,
         checksum: format!("{:016x}", result.checksum),
@@ -537,12 +543,29 @@ struct Attach<'a> {
     query: Query,
     timeline: &'a Arc<Timeline>,
     counter: &'a Arc<AtomicU64>,
+    /// What the sinks gather into: made by the first job attached, shared by the others
+    /// (the executors of a run spread over several in this process).
+    gathered: std::cell::RefCell<Option<Box<dyn std::any::Any>>>,
 }
 
 impl Attach<'_> {
+    /// Where the run's `T` results are gathered.
+    fn gathered<T: 'static>(&self) -> Arc<Mutex<Gathered<T>>> {
+        let mut shared = self.gathered.borrow_mut();
+        let known = shared
+            .as_ref()
+            .and_then(|any| any.downcast_ref::<Arc<Mutex<Gathered<T>>>>());
+        if let Some(gathered) = known {
+            return Arc::clone(gathered);
+        }
+        let gathered = Arc::new(Mutex::new(Gathered::default()));
+        *shared = Some(Box::new(Arc::clone(&gathered)));
+        gathered
+    }
+
     /// Sends `results` to a sink gathering them for this run.
     fn attach<T: StableHash + Record>(&self, results: DataStream<T>) -> Outputs<T> {
-        let gathered = Arc::new(Mutex::new(Gathered::default()));
+        let gathered = self.gathered();
         let sink = ResultSink {
             gathered: Arc::clone(&gathered),
             results: Arc::clone(self.counter),
@@ -606,16 +629,67 @@ fn progress(
     .ok()
 }
 
-/// Runs the query on the engine: `options.parallelism` shards, embedded.
+/// Builds `query` over `events` into its environment, its results into `sinks`: what takes
+/// the run's output once it ended.
+fn build_query(
+    query: Query,
+    events: DataStream<Event>,
+    sinks: &Attach<'_>,
+) -> Box<dyn FnOnce() -> RunOutput> {
+    match query {
+        Query::Q0 => sinks.plain(queries::q0(events)),
+        Query::Q1 => sinks.plain(queries::q1(events)),
+        Query::Q2 => sinks.plain(queries::q2(events)),
+        Query::Q3 => sinks.plain(queries::q3(events)),
+        Query::Q4 => {
+            let outputs = sinks.attach(queries::q4(events));
+            Box::new(move || {
+                finish(outputs.take(), |g: &Gathered<CategoryAverage>| {
+                    checksum_of(&q4_final(g.kept.iter().cloned()))
+                })
+            })
+        }
+        Query::Q5 => sinks.plain(queries::q5(events)),
+        Query::Q7 => sinks.plain(queries::q7(events)),
+        Query::Q8 => sinks.plain(queries::q8(events)),
+        Query::Q11 => sinks.plain(queries::q11(events)),
+        Query::Q12 => {
+            let outputs = sinks.attach(queries::q12(events));
+            Box::new(move || {
+                finish(outputs.take(), |g: &Gathered<BidderWindowCount>| {
+                    checksum_of(&q12_totals(&g.kept))
+                })
+            })
+        }
+    }
+}
+
+/// Runs the query on the engine: `options.parallelism` shards, embedded — in one executor,
+/// or spread over `options.executors` in this process, one slot each.
 pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError> {
     check(options)?;
-    let generator = generator(options)?;
-    let event_rate = generator.config().first_event_rate as f64;
+    let event_rate = generator(options)?.config().first_event_rate as f64;
+    let executors = options.executors.max(1);
+    if executors > 1
+        && (executors != options.parallelism || options.checkpoint_interval_ms.is_some())
+    {
+        return Err(BenchError::Nexmark(format!(
+            "--executors {executors}: a run over several executors gives each one slot \
+             (--parallelism {executors}) and takes no checkpoints (not built across executors)"
+        )));
+    }
+    let cores = weir_engine::runtime::available_cores();
+    if executors > cores.len() {
+        return Err(BenchError::Nexmark(format!(
+            "--executors {executors}: this machine has {} core(s), one per executor",
+            cores.len()
+        )));
+    }
     let mut config = Configuration::default();
     let settings = [
         (
             "taskmanager.numberOfTaskSlots",
-            options.parallelism.to_string(),
+            (options.parallelism / executors).to_string(),
         ),
         ("parallelism.default", options.parallelism.to_string()),
         ("state.backend.type", options.state_backend.clone()),
@@ -653,60 +727,78 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
     config
         .apply_pairs(options.settings.iter().map(String::as_str))
         .map_err(|e| BenchError::Nexmark(e.to_string()))?;
-    let env = StreamEnvironment::new(config).map_err(BenchError::job("nexmark"))?;
     let timeline = Arc::new(Timeline::new());
     let counter = Arc::new(AtomicU64::new(0));
-    let timed = Timed {
-        generator,
-        timeline: Arc::clone(&timeline),
-    };
-    let events = queries::source(&env, timed, options.events, options.rate);
     let query = options.query;
     let sinks = Attach {
         query,
         timeline: &timeline,
         counter: &counter,
+        gathered: Default::default(),
     };
-    let take: Box<dyn FnOnce() -> RunOutput> = match query {
-        Query::Q0 => sinks.plain(queries::q0(events)),
-        Query::Q1 => sinks.plain(queries::q1(events)),
-        Query::Q2 => sinks.plain(queries::q2(events)),
-        Query::Q3 => sinks.plain(queries::q3(events)),
-        Query::Q4 => {
-            let outputs = sinks.attach(queries::q4(events));
-            Box::new(move || {
-                finish(outputs.take(), |g: &Gathered<CategoryAverage>| {
-                    checksum_of(&q4_final(g.kept.iter().cloned()))
-                })
-            })
-        }
-        Query::Q5 => sinks.plain(queries::q5(events)),
-        Query::Q7 => sinks.plain(queries::q7(events)),
-        Query::Q8 => sinks.plain(queries::q8(events)),
-        Query::Q11 => sinks.plain(queries::q11(events)),
-        Query::Q12 => {
-            let outputs = sinks.attach(queries::q12(events));
-            Box::new(move || {
-                finish(outputs.take(), |g: &Gathered<BidderWindowCount>| {
-                    checksum_of(&q12_totals(&g.kept))
-                })
-            })
-        }
+    let name = format!("nexmark {}", query.name());
+    let spreads = match executors {
+        1 => vec![None],
+        _ => weir_engine::runtime::on_loopback("nexmark", executors)
+            .map_err(BenchError::Remote)?
+            .into_iter()
+            .map(Some)
+            .collect(),
     };
-    let progress = progress(query, event_rate, Arc::clone(&timeline), counter);
     let monitor = JobMonitor::default();
     let scrapes = Arc::new(AtomicU64::new(0));
+    let mut take = None;
+    let mut runs = Vec::with_capacity(executors);
+    for (spread, core) in spreads.into_iter().zip(cores) {
+        let mut config = config.clone();
+        if spread.is_some() {
+            config
+                .set("taskmanager.cpu.cores", core.to_string())
+                .map_err(|e| BenchError::Nexmark(e.to_string()))?;
+        }
+        let env = StreamEnvironment::new(config).map_err(BenchError::job("nexmark"))?;
+        let timed = Timed {
+            generator: generator(options)?,
+            timeline: Arc::clone(&timeline),
+        };
+        let events = queries::source(&env, timed, options.events, options.rate);
+        let built = build_query(query, events, &sinks);
+        take.get_or_insert(built);
+        // The first executor's figures are the ones scraped.
+        let run = RunOptions {
+            monitor: if runs.is_empty() {
+                monitor.clone()
+            } else {
+                JobMonitor::default()
+            },
+            spread,
+            ..RunOptions::default()
+        };
+        runs.push(env.execute_async(&name, run));
+    }
+    let take = take.expect("one executor at least");
+    let progress = progress(query, event_rate, Arc::clone(&timeline), counter);
     let scraper = options
         .scrape_ms
         .map(|ms| scraper(&monitor, Duration::from_millis(ms), Arc::clone(&scrapes)))
         .transpose()?;
-    let run = RunOptions {
-        monitor,
-        ..RunOptions::default()
-    };
-    let result = env
-        .execute_with(&format!("nexmark {}", query.name()), run)
-        .map_err(BenchError::job("nexmark"))?;
+    // Every executor waited for, whatever the first did (a failure on one ends the others).
+    let results: Vec<_> = runs
+        .into_iter()
+        .map(|run| run.and_then(|run| run.wait()))
+        .collect();
+    let mut result = None;
+    for ended in results {
+        let ended = ended.map_err(BenchError::job("nexmark"))?;
+        // The run lasts until its last executor ends.
+        if result
+            .as_ref()
+            .is_none_or(|r: &weir_engine::JobResult| r.duration < ended.duration)
+        {
+            result = Some(ended);
+        }
+    }
+    let result = result.expect("one executor at least");
     drop(scraper);
     drop(progress);
     drop(checkpoint_dir);
@@ -721,6 +813,7 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         events_per_second: rate,
         events_per_second_per_core: rate / options.parallelism as f64,
         cores: options.parallelism,
+        executors,
         latency_ms: latency(&timeline, &output.samples),
         results: output.results,
         checksum: format!("{:016x}", output.checksum.sum),
@@ -861,7 +954,37 @@ mod tests {
             checkpoint_interval_ms: None,
             settings: Vec::new(),
             scrape_ms: None,
+            executors: 1,
         }
+    }
+
+    /// Spread over two executors (QUIC between them), a query gives what it gives on one.
+    #[test]
+    fn a_query_over_two_executors_gives_what_it_gives_on_one() {
+        let one = NexmarkOptions {
+            parallelism: 2,
+            ..options(Query::Q5, 200_000)
+        };
+        let two = NexmarkOptions {
+            executors: 2,
+            ..one.clone()
+        };
+        let reference = run_engine(&one).unwrap();
+        let spread = run_engine(&two).unwrap();
+        assert!(reference.results > 0);
+        assert_eq!(
+            (spread.checksum, spread.results),
+            (reference.checksum, reference.results)
+        );
+        assert_eq!(spread.executors, 2);
+        let refused = run_engine(&NexmarkOptions {
+            parallelism: 1,
+            ..two
+        });
+        assert!(
+            matches!(&refused, Err(BenchError::Nexmark(m)) if m.contains("one slot")),
+            "{refused:?}"
+        );
     }
 
     /// A scraped run reads its figures as often as asked, and gives the same results.
