@@ -147,7 +147,7 @@ async fn simulated_worker(
                     }
                     ControlMessage::Refused { reason } => bail!("refused: {reason}"),
                     ControlMessage::Deploy { run, .. } => {
-                        let report = ExecutorReport { deployment: run.id.clone(), state: ExecutorState::Running };
+                        let report = ExecutorReport::new(run.id.clone(), ExecutorState::Running);
                         link.send(text(&WorkerMessage::Executor(report))).await?;
                         runs.push(run.id);
                     }

@@ -11,7 +11,7 @@ use weir_engine::monitor::Figures;
 use weir_engine::package::{DeploymentId, Outcome, RunSpec, Snapshot};
 
 /// The version of these messages. Raised with any change to them.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Where workers fetch uploaded packages' executables (`{jar}`: the package's id).
 pub const PACKAGES_PATH: &str = "/v1/packages/{jar}";
@@ -137,6 +137,21 @@ pub struct ExecutorReport {
     pub deployment: DeploymentId,
     /// Where it is.
     pub state: ExecutorState,
+    /// Its slots on the worker (in the reports of a registration; empty in the others): a
+    /// restarted control plane holds them until an executor it no longer counts on ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<usize>,
+}
+
+impl ExecutorReport {
+    /// A change of an executor's state.
+    pub fn new(deployment: DeploymentId, state: ExecutorState) -> ExecutorReport {
+        ExecutorReport {
+            deployment,
+            state,
+            slots: Vec::new(),
+        }
+    }
 }
 
 /// Where an executor is.

@@ -527,6 +527,7 @@ impl Agent {
             .map(|(deployment, e)| ExecutorReport {
                 deployment: deployment.clone(),
                 state: e.state.clone(),
+                slots: e.slots.clone(),
             })
             .collect()
     }
@@ -549,7 +550,7 @@ impl Agent {
                     // Sent again (the control plane restarted, or the first one was lost):
                     // say where it is.
                     let state = executor.state.clone();
-                    let report = ExecutorReport { deployment, state };
+                    let report = ExecutorReport::new(deployment, state);
                     send(link, &WorkerMessage::Executor(report)).await;
                     return;
                 }
@@ -587,7 +588,7 @@ impl Agent {
                         let state = ExecutorState::Deploying;
                         send(
                             link,
-                            &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+                            &WorkerMessage::Executor(ExecutorReport::new(deployment, state)),
                         )
                         .await;
                     }
@@ -598,7 +599,7 @@ impl Agent {
                 if let Some(executor) = self.executors.get_mut(&deployment) {
                     if executor.cancel() {
                         let state = executor.state.clone();
-                        let report = ExecutorReport { deployment, state };
+                        let report = ExecutorReport::new(deployment, state);
                         send(link, &WorkerMessage::Executor(report)).await;
                     }
                 }
@@ -647,7 +648,7 @@ impl Agent {
                 let state = ExecutorState::Deploying;
                 send(
                     link,
-                    &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+                    &WorkerMessage::Executor(ExecutorReport::new(deployment, state)),
                 )
                 .await;
             }
@@ -674,7 +675,7 @@ impl Agent {
         );
         send(
             link,
-            &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+            &WorkerMessage::Executor(ExecutorReport::new(deployment, state)),
         )
         .await;
     }
@@ -763,7 +764,7 @@ impl Agent {
         executor.state = state.clone();
         send(
             link,
-            &WorkerMessage::Executor(ExecutorReport { deployment, state }),
+            &WorkerMessage::Executor(ExecutorReport::new(deployment, state)),
         )
         .await;
     }

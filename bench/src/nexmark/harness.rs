@@ -669,7 +669,12 @@ fn build_query(
 pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError> {
     check(options)?;
     let event_rate = generator(options)?.config().first_event_rate as f64;
-    let executors = options.executors.max(1);
+    let executors = options.executors;
+    if executors == 0 {
+        return Err(BenchError::Nexmark(
+            "--executors 0: a run needs one executor at least".into(),
+        ));
+    }
     if executors > 1
         && (executors != options.parallelism || options.checkpoint_interval_ms.is_some())
     {
@@ -747,8 +752,9 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
     };
     let monitor = JobMonitor::default();
     let scrapes = Arc::new(AtomicU64::new(0));
+    // Every executor's job built before any starts (nothing is left running on an error).
     let mut take = None;
-    let mut runs = Vec::with_capacity(executors);
+    let mut jobs = Vec::with_capacity(executors);
     for (spread, core) in spreads.into_iter().zip(cores) {
         let mut config = config.clone();
         if spread.is_some() {
@@ -766,7 +772,7 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         take.get_or_insert(built);
         // The first executor's figures are the ones scraped.
         let run = RunOptions {
-            monitor: if runs.is_empty() {
+            monitor: if jobs.is_empty() {
                 monitor.clone()
             } else {
                 JobMonitor::default()
@@ -774,7 +780,7 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
             spread,
             ..RunOptions::default()
         };
-        runs.push(env.execute_async(&name, run));
+        jobs.push((env, run));
     }
     let take = take.expect("one executor at least");
     let progress = progress(query, event_rate, Arc::clone(&timeline), counter);
@@ -782,6 +788,16 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         .scrape_ms
         .map(|ms| scraper(&monitor, Duration::from_millis(ms), Arc::clone(&scrapes)))
         .transpose()?;
+    let runs: Vec<_> = jobs
+        .into_iter()
+        .map(|(env, run)| env.execute_async(&name, run))
+        .collect();
+    if runs.iter().any(Result::is_err) {
+        // One that did not start: the others would wait for it until their connect timeout.
+        for run in runs.iter().flatten() {
+            run.cancel();
+        }
+    }
     // Every executor waited for, whatever the first did (a failure on one ends the others).
     let results: Vec<_> = runs
         .into_iter()

@@ -1037,6 +1037,21 @@ impl Cluster {
                 ending,
             },
         );
+        // The slots of executors it runs that no run counts on are held before any report
+        // is taken (one may end a run, and its restart must not land on them).
+        for report in &executors {
+            let current = self.jobs.get(&report.deployment.job_id).is_some_and(|j| {
+                j.placement
+                    .as_ref()
+                    .is_some_and(|p| p.deployment == report.deployment && p.on(&id).is_some())
+            });
+            let live = !matches!(report.state, ExecutorState::Ended(_));
+            if !current && live && !report.slots.is_empty() {
+                let w = self.workers.get_mut(&id).expect("inserted above");
+                w.ending
+                    .insert(report.deployment.clone(), report.slots.clone());
+            }
+        }
         for report in executors {
             self.executor(&id, report);
         }
@@ -1155,9 +1170,18 @@ impl Cluster {
                         deployment: report.deployment,
                     }
                 }
-                _ => ControlMessage::Cancel {
-                    deployment: report.deployment,
-                },
+                _ => {
+                    // Its slots are busy until it ended (known when a registration reports it).
+                    if let Some(w) = self.workers.get_mut(worker) {
+                        if !report.slots.is_empty() {
+                            w.ending
+                                .insert(report.deployment.clone(), report.slots.clone());
+                        }
+                    }
+                    ControlMessage::Cancel {
+                        deployment: report.deployment,
+                    }
+                }
             };
             if let Some(link) = link {
                 let _ = link.send(message);
@@ -2010,11 +2034,7 @@ mod tests {
     }
 
     fn report_from(cluster: &mut Cluster, worker: &str, run: &RunSpec, state: ExecutorState) {
-        let report = ExecutorReport {
-            deployment: run.id.clone(),
-            state,
-        };
-        cluster.executor(worker, report);
+        cluster.executor(worker, ExecutorReport::new(run.id.clone(), state));
     }
 
     fn setting<'a>(run: &'a RunSpec, key: &str) -> &'a str {
@@ -2599,5 +2619,55 @@ mod tests {
             .map(|w| w.info.id.as_str())
             .collect();
         assert_eq!(able, ["a", "d"]);
+    }
+
+    #[test]
+    fn an_executor_reported_at_registration_that_no_run_counts_on_holds_its_slots_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cluster = plain_cluster(dir.path(), &[]);
+        let mut first = worker(&mut cluster, "w", 2);
+        let stale = submitted(&mut cluster, 1);
+        let (stale_run, slots) = deployed(&mut first).unwrap();
+        assert_eq!(slots, vec![0]);
+        let job = submitted(&mut cluster, 1);
+        let (run, slots) = deployed(&mut first).unwrap();
+        assert_eq!(slots, vec![1]);
+        // The first job's run no longer counts (as if the control plane had forgotten it).
+        let forgotten = cluster.jobs.get_mut(&stale).unwrap();
+        forgotten.placement = None;
+        forgotten.enter(JobStatus::Canceled, now_ms());
+        // The worker registers again reporting the second job's run failed, then the first
+        // job's executor, still running on slot 0: the restart must not land there.
+        let (link, mut messages) = unbounded_channel();
+        let reports = vec![
+            ExecutorReport {
+                slots: vec![1],
+                ..ExecutorReport::new(run.id.clone(), failed("boom"))
+            },
+            ExecutorReport {
+                slots: vec![0],
+                ..ExecutorReport::new(stale_run.id.clone(), ExecutorState::Running)
+            },
+        ];
+        let info = worker_info("w", 2);
+        cluster.register(info, "10.0.0.9:1".into(), link, 2, reports, None);
+        let sent: Vec<ControlMessage> = std::iter::from_fn(|| messages.try_recv().ok()).collect();
+        let cancel = ControlMessage::Cancel {
+            deployment: stale_run.id.clone(),
+        };
+        assert!(sent.contains(&cancel), "it is cancelled: {sent:?}");
+        let restarted = sent.iter().find_map(|m| match m {
+            ControlMessage::Deploy { run, slots } => Some((run.id.attempt, slots.clone())),
+            _ => None,
+        });
+        assert_eq!(restarted, Some((2, vec![1])), "{sent:?}");
+        assert_eq!(cluster.jobs[&job].attempts, 2);
+        assert!(
+            cluster.free_slots("w").is_empty(),
+            "slot 0 waits for its end"
+        );
+        let ended = ExecutorReport::new(stale_run.id, ExecutorState::Ended(Outcome::Canceled));
+        cluster.executor("w", ended);
+        assert_eq!(cluster.free_slots("w"), vec![0]);
     }
 }

@@ -53,15 +53,19 @@ impl Network {
 
     fn make(count: usize) -> Result<Network, String> {
         let made = MADE.fetch_add(1, Ordering::Relaxed);
-        let tag = format!("{}{made}", std::process::id() % 100_000);
+        // The process's pid and the network's number: names no other network has (an
+        // interface's name takes 15 bytes at most).
+        let tag = format!("{}-{made}", std::process::id());
         let prefix = format!("10.{}.{}", 200 + made % 50, std::process::id() % 250);
         let mut network = Network {
-            bridge: format!("wbr{tag}"),
+            bridge: String::new(),
             namespaces: Vec::new(),
             prefix,
         };
-        let bridge = network.bridge.clone();
+        let bridge = format!("wbr{tag}");
         run(&["ip", "link", "add", &bridge, "type", "bridge"])?;
+        // Removed when dropped only once this network made it.
+        network.bridge = bridge.clone();
         run(&[
             "ip",
             "addr",
@@ -75,11 +79,15 @@ impl Network {
             let namespace = format!("weir{tag}n{i}");
             run(&["ip", "netns", "add", &namespace])?;
             network.namespaces.push(namespace.clone());
-            let (outer, inner) = (format!("wv{tag}{i}o"), format!("wv{tag}{i}i"));
+            let (outer, inner) = (format!("wv{tag}-{i}o"), format!("wv{tag}-{i}i"));
             run(&[
                 "ip", "link", "add", &outer, "type", "veth", "peer", "name", &inner,
             ])?;
-            run(&["ip", "link", "set", &inner, "netns", &namespace])?;
+            if let Err(error) = run(&["ip", "link", "set", &inner, "netns", &namespace]) {
+                // Both ends still here: removed with either.
+                let _ = run(&["ip", "link", "del", &outer]);
+                return Err(error);
+            }
             run(&["ip", "link", "set", &outer, "master", &bridge])?;
             run(&["ip", "link", "set", &outer, "up"])?;
             let inside = |args: &[&str]| {
@@ -165,6 +173,8 @@ impl Drop for Network {
         for namespace in &self.namespaces {
             let _ = run(&["ip", "netns", "del", namespace]);
         }
-        let _ = run(&["ip", "link", "del", &self.bridge]);
+        if !self.bridge.is_empty() {
+            let _ = run(&["ip", "link", "del", &self.bridge]);
+        }
     }
 }
