@@ -109,7 +109,18 @@ fn start_worker(
     cores: &str,
     settings: &[&str],
 ) -> Process {
-    let mut command = Command::new(WEIR);
+    spawn_worker(Command::new(WEIR), dir, name, control, cores, settings)
+}
+
+/// [`start_worker`] run by `command` (`weir`, or `weir` inside a network namespace).
+fn spawn_worker(
+    mut command: Command,
+    dir: &Path,
+    name: &str,
+    control: &ControlPlane,
+    cores: &str,
+    settings: &[&str],
+) -> Process {
     worker_args(&mut command, dir, name, control, cores, settings);
     Process(
         command
@@ -1008,21 +1019,14 @@ fn namespace_workers(
         .map(|(i, name)| {
             // No taskmanager.host: the address the control plane sees it connect from.
             let settings = exchange_settings(certs, name, None, 6121);
-            let mut command = network.command(i, WEIR);
-            worker_args(
-                &mut command,
+            let command = network.command(i, WEIR);
+            spawn_worker(
+                command,
                 dir,
                 name,
                 control,
                 &i.to_string(),
                 &strs(&settings),
-            );
-            Process(
-                command
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("start weir worker in its namespace"),
             )
         })
         .collect();

@@ -1170,18 +1170,10 @@ impl Cluster {
                         deployment: report.deployment,
                     }
                 }
-                _ => {
-                    // Its slots are busy until it ended (known when a registration reports it).
-                    if let Some(w) = self.workers.get_mut(worker) {
-                        if !report.slots.is_empty() {
-                            w.ending
-                                .insert(report.deployment.clone(), report.slots.clone());
-                        }
-                    }
-                    ControlMessage::Cancel {
-                        deployment: report.deployment,
-                    }
-                }
+                // (Its slots, if a registration reported it, are held already: `register`.)
+                _ => ControlMessage::Cancel {
+                    deployment: report.deployment,
+                },
             };
             if let Some(link) = link {
                 let _ = link.send(message);
