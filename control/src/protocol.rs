@@ -6,12 +6,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use weir_engine::checkpoint::Taken;
+use weir_engine::checkpoint::{CheckpointMessage, Taken};
 use weir_engine::monitor::Figures;
 use weir_engine::package::{DeploymentId, Outcome, RunSpec, Snapshot};
 
 /// The version of these messages. Raised with any change to them.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Where workers fetch uploaded packages' executables (`{jar}`: the package's id).
 pub const PACKAGES_PATH: &str = "/v1/packages/{jar}";
@@ -61,6 +61,14 @@ pub enum WorkerMessage {
         request: String,
         /// Its number and directory, or why there is none.
         result: Result<Taken, String>,
+    },
+    /// An executor of a run spread over several workers said this to the others of the run
+    /// (to the one running slot 0, or from it to every other: [`CheckpointMessage::to_leader`]).
+    Checkpoint {
+        /// Of which run.
+        deployment: DeploymentId,
+        /// What it said.
+        message: CheckpointMessage,
     },
 }
 
@@ -205,6 +213,13 @@ pub enum ControlMessage {
     Cancel {
         /// Which run.
         deployment: DeploymentId,
+    },
+    /// Another executor of this run (spread over several workers) said this to the worker's.
+    Checkpoint {
+        /// Which run.
+        deployment: DeploymentId,
+        /// What it said.
+        message: CheckpointMessage,
     },
     /// The control plane stored this run's end; the worker may forget it.
     Forget {

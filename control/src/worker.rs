@@ -19,7 +19,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-use weir_engine::checkpoint::Taken;
+use weir_engine::checkpoint::{CheckpointMessage, Taken};
 use weir_engine::config::ExchangeConfig;
 use weir_engine::monitor::Figures;
 use weir_engine::package::{
@@ -64,6 +64,9 @@ struct Executor {
     slots: Vec<usize>,
     /// When it was asked to cancel.
     cancelled: Option<Instant>,
+    /// What the run's other executors said while this one waited for its package: written
+    /// to it once it starts.
+    held: Vec<ExecutorCommand>,
 }
 
 /// The worker's state: its slots and its executors.
@@ -161,6 +164,11 @@ enum Report {
         deployment: DeploymentId,
         request: String,
         result: Result<Taken, String>,
+    },
+    /// For the other executors of its run.
+    Checkpoint {
+        deployment: DeploymentId,
+        message: CheckpointMessage,
     },
 }
 
@@ -367,6 +375,11 @@ async fn run(config: Configuration, control: String) -> Result<()> {
                     // Kept until a link takes it (a lost link's answers go after the next
                     // registration).
                     answers.push(WorkerMessage::Snapshot { deployment, request, result });
+                    flush(&mut link, &mut answers).await;
+                }
+                Report::Checkpoint { deployment, message } => {
+                    // In order with the answers, and kept like them over a lost link.
+                    answers.push(WorkerMessage::Checkpoint { deployment, message });
                     flush(&mut link, &mut answers).await;
                 }
             },
@@ -582,6 +595,7 @@ impl Agent {
                                 process: None,
                                 slots: slots.clone(),
                                 cancelled: None,
+                                held: Vec::new(),
                             },
                         );
                         self.fetch(run, slots);
@@ -628,6 +642,22 @@ impl Agent {
                     .await;
                 }
             }
+            ControlMessage::Checkpoint {
+                deployment,
+                message,
+            } => {
+                // An executor that is gone no longer takes part: its run is ending.
+                if let Some(executor) = self.executors.get_mut(&deployment) {
+                    let command = ExecutorCommand::Checkpoint { message };
+                    let fetching = executor.process.is_none()
+                        && !matches!(executor.state, ExecutorState::Ended(_));
+                    if fetching {
+                        executor.held.push(command);
+                    } else {
+                        executor.command(&command);
+                    }
+                }
+            }
             ControlMessage::Forget { deployment } => {
                 if self
                     .executors
@@ -671,6 +701,7 @@ impl Agent {
                 process: None,
                 slots: Vec::new(),
                 cancelled: None,
+                held: Vec::new(),
             },
         );
         send(
@@ -841,16 +872,23 @@ impl Agent {
         self.shown()
             .runs
             .insert(deployment.clone(), (job_name, slots.len(), None));
-        self.executors.insert(
-            deployment.clone(),
-            Executor {
-                state: ExecutorState::Deploying,
-                commands,
-                process: Some(process),
-                slots: slots.to_vec(),
-                cancelled: None,
-            },
-        );
+        let held = self
+            .executors
+            .get_mut(&deployment)
+            .map(|waiting| std::mem::take(&mut waiting.held))
+            .unwrap_or_default();
+        let mut executor = Executor {
+            state: ExecutorState::Deploying,
+            commands,
+            process: Some(process),
+            slots: slots.to_vec(),
+            cancelled: None,
+            held: Vec::new(),
+        };
+        for command in held {
+            executor.command(&command);
+        }
+        self.executors.insert(deployment.clone(), executor);
         let reports = self.events.clone();
         let log = dir.join("executor.log");
         std::thread::Builder::new()
@@ -1104,6 +1142,12 @@ fn supervise(
                     deployment: deployment.clone(),
                     request,
                     result,
+                });
+            }
+            Ok(ExecutorEvent::Checkpoint { message }) => {
+                let _ = reports.send(Report::Checkpoint {
+                    deployment: deployment.clone(),
+                    message,
                 });
             }
             Ok(ExecutorEvent::Ended(outcome)) => ended = Some(outcome),

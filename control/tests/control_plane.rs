@@ -387,6 +387,20 @@ fn jobs_submitted_over_rest_run_finish_and_cancel_on_a_worker() {
         },
     );
     assert_eq!(get(&control, "/overview")["slots-available"], 1);
+    // Its plan: at parallelism 1 on one worker every edge is chained, none remote.
+    let edges = wait_for("the slow job's plan", Duration::from_secs(30), || {
+        let details = get(&control, &format!("/jobs/{slow}"));
+        details["plan"]["edges"]
+            .as_array()
+            .filter(|edges| !edges.is_empty())
+            .cloned()
+    });
+    assert!(
+        edges
+            .iter()
+            .all(|e| e["exchange"] == "chained" && e["remote-channels"] == 0),
+        "{edges:?}"
+    );
     // Without checkpointing, checkpoints and savepoints are refused, naming the settings.
     for (path, what) in [
         ("/savepoints", "a savepoint"),
@@ -945,6 +959,34 @@ fn a_job_wider_than_one_worker_runs_over_two_and_writes_every_record_once() {
         let slot = subtask["subtask"].as_u64().unwrap() as usize;
         assert_eq!(subtask["taskmanager"], running[slot], "{details}");
     }
+    // The keyed exchange is remote: of its four channels, the two between the slots cross
+    // the network; the edges within a task are chained.
+    let edges = details["plan"]["edges"]
+        .as_array()
+        .expect("a running job's plan");
+    let keyed: Vec<&Value> = edges
+        .iter()
+        .filter(|e| e["partitioning"] == "HASH")
+        .collect();
+    assert!(!keyed.is_empty(), "{details}");
+    for edge in keyed {
+        assert_eq!(
+            (
+                &edge["exchange"],
+                &edge["channels"],
+                &edge["remote-channels"]
+            ),
+            (&json!("remote"), &json!(4), &json!(2)),
+            "{details}"
+        );
+    }
+    assert!(
+        edges
+            .iter()
+            .filter(|e| e["partitioning"] == "FORWARD")
+            .all(|e| e["exchange"] == "chained"),
+        "{details}"
+    );
     let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(120));
     assert_eq!(details["attempts"], 1, "{details}");
     every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
@@ -1016,22 +1058,27 @@ fn namespace_workers(
     let workers = ["a", "b"]
         .iter()
         .enumerate()
-        .map(|(i, name)| {
-            // No taskmanager.host: the address the control plane sees it connect from.
-            let settings = exchange_settings(certs, name, None, 6121);
-            let command = network.command(i, WEIR);
-            spawn_worker(
-                command,
-                dir,
-                name,
-                control,
-                &i.to_string(),
-                &strs(&settings),
-            )
-        })
+        .map(|(i, name)| namespace_worker(network, i, name, dir, certs, control))
         .collect();
     wait_for_workers(control, 2);
     workers
+}
+
+/// Worker `name` of `control` in namespace `i` of `network` (a slot, on core `i` mod 2),
+/// with node `name`'s certificate from `certs`.
+fn namespace_worker(
+    network: &netns::Network,
+    i: usize,
+    name: &str,
+    dir: &Path,
+    certs: &Path,
+    control: &ControlPlane,
+) -> Process {
+    // No taskmanager.host: the address the control plane sees it connect from.
+    let settings = exchange_settings(certs, name, None, 6121);
+    let command = network.command(i, WEIR);
+    let core = (i % 2).to_string();
+    spawn_worker(command, dir, name, control, &core, &strs(&settings))
 }
 
 #[test]
@@ -1066,6 +1113,68 @@ fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_onc
     every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
     let lost = network.lost_udp(0) + network.lost_udp(1);
     assert!(lost > 0, "no datagram was dropped: the test lost nothing");
+}
+
+#[test]
+fn a_killed_worker_of_a_checkpointed_run_over_namespaces_restarts_it_from_its_checkpoint_losing_and_repeating_nothing(
+) {
+    let Some(network) = netns::Network::start(3) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certificates(dir.path(), &["a", "b", "c"]);
+    let mut settings = checkpointed(dir.path()).to_vec();
+    settings.push(format!("rest.address={}", network.host()));
+    let control = start_control(dir.path(), 0, &strs(&settings));
+    let mut workers: Vec<Option<Process>> =
+        namespace_workers(&network, dir.path(), &certs, &control)
+            .into_iter()
+            .map(Some)
+            .collect();
+    let (job, out) = echo_over_two(dir.path(), &control, "10000");
+    let checkpoints = dir.path().join("checkpoints").join(&job);
+    wait_for_checkpoint(&checkpoints, "0", "sequence-echo");
+    // The executors of both workers wrote into the checkpoint slot 0's executor committed:
+    // the state files of subtasks 0 and 1 (`task-<operator>-<subtask>`).
+    let latest = latest_checkpoint(&checkpoints.join("0").join("sequence-echo")).unwrap();
+    let files: Vec<String> = std::fs::read_dir(
+        checkpoints
+            .join("0")
+            .join("sequence-echo")
+            .join(format!("chk-{latest}")),
+    )
+    .unwrap()
+    .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+    .collect();
+    for subtask in ["-0", "-1"] {
+        assert!(
+            files
+                .iter()
+                .any(|name| name.starts_with("task-") && name.ends_with(subtask)),
+            "no state file of subtask {subtask} in checkpoint {latest}: {files:?}"
+        );
+    }
+    // A third worker for the restart; then the coordinating executor's worker goes
+    // (SIGKILL, its executor with it).
+    let _c = namespace_worker(&network, 2, "c", dir.path(), &certs, &control);
+    wait_for_workers(&control, 3);
+    let details = get(&control, &format!("/jobs/{job}"));
+    let leader = details["placement"]["executors"][0]["taskmanager"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let index = workers
+        .iter()
+        .position(|w| w.as_ref().is_some_and(|w| worker_id(&control, w) == leader))
+        .expect("slot 0 runs on a or b");
+    drop(workers[index].take());
+    let details = wait_for_state(&control, &job, "FINISHED", Duration::from_secs(120));
+    assert_eq!(details["attempts"], 2, "{details}");
+    // Both executors of the second run resumed from the checkpoint.
+    for worker in [["a", "b"][1 - index], "c"] {
+        assert_resumed(dir.path(), worker, &job, 2);
+    }
+    every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
 }
 
 /// Resident memory of process `pid` and of its children (a worker and its executors),

@@ -35,6 +35,7 @@ struct Monitored {
     checkpoints: Checkpoints,
     restarts: u64,
     first_record_at: Option<i64>,
+    edges: Vec<EdgeFigures>,
 }
 
 /// How far the running attempt's tasks got in starting.
@@ -111,6 +112,27 @@ pub struct Figures {
     /// other (`metrics.latency.interval`).
     #[serde(default)]
     pub latency: Vec<LatencyFigures>,
+    /// The edges of the job's plan between its operators.
+    #[serde(default)]
+    pub edges: Vec<EdgeFigures>,
+}
+
+/// One edge of a job's plan, from one operator to another: how records cross it, and where.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EdgeFigures {
+    /// The producing operator's stream node id.
+    pub source: usize,
+    /// The consuming operator's.
+    pub target: usize,
+    /// Its partitioning: `FORWARD`, `HASH`, `REBALANCE` or `BROADCAST`.
+    pub partitioning: String,
+    /// Whether both ends run in one task (records are handed on, through no channel).
+    pub chained: bool,
+    /// Its channels, one per sending and receiving subtask it connects.
+    pub channels: usize,
+    /// Of those, the channels between two executors of a run over several (over the
+    /// network); the others stay in one process.
+    pub remote_channels: usize,
 }
 
 /// The ages of one source operator's latency markers at one sink subtask: a histogram over
@@ -196,8 +218,15 @@ impl Figures {
         let mut merged = Figures::default();
         let mut all_ready = true;
         for (i, part) in parts.into_iter().enumerate() {
-            if i == 0 {
+            // One executor coordinates a run's checkpoints (in a run over several, the one
+            // of slot 0): its counts are the run's, the others' are nothing.
+            let taken = |c: &Checkpoints| c.completed + c.failed + c.savepoints;
+            if i == 0 || taken(&part.checkpoints) > taken(&merged.checkpoints) {
                 merged.checkpoints = part.checkpoints.clone();
+            }
+            // Every executor plans the whole job.
+            if merged.edges.is_empty() {
+                merged.edges = part.edges.clone();
             }
             merged.subtasks.extend(part.subtasks.iter().cloned());
             merged.tasks.extend(part.tasks.iter().cloned());
@@ -385,6 +414,11 @@ impl JobMonitor {
                 all_ready: None,
             },
         });
+    }
+
+    /// The job's plan: its edges, as figures show them.
+    pub(crate) fn plan(&self, edges: Vec<EdgeFigures>) {
+        self.lock().edges = edges;
     }
 
     /// A task of the running attempt, one of `tasks`, is built: its operators are open and
@@ -605,6 +639,7 @@ impl JobMonitor {
             uptime_seconds: attempt.started.elapsed().as_secs_f64(),
             first_record_at: monitored.first_record_at,
             ready_seconds: attempt.readiness.all_ready.map(|ready| ready.as_secs_f64()),
+            edges: monitored.edges.clone(),
         })
     }
 }
@@ -672,6 +707,40 @@ impl Checkpoints {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_figures_take_the_coordinating_executors_checkpoints_and_one_plan() {
+        let edge = EdgeFigures {
+            source: 0,
+            target: 1,
+            partitioning: "HASH".into(),
+            chained: false,
+            channels: 4,
+            remote_channels: 2,
+        };
+        // A follower's figures first: no checkpoints of its own.
+        let follower = Figures {
+            edges: vec![edge.clone()],
+            restarts: 1,
+            ..Figures::default()
+        };
+        let leader = Figures {
+            checkpoints: Checkpoints {
+                completed: 3,
+                failed: 1,
+                ..Checkpoints::default()
+            },
+            edges: vec![edge.clone()],
+            ..Figures::default()
+        };
+        let merged = Figures::merge([&follower, &leader]);
+        assert_eq!(
+            (merged.checkpoints.completed, merged.checkpoints.failed),
+            (3, 1)
+        );
+        assert_eq!(merged.edges, vec![edge]);
+        assert_eq!(merged.restarts, 1);
+    }
 
     #[test]
     fn checkpoints_fill_their_buckets_and_keep_the_latest_ten() {

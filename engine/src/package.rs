@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 
 use crate::api::RunOptions;
-use crate::checkpoint::{StopMode, Taken};
+use crate::checkpoint::{CheckpointMessage, Relay, StopMode, Taken};
 use crate::monitor::Figures;
 use weir_net::tls::TlsIdentity;
 
@@ -30,7 +30,7 @@ use crate::{Configuration, JobError, StreamEnvironment};
 
 /// The version of the worker ↔ executor protocol (descriptor, commands, events) this engine
 /// build speaks. A worker refuses an executor of another version, naming both.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// How often a running executor reports its job's figures to its worker.
 pub const FIGURES_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -224,6 +224,7 @@ fn spread_of(
     run: &DeploymentId,
     slots: &[SlotPlace],
     config: &Configuration,
+    relay: Relay,
 ) -> Result<Spread, String> {
     let exchange = config.exchange();
     let (Some(dir), Some(node)) = (&exchange.tls_dir, &exchange.node) else {
@@ -243,6 +244,7 @@ fn spread_of(
         idle_timeout: exchange.idle_timeout,
         connect_timeout: exchange.connect_timeout,
         udp_buffers: (exchange.udp_receive_buffer, exchange.udp_send_buffer),
+        relay,
     })
 }
 
@@ -259,6 +261,11 @@ pub enum ExecutorCommand {
         request: String,
         /// What to take.
         take: Snapshot,
+    },
+    /// Another executor of the run (spread over several) said this about its checkpoints.
+    Checkpoint {
+        /// What it said.
+        message: CheckpointMessage,
     },
 }
 
@@ -306,6 +313,13 @@ pub enum ExecutorEvent {
         request: String,
         /// Its number and directory, or why there is none.
         result: Result<Taken, String>,
+    },
+    /// For the other executors of the run (spread over several), about its checkpoints: to
+    /// the one running slot 0, or from it to every other, as [`CheckpointMessage::to_leader`]
+    /// says.
+    Checkpoint {
+        /// What it says.
+        message: CheckpointMessage,
     },
     /// The run ended.
     Ended(Outcome),
@@ -479,8 +493,12 @@ fn run_deployment(registry: &Registry, deployment: &RunSpec, events: &Events) ->
             deployment.entry
         ));
     }
+    let relay = Relay::new({
+        let events = events.clone();
+        move |message| events.send(&ExecutorEvent::Checkpoint { message })
+    });
     let spread = match &deployment.spread {
-        Some(slots) => match spread_of(&deployment.id, slots, &env.config()) {
+        Some(slots) => match spread_of(&deployment.id, slots, &env.config(), relay.clone()) {
             Ok(spread) => Some(spread),
             Err(error) => return failed(error),
         },
@@ -507,6 +525,7 @@ fn run_deployment(registry: &Registry, deployment: &RunSpec, events: &Events) ->
                 let Ok(line) = line else { break };
                 match serde_json::from_str::<ExecutorCommand>(&line) {
                     Ok(ExecutorCommand::Cancel) => cancel.cancel(),
+                    Ok(ExecutorCommand::Checkpoint { message }) => relay.deliver(message),
                     Ok(ExecutorCommand::Snapshot { request, take }) => {
                         if !requests.insert(request.clone()) {
                             continue;

@@ -304,6 +304,17 @@ impl PendingCheckpoint {
         self.savepoint
     }
 
+    /// Checkpoint `checkpoint` (a savepoint if `savepoint`) in `dir`, which another process
+    /// began: the executors of a run spread over several write their state files into the
+    /// directory their coordinator began, on storage they share.
+    pub fn joined(checkpoint: u64, dir: PathBuf, savepoint: bool) -> PendingCheckpoint {
+        PendingCheckpoint {
+            checkpoint,
+            dir,
+            savepoint,
+        }
+    }
+
     /// The job's directory of shared files.
     fn shared_dir(&self) -> PathBuf {
         job_dir_of(&self.dir).join(SHARED_DIR)
@@ -369,24 +380,16 @@ pub struct LatestCheckpoint {
 pub struct CheckpointStorage {
     job: String,
     dir: PathBuf,
-    /// Holds the `flock` while the storage lives.
-    _lock: File,
+    /// Holds the `flock` while the storage lives (`None`: opened by [`CheckpointStorage::open_shared`]).
+    _lock: Option<File>,
 }
 
 impl CheckpointStorage {
     /// Opens (creating it if needed) the directory of `job`'s checkpoints under `root`, and
     /// takes its lock.
     pub fn open(root: &Path, job: &str) -> Result<CheckpointStorage, StateError> {
-        if !is_plain_name(job) {
-            return Err(StateError::invalid_config(
-                "checkpoint job name",
-                format!("'{job}'"),
-                "use a job name that can name a directory: not empty, not '.' or '..', \
-                 without '/'",
-            ));
-        }
-        let dir = root.join(job);
-        fs::create_dir_all(&dir).map_err(|source| StateError::io(&dir, "creating", source))?;
+        let mut storage = CheckpointStorage::open_shared(root, job)?;
+        let dir = &storage.dir;
         let lock_path = dir.join(LOCK_FILE);
         let mut lock = OpenOptions::new()
             .read(true)
@@ -403,15 +406,38 @@ impl CheckpointStorage {
                 Ok(_) if !holder.trim().is_empty() => format!("pid {}", holder.trim()),
                 _ => "its lock file names no pid".to_string(),
             };
-            return Err(StateErrorKind::CheckpointDirectoryInUse { path: dir, holder }.into());
+            return Err(StateErrorKind::CheckpointDirectoryInUse {
+                path: dir.clone(),
+                holder,
+            }
+            .into());
         }
         lock.set_len(0)
             .and_then(|()| write!(lock, "{}", std::process::id()))
             .map_err(|source| StateError::io(&lock_path, "writing", source))?;
+        storage._lock = Some(lock);
+        Ok(storage)
+    }
+
+    /// Opens (creating it if needed) the directory of `job`'s checkpoints under `root` without
+    /// its lock, to read checkpoints back and write state files into checkpoints another
+    /// process begins and commits: the other executors of a run spread over several, whose
+    /// coordinator holds the lock. Begin, commit and discard nothing through it.
+    pub fn open_shared(root: &Path, job: &str) -> Result<CheckpointStorage, StateError> {
+        if !is_plain_name(job) {
+            return Err(StateError::invalid_config(
+                "checkpoint job name",
+                format!("'{job}'"),
+                "use a job name that can name a directory: not empty, not '.' or '..', \
+                 without '/'",
+            ));
+        }
+        let dir = root.join(job);
+        fs::create_dir_all(&dir).map_err(|source| StateError::io(&dir, "creating", source))?;
         Ok(CheckpointStorage {
             job: job.to_string(),
             dir,
-            _lock: lock,
+            _lock: None,
         })
     }
 

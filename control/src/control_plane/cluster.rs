@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use weir_engine::checkpoint::restart::{RestartDecision, RestartTracker};
-use weir_engine::checkpoint::Taken;
+use weir_engine::checkpoint::{CheckpointMessage, Taken};
 use weir_engine::monitor::{Checkpoints, Figures};
 use weir_engine::package::{DeploymentId, OperatorTotals, Outcome, RunSpec, Snapshot, Stop};
 use weir_engine::runtime::SlotPlace;
@@ -124,6 +124,10 @@ pub struct ExecutorPlace {
     /// The run finishes when every executor did.
     #[serde(default)]
     pub finished: Option<Vec<OperatorTotals>>,
+    /// The savepoint it stopped with, if it finished stopped with one (in a run over
+    /// several workers, the executor of slot 0 reports it; the others may finish after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub savepoint: Option<PathBuf>,
     /// Not stored: whether its worker reported it since this control plane started (a run
     /// being reconciled is running again once every executor it has was reported).
     #[serde(skip)]
@@ -181,6 +185,7 @@ impl TryFrom<StoredPlacement> for Placement {
                     slots,
                     running,
                     finished: None,
+                    savepoint: None,
                     heard: false,
                 }],
                 spread: None,
@@ -432,7 +437,14 @@ pub struct Worker {
     /// Slots of executors cancelled here whose runs no longer count (another executor of
     /// theirs ended them) until they end: nothing is placed on them before.
     pub ending: BTreeMap<DeploymentId, Vec<usize>>,
+    /// Checkpoint messages of its executors' runs that came while its link was closed: sent
+    /// when it registers again (those of runs still current).
+    relayed: Vec<ControlMessage>,
 }
+
+/// The most checkpoint messages kept for a worker whose link is closed; beyond, the oldest
+/// go (the run's checkpoints then expire, and it restarts if too many do).
+const RELAYED_KEPT: usize = 10_000;
 
 /// Why a request cannot be done: a client error (4xx) with its message.
 #[derive(Debug, PartialEq)]
@@ -640,13 +652,19 @@ impl Cluster {
     ) -> Result<String, Refusal> {
         let now = now_ms();
         let request = trigger.unwrap_or_else(|| job_id(&mut self.random));
-        let most_slots = self
-            .workers
-            .values()
-            .filter(|w| w.connected && w.leaving.is_none())
+        // The most one job can have: one worker's slots, or those of the workers that can
+        // share a job together.
+        let live = || {
+            self.workers
+                .values()
+                .filter(|w| w.connected && w.leaving.is_none())
+        };
+        let one = live().map(|w| w.info.cores.len()).max().unwrap_or(0);
+        let shared: usize = live()
+            .filter(|w| w.info.exchange.is_some())
             .map(|w| w.info.cores.len())
-            .max()
-            .unwrap_or(0);
+            .sum();
+        let most_slots = one.max(shared);
         let job = self.jobs.get_mut(id).ok_or_else(|| no_job(id))?;
         if let Some(known) = job.operations.iter().find(|o| o.id == request) {
             // A client's own trigger id, sent again: the same request.
@@ -676,7 +694,8 @@ impl Cluster {
                 kind.taken()
             )));
         }
-        // A run that checkpoints has one executor: such jobs are not spread (yet).
+        // Its first executor coordinates its checkpoints (in a run over several workers, the
+        // one running slot 0).
         let holder = placement.first_worker();
         let worker = self
             .workers
@@ -702,9 +721,9 @@ impl Cluster {
         if let OperationKind::Rescale { parallelism } = kind {
             if parallelism > most_slots {
                 return Err(Refusal::Conflict(format!(
-                    "no worker has {parallelism} slots (the most is {most_slots}): until jobs \
-                     that checkpoint span workers, their parallelism is at most one worker's \
-                     slots"
+                    "the cluster has no {parallelism} slots for one job (the most is \
+                     {most_slots}: the largest worker's, or those of the workers with a \
+                     certificate, security.ssl.internal.dir, together)"
                 )));
             }
         }
@@ -832,6 +851,58 @@ impl Cluster {
             job.previous = previous;
             job.live = Some(live);
         }
+    }
+
+    /// Passes on what an executor of a run over several workers, on worker `from`, said to
+    /// the run's others (`weir_engine::checkpoint::relay`): to the executor of slot 0 (the
+    /// placement's first), or from it to every other. Dropped unless the run is its job's
+    /// current one and `from` runs part of it: the executors of a run that is ending take no
+    /// further part in its checkpoints.
+    pub fn relay(&mut self, from: &str, deployment: &DeploymentId, message: CheckpointMessage) {
+        let Some(placement) = self
+            .current(deployment)
+            .filter(|p| p.spread.is_some() && p.on(from).is_some())
+        else {
+            tracing::debug!(%deployment, tm_id = %from, ?message, "a checkpoint message of a run that is not running over several workers; dropped");
+            return;
+        };
+        let leader = placement.first_worker();
+        let to: Vec<&str> = if message.to_leader() {
+            vec![leader]
+        } else if from == leader {
+            placement.workers().filter(|w| *w != leader).collect()
+        } else {
+            tracing::warn!(%deployment, tm_id = %from, ?message, "a message for the executors of a run from one that does not coordinate it; dropped");
+            return;
+        };
+        let to: Vec<String> = to.into_iter().map(str::to_string).collect();
+        for worker in to {
+            let Some(w) = self.workers.get_mut(&worker) else {
+                continue;
+            };
+            let relayed = ControlMessage::Checkpoint {
+                deployment: deployment.clone(),
+                message: message.clone(),
+            };
+            if w.connected {
+                let _ = w.link.send(relayed);
+                continue;
+            }
+            if w.relayed.len() == RELAYED_KEPT {
+                tracing::warn!(%deployment, tm_id = %worker, "worker {worker} has been away for {RELAYED_KEPT} checkpoint messages of its runs; dropping the oldest");
+                w.relayed.remove(0);
+            }
+            w.relayed.push(relayed);
+        }
+    }
+
+    /// The placement of run `deployment`, if it is its job's current one and the job runs.
+    fn current(&self, deployment: &DeploymentId) -> Option<&Placement> {
+        self.jobs
+            .get(&deployment.job_id)
+            .filter(|job| matches!(job.status, JobStatus::Running | JobStatus::Reconciling))
+            .and_then(|job| job.placement.as_ref())
+            .filter(|p| p.deployment == *deployment)
     }
 
     /// A run answered a savepoint request.
@@ -1018,10 +1089,10 @@ impl Cluster {
         }
         let reported: Vec<DeploymentId> = executors.iter().map(|r| r.deployment.clone()).collect();
         // Executors still ending that it no longer reports are gone.
-        let mut ending = self
+        let (mut ending, relayed) = self
             .workers
             .remove(&id)
-            .map(|w| w.ending)
+            .map(|w| (w.ending, w.relayed))
             .unwrap_or_default();
         ending.retain(|deployment, _| reported.contains(deployment));
         self.workers.insert(
@@ -1035,6 +1106,7 @@ impl Cluster {
                 last_heartbeat: now_ms(),
                 leaving,
                 ending,
+                relayed: Vec::new(),
             },
         );
         // The slots of executors it runs that no run counts on are held before any report
@@ -1068,6 +1140,14 @@ impl Cluster {
                         request: operation.id.clone(),
                         take: operation.kind.take(),
                     });
+                }
+            }
+        }
+        // Checkpoint messages that came for it meanwhile, in order.
+        for message in relayed {
+            if let ControlMessage::Checkpoint { deployment, .. } = &message {
+                if self.current(deployment).is_some() {
+                    let _ = self.workers[&id].link.send(message);
                 }
             }
         }
@@ -1234,6 +1314,7 @@ impl Cluster {
                             .find(|e| e.worker == worker)
                             .expect("found above");
                         executor.finished = Some(operators);
+                        executor.savepoint = savepoint;
                         if placement.executors.iter().any(|e| e.finished.is_none()) {
                             let stored = self.store_job(&id);
                             if let (Some(link), true) = (link, stored) {
@@ -1252,7 +1333,7 @@ impl Cluster {
                                     .iter()
                                     .filter_map(|e| e.finished.as_deref()),
                             ),
-                            savepoint,
+                            savepoint: placement.executors.iter().find_map(|e| e.savepoint.clone()),
                         }
                     }
                     Outcome::Canceled => RunEnd::Canceled,
@@ -1569,10 +1650,10 @@ impl Cluster {
 
     /// Where a run of `wanted` slots goes: its workers and their slots, in the job's slot
     /// order. Packed (`cluster.evenly-spread-out-slots` false): the first worker with enough
-    /// free slots, else (if `spreadable`) workers with the most free slots first; spread out:
-    /// one slot at a time round the workers. Only workers with a certificate take part in a
-    /// run over several (one per node name).
-    fn place(&self, wanted: usize, spreadable: bool) -> Option<Vec<(String, Vec<usize>)>> {
+    /// free slots, else workers with the most free slots first; spread out: one slot at a time
+    /// round the workers. Only workers with a certificate take part in a run over several
+    /// (one per node name).
+    fn place(&self, wanted: usize) -> Option<Vec<(String, Vec<usize>)>> {
         let open: Vec<(String, Vec<usize>)> = self
             .workers
             .iter()
@@ -1586,12 +1667,9 @@ impl Cluster {
                 .map(|(w, free)| vec![(w.clone(), free[..wanted].to_vec())])
         };
         let spread_out = self.config.spread_out_slots();
-        if !spreadable || !spread_out {
+        if !spread_out {
             if let Some(found) = one() {
                 return Some(found);
-            }
-            if !spreadable {
-                return None;
             }
         }
         let mut nodes = Vec::new();
@@ -1701,10 +1779,7 @@ impl Cluster {
     fn deploy(&mut self, id: &str, now: i64) {
         let job = &self.jobs[id];
         let wanted = job.submission.parallelism;
-        // A run that checkpoints stays on one worker: checkpoints across workers are not
-        // built yet.
-        let spreadable = !job.checkpointed;
-        let Some(executors) = self.place(wanted, spreadable) else {
+        let Some(executors) = self.place(wanted) else {
             let timeout = self.config.slot_request_timeout();
             if now - job.waiting_since > ms(timeout) {
                 let free: Vec<usize> = self
@@ -1713,22 +1788,16 @@ impl Cluster {
                     .map(|w| self.free_slots(w).len())
                     .collect();
                 let most = free.iter().max().copied().unwrap_or(0);
-                let spanning = if spreadable {
-                    let able: usize = self
-                        .workers
-                        .iter()
-                        .filter(|(_, w)| w.info.exchange.is_some())
-                        .map(|(id, _)| self.free_slots(id).len())
-                        .sum();
-                    format!(
-                        "; workers that can share a job (security.ssl.internal.dir set) had \
-                         {able} free together"
-                    )
-                } else {
-                    " (a job that checkpoints runs on one worker: checkpoints across workers \
-                     are not built yet)"
-                        .to_string()
-                };
+                let able: usize = self
+                    .workers
+                    .iter()
+                    .filter(|(_, w)| w.info.exchange.is_some())
+                    .map(|(id, _)| self.free_slots(id).len())
+                    .sum();
+                let spanning = format!(
+                    "; workers that can share a job (security.ssl.internal.dir set) had {able} \
+                     free together"
+                );
                 let cause = format!(
                     "no {wanted} free slot(s) within slot.request.timeout ({} s): the most \
                      free on one worker was {most}{spanning}; start workers with more slots, \
@@ -1762,6 +1831,7 @@ impl Cluster {
                     slots: slots.clone(),
                     running: false,
                     finished: None,
+                    savepoint: None,
                     heard: true,
                 })
                 .collect(),
@@ -1926,7 +1996,7 @@ mod tests {
 
     use super::*;
 
-    /// A cluster with no checkpointing (runs may span workers), and `extra` keys.
+    /// A cluster with no checkpointing, and `extra` keys.
     fn plain_cluster(dir: &Path, extra: &[(&str, &str)]) -> Cluster {
         let mut config = Configuration::default()
             .with("restart-strategy.type", "fixed-delay")
@@ -2407,23 +2477,84 @@ mod tests {
     }
 
     #[test]
-    fn a_job_that_checkpoints_is_not_spread_and_fails_naming_why() {
+    fn a_job_that_checkpoints_is_spread_and_its_executors_checkpoint_messages_reach_each_other() {
         let dir = tempfile::tempdir().unwrap();
         let mut cluster = cluster(dir.path());
         let mut on_a = able_worker(&mut cluster, "a", 1);
         let mut on_b = able_worker(&mut cluster, "b", 1);
         let job = submitted(&mut cluster, 2);
-        assert!(deployed(&mut on_a).is_none() && deployed(&mut on_b).is_none());
-        cluster.jobs.get_mut(&job).unwrap().waiting_since = 0;
-        cluster.tick();
-        let job = &cluster.jobs[&job];
-        assert_eq!(job.status, JobStatus::Failed);
-        let cause = &job.failures[0].cause;
+        let (run, _) = deployed(&mut on_a).expect("slot 0 on a");
+        assert!(run.resume && run.spread.is_some(), "{run:?}");
+        assert_eq!(deployed(&mut on_b).unwrap().0, run);
+        let relayed = |messages: &mut UnboundedReceiver<ControlMessage>| {
+            let mut got = Vec::new();
+            while let Ok(message) = messages.try_recv() {
+                if let ControlMessage::Checkpoint {
+                    deployment,
+                    message,
+                } = message
+                {
+                    assert_eq!(deployment, run.id);
+                    got.push(message);
+                }
+            }
+            got
+        };
+        let joined = CheckpointMessage::Joined {
+            node: "b".into(),
+            restored: None,
+        };
+        let complete = CheckpointMessage::Complete { checkpoint: 1 };
+        // b's to the leader (slot 0's executor, on a); a's to the others.
+        cluster.relay("b", &run.id, joined.clone());
+        cluster.relay("a", &run.id, complete.clone());
+        assert_eq!(relayed(&mut on_a), vec![joined.clone()]);
+        assert_eq!(relayed(&mut on_b), vec![complete.clone()]);
+        // Dropped: from a worker without an executor of the run, for another run, a
+        // follower's to the others.
+        cluster.relay("c", &run.id, joined.clone());
+        let stale = DeploymentId {
+            attempt: run.id.attempt + 1,
+            ..run.id.clone()
+        };
+        cluster.relay("b", &stale, joined);
+        cluster.relay("b", &run.id, complete.clone());
+        assert!(relayed(&mut on_a).is_empty() && relayed(&mut on_b).is_empty());
+        // Kept for a worker whose link is closed, sent when it registers again.
+        let connection = cluster.workers["b"].connection;
+        cluster.disconnected("b", connection);
+        cluster.relay("a", &run.id, complete.clone());
+        assert!(relayed(&mut on_b).is_empty());
+        let mut on_b = able_worker(&mut cluster, "b", 1);
+        assert_eq!(relayed(&mut on_b), vec![complete]);
+
+        // Stopped with a savepoint, which slot 0's executor (a) reports as it finishes, before
+        // b finishes: the stop is answered with it.
+        report_from(&mut cluster, "a", &run, ExecutorState::Running);
+        report_from(&mut cluster, "b", &run, ExecutorState::Running);
+        let request = cluster
+            .savepoint(&job, OperationKind::Stop { drain: false }, None)
+            .unwrap();
         assert!(
-            cause.contains("the most free on one worker was 1")
-                && cause.contains("checkpoints across workers are not built yet"),
-            "{cause}"
+            std::iter::from_fn(|| on_a.try_recv().ok())
+                .any(|m| matches!(m, ControlMessage::Snapshot { .. })),
+            "the stop goes to slot 0's executor"
         );
+        report_from(
+            &mut cluster,
+            "a",
+            &run,
+            ExecutorState::Ended(Outcome::Finished {
+                duration_ms: 1,
+                operators: Vec::new(),
+                savepoint: Some(PathBuf::from("/sp")),
+            }),
+        );
+        report_from(&mut cluster, "b", &run, finished(1));
+        let job = &cluster.jobs[&job];
+        assert_eq!(job.status, JobStatus::Finished);
+        let operation = job.operations.iter().find(|o| o.id == request).unwrap();
+        assert_eq!(operation.result, Some(Ok(PathBuf::from("/sp"))));
     }
 
     /// A cluster; the links of its workers a and b, a slot each; a job (its id) running at

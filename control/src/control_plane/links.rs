@@ -112,6 +112,11 @@ async fn link(shared: Shared, address: SocketAddr, mut socket: WebSocket) {
                         cluster.heartbeat(&id, connection);
                         cluster.savepoint_done(&deployment, &request, result);
                     }
+                    Ok(WorkerMessage::Checkpoint { deployment, message }) => {
+                        let mut cluster = shared.cluster();
+                        cluster.heartbeat(&id, connection);
+                        cluster.relay(&id, &deployment, message);
+                    }
                     Ok(WorkerMessage::Leaving { shutdown }) => {
                         let mut cluster = shared.cluster();
                         cluster.heartbeat(&id, connection);

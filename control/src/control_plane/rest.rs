@@ -842,7 +842,7 @@ fn find<'a>(
     params(JobId),
     tag = "jobs",
     responses(
-        (status = 200, description = "The job: state, placement, attempts, and its vertices with records and bytes in and out per subtask", body = Object),
+        (status = 200, description = "The job: state, placement, attempts, its vertices with records and bytes in and out per subtask, and while it runs its plan's edges, each chained, local or remote", body = Object),
         (status = 404, description = "No such job", body = ErrorBody),
     )
 )]
@@ -882,11 +882,37 @@ async fn job_details(State(shared): State<Shared>, Path(id): Path<String>) -> An
         // Weir's: the latest run's start to its last task built (its state restored).
         "tasksReadyMs": job.tasks_ready.map(|seconds| seconds * 1000.0),
         "vertices": vertices,
+        "plan": { "edges": job.live.as_ref().map(|figures| plan_edges(figures)) },
     });
     if let (Value::Object(details), Value::Object(extra)) = (&mut details, extra) {
         details.extend(extra);
     }
     Ok(Json(details))
+}
+
+/// The edges of a running job's plan between its vertices (operators): the partitioning and
+/// the exchange — `chained` (in one task), `local` (channels in one process) or `remote`
+/// (some channels between executors on different workers) — with its channel counts.
+fn plan_edges(figures: &Figures) -> Vec<Value> {
+    figures
+        .edges
+        .iter()
+        .map(|edge| {
+            let exchange = match (edge.chained, edge.remote_channels) {
+                (true, _) => "chained",
+                (false, 0) => "local",
+                (false, _) => "remote",
+            };
+            json!({
+                "source": edge.source,
+                "target": edge.target,
+                "partitioning": edge.partitioning,
+                "exchange": exchange,
+                "channels": edge.channels,
+                "remote-channels": edge.remote_channels,
+            })
+        })
+        .collect()
 }
 
 /// Where a run is: its executors, each with its worker, host, the worker's slots and the

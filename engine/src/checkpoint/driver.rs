@@ -26,7 +26,7 @@
 //! transaction).
 
 use std::cell::Cell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,10 +37,12 @@ use std::time::{Duration, Instant};
 
 use weir_state::checkpoint::{
     CheckpointMetadata, CheckpointStorage, PendingCheckpoint, StateFileWriter, StoredFile,
+    METADATA_FILE,
 };
 
 use super::bytes::{ByteReader, ByteWriter};
 use super::coordinator::{CheckpointSettings, Command, Coordinator};
+use super::relay::{CheckpointMessage, FileRecord, Relay, Take};
 use super::savepoint::{Requested, SavepointHandle, SavepointRequest, StopMode, Taken, Wake};
 use super::task_state::{decode_file, write_in_pieces, FileEncoder, Part, RestoredJob, TaskState};
 use super::CheckpointStats;
@@ -122,6 +124,8 @@ pub(crate) enum TaskReport {
     InputEnded,
     /// A checkpoint or savepoint was asked for.
     Asked,
+    /// Another executor of a spread run said this (`relay.rs`).
+    Relayed(CheckpointMessage),
 }
 
 /// What every task of a checkpointed job shares with the coordinator thread.
@@ -151,6 +155,17 @@ pub(crate) struct JobCheckpointing {
 struct Pending {
     dirs: HashMap<u64, PendingCheckpoint>,
     writers: HashMap<u64, usize>,
+    /// The highest checkpoint this executor triggered (heard of, in a spread run's follower):
+    /// one at or below it without a directory has ended.
+    triggered: u64,
+}
+
+impl Pending {
+    /// Checkpoint `checkpoint` is being written into `dir`.
+    fn begin(&mut self, checkpoint: u64, dir: PendingCheckpoint) {
+        self.dirs.insert(checkpoint, dir);
+        self.triggered = self.triggered.max(checkpoint);
+    }
 }
 
 impl JobCheckpointing {
@@ -195,21 +210,28 @@ impl TaskCheckpointing {
     /// `alignment` how long the barriers of its input took to line up before.
     pub(crate) fn write_snapshot(&self, checkpoint: u64, pause: Duration, alignment: Duration) {
         let parts = self.state.take();
-        // Counted as a writer under the same lock, so that an abort does not remove the
-        // directory under the file being created (glommio's open panics when it vanishes).
-        let pending = {
-            let mut pending = self.job.pending.lock().expect("pending lock");
-            let dir = pending.dirs.get(&checkpoint).cloned();
-            if dir.is_some() {
-                *pending.writers.entry(checkpoint).or_default() += 1;
-            }
-            dir
-        };
         let job = Arc::clone(&self.job);
         let task = self.task;
         let name = self.file_name.clone();
         WRITES_IN_FLIGHT.with(|writes| writes.set(writes.get() + 1));
         glommio::spawn_local(async move {
+            // Counted as a writer under the same lock, so that an abort does not remove the
+            // directory under the file being created (glommio's open panics when it
+            // vanishes). In a spread run a barrier from another executor's source may come
+            // before this executor heard of its checkpoint: the file waits for that.
+            let pending = loop {
+                {
+                    let mut pending = job.pending.lock().expect("pending lock");
+                    if let Some(dir) = pending.dirs.get(&checkpoint).cloned() {
+                        *pending.writers.entry(checkpoint).or_default() += 1;
+                        break Some(dir);
+                    }
+                    if pending.triggered >= checkpoint || job.stopping.load(Ordering::Relaxed) {
+                        break None;
+                    }
+                }
+                glommio::timer::sleep(Duration::from_millis(1)).await;
+            };
             let result = match pending {
                 None => Err("the checkpoint was aborted before the task's barrier".to_string()),
                 Some(pending) => {
@@ -312,9 +334,11 @@ async fn write_file(
     Ok((TaskFiles { file, referenced }, longest))
 }
 
+/// The snapshots of a checkpoint's split enumerators: (operator id, bytes) each.
+type SplitSnapshots = Vec<(String, Vec<u8>)>;
+
 /// Snapshots every source's split enumerator for a checkpoint: (operator id, bytes) each.
-pub(crate) type EnumeratorSnapshots =
-    Box<dyn Fn(u64) -> Result<Vec<(String, Vec<u8>)>, String> + Send>;
+pub(crate) type EnumeratorSnapshots = Box<dyn Fn(u64) -> Result<SplitSnapshots, String> + Send>;
 
 /// One operator as the payload records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -350,6 +374,24 @@ pub(crate) struct DriverPlan {
     pub(crate) backend: BackendType,
     /// Where completed and aborted checkpoints are counted for the job's live figures.
     pub(crate) monitor: crate::monitor::JobMonitor,
+    /// In a run spread over several executors: this one's part (`relay.rs`).
+    pub(crate) spread: Option<SpreadPlan>,
+}
+
+/// An executor's part in the checkpoints of a run spread over several (`relay.rs`).
+pub(crate) struct SpreadPlan {
+    pub(crate) relay: Relay,
+    /// Whether this executor coordinates (it runs slot 0).
+    pub(crate) leader: bool,
+    /// This executor's node.
+    pub(crate) node: String,
+    /// How many executors follow the leader.
+    pub(crate) followers: usize,
+    /// The checkpoint (or savepoint) this executor restored, which every executor must have
+    /// restored alike.
+    pub(crate) restored: Option<u64>,
+    /// Per task, whether it runs in this executor.
+    pub(crate) here: Vec<bool>,
 }
 
 /// How the coordinator thread ended.
@@ -382,13 +424,21 @@ impl CheckpointDriver {
         plan.savepoints.wake_with(Some(Wake(Box::new(move || {
             let _ = asked.send(TaskReport::Asked);
         }))));
+        if let Some(spread) = &plan.spread {
+            spread.relay.open(sender.clone());
+        }
+        let here = |task: usize| plan.spread.as_ref().is_none_or(|spread| spread.here[task]);
         let shared = Arc::new(JobCheckpointing {
             reports: Mutex::new(sender),
             pending: Mutex::default(),
+            // Only this executor's sources read theirs.
             mailboxes: plan
                 .sources
                 .iter()
-                .map(|&source| source.then(|| Arc::new(SourceMailbox::default())))
+                .enumerate()
+                .map(|(task, &source)| {
+                    (source && here(task)).then(|| Arc::new(SourceMailbox::default()))
+                })
                 .collect(),
             exactly_once: plan.exactly_once,
             incremental: plan.incremental,
@@ -404,6 +454,9 @@ impl CheckpointDriver {
             std::thread::Builder::new()
                 .name("checkpoint-coordinator".into())
                 .spawn(move || {
+                    if plan.spread.as_ref().is_some_and(|spread| !spread.leader) {
+                        return follow(&plan, &shared, &receiver, &stop);
+                    }
                     let mut host = Host {
                         coordinator: Coordinator::new(
                             plan.settings,
@@ -422,6 +475,10 @@ impl CheckpointDriver {
                         deferred: None,
                         savepoint_dirs: HashMap::new(),
                         stopped_with: None,
+                        joined: HashSet::new(),
+                        input_ended: false,
+                        splits: HashMap::new(),
+                        releases: HashMap::new(),
                     };
                     let failure = host.run(&receiver, &stop);
                     if failure.is_some() {
@@ -433,6 +490,7 @@ impl CheckpointDriver {
                     }
                     host.plan.savepoints.wake_with(None);
                     host.discard_pending();
+                    host.await_releases(&receiver);
                     host.discard_aborted();
                     // A checkpoint asked for that never started waits for the next attempt.
                     if let Some(request) = host.deferred.take() {
@@ -492,7 +550,7 @@ struct Host {
     plan: DriverPlan,
     shared: Arc<JobCheckpointing>,
     /// The enumerators' snapshots of each pending checkpoint.
-    enumerators: HashMap<u64, Vec<(String, Vec<u8>)>>,
+    enumerators: HashMap<u64, SplitSnapshots>,
     /// Source subtasks whose input ended (the final checkpoint is due once all have).
     inputs_ended: usize,
     /// When each pending checkpoint was triggered, and what its tasks reported so far.
@@ -508,6 +566,17 @@ struct Host {
     savepoint_dirs: HashMap<u64, PendingCheckpoint>,
     /// The savepoint that stops the job, once it completed.
     stopped_with: Option<PathBuf>,
+    /// In a spread run: the nodes of the followers that joined (no checkpoint is triggered
+    /// before all did).
+    joined: HashSet<String>,
+    /// In a spread run: every source's input ended before every follower joined (the final
+    /// checkpoint waits for them too).
+    input_ended: bool,
+    /// In a spread run: the followers' readers' pending splits of each pending checkpoint.
+    splits: HashMap<u64, Vec<SplitSnapshots>>,
+    /// In a spread run: per aborted checkpoint, the followers that may still write into its
+    /// directory.
+    releases: HashMap<u64, usize>,
 }
 
 impl Host {
@@ -533,8 +602,10 @@ impl Host {
                 Err(RecvTimeoutError::Disconnected) => return None,
             };
             let mut commands = commands;
-            commands.extend(self.coordinator.tick(now_ms()));
-            commands.extend(self.take_savepoint_requests());
+            if self.all_joined() {
+                commands.extend(self.coordinator.tick(now_ms()));
+                commands.extend(self.take_savepoint_requests());
+            }
             for command in commands {
                 if let Some(failure) = self.execute(command) {
                     return Some(failure);
@@ -542,6 +613,21 @@ impl Host {
             }
         }
         None
+    }
+
+    /// Whether every follower of a spread run joined (always, in a run on one executor).
+    fn all_joined(&self) -> bool {
+        self.plan
+            .spread
+            .as_ref()
+            .is_none_or(|spread| self.joined.len() >= spread.followers)
+    }
+
+    /// Tells the followers of a spread run `message`.
+    fn tell_followers(&self, message: CheckpointMessage) {
+        if let Some(spread) = &self.plan.spread {
+            spread.relay.send(message);
+        }
     }
 
     /// Triggers a savepoint (or checkpoint) for the next request, if one waits and none is
@@ -636,14 +722,112 @@ impl Host {
             } => self.coordinator.decline(checkpoint, task, &reason, now),
             TaskReport::InputEnded => {
                 self.inputs_ended += 1;
-                if self.inputs_ended < self.shared.mailboxes.iter().flatten().count() {
+                let sources = self.plan.sources.iter().filter(|&&source| source).count();
+                if self.inputs_ended < sources {
                     return Vec::new();
                 }
                 tracing::debug!(job = %self.plan.job, "every source's input ended: the final checkpoint is due");
+                if !self.all_joined() {
+                    // Triggered once every follower joined.
+                    self.input_ended = true;
+                    return Vec::new();
+                }
                 self.coordinator.end_of_input(now)
             }
             // The loop takes it next.
             TaskReport::Asked => Vec::new(),
+            TaskReport::Relayed(message) => self.on_follower(message),
+        }
+    }
+
+    /// What a follower of a spread run said.
+    fn on_follower(&mut self, message: CheckpointMessage) -> Vec<Command<TaskFiles>> {
+        let now = now_ms();
+        match message {
+            CheckpointMessage::Joined { node, restored } => {
+                let ours = self.plan.spread.as_ref().and_then(|spread| spread.restored);
+                if restored != ours {
+                    let show = |restored: Option<u64>| {
+                        restored.map_or("nothing".to_string(), |n| format!("checkpoint {n}"))
+                    };
+                    return vec![Command::FailJob {
+                        reason: format!(
+                            "the executor on node '{node}' restored {} but the coordinating \
+                             executor restored {} (a checkpoint completed while the run \
+                             started); the run starts again",
+                            show(restored),
+                            show(ours)
+                        ),
+                    }];
+                }
+                // A follower says it again until it hears from this executor.
+                if !self.joined.insert(node.clone()) {
+                    return Vec::new();
+                }
+                tracing::debug!(job = %self.plan.job, %node, "an executor of the run joined its checkpoints");
+                if self.input_ended && self.all_joined() {
+                    return self.coordinator.end_of_input(now);
+                }
+                Vec::new()
+            }
+            CheckpointMessage::Splits {
+                checkpoint,
+                node,
+                enumerators,
+            } => match enumerators {
+                Ok(snapshots) => {
+                    if self.triggered.contains_key(&checkpoint) {
+                        self.splits.entry(checkpoint).or_default().push(snapshots);
+                    }
+                    Vec::new()
+                }
+                Err(reason) => self.coordinator.decline(
+                    checkpoint,
+                    0,
+                    &format!("the split enumerators on node '{node}' failed: {reason}"),
+                    now,
+                ),
+            },
+            CheckpointMessage::Acknowledge {
+                checkpoint,
+                task,
+                file,
+                referenced,
+                pause_us,
+                alignment_us,
+            } => self.on_report(TaskReport::Acknowledge {
+                checkpoint,
+                task,
+                files: TaskFiles {
+                    file: file.into(),
+                    referenced: referenced.into_iter().map(Into::into).collect(),
+                },
+                pause: Duration::from_micros(pause_us),
+                alignment: Duration::from_micros(alignment_us),
+            }),
+            CheckpointMessage::Decline {
+                checkpoint,
+                task,
+                reason,
+            } => self.on_report(TaskReport::Decline {
+                checkpoint,
+                task,
+                reason,
+            }),
+            CheckpointMessage::InputEnded => self.on_report(TaskReport::InputEnded),
+            CheckpointMessage::Released { checkpoint } => {
+                if let Some(writing) = self.releases.get_mut(&checkpoint) {
+                    *writing = writing.saturating_sub(1);
+                }
+                self.discard_aborted();
+                Vec::new()
+            }
+            CheckpointMessage::Trigger { .. }
+            | CheckpointMessage::Complete { .. }
+            | CheckpointMessage::Aborted { .. } => {
+                tracing::warn!(job = %self.plan.job, ?message, "the coordinating executor was sent a message for the others; ignored");
+                Vec::new()
+            }
         }
     }
 
@@ -690,6 +874,7 @@ impl Host {
             // (and without a channel of its own to the coordinator).
             Command::NotifyComplete { checkpoint } => {
                 tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint complete");
+                self.tell_followers(CheckpointMessage::Complete { checkpoint });
                 self.post(SourceCommand::NotifyComplete(checkpoint));
             }
             Command::NotifyAborted { checkpoint, reason } => {
@@ -702,6 +887,7 @@ impl Host {
                 }
                 self.answer_savepoint(checkpoint, Err(why));
                 self.forget(checkpoint);
+                self.tell_followers(CheckpointMessage::Aborted { checkpoint });
                 self.post(SourceCommand::NotifyAborted(checkpoint));
             }
             Command::FailJob { reason } => return Some(reason),
@@ -727,17 +913,26 @@ impl Host {
         if pending.is_savepoint() {
             self.savepoint_dirs.insert(checkpoint, pending.clone());
         }
+        let dir = pending.dir().to_path_buf();
         self.shared
             .pending
             .lock()
             .expect("pending lock")
-            .dirs
-            .insert(checkpoint, pending);
+            .begin(checkpoint, pending);
         // Enumerators first (they hold splits back until each reader passed the barrier),
         // then the sources' mailboxes — even when an enumerator failed, so that every reader
         // passes the barrier and is let go (the checkpoint is declined).
         let enumerators = (self.plan.enumerators)(checkpoint);
         let last = self.coordinator.final_checkpoint() == Some(checkpoint);
+        self.tell_followers(CheckpointMessage::Trigger {
+            checkpoint,
+            dir,
+            take: match stop {
+                None if last => Take::Final,
+                None => Take::Checkpoint,
+                Some(stop) => Take::Savepoint { stop },
+            },
+        });
         self.post(match stop {
             None if last => SourceCommand::TriggerFinalCheckpoint(checkpoint),
             None => SourceCommand::TriggerCheckpoint(checkpoint),
@@ -778,7 +973,10 @@ impl Host {
             .dirs
             .remove(&checkpoint)
             .ok_or("its directory is gone")?;
-        let enumerators = self.enumerators.remove(&checkpoint).unwrap_or_default();
+        if self.plan.spread.is_some() {
+            check_shared(pending.dir(), files.iter().chain(&referenced))?;
+        }
+        let enumerators = self.all_enumerators(checkpoint)?;
         let payload = encode_payload(&self.plan, &enumerators);
         let metadata = CheckpointMetadata {
             job: self.plan.job.clone(),
@@ -829,8 +1027,44 @@ impl Host {
         Ok(completed.dir)
     }
 
+    /// The split enumerators' snapshots of `checkpoint`: in a spread run, each joins this
+    /// executor's readers' pending splits with every follower's.
+    fn all_enumerators(&mut self, checkpoint: u64) -> Result<SplitSnapshots, String> {
+        let own = self.enumerators.remove(&checkpoint).unwrap_or_default();
+        let Some(spread) = &self.plan.spread else {
+            return Ok(own);
+        };
+        let parts = self.splits.remove(&checkpoint).unwrap_or_default();
+        if parts.len() < spread.followers {
+            return Err(format!(
+                "the split enumerators of {} of the run's {} other executors did not report",
+                spread.followers - parts.len(),
+                spread.followers
+            ));
+        }
+        own.into_iter()
+            .map(|(id, bytes)| {
+                let mut all = vec![bytes];
+                for part in &parts {
+                    let (_, theirs) =
+                        part.iter().find(|(other, _)| *other == id).ok_or_else(|| {
+                            format!("an executor's split enumerators lack source {id}")
+                        })?;
+                    all.push(theirs.clone());
+                }
+                let joined = crate::runtime::factories::join_splits(&all)?;
+                Ok((id, joined))
+            })
+            .collect()
+    }
+
     fn forget(&mut self, checkpoint: u64) {
         self.enumerators.remove(&checkpoint);
+        self.splits.remove(&checkpoint);
+        if let Some(spread) = &self.plan.spread {
+            // Removed once every follower's writers are done too (each says so).
+            self.releases.insert(checkpoint, spread.followers);
+        }
         if self.triggered.remove(&checkpoint).is_some() {
             self.stats.aborted += 1;
         }
@@ -839,7 +1073,7 @@ impl Host {
             pending.dirs.remove(&checkpoint);
             pending.writers.contains_key(&checkpoint)
         };
-        if writing {
+        if writing || self.releases.contains_key(&checkpoint) {
             // Removed once its writers are done (each reports then).
             self.aborted.push(checkpoint);
         } else {
@@ -868,15 +1102,18 @@ impl Host {
                 .iter()
                 .copied()
                 .filter(|checkpoint| !pending.writers.contains_key(checkpoint))
+                .filter(|checkpoint| self.releases.get(checkpoint).is_none_or(|&n| n == 0))
                 .collect()
         };
         self.aborted.retain(|checkpoint| !done.contains(checkpoint));
         for checkpoint in done {
+            self.releases.remove(&checkpoint);
             self.discard(checkpoint);
         }
     }
 
-    /// Removes what checkpoints still pending at the job's end wrote.
+    /// Removes what checkpoints still pending at the job's end wrote (in a spread run, once
+    /// the followers said their tasks write no more into them: [`Host::await_releases`]).
     fn discard_pending(&mut self) {
         let pending: Vec<u64> = self.coordinator.pending().collect();
         for checkpoint in pending {
@@ -885,8 +1122,208 @@ impl Host {
                 Err("the job ended before every task had written its state".into()),
             );
             self.forget(checkpoint);
+            self.tell_followers(CheckpointMessage::Aborted { checkpoint });
         }
     }
+
+    /// In a spread run at its end: waits a little for the followers to release the aborted
+    /// checkpoints they may still write into. One that does not (it is gone, or ending
+    /// without a word) leaves its directory for a later run's retention to sweep.
+    fn await_releases(&mut self, reports: &Receiver<TaskReport>) {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.releases.values().any(|&writing| writing > 0) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match reports.recv_timeout(left) {
+                Ok(TaskReport::Relayed(CheckpointMessage::Released { checkpoint })) => {
+                    if let Some(writing) = self.releases.get_mut(&checkpoint) {
+                        *writing = writing.saturating_sub(1);
+                    }
+                }
+                Ok(_) => {}
+                Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Checks that the files a spread run's executors acknowledged for the checkpoint in `dir`
+/// are there as they wrote them: each wrote into the directory at its own path, which only
+/// names the same storage when the checkpoint directory is shared.
+fn check_shared<'a>(
+    dir: &std::path::Path,
+    files: impl Iterator<Item = &'a StoredFile>,
+) -> Result<(), String> {
+    for file in files {
+        let path = weir_state::checkpoint::resolve(dir, &file.name);
+        let found = std::fs::metadata(&path).map(|found| found.len());
+        if found.as_ref().ok() != Some(&file.len) {
+            let found = match found {
+                Ok(len) => format!("holds {len} bytes"),
+                Err(error) => format!("cannot be read ({error})"),
+            };
+            return Err(format!(
+                "{} {found} where an executor of the run wrote {} bytes: \
+                 execution.checkpointing.dir must be storage every worker sees at one path \
+                 (a shared file system) when a job runs over several workers",
+                path.display(),
+                file.len
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A follower's coordination thread in a spread run (`relay.rs`): joins the leader, passes its
+/// tasks' reports on to it, and triggers and notifies its sources as the leader says, until
+/// stopped.
+fn follow(
+    plan: &DriverPlan,
+    shared: &JobCheckpointing,
+    reports: &Receiver<TaskReport>,
+    stop: &AtomicBool,
+) -> DriverEnd {
+    let spread = plan.spread.as_ref().expect("a follower of a spread run");
+    let relay = &spread.relay;
+    let post = |command: SourceCommand| {
+        for mailbox in shared.mailboxes.iter().flatten() {
+            mailbox.post(command);
+        }
+    };
+    // Completed once: by the leader's word, or by its metadata in the shared directory when
+    // that word was lost on the way (a control plane that went down).
+    let complete = |checkpoint: u64| {
+        let pending = shared
+            .pending
+            .lock()
+            .expect("pending lock")
+            .dirs
+            .remove(&checkpoint);
+        if pending.is_some() {
+            post(SourceCommand::NotifyComplete(checkpoint));
+        }
+    };
+    let micros = |took: Duration| u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+    // Aborted checkpoints whose directories this executor's tasks may still write into.
+    let mut aborted: Vec<u64> = Vec::new();
+    // Joined again every second until the leader was heard (a message may be lost on the
+    // way); committed checkpoints looked for as often.
+    let mut heard = false;
+    let mut every_second = Instant::now() - Duration::from_secs(1);
+    while !stop.load(Ordering::Relaxed) {
+        if every_second.elapsed() >= Duration::from_secs(1) {
+            every_second = Instant::now();
+            if !heard {
+                relay.send(CheckpointMessage::Joined {
+                    node: spread.node.clone(),
+                    restored: spread.restored,
+                });
+            }
+            let committed: Vec<u64> = {
+                let pending = shared.pending.lock().expect("pending lock");
+                pending
+                    .dirs
+                    .iter()
+                    .filter(|(_, dir)| dir.dir().join(METADATA_FILE).exists())
+                    .map(|(&checkpoint, _)| checkpoint)
+                    .collect()
+            };
+            for checkpoint in committed {
+                complete(checkpoint);
+            }
+        }
+        let report = match reports.recv_timeout(Duration::from_millis(10)) {
+            Ok(report) => Some(report),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
+        heard |= matches!(report, Some(TaskReport::Relayed(_)));
+        match report {
+            None => {}
+            Some(TaskReport::Acknowledge {
+                checkpoint,
+                task,
+                files,
+                pause,
+                alignment,
+            }) => relay.send(CheckpointMessage::Acknowledge {
+                checkpoint,
+                task,
+                file: files.file.into(),
+                referenced: files.referenced.into_iter().map(FileRecord::from).collect(),
+                pause_us: micros(pause),
+                alignment_us: micros(alignment),
+            }),
+            Some(TaskReport::Decline {
+                checkpoint,
+                task,
+                reason,
+            }) => relay.send(CheckpointMessage::Decline {
+                checkpoint,
+                task,
+                reason,
+            }),
+            Some(TaskReport::InputEnded) => relay.send(CheckpointMessage::InputEnded),
+            Some(TaskReport::Asked) => {
+                while let Some(request) = plan.savepoints.take() {
+                    request.fail(format!(
+                        "this executor (node '{}') does not coordinate the run's checkpoints; \
+                         ask the one that runs slot 0",
+                        spread.node
+                    ));
+                }
+            }
+            Some(TaskReport::Relayed(CheckpointMessage::Trigger {
+                checkpoint,
+                dir,
+                take,
+            })) => {
+                let savepoint = matches!(take, Take::Savepoint { .. });
+                shared.pending.lock().expect("pending lock").begin(
+                    checkpoint,
+                    PendingCheckpoint::joined(checkpoint, dir, savepoint),
+                );
+                // As the leader does: enumerators first, then the sources, even when an
+                // enumerator failed (the leader declines the checkpoint).
+                relay.send(CheckpointMessage::Splits {
+                    checkpoint,
+                    node: spread.node.clone(),
+                    enumerators: (plan.enumerators)(checkpoint),
+                });
+                post(match take {
+                    Take::Checkpoint => SourceCommand::TriggerCheckpoint(checkpoint),
+                    Take::Final => SourceCommand::TriggerFinalCheckpoint(checkpoint),
+                    Take::Savepoint { stop } => SourceCommand::TriggerSavepoint {
+                        savepoint: checkpoint,
+                        stop,
+                    },
+                });
+            }
+            Some(TaskReport::Relayed(CheckpointMessage::Complete { checkpoint })) => {
+                complete(checkpoint);
+            }
+            Some(TaskReport::Relayed(CheckpointMessage::Aborted { checkpoint })) => {
+                let mut pending = shared.pending.lock().expect("pending lock");
+                pending.dirs.remove(&checkpoint);
+                drop(pending);
+                aborted.push(checkpoint);
+                post(SourceCommand::NotifyAborted(checkpoint));
+            }
+            Some(TaskReport::Relayed(message)) => {
+                tracing::warn!(job = %plan.job, ?message, "an executor that does not coordinate the run's checkpoints was sent a message for the one that does; ignored");
+            }
+        }
+        let released: Vec<u64> = {
+            let pending = shared.pending.lock().expect("pending lock");
+            aborted
+                .extract_if(.., |checkpoint| !pending.writers.contains_key(checkpoint))
+                .collect()
+        };
+        for checkpoint in released {
+            relay.send(CheckpointMessage::Released { checkpoint });
+        }
+    }
+    plan.savepoints.wake_with(None);
+    DriverEnd::default()
 }
 
 /// A pending checkpoint: when it was triggered, and what its tasks reported so far.
@@ -1049,18 +1486,25 @@ pub(crate) struct RestoreRules<'a> {
     pub(crate) allow_non_restored_state: bool,
 }
 
-/// Opens job `job`'s checkpoint directory under `root` (taking its lock) and, with
-/// `resume: Some(at_least)`, reads back its latest completed checkpoint numbered `at_least` or
-/// later (checked against `rules`: see [`read_restored`]); `restored` is `None` when there is
-/// no such checkpoint yet.
+/// Opens job `job`'s checkpoint directory under `root` (taking its lock, unless this executor
+/// is a `follower` in a spread run, which only writes into checkpoints its leader begins)
+/// and, with `resume: Some(at_least)`, reads back its latest completed checkpoint numbered
+/// `at_least` or later (checked against `rules`: see [`read_restored`]); `restored` is `None`
+/// when there is no such checkpoint yet.
 pub(crate) fn open_checkpoints(
     root: &std::path::Path,
     job: &str,
     resume: Option<u64>,
     rules: RestoreRules<'_>,
+    follower: bool,
 ) -> Result<CheckpointStart, JobError> {
     let refuse = |message: String| JobError::InvalidJob(message);
-    let storage = CheckpointStorage::open(root, job).map_err(|e| refuse(e.to_string()))?;
+    let storage = if follower {
+        CheckpointStorage::open_shared(root, job)
+    } else {
+        CheckpointStorage::open(root, job)
+    }
+    .map_err(|e| refuse(e.to_string()))?;
     let highest = storage
         .highest_number()
         .map_err(|e| refuse(e.to_string()))?;
@@ -1287,6 +1731,7 @@ mod tests {
             savepoint_dir: PathBuf::new(),
             backend: BackendType::RocksDb,
             monitor: crate::monitor::JobMonitor::default(),
+            spread: None,
         };
         let bytes = encode_payload(&plan, &[("abc".into(), vec![9, 8])]);
         let payload = decode_payload(&bytes, "_metadata").unwrap();

@@ -22,6 +22,7 @@ pub(crate) mod driver;
 pub mod inspect;
 pub(crate) mod keyed;
 pub(crate) mod native;
+pub mod relay;
 pub mod restart;
 pub mod savepoint;
 pub(crate) mod task_state;
@@ -150,5 +151,6 @@ impl CheckpointStats {
 }
 
 pub use coordinator::{AbortReason, CheckpointSettings, Command, Coordinator};
+pub use relay::{CheckpointMessage, Relay};
 pub use restart::{ExponentialDelay, RestartDecision, RestartStrategy, RestartTracker};
 pub use savepoint::{PendingSavepoint, SavepointError, SavepointHandle, StopMode, Taken};

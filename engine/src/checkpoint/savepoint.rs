@@ -31,7 +31,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 /// How a job stops once its savepoint completed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum StopMode {
     /// Stop without a final watermark: open windows and timers stay in the savepoint (Flink's
     /// `stop`; a job that will resume from it).

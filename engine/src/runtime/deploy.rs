@@ -19,13 +19,14 @@ use weir_memory::{PoolStats, Segment, SegmentPool};
 
 use super::exchange::channel::{net, ring};
 use super::exchange::inflight::{decode_in_flight, layout_of_data, PART_IN_FLIGHT};
+use super::factories::keep_splits;
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
 use super::spread::{ShardNet, Spread};
 use super::task::{Subtask, TaskSettings};
 use crate::checkpoint::driver::{
     open_checkpoints, open_savepoint, CheckpointDriver, CheckpointStart, DriverEnd, DriverPlan,
-    JobCheckpointing, OperatorEntry, RestoreRules, TaskCheckpointing,
+    JobCheckpointing, OperatorEntry, RestoreRules, SpreadPlan, TaskCheckpointing,
 };
 use crate::checkpoint::native::PART_ROCKSDB;
 use crate::checkpoint::restart::{RestartDecision, RestartStrategy, RestartTracker};
@@ -42,6 +43,7 @@ use crate::graph::{
 use crate::metrics::{
     ChannelSource, MetricsRegistry, OperatorCounts, OperatorMetrics, TaskMetrics,
 };
+use crate::monitor::EdgeFigures;
 use crate::operator::{scope, RuntimeContext, SideOutputs};
 use crate::state::{self, BackendType, JobRocksDb, OperatorStateId, StateEnv};
 
@@ -1028,11 +1030,17 @@ fn run_attempt(
 
     let job_name = exec.job.job_name().to_string();
     let checkpoint_config = config.checkpointing()?;
-    if let (Some(spread), Some(_)) = (spread, &checkpoint_config) {
+    if let (
+        Some(spread),
+        Some(CheckpointConfig {
+            unaligned: Some(_), ..
+        }),
+    ) = (spread, &checkpoint_config)
+    {
         return Err(JobError::InvalidJob(format!(
-            "job '{job_name}' is checkpointed, and its run is spread over the slots of {} \
-             nodes: checkpoints of a job spread over several executors are not supported \
-             yet; run it on one worker, or without execution.checkpointing.interval",
+            "job '{job_name}' takes unaligned checkpoints, and its run is spread over the \
+             slots of {} nodes: barriers do not overtake data between executors yet; set \
+             execution.checkpointing.unaligned.enabled: false for runs over several workers",
             spread.nodes()
         )));
     }
@@ -1055,6 +1063,8 @@ fn run_attempt(
             &job_name,
             resume,
             rules,
+            // Another executor of the run coordinates its checkpoints (`checkpoint::relay`).
+            spread.is_some_and(|spread| !spread.is_here(0)),
         )?),
         None => None,
     };
@@ -1135,7 +1145,15 @@ fn run_attempt(
     let heap_share = (state_backend == BackendType::Heap).then_some(budget.heap);
     let driver = match (checkpoints, &checkpoint_config) {
         (Some(start), Some(checkpoint_config)) => {
-            let plan = driver_plan(
+            let spread = spread.map(|spread| SpreadPlan {
+                relay: spread.relay.clone(),
+                leader: spread.is_here(0),
+                node: spread.node.clone(),
+                followers: spread.nodes() - 1,
+                restored: restored.as_ref().map(|restored| restored.checkpoint),
+                here: exec.subtasks.iter().map(|s| here(s.slot)).collect(),
+            });
+            let mut plan = driver_plan(
                 exec,
                 &enumerators,
                 checkpoint_config,
@@ -1144,6 +1162,7 @@ fn run_attempt(
                 options,
                 config.state_backend(),
             );
+            plan.spread = spread;
             Some(CheckpointDriver::start(
                 start.storage,
                 plan,
@@ -1199,6 +1218,7 @@ fn run_attempt(
             .unwrap_or_default(),
         heap_counted: heap_share.is_some() && weir_memory::is_counting(),
     };
+    options.monitor.plan(plan_edges(exec, spread));
     options.monitor.attach(
         metrics.clone(),
         loads.clone(),
@@ -1306,6 +1326,7 @@ fn start_checkpoints(
     job_name: &str,
     resume: Option<u64>,
     rules: RestoreRules<'_>,
+    follower: bool,
 ) -> Result<CheckpointStart, JobError> {
     for node in &exec.job.graph.nodes {
         let unsupported = match &node.kind {
@@ -1321,7 +1342,7 @@ fn start_checkpoints(
             )));
         }
     }
-    open_checkpoints(&checkpoint_config.dir, job_name, resume, rules)
+    open_checkpoints(&checkpoint_config.dir, job_name, resume, rules, follower)
 }
 
 /// Refuses to restore state that `backend` cannot read: RocksDB's own files (an operator's
@@ -1458,6 +1479,34 @@ fn refuse_rescaled_in_flight(
     Ok(())
 }
 
+/// The job's edges as its figures show them: each exchange's channels, and in a spread run
+/// those between slots on different nodes.
+fn plan_edges(exec: &ExecutionGraph, spread: Option<&Spread>) -> Vec<EdgeFigures> {
+    let crosses = |(sender, receiver): &(usize, usize)| {
+        spread.is_some_and(|spread| spread.slots[*sender].node != spread.slots[*receiver].node)
+    };
+    exec.job
+        .edges
+        .iter()
+        .enumerate()
+        .map(|(index, edge)| {
+            let channels = if edge.chained {
+                Vec::new()
+            } else {
+                exec.channels(index)
+            };
+            EdgeFigures {
+                source: edge.source_node,
+                target: edge.target_node,
+                partitioning: edge.kind.to_string(),
+                chained: edge.chained,
+                channels: channels.len(),
+                remote_channels: channels.iter().filter(|c| crosses(c)).count(),
+            }
+        })
+        .collect()
+}
+
 /// What the coordinator thread needs of the job.
 fn driver_plan(
     exec: &ExecutionGraph,
@@ -1486,6 +1535,12 @@ fn driver_plan(
             _ => None,
         })
         .collect();
+    // In a spread run each executor's enumerators serve its own readers (reader `i` on slot
+    // `i`): its snapshots hold their pending splits, which the leader joins with the others'.
+    let readers_here: Option<(Vec<bool>, bool)> = options.spread.as_ref().map(|spread| {
+        let here = (0..spread.slots.len()).map(|slot| spread.is_here(slot));
+        (here.collect(), spread.is_here(0))
+    });
     DriverPlan {
         job: job_name.to_string(),
         settings: checkpoint_config.settings,
@@ -1506,10 +1561,12 @@ fn driver_plan(
             sources
                 .iter()
                 .map(|(id, factory, enumerator)| {
-                    Ok((
-                        id.clone(),
-                        factory.snapshot_enumerator(enumerator, checkpoint)?,
-                    ))
+                    let mut bytes = factory.snapshot_enumerator(enumerator, checkpoint)?;
+                    if let Some((here, leader)) = &readers_here {
+                        let here = |reader: usize| here.get(reader).copied().unwrap_or(false);
+                        bytes = keep_splits(&bytes, here, *leader)?;
+                    }
+                    Ok((id.clone(), bytes))
                 })
                 .collect()
         }),
@@ -1525,5 +1582,52 @@ fn driver_plan(
             .unwrap_or_else(|| start.storage.dir().join("savepoints")),
         backend,
         monitor: options.monitor.clone(),
+        // This executor's part in a spread run's checkpoints: set by the caller.
+        spread: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prelude::*;
+
+    #[test]
+    fn the_plans_edges_are_chained_local_or_remote_where_channels_cross_nodes() {
+        let config = Configuration::default()
+            .with("taskmanager.numberOfTaskSlots", "2")
+            .and_then(|c| c.with("parallelism.default", "2"))
+            .unwrap();
+        let env = StreamEnvironment::new(config).unwrap();
+        env.from_sequence(0, 10)
+            .map(|n: u64| n + 1)
+            .key_by(|n: &u64| *n)
+            .reduce(|a: u64, b: u64| a + b)
+            .sink_to(DiscardSink::new(), "out");
+        let exec = env.plan("edges").unwrap();
+        let keyed = |edges: &[EdgeFigures]| {
+            let keyed = edges.iter().find(|e| e.partitioning == "HASH").cloned();
+            keyed.expect("a keyed exchange")
+        };
+        let here = plan_edges(&exec, None);
+        let exchange = keyed(&here);
+        assert_eq!(
+            (
+                exchange.chained,
+                exchange.channels,
+                exchange.remote_channels
+            ),
+            (false, 4, 0)
+        );
+        assert!(
+            here.iter()
+                .filter(|e| e.partitioning == "FORWARD")
+                .all(|e| e.chained && e.channels == 0),
+            "{here:?}"
+        );
+        // Slot 0 and slot 1 on two nodes: the channels between them cross.
+        let spread = super::super::spread::on_loopback("edges", 2).unwrap();
+        let over_two = plan_edges(&exec, Some(&spread[0]));
+        assert_eq!(keyed(&over_two).remote_channels, 2, "{over_two:?}");
     }
 }

@@ -338,6 +338,44 @@ pub(crate) fn read_splits<'a>(bytes: &'a [u8], what: &'a str) -> Result<Vec<RawS
     Ok(splits)
 }
 
+/// Writes `splits` as [`encode_splits`] does, still encoded.
+fn write_raw_splits<'a>(splits: impl ExactSizeIterator<Item = RawSplit<'a>>) -> Vec<u8> {
+    let mut out = ByteWriter::default();
+    out.u64(splits.len() as u64);
+    for split in splits {
+        out.u8(u8::from(split.owner.is_some()));
+        out.u64(split.owner.unwrap_or(0) as u64);
+        out.text(&split.id);
+        out.text(&split.shown);
+        out.bytes(split.bytes);
+    }
+    out.out
+}
+
+/// An enumerator's snapshot ([`encode_splits`]) with only the splits pending for the readers
+/// `keep` holds: in a spread run, each executor's copy of the enumerator serves its own.
+/// Splits for no reader in particular stay where `keep_unowned` says.
+pub(crate) fn keep_splits(
+    bytes: &[u8],
+    keep: impl Fn(usize) -> bool,
+    keep_unowned: bool,
+) -> Result<Vec<u8>, String> {
+    let kept: Vec<RawSplit<'_>> = read_splits(bytes, "a split enumerator's snapshot")?
+        .into_iter()
+        .filter(|split| split.owner.map_or(keep_unowned, &keep))
+        .collect();
+    Ok(write_raw_splits(kept.into_iter()))
+}
+
+/// One enumerator snapshot holding the splits of all of `parts` (each an [`encode_splits`]).
+pub(crate) fn join_splits(parts: &[Vec<u8>]) -> Result<Vec<u8>, String> {
+    let mut all = Vec::new();
+    for part in parts {
+        all.extend(read_splits(part, "a split enumerator's snapshot")?);
+    }
+    Ok(write_raw_splits(all.into_iter()))
+}
+
 fn decode_splits<S: SourceSplit>(
     bytes: &[u8],
     what: &str,

@@ -18,6 +18,7 @@ use weir_memory::SegmentPool;
 use weir_net::tls::TlsIdentity;
 use weir_net::{ChannelReceiver, ChannelSender, NetConfig, NetShard, Peer};
 
+use crate::checkpoint::relay::{self, Relay};
 use crate::error::{TaskError, TaskResult};
 
 /// Where a run's slots are when it spans several executors.
@@ -38,6 +39,9 @@ pub struct Spread {
     pub connect_timeout: Duration,
     /// Each endpoint's UDP receive and send buffers, bytes.
     pub udp_buffers: (usize, usize),
+    /// How this executor's checkpoint coordination reaches the other executors': the
+    /// leader's (slot 0's) to the others, the others' to it (`checkpoint::relay`).
+    pub relay: Relay,
 }
 
 /// Where one slot of a spread run runs.
@@ -97,9 +101,10 @@ impl Spread {
 }
 
 /// A run named `run` spread over `slots` executors on this machine, one slot each (node
-/// `node-<i>`, with a certificate of a cluster CA made for it, on a free port of loopback):
-/// the [`Spread`] of each executor, in slot order. For tests and benchmarks that run a
-/// job's executors side by side.
+/// `node-<i>`, with a certificate of a cluster CA made for it, on a free port of loopback),
+/// their checkpoints coordinated through channels between them: the [`Spread`] of each
+/// executor, in slot order. For tests and benchmarks that run a job's executors side by side
+/// in one process.
 pub fn on_loopback(run: &str, slots: usize) -> Result<Vec<Spread>, String> {
     let ca = weir_net::tls::ClusterCa::generate("loopback").map_err(|e| e.to_string())?;
     let places = (0..slots)
@@ -112,9 +117,11 @@ pub fn on_loopback(run: &str, slots: usize) -> Result<Vec<Spread>, String> {
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    let relays = relay::in_process(slots);
     places
         .iter()
-        .map(|place| {
+        .zip(relays)
+        .map(|(place, relay)| {
             let issued = ca.issue(&place.node, &[]).map_err(|e| e.to_string())?;
             let identity = TlsIdentity::from_pem(
                 ca.cert_pem(),
@@ -131,6 +138,7 @@ pub fn on_loopback(run: &str, slots: usize) -> Result<Vec<Spread>, String> {
                 idle_timeout: Duration::from_secs(10),
                 connect_timeout: Duration::from_secs(10),
                 udp_buffers: (8 << 20, 8 << 20),
+                relay,
             })
         })
         .collect()
