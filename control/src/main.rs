@@ -558,7 +558,8 @@ enum Bench {
         #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(1..))]
         scrape_ms: Option<u64>,
         /// Spread the engine run over N executors in this process, one slot each, with QUIC
-        /// and mutual TLS on loopback between them (--parallelism N; no checkpoints).
+        /// and mutual TLS on loopback between them (--parallelism N; with
+        /// --checkpoint-interval-ms, the first executor coordinates the checkpoints).
         #[arg(long, value_name = "N", default_value_t = 1)]
         executors: usize,
         /// Print one JSON object (an array with --all).

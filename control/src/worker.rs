@@ -413,7 +413,11 @@ async fn run(config: Configuration, control: String) -> Result<()> {
             }
             _ = stopping.tick(), if agent.leaving.is_some() => {}
         }
-        if agent.may_exit(link.is_some(), answers.is_empty()) {
+        // Checkpoint messages of runs being cancelled hold nothing up: only savepoint answers.
+        let answered = !answers
+            .iter()
+            .any(|answer| matches!(answer, WorkerMessage::Snapshot { .. }));
+        if agent.may_exit(link.is_some(), answered) {
             tracing::info!(tm_id = %agent.info.id, "weir worker {}: stopped", agent.info.id);
             return Ok(());
         }
@@ -501,7 +505,8 @@ async fn send(link: &mut Option<Link>, message: &WorkerMessage) {
     }
 }
 
-/// Sends the savepoint answers waiting for a link, keeping those it could not send.
+/// Sends the savepoint answers and checkpoint messages waiting for a link, keeping those it
+/// could not send.
 async fn flush(link: &mut Option<Link>, answers: &mut Vec<WorkerMessage>) {
     while let Some(answer) = answers.first() {
         send(link, answer).await;

@@ -675,12 +675,10 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
             "--executors 0: a run needs one executor at least".into(),
         ));
     }
-    if executors > 1
-        && (executors != options.parallelism || options.checkpoint_interval_ms.is_some())
-    {
+    if executors > 1 && executors != options.parallelism {
         return Err(BenchError::Nexmark(format!(
             "--executors {executors}: a run over several executors gives each one slot \
-             (--parallelism {executors}) and takes no checkpoints (not built across executors)"
+             (--parallelism {executors})"
         )));
     }
     let cores = weir_engine::runtime::available_cores();
@@ -804,8 +802,13 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         .map(|run| run.and_then(|run| run.wait()))
         .collect();
     let mut result = None;
+    // The first executor runs slot 0: it coordinates the run's checkpoints.
+    let mut checkpoints = None;
     for ended in results {
         let ended = ended.map_err(BenchError::job("nexmark"))?;
+        if checkpoints.is_none() {
+            checkpoints = ended.checkpoints.clone();
+        }
         // The run lasts until its last executor ends.
         if result
             .as_ref()
@@ -838,7 +841,7 @@ pub fn run_engine(options: &NexmarkOptions) -> Result<NexmarkReport, BenchError>
         settings: options.settings.clone(),
         checkpoints: options
             .checkpoint_interval_ms
-            .zip(result.checkpoints.as_ref())
+            .zip(checkpoints.as_ref())
             .map(|(interval, stats)| CheckpointFigures::of(interval, stats)),
         scrapes: options.scrape_ms.map(|_| scrapes.load(Ordering::Relaxed)),
     })
@@ -990,9 +993,19 @@ mod tests {
         assert!(reference.results > 0);
         assert_eq!(
             (spread.checksum, spread.results),
-            (reference.checksum, reference.results)
+            (reference.checksum.clone(), reference.results)
         );
         assert_eq!(spread.executors, 2);
+        // Checkpointed across both executors: the same results, and the figures of slot 0's
+        // executor, which coordinates the checkpoints (the final one at least completes).
+        let checkpointed = run_engine(&NexmarkOptions {
+            checkpoint_interval_ms: Some(50),
+            ..two.clone()
+        })
+        .unwrap();
+        assert_eq!(checkpointed.checksum, reference.checksum);
+        let figures = checkpointed.checkpoints.expect("checkpoint figures");
+        assert!(figures.checkpoints_completed >= 1, "{figures:?}");
         let refused = run_engine(&NexmarkOptions {
             parallelism: 1,
             ..two

@@ -1208,10 +1208,10 @@ fn follow(
     // Joined again every second until the leader was heard (a message may be lost on the
     // way); committed checkpoints looked for as often.
     let mut heard = false;
-    let mut every_second = Instant::now() - Duration::from_secs(1);
+    let mut looked: Option<Instant> = None;
     while !stop.load(Ordering::Relaxed) {
-        if every_second.elapsed() >= Duration::from_secs(1) {
-            every_second = Instant::now();
+        if looked.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+            looked = Some(Instant::now());
             if !heard {
                 relay.send(CheckpointMessage::Joined {
                     node: spread.node.clone(),
