@@ -179,6 +179,13 @@ impl JobCheckpointing {
         self.mailboxes.get(task).cloned().flatten()
     }
 
+    /// Posts `command` to the mailbox of every source subtask of this executor.
+    fn post(&self, command: SourceCommand) {
+        for mailbox in self.mailboxes.iter().flatten() {
+            mailbox.post(command);
+        }
+    }
+
     /// A source's input ended and its chain finished.
     pub(crate) fn input_ended(&self) {
         self.report(TaskReport::InputEnded);
@@ -816,9 +823,7 @@ impl Host {
             }),
             CheckpointMessage::InputEnded => self.on_report(TaskReport::InputEnded),
             CheckpointMessage::Released { checkpoint } => {
-                if let Some(writing) = self.releases.get_mut(&checkpoint) {
-                    *writing = writing.saturating_sub(1);
-                }
+                self.released(checkpoint);
                 self.discard_aborted();
                 Vec::new()
             }
@@ -875,7 +880,7 @@ impl Host {
             Command::NotifyComplete { checkpoint } => {
                 tracing::debug!(job = %self.plan.job, checkpoint, "checkpoint complete");
                 self.tell_followers(CheckpointMessage::Complete { checkpoint });
-                self.post(SourceCommand::NotifyComplete(checkpoint));
+                self.shared.post(SourceCommand::NotifyComplete(checkpoint));
             }
             Command::NotifyAborted { checkpoint, reason } => {
                 tracing::warn!(job = %self.plan.job, checkpoint, ?reason, "checkpoint aborted");
@@ -888,7 +893,7 @@ impl Host {
                 self.answer_savepoint(checkpoint, Err(why));
                 self.forget(checkpoint);
                 self.tell_followers(CheckpointMessage::Aborted { checkpoint });
-                self.post(SourceCommand::NotifyAborted(checkpoint));
+                self.shared.post(SourceCommand::NotifyAborted(checkpoint));
             }
             Command::FailJob { reason } => return Some(reason),
         }
@@ -924,32 +929,19 @@ impl Host {
         // passes the barrier and is let go (the checkpoint is declined).
         let enumerators = (self.plan.enumerators)(checkpoint);
         let last = self.coordinator.final_checkpoint() == Some(checkpoint);
+        let take = match stop {
+            None if last => Take::Final,
+            None => Take::Checkpoint,
+            Some(stop) => Take::Savepoint { stop },
+        };
         self.tell_followers(CheckpointMessage::Trigger {
             checkpoint,
             dir,
-            take: match stop {
-                None if last => Take::Final,
-                None => Take::Checkpoint,
-                Some(stop) => Take::Savepoint { stop },
-            },
+            take,
         });
-        self.post(match stop {
-            None if last => SourceCommand::TriggerFinalCheckpoint(checkpoint),
-            None => SourceCommand::TriggerCheckpoint(checkpoint),
-            Some(stop) => SourceCommand::TriggerSavepoint {
-                savepoint: checkpoint,
-                stop,
-            },
-        });
+        self.shared.post(take.trigger(checkpoint));
         self.enumerators.insert(checkpoint, enumerators?);
         Ok(())
-    }
-
-    /// Posts `command` to every source subtask's mailbox.
-    fn post(&self, command: SourceCommand) {
-        for mailbox in self.shared.mailboxes.iter().flatten() {
-            mailbox.post(command);
-        }
     }
 
     /// Commits a checkpoint (or savepoint) every task acknowledged: its directory.
@@ -1126,6 +1118,13 @@ impl Host {
         }
     }
 
+    /// A follower's tasks write no more into aborted `checkpoint`'s directory.
+    fn released(&mut self, checkpoint: u64) {
+        if let Some(writing) = self.releases.get_mut(&checkpoint) {
+            *writing = writing.saturating_sub(1);
+        }
+    }
+
     /// In a spread run at its end: waits a little for the followers to release the aborted
     /// checkpoints they may still write into. One that does not (it is gone, or ending
     /// without a word) leaves its directory for a later run's retention to sweep.
@@ -1135,9 +1134,7 @@ impl Host {
             let left = deadline.saturating_duration_since(Instant::now());
             match reports.recv_timeout(left) {
                 Ok(TaskReport::Relayed(CheckpointMessage::Released { checkpoint })) => {
-                    if let Some(writing) = self.releases.get_mut(&checkpoint) {
-                        *writing = writing.saturating_sub(1);
-                    }
+                    self.released(checkpoint);
                 }
                 Ok(_) => {}
                 Err(_) => return,
@@ -1173,6 +1170,20 @@ fn check_shared<'a>(
     Ok(())
 }
 
+impl Take {
+    /// What a source is asked to trigger `checkpoint` as.
+    fn trigger(self, checkpoint: u64) -> SourceCommand {
+        match self {
+            Take::Checkpoint => SourceCommand::TriggerCheckpoint(checkpoint),
+            Take::Final => SourceCommand::TriggerFinalCheckpoint(checkpoint),
+            Take::Savepoint { stop } => SourceCommand::TriggerSavepoint {
+                savepoint: checkpoint,
+                stop,
+            },
+        }
+    }
+}
+
 /// A follower's coordination thread in a spread run (`relay.rs`): joins the leader, passes its
 /// tasks' reports on to it, and triggers and notifies its sources as the leader says, until
 /// stopped.
@@ -1184,11 +1195,6 @@ fn follow(
 ) -> DriverEnd {
     let spread = plan.spread.as_ref().expect("a follower of a spread run");
     let relay = &spread.relay;
-    let post = |command: SourceCommand| {
-        for mailbox in shared.mailboxes.iter().flatten() {
-            mailbox.post(command);
-        }
-    };
     // Completed once: by the leader's word, or by its metadata in the shared directory when
     // that word was lost on the way (a control plane that went down).
     let complete = |checkpoint: u64| {
@@ -1199,7 +1205,7 @@ fn follow(
             .dirs
             .remove(&checkpoint);
         if pending.is_some() {
-            post(SourceCommand::NotifyComplete(checkpoint));
+            shared.post(SourceCommand::NotifyComplete(checkpoint));
         }
     };
     let micros = |took: Duration| u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
@@ -1289,14 +1295,7 @@ fn follow(
                     node: spread.node.clone(),
                     enumerators: (plan.enumerators)(checkpoint),
                 });
-                post(match take {
-                    Take::Checkpoint => SourceCommand::TriggerCheckpoint(checkpoint),
-                    Take::Final => SourceCommand::TriggerFinalCheckpoint(checkpoint),
-                    Take::Savepoint { stop } => SourceCommand::TriggerSavepoint {
-                        savepoint: checkpoint,
-                        stop,
-                    },
-                });
+                shared.post(take.trigger(checkpoint));
             }
             Some(TaskReport::Relayed(CheckpointMessage::Complete { checkpoint })) => {
                 complete(checkpoint);
@@ -1306,7 +1305,7 @@ fn follow(
                 pending.dirs.remove(&checkpoint);
                 drop(pending);
                 aborted.push(checkpoint);
-                post(SourceCommand::NotifyAborted(checkpoint));
+                shared.post(SourceCommand::NotifyAborted(checkpoint));
             }
             Some(TaskReport::Relayed(message)) => {
                 tracing::warn!(job = %plan.job, ?message, "an executor that does not coordinate the run's checkpoints was sent a message for the one that does; ignored");
