@@ -85,6 +85,13 @@ pub struct NetConfig {
     pub stream_window: u32,
     /// QUIC's window per connection, bytes: the most a peer may have unread on this side.
     pub connection_window: u32,
+    /// The round trip assumed before one is measured. It times the handshake's first
+    /// retransmission (three of it): a peer whose socket is not bound yet when a spread run's
+    /// shards dial each other drops the first Initial packet, and QUIC's default of 333 ms
+    /// left every such run without an exchange for a second. Servers of one data centre are
+    /// well under a millisecond apart; on a longer path a too short guess costs a few
+    /// repeated handshake packets until the first measurement replaces it.
+    pub initial_rtt: Duration,
 }
 
 impl NetConfig {
@@ -100,6 +107,7 @@ impl NetConfig {
             udp_send_buffer: 8 << 20,
             stream_window: 1 << 20,
             connection_window: 64 << 20,
+            initial_rtt: Duration::from_millis(10),
         }
     }
 
@@ -113,6 +121,7 @@ impl NetConfig {
         })?;
         transport
             .max_idle_timeout(Some(idle))
+            .initial_rtt(self.initial_rtt)
             .keep_alive_interval(Some(self.idle_timeout / 3))
             .max_concurrent_bidi_streams(VarInt::from_u32(MAX_CHANNELS))
             .max_concurrent_uni_streams(VarInt::from_u32(1))
