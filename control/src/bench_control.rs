@@ -24,6 +24,7 @@ use weir_engine::monitor::Figures;
 
 use crate::bench_submit::{call, poll, settings, spawn_embedded, start, Cleanup};
 use crate::client::Client;
+use crate::endpoint::ControlEndpoint;
 use crate::protocol::{
     ControlMessage, ExecutorReport, ExecutorState, WorkerInfo, WorkerMessage, PROTOCOL_VERSION,
     WORKERS_PATH,
@@ -187,7 +188,7 @@ pub fn run(jobs: usize, slots_per_worker: usize, seconds: u64) -> Result<Control
     ]));
     let (control, address) = start(&args, "REST API on http://")?;
     let pid = control.0.id();
-    let client = Client::new(&address, None);
+    let client = Client::new(ControlEndpoint::plain(&address));
     let heartbeat_interval_ms = call(&client, "GET", "/config", None)?["heartbeat-interval"]
         .as_u64()
         .unwrap_or(10_000);

@@ -20,6 +20,7 @@ use crate::bench_submit::{
 };
 use crate::client::Client;
 use crate::control_plane::store::Store;
+use crate::endpoint::ControlEndpoint;
 
 /// What `weir bench coordinator` prints.
 #[derive(Debug, Serialize)]
@@ -170,7 +171,7 @@ pub fn run(checkpoints: usize) -> Result<CoordinatorReport> {
             format!("execution.checkpointing.dir={}", checkpoint_dir.display()),
         ],
     )?;
-    let client = Client::new(&address, None);
+    let client = Client::new(ControlEndpoint::plain(&address));
     let body = json!({ "entryClass": "sequence-check", "programArgsList": ARGS });
     let answer = call(&client, "POST", "/jars/weir-builtin/run", Some(&body))?;
     let job = answer["jobid"].as_str().context("a job id")?.to_string();

@@ -17,6 +17,7 @@ use weir_engine::{Configuration, StreamEnvironment};
 
 use crate::builtin::{self, Job};
 use crate::client::Client;
+use crate::endpoint::ControlEndpoint;
 
 /// What `weir bench submit` prints.
 #[derive(Debug, Serialize)]
@@ -287,7 +288,7 @@ pub fn run(rounds: usize, keys: u32) -> Result<SubmitReport> {
             format!("execution.checkpointing.dir={}", checkpoints.display()),
         ],
     )?;
-    let client = Client::new(&address, None);
+    let client = Client::new(ControlEndpoint::plain(&address));
 
     let body = json!({ "entryClass": "sequence-check", "programArgsList": ARGS });
     let (mut submitted, mut embedded, mut ready) = (Vec::new(), Vec::new(), Vec::new());

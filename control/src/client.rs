@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
+use crate::endpoint::ControlEndpoint;
+
 /// The exit code when the control plane cannot be reached (`EX_UNAVAILABLE`).
 pub const UNREACHABLE: u8 = 69;
 
@@ -23,31 +25,22 @@ pub struct Failure {
 
 /// A client of one control plane.
 pub struct Client {
-    base: String,
-    token: Option<String>,
+    endpoint: ControlEndpoint,
     agent: ureq::Agent,
 }
 
 impl Client {
-    /// A client of the control plane at `endpoint` (HOST:PORT).
-    pub fn new(endpoint: &str, token: Option<&str>) -> Client {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into();
-        Client {
-            base: format!("http://{endpoint}"),
-            token: token.map(str::to_string),
-            agent,
-        }
+    /// A client of the control plane at `endpoint`.
+    pub(crate) fn new(endpoint: ControlEndpoint) -> Client {
+        let agent = endpoint.agent(Duration::from_secs(30), false);
+        Client { endpoint, agent }
     }
 
     /// Sends a request and returns the JSON answer of a 2xx; a refusal carries the control
     /// plane's `errors`.
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
-        let url = format!("{}{path}", self.base);
-        let auth = self.token.as_ref().map(|t| format!("Bearer {t}"));
+        let url = self.endpoint.url(path);
+        let auth = self.endpoint.authorization();
         let result = match (method, body) {
             ("GET", _) => with_auth(self.agent.get(&url), auth.as_deref()).call(),
             ("POST", Some(body)) => {
@@ -60,8 +53,9 @@ impl Client {
         let mut response = result.map_err(|error| Failure {
             message: format!(
                 "cannot reach the control plane at {} ({error}); start it with `weir control`, or \
-                 point --control at it",
-                self.base
+                 point --control at it{}",
+                self.endpoint.url(""),
+                self.endpoint.hint()
             ),
             code: ExitCode::from(UNREACHABLE),
         })?;

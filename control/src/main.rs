@@ -256,7 +256,9 @@ impl ApiArgs {
             let (host, port) = config.rest_endpoint();
             format!("{host}:{port}")
         });
-        Ok(client::Client::new(&endpoint, config.rest_token()))
+        Ok(client::Client::new(endpoint::ControlEndpoint::from_config(
+            &config, &endpoint,
+        )?))
     }
 }
 
@@ -894,6 +896,7 @@ mod bench_submit;
 mod builtin;
 mod client;
 mod control_plane;
+mod endpoint;
 mod exposition;
 mod notify;
 mod protocol;

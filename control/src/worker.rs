@@ -17,10 +17,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use futures_util::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use weir_engine::checkpoint::{CheckpointMessage, Taken};
-use weir_engine::config::ExchangeConfig;
 use weir_engine::monitor::Figures;
 use weir_engine::package::{
     Deployment, DeploymentId, ExecutorCommand, ExecutorEvent, Outcome, RunSpec, ENGINE_VERSION,
@@ -28,6 +26,7 @@ use weir_engine::package::{
 };
 use weir_engine::{Configuration, StreamEnvironment};
 
+use crate::endpoint::{hostname, Connect, ControlEndpoint, NodeIdentity};
 use crate::exposition::Exposition;
 
 use crate::protocol::{
@@ -78,9 +77,8 @@ struct Agent {
     events: mpsc::UnboundedSender<Report>,
     /// What `/metrics` shows: the running executors' latest figures.
     figures: Arc<Mutex<Shown>>,
-    /// The control plane's address and token (uploaded packages are fetched from it).
-    control: String,
-    token: Option<String>,
+    /// The control plane (uploaded packages are fetched from it).
+    control: ControlEndpoint,
     /// Where fetched packages are kept.
     packages_dir: PathBuf,
     /// Packages being fetched, and the runs waiting for them.
@@ -222,7 +220,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     let (events, mut executor_events) = mpsc::unbounded_channel();
     config.check()?;
     let (interval, timeout) = config.heartbeat();
-    let token = config.rest_token().map(str::to_string);
+    let endpoint = ControlEndpoint::from_config(&config, &control)?;
     let figures = Arc::new(Mutex::new(Shown {
         tm_id: info.id.clone(),
         slots: info.cores.len(),
@@ -275,8 +273,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
         executors: BTreeMap::new(),
         events,
         figures,
-        control: control.clone(),
-        token: token.clone(),
+        control: endpoint.clone(),
         packages_dir,
         fetching: Default::default(),
         waiting: BTreeMap::new(),
@@ -314,7 +311,7 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     loop {
         tokio::select! {
             _ = retries.tick(), if link.is_none() => {
-                let attempt = tokio::time::timeout(CONNECT_TIMEOUT, connect(&control, token.as_deref(), &agent));
+                let attempt = tokio::time::timeout(CONNECT_TIMEOUT, connect(&endpoint, &agent));
                 let outcome = attempt.await.unwrap_or_else(|_| {
                     Err(Connect::Failed(format!("no registration within {CONNECT_TIMEOUT:?}")))
                 });
@@ -424,42 +421,12 @@ async fn run(config: Configuration, control: String) -> Result<()> {
     }
 }
 
-/// Why a connection was not made.
-enum Connect {
-    /// The control plane refused the registration: no retry helps.
-    Refused(String),
-    /// Not reachable now.
-    Failed(String),
-}
-
 async fn connect(
-    control: &str,
-    token: Option<&str>,
+    control: &ControlEndpoint,
     agent: &Agent,
 ) -> Result<(Link, Duration, Duration), Connect> {
     let failed = |e: &dyn std::fmt::Display| Connect::Failed(e.to_string());
-    let mut request = format!("ws://{control}{WORKERS_PATH}")
-        .into_client_request()
-        .map_err(|e| Connect::Refused(format!("'{control}' is not HOST:PORT ({e})")))?;
-    if let Some(token) = token {
-        let value = format!("Bearer {token}")
-            .parse()
-            .map_err(|_| Connect::Refused("rest.auth.token is not a valid header value".into()))?;
-        request.headers_mut().insert("authorization", value);
-    }
-    // Small messages each way: none may wait for the previous one's acknowledgement (Nagle).
-    let (mut link, _) = tokio_tungstenite::connect_async_with_config(request, None, true)
-        .await
-        .map_err(|e| match e {
-            tokio_tungstenite::tungstenite::Error::Http(response)
-                if response.status().as_u16() == 401 =>
-            {
-                Connect::Refused(
-                    "401: set rest.auth.token to the control plane's token".to_string(),
-                )
-            }
-            other => failed(&other),
-        })?;
+    let mut link = control.websocket(WORKERS_PATH).await?;
     let register = WorkerMessage::Register {
         protocol: PROTOCOL_VERSION,
         worker: agent.info.clone(),
@@ -730,16 +697,12 @@ impl Agent {
         if !self.fetching.insert(package.clone()) {
             return;
         }
-        let url = format!(
-            "http://{}{}",
-            self.control,
-            PACKAGES_PATH.replace("{jar}", &package)
-        );
-        let token = self.token.clone();
+        let control = self.control.clone();
+        let url = control.url(&PACKAGES_PATH.replace("{jar}", &package));
         let target = self.package_path(&package);
         let reports = self.events.clone();
         tokio::task::spawn_blocking(move || {
-            let result = download(&url, token.as_deref(), &target)
+            let result = download(&control, &url, &target)
                 .map_err(|e| format!("cannot fetch package {package} from {url}: {e:#}"));
             let _ = reports.send(Report::Fetched { package, result });
         });
@@ -1181,14 +1144,11 @@ fn supervise(
 }
 
 /// Downloads a package's executable into `target` (written beside it, then renamed).
-fn download(url: &str, token: Option<&str>, target: &Path) -> Result<()> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(300)))
-        .build()
-        .into();
+fn download(control: &ControlEndpoint, url: &str, target: &Path) -> Result<()> {
+    let agent = control.agent(Duration::from_secs(300), true);
     let mut request = agent.get(url);
-    if let Some(token) = token {
-        request = request.header("Authorization", &format!("Bearer {token}"));
+    if let Some(authorization) = control.authorization() {
+        request = request.header("Authorization", &authorization);
     }
     let mut response = request.call()?;
     // A name of its own: nothing else writes it, and it is never taken for the package.
@@ -1229,23 +1189,9 @@ fn exchange_info(
     hostname: &str,
 ) -> Result<Option<ExchangeInfo>> {
     let exchange = config.exchange();
-    let Some(dir) = &exchange.tls_dir else {
+    let Some(NodeIdentity { node, .. }) = NodeIdentity::of(config, hostname)? else {
         return Ok(None);
     };
-    let node = exchange
-        .node
-        .clone()
-        .unwrap_or_else(|| hostname.to_string());
-    let [ca, cert, key] = ExchangeConfig::tls_files(dir, &node);
-    weir_net::tls::TlsIdentity::from_files(&ca, &cert, &key).with_context(|| {
-        format!(
-            "security.ssl.internal.dir {} holds no usable certificate of node '{node}'; issue \
-             one with `weir tune certs --dir {} --node {node}` (or set \
-             security.ssl.internal.node to the name it was issued for)",
-            dir.display(),
-            dir.display()
-        )
-    })?;
     let last = usize::from(exchange.port) + slots.saturating_sub(1);
     if last > usize::from(u16::MAX) {
         bail!(
@@ -1323,12 +1269,6 @@ fn exchange_keys(config: &Configuration, info: &WorkerInfo) -> Option<Vec<(Strin
             exchange.udp_send_buffer.to_string(),
         ),
     ])
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
 }
 
 fn physical_memory() -> u64 {

@@ -56,10 +56,11 @@ fn start_control(dir: &Path, port: u16, settings: &[&str]) -> ControlPlane {
         .spawn()
         .expect("start weir control");
     // Its first line names the address it listens on.
-    let address = process::word_after(&mut child, "weir control: REST API on http://");
+    let url = process::word_after(&mut child, "weir control: REST API on ");
+    let (_, address) = url.split_once("://").expect("a URL");
     ControlPlane {
         _process: Process(child),
-        address,
+        address: address.to_string(),
     }
 }
 
@@ -693,6 +694,153 @@ fn a_token_guards_every_request_and_the_workers_link() {
         );
         (workers["taskmanagers"].as_array().map_or(0, Vec::len) == 1).then_some(())
     });
+}
+
+/// The settings of a cluster member reaching or serving the control plane over mutual TLS:
+/// node `node`'s certificate in `certs`.
+fn rest_tls(certs: &Path, node: &str) -> Vec<String> {
+    vec![
+        "security.ssl.rest.enabled=true".into(),
+        format!("security.ssl.internal.dir={}", certs.display()),
+        format!("security.ssl.internal.node={node}"),
+    ]
+}
+
+/// An HTTPS client trusting the CA in `trusted` (its `ca.pem`) and presenting `presented`'s
+/// node certificate, if any (a directory and a node).
+fn tls_agent(trusted: &Path, presented: Option<(&Path, &str)>) -> ureq::Agent {
+    use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
+    let read = |path: std::path::PathBuf| std::fs::read(path).unwrap();
+    let ca = Certificate::from_pem(&read(trusted.join("ca.pem"))).unwrap();
+    let client = presented.map(|(dir, node)| {
+        let cert = Certificate::from_pem(&read(dir.join(format!("{node}.pem")))).unwrap();
+        let key = PrivateKey::from_pem(&read(dir.join(format!("{node}-key.pem")))).unwrap();
+        ClientCert::new_with_certs(&[cert], key)
+    });
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(30)))
+        .tls_config(
+            TlsConfig::builder()
+                .root_certs(RootCerts::new_with_certs(&[ca]))
+                .client_cert(client)
+                .unversioned_rustls_crypto_provider(weir_net::tls::provider())
+                .build(),
+        )
+        .build()
+        .into()
+}
+
+/// `url`'s JSON answer, if it answered 200.
+fn answer(agent: &ureq::Agent, url: &str) -> Result<Value, String> {
+    let mut response = agent.get(url).call().map_err(|e| e.to_string())?;
+    if response.status() != 200 {
+        return Err(format!("status {}", response.status()));
+    }
+    response.body_mut().read_json().map_err(|e| e.to_string())
+}
+
+/// With security.ssl.rest.enabled the control plane's port speaks mutual TLS only: a worker
+/// and the CLI holding the cluster CA's certificates register, submit and see a job finish;
+/// plain HTTP, a client presenting no certificate, and a client or worker whose certificate
+/// another CA signed are refused (the refused worker and CLI say why), and the control plane
+/// serves its members on.
+#[test]
+fn over_mutual_tls_only_the_cluster_ca_s_members_reach_the_control_plane() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = certificates(dir.path(), &["control=127.0.0.1", "worker-1", "operator"]);
+    let other = certificates(&dir.path().join("other"), &["worker-1", "operator"]);
+    let control = start_control(dir.path(), 0, &strs(&rest_tls(&certs, "control")));
+    let url = |path: &str| format!("https://{}{path}", control.address);
+    let member = tls_agent(&certs, Some((&certs, "operator")));
+    let _worker = start_worker(
+        dir.path(),
+        "w1",
+        &control,
+        "0",
+        &strs(&rest_tls(&certs, "worker-1")),
+    );
+    wait_for("the worker over TLS", Duration::from_secs(30), || {
+        let workers = answer(&member, &url("/taskmanagers")).ok()?;
+        (workers["taskmanagers"].as_array().map_or(0, Vec::len) == 1).then_some(())
+    });
+
+    // The CLI with the operator's certificate: a job submitted runs on the worker to its end.
+    let cli = |certs: &Path, args: &[&str]| {
+        let mut command = Command::new(WEIR);
+        command
+            .args(&args[..1])
+            .args(["--control", &control.address]);
+        for setting in rest_tls(certs, "operator") {
+            command.args(["-D", &setting]);
+        }
+        command.args(&args[1..]);
+        output_within(command, Duration::from_secs(60))
+    };
+    let submitted = cli(&certs, &["submit", "--json", "word-count"]);
+    let stderr =
+        |output: &std::process::Output| String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(submitted.status.success(), "{}", stderr(&submitted));
+    let job: Value = serde_json::from_slice(&submitted.stdout).unwrap();
+    let job = job["jobid"].as_str().unwrap().to_string();
+    wait_for(
+        "the job over TLS to finish",
+        Duration::from_secs(60),
+        || {
+            let details = answer(&member, &url(&format!("/jobs/{job}"))).ok()?;
+            (details["state"] == "FINISHED").then_some(())
+        },
+    );
+
+    // Refused: plain HTTP, TLS without a client certificate, another CA's certificate.
+    assert!(answer(&agent(), &format!("http://{}/overview", control.address)).is_err());
+    let anonymous = tls_agent(&certs, None);
+    assert!(answer(&anonymous, &url("/overview")).is_err());
+    let foreign = tls_agent(&certs, Some((&other, "operator")));
+    assert!(answer(&foreign, &url("/overview")).is_err());
+    // The CLI of another cluster does not trust this control plane, and says so.
+    let outsider = cli(&other, &["list"]);
+    assert_eq!(outsider.status.code(), Some(69), "{}", stderr(&outsider));
+    assert!(
+        stderr(&outsider).contains("over TLS"),
+        "{}",
+        stderr(&outsider)
+    );
+    // A worker trusting this cluster's CA but presenting another's certificate: refused by
+    // the control plane, it ends saying so.
+    let mixed = dir.path().join("mixed");
+    std::fs::create_dir(&mixed).unwrap();
+    std::fs::copy(certs.join("ca.pem"), mixed.join("ca.pem")).unwrap();
+    for file in ["worker-1.pem", "worker-1-key.pem"] {
+        std::fs::copy(other.join(file), mixed.join(file)).unwrap();
+    }
+    let mut intruder = Command::new(WEIR);
+    worker_args(
+        &mut intruder,
+        dir.path(),
+        "w2",
+        &control,
+        "0",
+        &strs(&rest_tls(&mixed, "worker-1")),
+    );
+    let intruder = output_within(intruder, Duration::from_secs(60));
+    assert!(!intruder.status.success());
+    assert!(
+        stderr(&intruder).contains("refused this side's certificate"),
+        "{}",
+        stderr(&intruder)
+    );
+
+    // And the members are still served: one worker, the finished job.
+    let workers = answer(&member, &url("/taskmanagers")).unwrap();
+    assert_eq!(
+        workers["taskmanagers"].as_array().map_or(0, Vec::len),
+        1,
+        "{workers}"
+    );
+    let listed = cli(&certs, &["list", "--all"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(&job));
 }
 
 /// The run's checkpoint settings: every 100 ms into `dir/checkpoints`, restarts after 200 ms.

@@ -279,6 +279,8 @@ pub const OPTIONS: &[ConfigOption] = &[
         "Port of the control plane's REST API (Flink's default); 0 takes a free port, which `weir control` prints."),
     option!("rest.auth.token", OptionKind::Text, "",
         "When set, every request to the control plane (REST and workers) must carry `Authorization: Bearer <token>`; others get 401. Default: no token."),
+    option!("security.ssl.rest.enabled", OptionKind::Bool, "false",
+        "Mutual TLS on the control plane's port, its REST API and the workers' links (Flink's key): the control plane presents its node's certificate from security.ssl.internal.dir and serves only a client presenting one the cluster CA signed; set it on the workers and for the CLI too, which then present theirs and accept only a control plane certified for the host they dial (`weir tune certs --node NAME=HOST`). Default: plain HTTP."),
     option!("web.upload.enabled", OptionKind::Bool, "false",
         "Whether the control plane takes job packages over POST /jars/upload (Flink's key). Off by default: a package is a program the workers run."),
     option!("rest.server.max-content-length", OptionKind::Size, "100m",
@@ -984,6 +986,11 @@ impl Configuration {
     /// `rest.auth.token`, if set.
     pub fn rest_token(&self) -> Option<&str> {
         self.raw("rest.auth.token")
+    }
+
+    /// `security.ssl.rest.enabled`.
+    pub fn rest_ssl_enabled(&self) -> bool {
+        self.raw("security.ssl.rest.enabled") == Some("true")
     }
 
     /// Every rule of [`RULES`]: the first broken one's key, value and fix. The control plane

@@ -59,7 +59,7 @@ pub enum TlsError {
 }
 
 /// The crypto provider of every cluster connection: *ring*, AES-128-GCM first.
-pub(crate) fn provider() -> Arc<CryptoProvider> {
+pub fn provider() -> Arc<CryptoProvider> {
     use rustls::crypto::ring::cipher_suite;
     #[allow(deprecated)] // deprecated for its lack of post-quantum key exchange; see above
     let mut provider = rustls::crypto::ring::default_provider();
@@ -179,6 +179,7 @@ pub struct NodeCertificate {
 /// cluster CA's certificate.
 #[derive(Clone)]
 pub struct TlsIdentity {
+    ca: Vec<CertificateDer<'static>>,
     roots: Arc<RootCertStore>,
     chain: Vec<CertificateDer<'static>>,
     key: Arc<PrivateKeyDer<'static>>,
@@ -215,16 +216,18 @@ impl TlsIdentity {
             }
             Ok(certs)
         };
+        let ca = certs("cluster CA certificate", ca)?;
         let mut roots = RootCertStore::empty();
-        for root in certs("cluster CA certificate", ca)? {
+        for root in &ca {
             roots
-                .add(root)
+                .add(root.clone())
                 .map_err(|e| pem("cluster CA certificate", e.to_string()))?;
         }
         let chain = certs("node certificate", cert)?;
         let key = PrivateKeyDer::from_pem_slice(key.as_bytes())
             .map_err(|e| pem("node key", format!("{e} (expected a PEM private key)")))?;
         let identity = TlsIdentity {
+            ca,
             roots: Arc::new(roots),
             chain,
             key: Arc::new(key),
@@ -255,6 +258,16 @@ impl TlsIdentity {
             &read("node key", key)?,
             &format!("{}, {} and {}", ca.display(), cert.display(), key.display()),
         )
+    }
+
+    /// The cluster CA's certificate(s): what this node trusts.
+    pub fn ca(&self) -> &[CertificateDer<'static>] {
+        &self.ca
+    }
+
+    /// This node's certificate chain.
+    pub fn chain(&self) -> &[CertificateDer<'static>] {
+        &self.chain
     }
 
     /// The server side: presents this node's certificate and requires the client's, signed

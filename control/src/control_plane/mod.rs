@@ -18,6 +18,7 @@ use axum::serve::ListenerExt;
 use weir_engine::package::PackageInfo;
 use weir_engine::Configuration;
 
+use crate::endpoint::{NodeIdentity, TlsListener};
 use cluster::{now_ms, Cluster};
 
 /// A random number (for ids).
@@ -74,6 +75,7 @@ pub fn serve(
                      address"
                 )
             })?;
+        let tls = NodeIdentity::for_rest(&config)?;
         let store = store::Store::open(&config.control_data_dir())?;
         let token = config.rest_token().map(Arc::from);
         let builtin = packages::Package {
@@ -111,22 +113,35 @@ pub fn serve(
             }
         });
         let address = listener.local_addr()?;
-        tracing::info!(%address, "weir control: REST API on http://{address}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        tracing::info!(%address, "weir control: REST API on {scheme}://{address}");
+        let service = rest::router(shared).into_make_service_with_connect_info::<SocketAddr>();
         // Requests, answers and the workers' messages are small: none may wait for the
         // previous one's acknowledgement (Nagle's algorithm against a delayed ACK, 40 ms).
-        let listener = listener.tap_io(|stream| {
+        let no_delay = |stream: &tokio::net::TcpStream| {
             if let Err(error) = stream.set_nodelay(true) {
                 tracing::debug!("TCP_NODELAY not set on a connection: {error}");
             }
-        });
-        let server = axum::serve(
-            listener,
-            rest::router(shared).into_make_service_with_connect_info::<SocketAddr>(),
-        );
+        };
+        let server: futures_util::future::BoxFuture<'_, std::io::Result<()>> = match &tls {
+            Some(identity) => {
+                let listener = TlsListener::new(listener, identity)?
+                    .tap_io(move |stream| no_delay(stream.get_ref().0));
+                Box::pin(std::future::IntoFuture::into_future(axum::serve(
+                    listener, service,
+                )))
+            }
+            None => {
+                let listener = listener.tap_io(move |stream| no_delay(stream));
+                Box::pin(std::future::IntoFuture::into_future(axum::serve(
+                    listener, service,
+                )))
+            }
+        };
         let mut stop = crate::signals::stop_signals()?;
-        crate::notify::ready(&format!("serving the REST API on http://{address}"));
+        crate::notify::ready(&format!("serving the REST API on {scheme}://{address}"));
         tokio::select! {
-            served = std::future::IntoFuture::into_future(server) => served?,
+            served = server => served?,
             _ = stop.recv() => {
                 crate::notify::notify("STOPPING=1");
                 // Every change is stored as it is made: a control plane started again on
