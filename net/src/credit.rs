@@ -17,6 +17,8 @@ use weir_memory::SegmentPool;
 #[derive(Debug, Default)]
 pub struct SenderCredit {
     available: u64,
+    /// Whether the receiver announced any credit yet (it registered for the channel).
+    heard: bool,
 }
 
 impl SenderCredit {
@@ -28,6 +30,13 @@ impl SenderCredit {
     /// The receiver announced `credits` more.
     pub fn grant(&mut self, credits: u32) {
         self.available += u64::from(credits);
+        self.heard = true;
+    }
+
+    /// Whether the receiver announced credit ever: it took the channel (before that, the
+    /// stream may carry nothing but its open frame).
+    pub fn heard(&self) -> bool {
+        self.heard
     }
 
     /// Takes one credit for a segment to send: false when there is none.

@@ -43,8 +43,8 @@ use weir_memory::{Segment, SegmentPool};
 use crate::credit::{ReceiverCredit, SenderCredit};
 use crate::tls::TlsIdentity;
 use crate::wire::{
-    credit_frame, data_header, open_frame, FrameReader, Inbound, OpenReader, Opened, HEADER,
-    MAX_KEY,
+    announce_frame, credit_frame, data_header, open_frame, FrameReader, Inbound, OpenReader,
+    Opened, HEADER, MAX_KEY,
 };
 
 /// A stream's or connection's error codes (QUIC application codes).
@@ -315,6 +315,10 @@ struct Receiving {
     end: Option<End>,
     /// When the channel fails if no sender opened it by then.
     open_by: Instant,
+    /// The newest checkpoint its sender announced, and who is told of each (see
+    /// [`ChannelReceiver::on_announce`]).
+    announced: u32,
+    on_announce: Option<Box<dyn Fn(u32)>>,
 }
 
 struct Sending {
@@ -526,6 +530,8 @@ impl NetShard {
             waker: None,
             end: state.shutdown.then_some(Err(NetError::Shutdown)),
             open_by: Instant::now() + self.shared.open_timeout,
+            announced: 0,
+            on_announce: None,
         };
         let unmatched = state.unmatched.remove(key);
         if let Some((handle, stream, end)) = unmatched {
@@ -734,6 +740,29 @@ impl ChannelSender {
         }
     }
 
+    /// Tells the receiver, ahead of the data waiting for credit, that the sender passed
+    /// checkpoint `checkpoint`'s barrier into the channel: an unaligned checkpoint, which the
+    /// receiver starts at once. It takes no credit. Not sent before the receiver announced
+    /// credit (it has not taken the channel yet, and learns of the checkpoint from the
+    /// barrier's in-band copy), nor on a closed channel.
+    pub fn announce(&self, checkpoint: u32) {
+        let mut state = self.shared.state.borrow_mut();
+        let state = &mut *state;
+        let Some(sending) = state.senders.get_mut(&self.key) else {
+            return;
+        };
+        if sending.closed.is_some() || !sending.credit.heard() {
+            return;
+        }
+        sending
+            .pending
+            .push_back(Bytes::copy_from_slice(&announce_frame(checkpoint)));
+        if let Some(conn) = state.connections.get_mut(&self.key.0) {
+            push(sending, &mut conn.conn, self.key.1);
+        }
+        self.shared.signal.raise();
+    }
+
     /// Credit not yet used: segments the receiver can take now.
     pub fn credit(&self) -> u64 {
         let state = self.shared.state.borrow();
@@ -811,6 +840,19 @@ impl fmt::Debug for ChannelReceiver {
 }
 
 impl ChannelReceiver {
+    /// Calls `announced` with every checkpoint the sender announces newer than any before
+    /// ([`ChannelSender::announce`]), on this shard as the announcement lands; at once with
+    /// the newest announced before, if any.
+    pub fn on_announce(&self, announced: impl Fn(u32) + 'static) {
+        let mut state = self.shared.state.borrow_mut();
+        if let Some(receiving) = state.receivers.get_mut(&self.key) {
+            if receiving.announced > 0 {
+                announced(receiving.announced);
+            }
+            receiving.on_announce = Some(Box::new(announced));
+        }
+    }
+
     /// Why the channel failed, once it ended without its sender finishing it.
     pub fn failure(&self) -> Option<NetError> {
         let state = self.shared.state.borrow();
@@ -959,8 +1001,15 @@ fn land(receiving: &mut Receiving, peer: SocketAddr, bytes: &[u8]) -> bool {
         return false;
     }
     for inbound in out {
-        if let Inbound::Segment(segment) = inbound {
-            receiving.segments.push_back(segment);
+        match inbound {
+            Inbound::Segment(segment) => receiving.segments.push_back(segment),
+            Inbound::Announce(checkpoint) if checkpoint > receiving.announced => {
+                receiving.announced = checkpoint;
+                if let Some(announced) = &receiving.on_announce {
+                    announced(checkpoint);
+                }
+            }
+            Inbound::Announce(_) | Inbound::Credit(_) => {}
         }
     }
     if !receiving.segments.is_empty() {

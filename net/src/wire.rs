@@ -7,6 +7,7 @@
 //! | 1 | data | sender → receiver | the segment's filled length | that many bytes: one whole segment |
 //! | 2 | credit | receiver → sender | segments the receiver can take beyond those it announced before | none |
 //! | 3 | open | sender → receiver, first on the stream | the channel's key length (at most [`MAX_KEY`]) | the key |
+//! | 4 | announce | sender → receiver | an unaligned checkpoint's number | none |
 //!
 //! The open frame names the channel the stream carries; the receiving side matches it to a
 //! receiver registered under that key and grants credit only then.
@@ -14,6 +15,10 @@
 //! the credit the receiver grants (see `credit.rs`): a sender that keeps to its credit always
 //! finds one free. The segment's bytes are not checked here; the engine checks every segment
 //! from another process before anything reads it.
+//! An announce frame says the sender passed an unaligned checkpoint's barrier into the
+//! channel. It takes no credit and goes out at once, so it overtakes the data the sender holds
+//! back for credit: the receiver starts the checkpoint without waiting for that data, whose
+//! barrier follows in-band (see the engine's `inflight.rs`).
 
 use weir_memory::Segment;
 
@@ -24,6 +29,7 @@ pub const HEADER: usize = 8;
 const TAG_DATA: u32 = 1;
 const TAG_CREDIT: u32 = 2;
 const TAG_OPEN: u32 = 3;
+const TAG_ANNOUNCE: u32 = 4;
 /// The longest channel key an open frame carries.
 pub const MAX_KEY: usize = 256;
 
@@ -38,6 +44,11 @@ pub fn data_header(len: usize) -> [u8; HEADER] {
 /// A credit frame granting `credits` more segments.
 pub fn credit_frame(credits: u32) -> [u8; HEADER] {
     header(TAG_CREDIT, credits)
+}
+
+/// An announce frame: the sender passed checkpoint `checkpoint`'s barrier into the channel.
+pub fn announce_frame(checkpoint: u32) -> [u8; HEADER] {
+    header(TAG_ANNOUNCE, checkpoint)
 }
 
 /// The open frame naming the channel `key` (at most [`MAX_KEY`] bytes).
@@ -62,6 +73,8 @@ pub enum Inbound {
     Segment(Segment),
     /// Credit for this many more segments.
     Credit(u32),
+    /// The sender passed this checkpoint's barrier into the channel.
+    Announce(u32),
 }
 
 /// A stream that breaks the protocol: the channel fails (nothing after it is read).
@@ -113,8 +126,8 @@ pub enum WireError {
 }
 
 /// Reads one direction of a channel's stream, fed bytes in whatever pieces they arrive:
-/// a receiver's data frames (into segments of its pool, each against a credit it announced),
-/// or a sender's credit frames. After an error it reads nothing more.
+/// a receiver's data frames (into segments of its pool, each against a credit it announced)
+/// and announce frames, or a sender's credit frames. After an error it reads nothing more.
 pub struct FrameReader {
     /// The receiver's credit and pool for the channel; `None` on the sender's side.
     credit: Option<ReceiverCredit>,
@@ -242,11 +255,15 @@ impl FrameReader {
                 }
                 Ok(())
             }
+            (Some(_), TAG_ANNOUNCE) => {
+                out.push(Inbound::Announce(value));
+                Ok(())
+            }
             (credit, tag) => Err(WireError::Tag {
                 at,
                 tag,
                 expected: if credit.is_some() {
-                    "data (1)"
+                    "data (1) or announce (4)"
                 } else {
                     "credit (2)"
                 },

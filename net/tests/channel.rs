@@ -1,7 +1,8 @@
 //! One channel between two processes, simulated byte by byte: a sender that keeps to its
 //! credit, a receiver with its own small pool whose task frees segments at its own pace, and
-//! both directions of the stream cut into arbitrary pieces. Every segment arrives whole, in
-//! order, and the receiver's pool is never overrun; a sender that breaks its credit, and bytes
+//! both directions of the stream cut into arbitrary pieces, announcements mixed in without
+//! credit. Every segment and announcement arrives whole, in order, and the receiver's pool is
+//! never overrun; a sender that breaks its credit, and bytes
 //! that are no frames, are refused with an error, never a panic.
 
 use std::collections::VecDeque;
@@ -12,8 +13,8 @@ use proptest::prelude::*;
 use weir_memory::{Segment, SegmentPool};
 use weir_net::credit::{ReceiverCredit, SenderCredit};
 use weir_net::wire::{
-    credit_frame, data_header, open_frame, FrameReader, Inbound, OpenReader, Opened, WireError,
-    HEADER, MAX_KEY,
+    announce_frame, credit_frame, data_header, open_frame, FrameReader, Inbound, OpenReader,
+    Opened, WireError, HEADER, MAX_KEY,
 };
 
 const SEGMENT: usize = 256;
@@ -63,6 +64,8 @@ proptest! {
         let mut credit = SenderCredit::new();
         let (mut forward, mut back) = (VecDeque::new(), VecDeque::new());
         let (mut held, mut received) = (VecDeque::new(), Vec::new());
+        // Announcements go out whenever, credit or not, numbered up.
+        let (mut announced, mut heard) = (Vec::new(), Vec::new());
         let mut inbound = Vec::new();
         let mut next = 0;
         let mut steps = 0;
@@ -81,8 +84,13 @@ proptest! {
             for granted in { grants.feed(&piece(&mut back, choose.below(24)), &mut inbound).unwrap(); inbound.drain(..) } {
                 match granted {
                     Inbound::Credit(more) => credit.grant(more),
-                    Inbound::Segment(_) => prop_assert!(false, "a segment on the credit side"),
+                    _ => prop_assert!(false, "a segment or an announcement on the credit side"),
                 }
+            }
+            if choose.below(4) == 0 {
+                let checkpoint = announced.len() as u32 + 1;
+                forward.extend(announce_frame(checkpoint));
+                announced.push(checkpoint);
             }
             while next < messages.len() && choose.below(3) > 0 && credit.try_take() {
                 let sent = segment(&sender_pool, &messages[next]);
@@ -94,6 +102,7 @@ proptest! {
             for arrived in inbound.drain(..) {
                 match arrived {
                     Inbound::Segment(segment) => held.push_back(segment),
+                    Inbound::Announce(checkpoint) => heard.push(checkpoint),
                     Inbound::Credit(_) => prop_assert!(false, "credit on the data side"),
                 }
             }
@@ -104,6 +113,8 @@ proptest! {
             }
         }
         prop_assert_eq!(&received, &messages);
+        // What was on the wire once the last segment came: every announcement before it.
+        prop_assert!(announced.starts_with(&heard), "{:?} of {:?}", heard, announced);
         prop_assert_eq!(freed.load(Ordering::Relaxed), messages.len());
         prop_assert_eq!(receiver_pool.stats().in_use, 0);
     }
@@ -226,9 +237,27 @@ fn a_sender_beyond_its_credit_a_frame_longer_than_a_segment_and_a_wrong_tag_are_
     let error = data.feed(&credit_frame(3), &mut out).unwrap_err();
     assert_eq!(
         error.to_string(),
-        "byte 0 of the channel's stream: frame tag 2, expected data (1)"
+        "byte 0 of the channel's stream: frame tag 2, expected data (1) or announce (4)"
     );
+    // An announcement takes no credit: two frames after three announcements are taken.
+    let mut data = receiving(2);
+    out.clear();
+    let mut wire: Vec<u8> = [7, 8, 9].into_iter().flat_map(announce_frame).collect();
+    wire.extend(frames(2));
+    data.feed(&wire, &mut out).unwrap();
+    let announced: Vec<u32> = out
+        .iter()
+        .filter_map(|inbound| match inbound {
+            Inbound::Announce(checkpoint) => Some(*checkpoint),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(announced, [7, 8, 9]);
+    assert_eq!(out.len(), 5);
     let mut credits = FrameReader::credits();
     let error = credits.feed(&data_header(0), &mut out).unwrap_err();
+    assert!(error.to_string().contains("expected credit (2)"), "{error}");
+    let mut credits = FrameReader::credits();
+    let error = credits.feed(&announce_frame(1), &mut out).unwrap_err();
     assert!(error.to_string().contains("expected credit (2)"), "{error}");
 }

@@ -1,8 +1,9 @@
 //! Channels over QUIC between two shards, each on its own glommio executor with its own
 //! endpoint on loopback and a certificate of one cluster CA: segments cross whole and in
 //! order within the receiver's credit, both ways; a slow receiver stops only its own
-//! channel; a receiver that goes closes its sender; a peer that shuts down fails every
-//! channel it carried; and peers without a certificate of the cluster's CA are refused.
+//! channel; a receiver that goes closes its sender; an announcement overtakes the data held
+//! back for credit; a peer that shuts down fails every channel it carried; and peers without
+//! a certificate of the cluster's CA are refused.
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
@@ -68,12 +69,18 @@ fn shard<T: Send + 'static, F: std::future::Future<Output = T> + 'static>(
         .unwrap()
 }
 
-/// Waits, without blocking the executor, for what another thread sends.
+/// Waits, without blocking the executor, for what another thread sends; fails the test
+/// after 30 s without it.
 async fn arrive<T>(receiver: &mpsc::Receiver<T>) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(value) = receiver.try_recv() {
             return value;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "nothing arrived within 30 s"
+        );
         glommio::timer::sleep(Duration::from_millis(2)).await;
     }
 }
@@ -219,6 +226,68 @@ fn a_slow_receiver_stops_only_its_own_channel_and_a_receiver_that_goes_closes_it
     });
     sending.join().unwrap();
     assert_eq!(receiving.join().unwrap(), (500, 100));
+}
+
+/// A sender whose receiver holds every segment of its pool announces a checkpoint: the
+/// receiver hears it before it reads anything, with the data behind it still held back for
+/// credit; announcements no newer than one heard are not passed on; a hook set later hears
+/// the newest at once.
+#[test]
+fn an_announcement_overtakes_the_data_held_back_for_credit() {
+    let ca = ClusterCa::generate("test cluster").unwrap();
+    let (a_identity, b_identity) = (identity(&ca, "a"), identity(&ca, "b"));
+    let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
+    let (full_tx, full_rx) = mpsc::channel::<()>();
+    let (heard_tx, heard_rx) = mpsc::channel::<u32>();
+    let receiving = shard("b", move || async move {
+        let net = NetShard::bind(&config(b_identity)).unwrap();
+        let mut channel = net.receive(b"ch", SegmentPool::new(0, 2, SEGMENT)).unwrap();
+        channel.on_announce(move |checkpoint| heard_tx.send(checkpoint).unwrap());
+        addr_tx.send(net.local_addr()).unwrap();
+        // Nothing read until the first announcement came: both segments of the pool stay
+        // queued, the sender has no credit.
+        arrive(&full_rx).await;
+        assert_eq!(arrive(&heard_rx).await, 7);
+        let mut n = 0;
+        while let Some(segment) = channel.next().await {
+            check(&segment, 0, n);
+            n += 1;
+        }
+        let mut later = Vec::new();
+        while let Ok(checkpoint) = heard_rx.try_recv() {
+            later.push(checkpoint);
+        }
+        let (newest_tx, newest_rx) = mpsc::channel::<u32>();
+        channel.on_announce(move |checkpoint| newest_tx.send(checkpoint).unwrap());
+        (n, later, newest_rx.try_recv().ok())
+    });
+    let sending = shard("a", move || async move {
+        let net = NetShard::bind(&config(a_identity)).unwrap();
+        let peer = net.connect(addr_rx.recv().unwrap(), "b").await.unwrap();
+        let pool = SegmentPool::new(7, 8, SEGMENT);
+        let channel = peer.open_channel(b"ch").unwrap();
+        channel.send(message(&pool, 0, 0)).await.unwrap();
+        channel.send(message(&pool, 0, 1)).await.unwrap();
+        match channel.try_send(message(&pool, 0, 2)) {
+            Err(TrySend::NoCredit(_)) => {}
+            other => panic!("a send without credit: {other:?}"),
+        }
+        channel.announce(7);
+        full_tx.send(()).unwrap();
+        // Behind the announcement, the data that waited for credit.
+        channel.send(message(&pool, 0, 2)).await.unwrap();
+        channel.announce(7);
+        channel.announce(5);
+        channel.announce(8);
+        channel.send(message(&pool, 0, 3)).await.unwrap();
+        drop(channel);
+        assert!(net.drain(Duration::from_secs(5)).await, "not drained");
+    });
+    sending.join().unwrap();
+    let (received, later, newest) = receiving.join().unwrap();
+    assert_eq!(received, 4);
+    assert_eq!(later, [8]);
+    assert_eq!(newest, Some(8));
 }
 
 #[test]

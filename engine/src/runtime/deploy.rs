@@ -585,17 +585,26 @@ async fn run_subtask(
         }));
         (edge, ends.await)
     }));
-    let receivers = join_all(receivers.into_iter().map(|rx| async move {
-        match rx {
-            EndPlan::Remote(rx) => ReceiverEnd::Segments(ring::receiver(rx.connect().await)),
-            EndPlan::Local(plan) => ReceiverEnd::Local(locals.get(plan)),
-            EndPlan::Net { key, slot } => ReceiverEnd::Segments(match net {
-                Some(net) => match net.receive(&key) {
-                    Ok(channel) => net::receiver(channel, net.peer(slot)),
-                    Err(cause) => net::unmade_receiver(Some(cause)),
-                },
-                None => net::unmade_receiver(None),
-            }),
+    // Unaligned checkpoints: what senders in other processes announce goes to this task.
+    let announce = shared
+        .checkpointing
+        .as_ref()
+        .and_then(|checkpointing| checkpointing.unaligned.as_ref())
+        .map(|(_, announcements)| (announcements.clone(), index));
+    let receivers = join_all(receivers.into_iter().map(|rx| {
+        let announce = announce.clone();
+        async move {
+            match rx {
+                EndPlan::Remote(rx) => ReceiverEnd::Segments(ring::receiver(rx.connect().await)),
+                EndPlan::Local(plan) => ReceiverEnd::Local(locals.get(plan)),
+                EndPlan::Net { key, slot } => ReceiverEnd::Segments(match net {
+                    Some(net) => match net.receive(&key) {
+                        Ok(channel) => net::receiver(channel, net.peer(slot), announce),
+                        Err(cause) => net::unmade_receiver(Some(cause)),
+                    },
+                    None => net::unmade_receiver(None),
+                }),
+            }
         }
     }));
     let (senders, receivers) = futures::join!(senders, receivers);
@@ -1030,20 +1039,6 @@ fn run_attempt(
 
     let job_name = exec.job.job_name().to_string();
     let checkpoint_config = config.checkpointing()?;
-    if let (
-        Some(spread),
-        Some(CheckpointConfig {
-            unaligned: Some(_), ..
-        }),
-    ) = (spread, &checkpoint_config)
-    {
-        return Err(JobError::InvalidJob(format!(
-            "job '{job_name}' takes unaligned checkpoints, and its run is spread over the \
-             slots of {} nodes: barriers do not overtake data between executors yet; set \
-             execution.checkpointing.unaligned.enabled: false for runs over several workers",
-            spread.nodes()
-        )));
-    }
     if resume.is_some() && checkpoint_config.is_none() {
         return Err(JobError::InvalidJob(format!(
             "cannot resume job '{job_name}': checkpointing is off; set \

@@ -51,6 +51,11 @@ pub trait SegmentSender {
     /// the receiver goes while the sender waits (a ring's does not notice): a writer waits on
     /// it only until its job is cancelled, which the receiver's failure causes.
     fn send(&self, segment: Segment) -> LocalBoxFuture<'_, Result<(), Closed>>;
+
+    /// Tells the receiver, ahead of the data waiting for credit, that the barrier of unaligned
+    /// checkpoint `checkpoint` went into the channel. A ring does nothing: its receiver is in
+    /// this process, and learns it from the job's announcements (`inflight.rs`).
+    fn announce(&self, _checkpoint: u64) {}
 }
 
 /// Where a receiver's segments were written.
@@ -98,6 +103,8 @@ pub(crate) mod net {
     use weir_memory::Segment;
     use weir_net::{ChannelReceiver, ChannelSender, NetError, TrySend};
 
+    use super::super::inflight::Announcements;
+
     use super::{Closed, Failure, SegmentReceiver, SegmentSender, TrySendError};
 
     /// Why a channel failed, if it did: `None` when its other end went (its subtask failed or
@@ -141,12 +148,30 @@ pub(crate) mod net {
                 sent.map_err(|error| self.closed(error))
             })
         }
+
+        fn announce(&self, checkpoint: u64) {
+            // The wire carries 32 bits: a later checkpoint is told by its in-band barrier
+            // alone (at one a second, after 136 years).
+            if let Ok(checkpoint) = u32::try_from(checkpoint) {
+                self.channel.announce(checkpoint);
+            }
+        }
     }
 
     /// The receiving end of a channel from `peer` (its slot and node, which a failure
     /// names): checked before anything reads it; when it ends, why it failed (if it did) is
-    /// noted before the channel goes.
-    pub(crate) fn receiver(channel: ChannelReceiver, peer: String) -> SegmentReceiver {
+    /// noted before the channel goes. With `announce`, the unaligned checkpoints its sender
+    /// announces are announced to the receiving task there (its announcements and its task).
+    pub(crate) fn receiver(
+        channel: ChannelReceiver,
+        peer: String,
+        announce: Option<(Announcements, usize)>,
+    ) -> SegmentReceiver {
+        if let Some((announcements, task)) = announce {
+            channel.on_announce(move |checkpoint| {
+                announcements.announce(task, u64::from(checkpoint));
+            });
+        }
         let failure = Failure::default();
         let state = Some((channel, failure.clone(), peer));
         let segments = futures::stream::unfold(state, |state| async move {

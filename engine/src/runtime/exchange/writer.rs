@@ -439,11 +439,16 @@ impl<T: Record, P: Partitioner<T>> Output<T> for ExchangeWriter<T, P> {
                 Box::pin(self.write_event(Event::WatermarkStatus { idle }))
             }
             ChainEvent::Barrier(barrier) => {
-                if let Some((announcements, tasks)) = &self.announce {
-                    // Savepoints and the final checkpoint align always.
-                    if barrier.may_overtake() {
-                        for &task in tasks {
-                            announcements.announce(task, barrier.id);
+                // Savepoints and the final checkpoint align always.
+                let overtaking = self.announce.as_ref().filter(|_| barrier.may_overtake());
+                if let Some((announcements, tasks)) = overtaking {
+                    for &task in tasks {
+                        announcements.announce(task, barrier.id);
+                    }
+                    // A channel to another process tells its receiver itself.
+                    for channel in &self.channels {
+                        if let Channel::Segments { sender, .. } = channel {
+                            sender.announce(barrier.id);
                         }
                     }
                 }
