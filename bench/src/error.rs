@@ -31,6 +31,9 @@ pub enum BenchError {
         /// Cores available.
         cores: usize,
     },
+    /// The network namespaces of a run over a veth pair cannot be made.
+    #[error("cannot make two network namespaces joined by a veth pair: {0}")]
+    Veth(String),
     /// The network exchange benchmark cannot run.
     #[error("the network exchange benchmark: {0}")]
     Net(String),

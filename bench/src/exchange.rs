@@ -23,6 +23,7 @@ use weir_engine::runtime::{available_cores, on_loopback, RunOptions};
 use crate::error::BenchError;
 use crate::measure::{alternate, best, rate, Measurement, ROUNDS};
 use crate::record::{BenchRecord, ExchangeRecord, WideRecord};
+use crate::veth::{Veth, VethSide};
 
 const JOB: &str = "bench-exchange";
 const SINK: &str = "discard";
@@ -160,33 +161,55 @@ fn exchange_job<R: ExchangeRecord>(
 }
 
 /// The exchange job over records `R` on two slots, spread over two executors side by side
-/// in this process, each with one slot on a core of its own (QUIC with mutual TLS on
-/// loopback between them): the later of their ends, and what reached both sinks.
+/// in this process, each with one slot on a core of its own (QUIC with mutual TLS between
+/// them, on loopback or, with `veth`, across a veth pair: each executor in a namespace of its
+/// own): the later of their ends, and what reached both sinks.
 fn run_spread<R: ExchangeRecord>(
     records: u64,
     settings: &[String],
+    veth: Option<&Veth>,
 ) -> Result<Measurement, BenchError> {
-    let spreads = on_loopback(REMOTE_JOB, 2).map_err(BenchError::Remote)?;
-    let cores = available_cores();
-    let mut runs = Vec::with_capacity(spreads.len());
-    for (spread, core) in spreads.into_iter().zip(cores) {
-        let config = config(1, settings)?
-            .with("taskmanager.cpu.cores", core.to_string())
-            .map_err(|e| BenchError::job(REMOTE_JOB)(e.into()))?;
-        let options = RunOptions {
-            spread: Some(spread),
-            ..RunOptions::default()
-        };
-        let run = exchange_job::<R>(records, 2, config, true)?
-            .execute_async(REMOTE_JOB, options)
-            .map_err(BenchError::job(REMOTE_JOB));
-        runs.push(run);
+    let mut spreads = on_loopback(REMOTE_JOB, 2).map_err(BenchError::Remote)?;
+    let sides: Vec<Option<VethSide>> = (0..2).map(|i| veth.map(|veth| veth.side(i))).collect();
+    for spread in &mut spreads {
+        for (slot, side) in spread.slots.iter_mut().zip(&sides) {
+            if let Some(side) = side {
+                slot.addr.set_ip(side.addr());
+            }
+        }
     }
-    // Both waited for, whatever the first did (a failure on one side ends the other too).
-    let results: Vec<_> = runs
-        .into_iter()
-        .map(|run| run.and_then(|run| run.wait().map_err(BenchError::job(REMOTE_JOB))))
-        .collect();
+    let cores = available_cores();
+    // Each executor from a thread of its own, which enters its side's namespace first: its
+    // shards, started from there, open their sockets in it. Both are waited for, whatever the
+    // first did (a failure on one side ends the other too).
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let runs: Vec<_> = spreads
+            .into_iter()
+            .zip(cores)
+            .zip(&sides)
+            .map(|((spread, core), side)| {
+                scope.spawn(move || {
+                    if let Some(side) = side {
+                        side.enter().map_err(BenchError::Veth)?;
+                    }
+                    let config = config(1, settings)?
+                        .with("taskmanager.cpu.cores", core.to_string())
+                        .map_err(|e| BenchError::job(REMOTE_JOB)(e.into()))?;
+                    let options = RunOptions {
+                        spread: Some(spread),
+                        ..RunOptions::default()
+                    };
+                    exchange_job::<R>(records, 2, config, true)?
+                        .execute_async(REMOTE_JOB, options)
+                        .and_then(|run| run.wait())
+                        .map_err(BenchError::job(REMOTE_JOB))
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .map(|run| run.join().expect("an executor's thread does not panic"))
+            .collect()
+    });
     let mut total = Measurement {
         duration: Duration::ZERO,
         surviving_records: 0,
@@ -212,6 +235,9 @@ pub struct RemoteExchangeReport {
     /// Both slots in one executor, records crossing between its shards (rings): generated
     /// records per second.
     pub local_records_per_second: f64,
+    /// What the two executors' QUIC crosses: `loopback`, or `veth` (a veth pair between a
+    /// network namespace for each).
+    pub link: &'static str,
     /// One slot in each of two executors, records crossing over QUIC: generated records per
     /// second (from each executor's start, the connection's set-up included, to the later
     /// end).
@@ -226,15 +252,17 @@ pub struct RemoteExchangeReport {
 }
 
 /// Runs the exchange job over `record_bytes`-byte records (64 or 1024) on two slots, on one
-/// executor and spread over two, alternately.
+/// executor and spread over two (on loopback, or with `veth` across a veth pair between two
+/// network namespaces), alternately.
 pub fn run_remote(
     records: u64,
     record_bytes: usize,
     settings: &[String],
+    veth: bool,
 ) -> Result<RemoteExchangeReport, BenchError> {
     match record_bytes {
-        64 => run_remote_of::<BenchRecord>(records, settings),
-        1024 => run_remote_of::<WideRecord>(records, settings),
+        64 => run_remote_of::<BenchRecord>(records, settings, veth),
+        1024 => run_remote_of::<WideRecord>(records, settings, veth),
         other => Err(BenchError::RecordBytes(other)),
     }
 }
@@ -242,18 +270,20 @@ pub fn run_remote(
 fn run_remote_of<R: ExchangeRecord>(
     records: u64,
     settings: &[String],
+    veth: bool,
 ) -> Result<RemoteExchangeReport, BenchError> {
     if records == 0 {
         return Err(BenchError::NoRecords);
     }
     check_shards(2)?;
     config(2, settings)?;
+    let veth = veth.then(Veth::make).transpose()?;
     let mut locals = Vec::with_capacity(ROUNDS);
     let mut remotes = Vec::with_capacity(ROUNDS);
     for _ in 0..ROUNDS {
         let env = exchange_job::<R>(records, 2, config(2, settings)?, true)?;
         locals.push(measured(&env.execute(JOB).map_err(BenchError::job(JOB))?));
-        remotes.push(run_spread::<R>(records, settings)?);
+        remotes.push(run_spread::<R>(records, settings, veth.as_ref())?);
     }
     let (local, remote) = (best(&locals), best(&remotes));
     let local_records_per_second = rate(records, local.duration);
@@ -263,6 +293,7 @@ fn run_remote_of<R: ExchangeRecord>(
         record_bytes: std::mem::size_of::<R>(),
         rounds: ROUNDS,
         local_records_per_second,
+        link: if veth.is_some() { "veth" } else { "loopback" },
         remote_records_per_second,
         remote_cost: local_records_per_second / remote_records_per_second,
         settings: settings.to_vec(),

@@ -42,6 +42,7 @@ pub mod nexmark;
 pub mod postgres;
 pub mod record;
 pub mod state;
+pub mod veth;
 pub mod window;
 
 pub use error::BenchError;

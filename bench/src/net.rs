@@ -1,7 +1,8 @@
 //! The network exchange benchmark: segments from one shard to another over `weir-net`'s
-//! channels (QUIC on the shards, mutual TLS, credit) on loopback, each shard on a core of its
-//! own, against a bare quinn bulk transfer of the same bytes in the same framing (quinn's own
-//! tokio runtime, a thread per side, the same TLS and windows) in the same rounds.
+//! channels (QUIC on the shards, mutual TLS, credit) on loopback — or across a veth pair, each
+//! side in a network namespace of its own — each shard on a core of its own, against a bare
+//! quinn bulk transfer of the same bytes in the same framing (quinn's own tokio runtime, a
+//! thread per side, the same TLS and windows) over the same link in the same rounds.
 //!
 //! A round sends `bytes` split over `channels` channels (one stream each) as full segments of
 //! `segment_size` bytes; the receiving side lands each in a segment of the channel's own pool
@@ -23,6 +24,7 @@ use weir_net::{NetConfig, NetShard};
 
 use crate::error::BenchError;
 use crate::measure::{best, rate, Measurement, ROUNDS};
+use crate::veth::{Veth, VethSide};
 
 /// What `weir bench net --json` prints.
 #[derive(Clone, Debug, Serialize)]
@@ -37,6 +39,9 @@ pub struct NetReport {
     pub credits: usize,
     /// The cores the two shards ran on (both unpinned on a machine of one core).
     pub cores: Vec<usize>,
+    /// What the two sides' QUIC crosses: `loopback`, or `veth` (a veth pair between a network
+    /// namespace for each).
+    pub link: &'static str,
     /// Rounds run; the best round of each side is reported.
     pub rounds: usize,
     /// weir-net's best round, seconds.
@@ -51,12 +56,14 @@ pub struct NetReport {
     pub ratio_to_quinn: f64,
 }
 
-/// Runs both sides alternately, [`ROUNDS`] times each.
+/// Runs both sides alternately, [`ROUNDS`] times each, on loopback or with `veth` across a
+/// veth pair.
 pub fn run(
     bytes: u64,
     segment_size: usize,
     channels: usize,
     credits: usize,
+    veth: bool,
 ) -> Result<NetReport, BenchError> {
     if channels == 0 || credits == 0 || !segment_size.is_power_of_two() || segment_size < 64 {
         return Err(BenchError::Net(format!(
@@ -84,6 +91,11 @@ pub fn run(
     } else {
         Vec::new()
     };
+    let veth = veth.then(Veth::make).transpose()?;
+    let sides = Sides {
+        cores: cores.clone(),
+        veth: veth.as_ref().map(|veth| [veth.side(0), veth.side(1)]),
+    };
     let shape = Shape {
         segments,
         segment_size,
@@ -93,10 +105,10 @@ pub fn run(
     let (mut nets, mut quinns) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         quinns.push(
-            quinn_round(&sender, &receiver, &shape)
+            quinn_round(&sender, &receiver, &shape, &sides)
                 .map_err(|e| BenchError::Net(format!("the bare quinn transfer: {e}")))?,
         );
-        nets.push(weir_net_round(&sender, &receiver, &shape, &cores)?);
+        nets.push(weir_net_round(&sender, &receiver, &shape, &sides)?);
     }
     let sent = segments * segment_size as u64 * channels as u64;
     for (side, rounds) in [("weir-net", &nets), ("bare quinn", &quinns)] {
@@ -115,6 +127,7 @@ pub fn run(
         channels,
         credits,
         cores,
+        link: if veth.is_some() { "veth" } else { "loopback" },
         rounds: ROUNDS,
         seconds: net.duration.as_secs_f64(),
         bytes_per_second: rate(&net),
@@ -134,15 +147,37 @@ struct Shape {
     credits: usize,
 }
 
-fn placement(cores: &[usize], side: usize) -> Placement {
-    match cores.get(side) {
-        Some(&core) => Placement::Fixed(core),
-        None => Placement::Unbound,
-    }
+/// Where the two sides (0 sends, 1 receives) run: their cores, and the veth pair's sides if
+/// they run across one.
+#[derive(Clone)]
+struct Sides {
+    cores: Vec<usize>,
+    veth: Option<[VethSide; 2]>,
 }
 
-fn config(identity: &TlsIdentity) -> NetConfig {
-    NetConfig::new("127.0.0.1:0".parse().expect("an address"), identity.clone())
+impl Sides {
+    fn placement(&self, side: usize) -> Placement {
+        match self.cores.get(side) {
+            Some(&core) => Placement::Fixed(core),
+            None => Placement::Unbound,
+        }
+    }
+
+    /// Moves the calling thread (the side's own) into its namespace, if there is a pair.
+    fn enter(&self, side: usize) -> Result<(), String> {
+        self.veth.as_ref().map_or(Ok(()), |veth| veth[side].enter())
+    }
+
+    /// The address side `side` binds (any free port).
+    fn bind(&self, side: usize) -> SocketAddr {
+        let ip = self
+            .veth
+            .as_ref()
+            .map_or(std::net::Ipv4Addr::LOCALHOST.into(), |veth| {
+                veth[side].addr()
+            });
+        SocketAddr::new(ip, 0)
+    }
 }
 
 /// One round over weir-net: received bytes and the time from the first to the last.
@@ -150,16 +185,19 @@ fn weir_net_round(
     sender: &TlsIdentity,
     receiver: &TlsIdentity,
     shape: &Shape,
-    cores: &[usize],
+    sides: &Sides,
 ) -> Result<Measurement, BenchError> {
     let shape = *shape;
     let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let receiver = receiver.clone();
-    let receiving = LocalExecutorBuilder::new(placement(cores, 1))
+    let on = sides.clone();
+    let receiving = LocalExecutorBuilder::new(sides.placement(1))
         .name("bench-net-receiver")
         .spawn(move || async move {
-            let net = NetShard::bind(&config(&receiver)).map_err(|e| e.to_string())?;
+            on.enter(1)?;
+            let config = NetConfig::new(on.bind(1), receiver);
+            let net = NetShard::bind(&config).map_err(|e| e.to_string())?;
             let channels: Vec<_> = (0..shape.channels)
                 .map(|c| {
                     let key = (c as u32).to_le_bytes();
@@ -200,10 +238,13 @@ fn weir_net_round(
         })
         .map_err(|e| BenchError::Net(e.to_string()))?;
     let sender = sender.clone();
-    let sending = LocalExecutorBuilder::new(placement(cores, 0))
+    let on = sides.clone();
+    let sending = LocalExecutorBuilder::new(sides.placement(0))
         .name("bench-net-sender")
         .spawn(move || async move {
-            let net = NetShard::bind(&config(&sender)).map_err(|e| e.to_string())?;
+            on.enter(0)?;
+            let config = NetConfig::new(on.bind(0), sender);
+            let net = NetShard::bind(&config).map_err(|e| e.to_string())?;
             let addr = addr_rx.recv().map_err(|e| e.to_string())?;
             let peer = net
                 .connect(addr, "receiver")
@@ -260,6 +301,7 @@ fn quinn_round(
     sender: &TlsIdentity,
     receiver: &TlsIdentity,
     shape: &Shape,
+    sides: &Sides,
 ) -> Result<Measurement, String> {
     let shape = *shape;
     let error = |e: &dyn std::fmt::Display| e.to_string();
@@ -290,11 +332,11 @@ fn quinn_round(
             .map_err(|e| e.to_string())
     };
     let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
+    let on = sides.clone();
     let receiving = std::thread::spawn(move || {
+        on.enter(1)?;
         runtime()?.block_on(async move {
-            let endpoint =
-                quinn::Endpoint::server(server, "127.0.0.1:0".parse().expect("an address"))
-                    .map_err(|e| error(&e))?;
+            let endpoint = quinn::Endpoint::server(server, on.bind(1)).map_err(|e| error(&e))?;
             addr_tx
                 .send(endpoint.local_addr().map_err(|e| error(&e))?)
                 .map_err(|e| error(&e))?;
@@ -335,10 +377,11 @@ fn quinn_round(
         })
     });
     let addr = addr_rx.recv().map_err(|e| error(&e))?;
+    let on = sides.clone();
     let sending = std::thread::spawn(move || {
+        on.enter(0)?;
         runtime()?.block_on(async move {
-            let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().expect("an address"))
-                .map_err(|e| error(&e))?;
+            let mut endpoint = quinn::Endpoint::client(on.bind(0)).map_err(|e| error(&e))?;
             endpoint.set_default_client_config(client);
             let connection = endpoint
                 .connect(addr, "receiver")

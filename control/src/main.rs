@@ -355,7 +355,8 @@ enum Bench {
         json: bool,
     },
     /// The keyed exchange on two slots spread over two executors (QUIC with mutual TLS on
-    /// loopback between them) against the same job on one executor (rings between shards).
+    /// loopback, or --veth across a veth pair, between them) against the same job on one
+    /// executor (rings between shards).
     RemoteExchange {
         /// Records to generate.
         #[arg(long, default_value_t = 10_000_000)]
@@ -363,6 +364,10 @@ enum Bench {
         /// Bytes per record: 64 or 1024.
         #[arg(long, default_value_t = 64)]
         record_bytes: usize,
+        /// Cross a veth pair between two network namespaces (one per executor) instead of
+        /// loopback; needs root and iproute2.
+        #[arg(long)]
+        veth: bool,
         /// Set a further engine configuration key (repeatable).
         #[arg(short = 'D', value_name = "KEY=VALUE")]
         settings: Vec<String>,
@@ -371,7 +376,8 @@ enum Bench {
         json: bool,
     },
     /// Segments between two shards over the network exchange (QUIC with mutual TLS and
-    /// credit, on loopback), against a bare quinn transfer of the same bytes.
+    /// credit, on loopback or --veth across a veth pair), against a bare quinn transfer of the
+    /// same bytes over the same link.
     Net {
         /// Bytes each round sends, e.g. 2g.
         #[arg(long, default_value = "1g", value_parser = parse_bytes)]
@@ -385,6 +391,10 @@ enum Bench {
         /// Segments of each channel's receiving pool: the sender's credit.
         #[arg(long, default_value_t = 16)]
         credits: usize,
+        /// Cross a veth pair between two network namespaces (one per side) instead of
+        /// loopback; needs root and iproute2.
+        #[arg(long)]
+        veth: bool,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -748,10 +758,11 @@ fn run_bench(bench: Bench) -> Result<()> {
         Bench::RemoteExchange {
             records,
             record_bytes,
+            veth,
             settings,
             json,
         } => print_report(
-            &weir_bench::exchange::run_remote(records, record_bytes, &settings)?,
+            &weir_bench::exchange::run_remote(records, record_bytes, &settings, veth)?,
             json,
         ),
         Bench::Net {
@@ -759,9 +770,10 @@ fn run_bench(bench: Bench) -> Result<()> {
             segment_size,
             channels,
             credits,
+            veth,
             json,
         } => print_report(
-            &weir_bench::net::run(bytes, segment_size as usize, channels, credits)?,
+            &weir_bench::net::run(bytes, segment_size as usize, channels, credits, veth)?,
             json,
         ),
         Bench::Window {

@@ -709,6 +709,16 @@ fn weir_tune_certs_makes_the_cluster_ca_once_and_a_certificate_per_node() {
     assert!(!certs.join("ok.pem").exists());
 }
 
+/// Whether a test may make network namespaces: `.ci/run` runs the tests as root with iproute2
+/// and says so (`WEIR_REQUIRE_NETNS`); elsewhere the parts that need them are skipped.
+fn namespaces_allowed() -> bool {
+    let allowed = std::env::var_os("WEIR_REQUIRE_NETNS").is_some();
+    if !allowed {
+        eprintln!("skipped the runs over a veth pair: WEIR_REQUIRE_NETNS is not set");
+    }
+    allowed
+}
+
 #[test]
 fn weir_bench_net_moves_every_byte_over_the_exchange_and_over_bare_quinn() {
     let json = bench_json(
@@ -733,6 +743,18 @@ fn weir_bench_net_moves_every_byte_over_the_exchange_and_over_bare_quinn() {
     // benchmark fails a round that lost any).
     assert_eq!(json["bytes"], 4 << 20, "{json}");
     assert!(json["bytes_per_second"].as_f64().unwrap() > 0.0, "{json}");
+    assert_eq!(json["link"], "loopback", "{json}");
+    if namespaces_allowed() {
+        // Across a veth pair between two namespaces, both sides: every byte again.
+        let json = bench_json(
+            &["bench", "net", "--bytes", "4m", "--veth", "--json"],
+            &["bytes_per_second", "quinn_bytes_per_second"],
+        );
+        assert_eq!(
+            (json["bytes"].as_u64(), json["link"].as_str()),
+            (Some(4 << 20), Some("veth"))
+        );
+    }
     fails_naming(
         &["bench", "net", "--segment-size", "1000"],
         "--segment-size a power of two",
@@ -763,6 +785,22 @@ fn weir_bench_remote_exchange_runs_the_job_on_one_executor_and_spread_over_two()
         );
         assert_eq!(json["record_bytes"].to_string(), bytes, "{json}");
         // Every round, local and spread, sank as many records as the first local one.
+        assert_eq!(json["results_match"], true, "{json}");
+    }
+    if namespaces_allowed() {
+        // The executors in two namespaces, their records across a veth pair.
+        let json = bench_json(
+            &[
+                "bench",
+                "remote-exchange",
+                "--records",
+                "20000",
+                "--veth",
+                "--json",
+            ],
+            &["remote_records_per_second"],
+        );
+        assert_eq!(json["link"], "veth", "{json}");
         assert_eq!(json["results_match"], true, "{json}");
     }
     fails_naming(
