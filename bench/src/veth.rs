@@ -15,6 +15,8 @@ pub struct Veth {
     namespaces: [String; 2],
     /// The pair's ends (in the namespaces once made; deleting those deletes them).
     ends: [String; 2],
+    /// Whether this run made the pair (only then does dropping delete an end left here).
+    linked: bool,
     addrs: [IpAddr; 2],
 }
 
@@ -54,6 +56,7 @@ impl Veth {
         let mut veth = Veth {
             namespaces: [String::new(), String::new()],
             ends: ends.clone(),
+            linked: false,
             addrs: [
                 addrs[0].parse().expect("an address"),
                 addrs[1].parse().expect("an address"),
@@ -68,6 +71,7 @@ impl Veth {
             ip(&[
                 "link", "add", &ends[0], "type", "veth", "peer", "name", &ends[1],
             ])?;
+            veth.linked = true;
             for side in 0..2 {
                 let (namespace, end) = (&namespaces[side], &ends[side]);
                 ip(&["link", "set", end, "netns", namespace])?;
@@ -122,7 +126,9 @@ impl VethSide {
 impl Drop for Veth {
     fn drop(&mut self) {
         // Left in this namespace only if moving it failed.
-        let _ = ip(&["link", "del", &self.ends[0]]);
+        if self.linked {
+            let _ = ip(&["link", "del", &self.ends[0]]);
+        }
         for namespace in &self.namespaces {
             if !namespace.is_empty() {
                 let _ = ip(&["netns", "del", namespace]);

@@ -81,6 +81,8 @@ pub(crate) fn start(args: &[String], marker: &'static str) -> Result<(Started, S
         .args(args)
         // The marker is read from text lines, whatever this process logs in.
         .env(weir_engine::logging::FORMAT_VARIABLE, "text")
+        // The benchmark's cluster on loopback speaks plain HTTP, as its client does.
+        .env_remove("WEIR_SECURITY_SSL_REST_ENABLED")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()?;

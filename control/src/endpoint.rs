@@ -213,14 +213,24 @@ impl ControlEndpoint {
             Err(tungstenite::Error::Http(response)) if response.status().as_u16() == 401 => Err(
                 Connect::Refused("401: set rest.auth.token to the control plane's token".into()),
             ),
-            Err(error) => match (&self.tls, tls_refusal(&error)) {
-                (Some(identity), Some(reason)) => Err(Connect::Refused(format!(
-                    "the TLS handshake with the control plane at {} failed: {reason}; {}",
-                    self.address,
-                    identity.presented()
-                ))),
-                _ => Err(Connect::Failed(error.to_string())),
-            },
+            Err(error) => {
+                match (&self.tls, tls_refusal(&error)) {
+                    (Some(identity), Some(reason)) => Err(Connect::Refused(format!(
+                        "the TLS handshake with the control plane at {} failed: {reason}; {}",
+                        self.address,
+                        identity.presented()
+                    ))),
+                    _ if unreachable(&error) => Err(Connect::Failed(error.to_string())),
+                    // Reached, but it did not speak the same: TLS against plain, say.
+                    _ => {
+                        Err(Connect::Failed(format!(
+                    "{error} (this side {} TLS: security.ssl.rest.enabled must be set alike \
+                     here and on the control plane)",
+                    if self.tls.is_some() { "speaks" } else { "does not speak" }
+                )))
+                    }
+                }
+            }
         }
     }
 }
@@ -235,6 +245,21 @@ pub(crate) enum Connect {
     Refused(String),
     /// Not reachable now.
     Failed(String),
+}
+
+/// Whether `error` is the control plane not answering at all (nothing to hint at).
+fn unreachable(error: &tungstenite::Error) -> bool {
+    matches!(
+        error,
+        tungstenite::Error::Io(io) if matches!(
+            io.kind(),
+            io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::TimedOut
+                | io::ErrorKind::HostUnreachable
+                | io::ErrorKind::NetworkUnreachable
+                | io::ErrorKind::AddrNotAvailable
+        )
+    )
 }
 
 /// The certificate problem in `error`, if a handshake failed over one: this side refused the
@@ -295,6 +320,8 @@ impl TlsListener {
             loop {
                 let (stream, peer) = match listener.accept().await {
                     Ok(connection) => connection,
+                    // A connection gone before it was taken: the next one.
+                    Err(error) if is_connection_error(&error) => continue,
                     Err(error) => {
                         // Out of descriptors, say: as axum's own listener does, wait a little.
                         tracing::warn!("cannot accept a connection: {error}");
@@ -305,15 +332,19 @@ impl TlsListener {
                 let acceptor = acceptor.clone();
                 let handed = handed.clone();
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    let handshake = acceptor.accept(stream).into_fallible();
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                         Ok(Ok(stream)) => {
                             let _ = handed.send((stream, peer)).await;
                         }
-                        Ok(Err(error)) => tracing::warn!(
-                            %peer,
-                            "refused a connection: {error} (only a client presenting a \
-                             certificate the cluster CA signed is served)"
-                        ),
+                        Ok(Err((error, stream))) => {
+                            tracing::warn!(
+                                %peer,
+                                "refused a connection: {error} (only a client presenting a \
+                                 certificate the cluster CA signed is served)"
+                            );
+                            close_gently(stream).await;
+                        }
                         Err(_) => tracing::debug!(%peer, "a TLS handshake timed out"),
                     }
                 });
@@ -321,6 +352,28 @@ impl TlsListener {
         });
         Ok(TlsListener { accepted, local })
     }
+}
+
+/// Whether an accept failed over one connection only (axum's own listener moves on at once).
+fn is_connection_error(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Closes a refused connection so that its client reads the alert saying why: a close with
+/// the client's unread bytes still here (its first request, sent as its side of the
+/// handshake ended) would reset the connection, and a reset may cost the client the alert.
+/// So: end this side, and read what the client still sends until it closes (2 s at most).
+async fn close_gently(mut stream: TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let _ = stream.shutdown().await;
+    let mut unread = [0u8; 4096];
+    let drained = async { while matches!(stream.read(&mut unread).await, Ok(read) if read > 0) {} };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drained).await;
 }
 
 impl axum::serve::Listener for TlsListener {

@@ -671,6 +671,11 @@ impl Configuration {
         })
     }
 
+    /// A true-or-false key's value (validated as such, spaces around it allowed).
+    fn flag(&self, key: &'static str) -> bool {
+        self.raw(key).is_some_and(|value| value.trim() == "true")
+    }
+
     fn count(&self, key: &'static str) -> Option<usize> {
         self.raw(key).map(|v| v.trim().parse().expect("validated"))
     }
@@ -726,7 +731,7 @@ impl Configuration {
 
     /// `pipeline.operator-chaining.enabled`.
     pub fn chaining_enabled(&self) -> bool {
-        self.raw("pipeline.operator-chaining.enabled") == Some("true")
+        self.flag("pipeline.operator-chaining.enabled")
     }
 
     /// `execution.buffer-timeout`.
@@ -840,10 +845,7 @@ impl Configuration {
         let ms = |key| self.duration(key).as_millis().min(i64::MAX as u128) as i64;
         let exactly_once =
             self.raw("execution.checkpointing.mode").map(str::trim) != Some("AT_LEAST_ONCE");
-        let unaligned = self
-            .raw("execution.checkpointing.unaligned.enabled")
-            .map(str::trim)
-            == Some("true");
+        let unaligned = self.flag("execution.checkpointing.unaligned.enabled");
         let max_concurrent = self
             .count("execution.checkpointing.max-concurrent-checkpoints")
             .expect("has a default");
@@ -975,7 +977,7 @@ impl Configuration {
 
     /// `web.upload.enabled`.
     pub fn upload_enabled(&self) -> bool {
-        self.raw("web.upload.enabled") == Some("true")
+        self.flag("web.upload.enabled")
     }
 
     /// `rest.server.max-content-length`, bytes.
@@ -990,7 +992,7 @@ impl Configuration {
 
     /// `security.ssl.rest.enabled`.
     pub fn rest_ssl_enabled(&self) -> bool {
-        self.raw("security.ssl.rest.enabled") == Some("true")
+        self.flag("security.ssl.rest.enabled")
     }
 
     /// Every rule of [`RULES`]: the first broken one's key, value and fix. The control plane
@@ -1064,7 +1066,7 @@ impl Configuration {
 
     /// `cluster.evenly-spread-out-slots`.
     pub fn spread_out_slots(&self) -> bool {
-        self.raw("cluster.evenly-spread-out-slots") == Some("true")
+        self.flag("cluster.evenly-spread-out-slots")
     }
 
     /// `worker.data-dir`.
@@ -1299,6 +1301,20 @@ mod tests {
         assert_eq!(config.memory(16).process_size, 1 << 30);
         let err = Configuration::from_toml_str("[taskmanager]\nslots = 2\n").unwrap_err();
         assert!(matches!(err, ConfigError::UnknownKey { .. }));
+    }
+
+    /// A true-or-false key reads as it validates: with spaces around it (a TOML string, an
+    /// environment variable) `true` is on — a security switch must not pass the check and
+    /// then read as off.
+    #[test]
+    fn flags_read_as_they_validate() {
+        let config = Configuration::from_toml_str(
+            "\"security.ssl.rest.enabled\" = \" true \"\n\"web.upload.enabled\" = \"false \"\n",
+        )
+        .unwrap();
+        assert!(config.rest_ssl_enabled());
+        assert!(!config.upload_enabled());
+        assert!(!Configuration::default().rest_ssl_enabled());
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub struct NetConfig {
     /// The round trip assumed before one is measured. It times the handshake's first
     /// retransmission (three of it): a peer whose socket is not bound yet when a spread run's
     /// shards dial each other drops the first Initial packet, and QUIC's default of 333 ms
-    /// left every such run without an exchange for a second. Servers of one data centre are
+    /// left half the spread runs without an exchange for their first second. Servers of one data centre are
     /// well under a millisecond apart; on a longer path a too short guess costs a few
     /// repeated handshake packets until the first measurement replaces it.
     pub initial_rtt: Duration,
@@ -842,7 +842,9 @@ impl fmt::Debug for ChannelReceiver {
 impl ChannelReceiver {
     /// Calls `announced` with every checkpoint the sender announces newer than any before
     /// ([`ChannelSender::announce`]), on this shard as the announcement lands; at once with
-    /// the newest announced before, if any.
+    /// the newest announced before, if any. It runs while the shard's endpoint is borrowed:
+    /// it must not touch the endpoint or its channels (nor own one, which would be dropped
+    /// there when the hook is replaced); the engine's sets an atomic.
     pub fn on_announce(&self, announced: impl Fn(u32) + 'static) {
         let mut state = self.shared.state.borrow_mut();
         if let Some(receiving) = state.receivers.get_mut(&self.key) {

@@ -16,9 +16,10 @@
 //! finds one free. The segment's bytes are not checked here; the engine checks every segment
 //! from another process before anything reads it.
 //! An announce frame says the sender passed an unaligned checkpoint's barrier into the
-//! channel. It takes no credit and goes out at once, so it overtakes the data the sender holds
-//! back for credit: the receiver starts the checkpoint without waiting for that data, whose
-//! barrier follows in-band (see the engine's `inflight.rs`).
+//! channel. It takes no credit, so it goes out behind only what already had credit, ahead of
+//! the barrier's own segment (which waits for credit): the receiver starts the checkpoint
+//! without first working through what the channel holds, and the barrier follows in-band
+//! (see the engine's `inflight.rs`).
 
 use weir_memory::Segment;
 
