@@ -2,7 +2,8 @@
 //! a real network stack (addresses, routes, a link of MTU 1500, the kernel's veth driver)
 //! rather than loopback. Each side's thread enters its namespace ([`Veth::enter`]) before it
 //! opens a socket; threads it starts afterwards are born in it. Needs root and iproute2; the
-//! namespaces (and with them the pair) go when the [`Veth`] is dropped.
+//! namespaces (and with them the pair) go when the [`Veth`] is dropped, and those of a run
+//! killed before it could at the next run's start.
 
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
@@ -53,6 +54,7 @@ impl Veth {
         let ends = [format!("wb{pid}a"), format!("wb{pid}b")];
         let subnet = format!("10.254.{}", pid % 250);
         let addrs = [format!("{subnet}.1"), format!("{subnet}.2")];
+        remove_abandoned();
         let mut veth = Veth {
             namespaces: [String::new(), String::new()],
             ends: ends.clone(),
@@ -120,6 +122,24 @@ impl VethSide {
             ));
         }
         Ok(())
+    }
+}
+
+/// Removes the namespaces of runs killed before they could (their process is gone): a
+/// namespace holds its end of the pair, so that goes too.
+fn remove_abandoned() {
+    let Ok(listing) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&listing.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        let pid = name
+            .strip_prefix("weirbench")
+            .and_then(|rest| rest.strip_suffix(['a', 'b']))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = ip(&["netns", "del", name]);
+        }
     }
 }
 

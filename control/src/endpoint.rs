@@ -24,6 +24,10 @@ use weir_net::tls::TlsIdentity;
 /// How long a client may take over its TLS handshake before the control plane drops it.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Handshakes under way at once, at most: further connections wait in the kernel's backlog
+/// (each handshake holds a descriptor and its cryptography's CPU for up to the timeout).
+const HANDSHAKES: usize = 256;
+
 /// This process's certificate as a cluster member: node `node`'s in `dir`.
 #[derive(Clone)]
 pub(crate) struct NodeIdentity {
@@ -316,8 +320,12 @@ impl TlsListener {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let local = listener.local_addr()?;
         let (handed, accepted) = mpsc::channel(64);
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES));
         tokio::spawn(async move {
             loop {
+                let Ok(handshake) = Arc::clone(&handshakes).acquire_owned().await else {
+                    return;
+                };
                 let (stream, peer) = match listener.accept().await {
                     Ok(connection) => connection,
                     // A connection gone before it was taken: the next one.
@@ -332,8 +340,9 @@ impl TlsListener {
                 let acceptor = acceptor.clone();
                 let handed = handed.clone();
                 tokio::spawn(async move {
-                    let handshake = acceptor.accept(stream).into_fallible();
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                    let _handshake = handshake;
+                    let accepting = acceptor.accept(stream).into_fallible();
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, accepting).await {
                         Ok(Ok(stream)) => {
                             let _ = handed.send((stream, peer)).await;
                         }
