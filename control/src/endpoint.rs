@@ -217,25 +217,35 @@ impl ControlEndpoint {
             Err(tungstenite::Error::Http(response)) if response.status().as_u16() == 401 => Err(
                 Connect::Refused("401: set rest.auth.token to the control plane's token".into()),
             ),
-            Err(error) => {
-                match (&self.tls, tls_refusal(&error)) {
-                    (Some(identity), Some(reason)) => Err(Connect::Refused(format!(
-                        "the TLS handshake with the control plane at {} failed: {reason}; {}",
-                        self.address,
-                        identity.presented()
-                    ))),
-                    _ if unreachable(&error) => Err(Connect::Failed(error.to_string())),
-                    // Reached, but it did not speak the same: TLS against plain, say.
-                    _ => {
-                        Err(Connect::Failed(format!(
-                    "{error} (this side {} TLS: security.ssl.rest.enabled must be set alike \
-                     here and on the control plane)",
-                    if self.tls.is_some() { "speaks" } else { "does not speak" }
-                )))
-                    }
-                }
-            }
+            Err(error) => Err(self.failure(&error)),
         }
+    }
+}
+
+impl ControlEndpoint {
+    /// Why a WebSocket to the control plane failed with `error`: a refused certificate is
+    /// for good; otherwise a retry may help, with a hint when the control plane answered in
+    /// another tongue (TLS against plain, say).
+    fn failure(&self, error: &tungstenite::Error) -> Connect {
+        if let (Some(identity), Some(reason)) = (&self.tls, tls_refusal(error)) {
+            return Connect::Refused(format!(
+                "the TLS handshake with the control plane at {} failed: {reason}; {}",
+                self.address,
+                identity.presented()
+            ));
+        }
+        if unreachable(error) {
+            return Connect::Failed(error.to_string());
+        }
+        let speaks = if self.tls.is_some() {
+            "speaks"
+        } else {
+            "does not speak"
+        };
+        Connect::Failed(format!(
+            "{error} (this side {speaks} TLS: security.ssl.rest.enabled must be set alike here \
+             and on the control plane)"
+        ))
     }
 }
 
