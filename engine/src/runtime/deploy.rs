@@ -18,7 +18,7 @@ use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
 use weir_memory::{PoolStats, Segment, SegmentPool};
 
 use super::exchange::channel::{net, ring};
-use super::exchange::inflight::{decode_in_flight, layout_of_data, PART_IN_FLIGHT};
+use super::exchange::inflight::{decode_in_flight, layout_of_data, Announcements, PART_IN_FLIGHT};
 use super::factories::keep_splits;
 use super::progress::ProgressReporter;
 use super::shard::{run_on_shards, ShardLoad, ShardQueues};
@@ -235,6 +235,18 @@ struct JobShared {
     spread: Option<Spread>,
 }
 
+impl JobShared {
+    /// Where writers announce unaligned checkpoints' barriers to the tasks they feed, when
+    /// the job takes unaligned checkpoints.
+    fn announcements(&self) -> Option<&Announcements> {
+        let checkpointing = self.checkpointing.as_ref()?;
+        checkpointing
+            .unaligned
+            .as_ref()
+            .map(|(_, announcements)| announcements)
+    }
+}
+
 /// A subtask's failure, attributed.
 #[derive(Debug)]
 struct SubtaskFailure {
@@ -414,27 +426,22 @@ impl ChainBuilder<'_> {
             .expect("senders of every outgoing edge");
         let consumer = &graph.nodes[edge.target_node];
         // Unaligned checkpoints: the receiving task of each channel, to announce barriers to.
-        let announce = self
-            .shared
-            .checkpointing
-            .as_ref()
-            .and_then(|checkpointing| checkpointing.unaligned.as_ref())
-            .map(|(_, announcements)| {
-                let exec = &self.shared.exec;
-                let to = exec.job.node_vertex[edge.target_node];
-                let tasks = exec
-                    .channels(index)
-                    .into_iter()
-                    .filter(|(sender, _)| *sender == self.subtask)
-                    .map(|(_, receiver)| {
-                        exec.subtasks
-                            .iter()
-                            .position(|s| s.vertex == to && s.subtask == receiver)
-                            .expect("every receiving subtask is placed")
-                    })
-                    .collect();
-                (announcements.clone(), tasks)
-            });
+        let announce = self.shared.announcements().map(|announcements| {
+            let exec = &self.shared.exec;
+            let to = exec.job.node_vertex[edge.target_node];
+            let tasks = exec
+                .channels(index)
+                .into_iter()
+                .filter(|(sender, _)| *sender == self.subtask)
+                .map(|(_, receiver)| {
+                    exec.subtasks
+                        .iter()
+                        .position(|s| s.vertex == to && s.subtask == receiver)
+                        .expect("every receiving subtask is placed")
+                })
+                .collect();
+            (announcements.clone(), tasks)
+        });
         let parts = WriterParts {
             kind: edge.kind,
             senders,
@@ -587,10 +594,8 @@ async fn run_subtask(
     }));
     // Unaligned checkpoints: what senders in other processes announce goes to this task.
     let announce = shared
-        .checkpointing
-        .as_ref()
-        .and_then(|checkpointing| checkpointing.unaligned.as_ref())
-        .map(|(_, announcements)| (announcements.clone(), index));
+        .announcements()
+        .map(|announcements| (announcements.clone(), index));
     let receivers = join_all(receivers.into_iter().map(|rx| {
         let announce = announce.clone();
         async move {
