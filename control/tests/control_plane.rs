@@ -1230,8 +1230,8 @@ fn namespace_worker(
 }
 
 #[test]
-fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_once_losing_datagrams()
-{
+fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_once_losing_and_queueing_datagrams(
+) {
     let Some(network) = netns::Network::start(2) else {
         return;
     };
@@ -1240,9 +1240,12 @@ fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_onc
     let rest = format!("rest.address={}", network.host());
     let control = start_control(dir.path(), 0, &[&rest]);
     let _workers = namespace_workers(&network, dir.path(), &certs, &control);
-    // Every namespace drops 2 % of the datagrams it sends: QUIC sends them again.
-    network.lose_udp(0, 2);
-    network.lose_udp(1, 2);
+    // Every namespace drops 2 % of the datagrams it sends (QUIC sends them again), and its link
+    // sends 4 Mbit/s, holding what comes faster for up to 100 ms: less than the job sends.
+    for i in 0..2 {
+        network.lose_udp(i, 2);
+        network.queue_to(i, "4mbit", "100ms");
+    }
     let (job, out) = echo_over_two(dir.path(), &control, "50000");
     let details = get(&control, &format!("/jobs/{job}"));
     let addresses: Vec<&str> = details["placement"]["exchange"]
@@ -1261,6 +1264,11 @@ fn a_job_over_workers_in_network_namespaces_of_their_own_writes_every_record_onc
     every_record_once(&out, ECHO_EVENTS, ECHO_KEYS);
     let lost = network.lost_udp(0) + network.lost_udp(1);
     assert!(lost > 0, "no datagram was dropped: the test lost nothing");
+    let held = network.held_back(0) + network.held_back(1);
+    assert!(
+        held > 0,
+        "no packet waited for its link: the test queued nothing"
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Worker processes on a network of their own: a Linux bridge in this namespace (which the
 //! control plane listens on) and a network namespace per worker joined to it by a veth pair,
 //! so that what workers send each other crosses a real network stack. Needs root and
-//! iproute2 (nftables to lose packets); `Network::start` says why it cannot, and with
+//! iproute2 (nftables to lose packets, tc to queue them); `Network::start` says why it cannot, and with
 //! `WEIR_REQUIRE_NETNS` set (`.ci/run`) that fails the test instead of skipping it.
 
 use std::process::Command;
@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub struct Network {
     bridge: String,
     namespaces: Vec<String>,
+    /// Each namespace's end of its veth pair.
+    links: Vec<String>,
     /// The subnet's first three octets.
     prefix: String,
 }
@@ -60,6 +62,7 @@ impl Network {
         let mut network = Network {
             bridge: String::new(),
             namespaces: Vec::new(),
+            links: Vec::new(),
             prefix,
         };
         let bridge = format!("wbr{tag}");
@@ -88,6 +91,7 @@ impl Network {
                 let _ = run(&["ip", "link", "del", &outer]);
                 return Err(error);
             }
+            network.links.push(inner.clone());
             run(&["ip", "link", "set", &outer, "master", &bridge])?;
             run(&["ip", "link", "set", &outer, "up"])?;
             let inside = |args: &[&str]| {
@@ -143,6 +147,41 @@ impl Network {
             "add", "rule", "inet", "weirloss", "out", "meta", "l4proto", "udp", "numgen", "random",
             "mod", "100", "<", &below, "counter", "drop",
         ]);
+    }
+
+    /// Namespace `i`'s link sends at most `rate` (tc's notation: `4mbit`) and queues what
+    /// comes faster for up to `latency` (`100ms`), dropping the rest: a token bucket (`tbf`),
+    /// so that datagrams wait as on a slow link. (This kernel has no `netem` to delay every
+    /// datagram by a set time.)
+    pub fn queue_to(&self, i: usize, rate: &str, latency: &str) {
+        let (namespace, link) = (&self.namespaces[i], &self.links[i]);
+        run(&[
+            "ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", link, "root", "tbf",
+            "rate", rate, "burst", "16kb", "latency", latency,
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// How often namespace `i`'s link held a packet back for its rate so far
+    /// ([`Network::queue_to`]; tbf's "overlimits").
+    pub fn held_back(&self, i: usize) -> u64 {
+        let output = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.namespaces[i],
+                "tc",
+                "-s",
+                "qdisc",
+                "show",
+            ])
+            .args(["dev", &self.links[i]])
+            .output()
+            .expect("tc -s qdisc show");
+        let text = String::from_utf8_lossy(&output.stdout);
+        text.split_once("overlimits ")
+            .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
     }
 
     /// The UDP datagrams namespace `i` dropped so far ([`Network::lose_udp`]).
