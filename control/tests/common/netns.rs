@@ -165,42 +165,29 @@ impl Network {
     /// How often namespace `i`'s link held a packet back for its rate so far
     /// ([`Network::queue_to`]; tbf's "overlimits").
     pub fn held_back(&self, i: usize) -> u64 {
-        let output = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.namespaces[i],
-                "tc",
-                "-s",
-                "qdisc",
-                "show",
-            ])
-            .args(["dev", &self.links[i]])
-            .output()
-            .expect("tc -s qdisc show");
-        let text = String::from_utf8_lossy(&output.stdout);
-        text.split_once("overlimits ")
-            .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
-            .unwrap_or(0)
+        let link = &self.links[i];
+        self.count_in(
+            i,
+            &["tc", "-s", "qdisc", "show", "dev", link],
+            "overlimits ",
+        )
     }
 
     /// The UDP datagrams namespace `i` dropped so far ([`Network::lose_udp`]).
     pub fn lost_udp(&self, i: usize) -> u64 {
+        let list = ["nft", "list", "table", "inet", "weirloss"];
+        self.count_in(i, &list, "counter packets ")
+    }
+
+    /// The number after `label` in what `command` prints in namespace `i` (0 if none).
+    fn count_in(&self, i: usize, command: &[&str], label: &str) -> u64 {
         let output = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.namespaces[i],
-                "nft",
-                "list",
-                "table",
-                "inet",
-                "weirloss",
-            ])
+            .args(["netns", "exec", &self.namespaces[i]])
+            .args(command)
             .output()
-            .expect("nft list");
+            .unwrap_or_else(|e| panic!("{}: {e}", command.join(" ")));
         let text = String::from_utf8_lossy(&output.stdout);
-        text.split_once("counter packets ")
+        text.split_once(label)
             .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
     }
