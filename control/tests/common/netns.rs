@@ -186,6 +186,12 @@ impl Network {
             .args(command)
             .output()
             .unwrap_or_else(|e| panic!("{}: {e}", command.join(" ")));
+        assert!(
+            output.status.success(),
+            "{} failed: {}",
+            command.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
         let text = String::from_utf8_lossy(&output.stdout);
         text.split_once(label)
             .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())

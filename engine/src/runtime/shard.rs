@@ -14,11 +14,11 @@ use crate::error::JobError;
 /// How long record processing may wait for the CPU: the processing queue's latency and the
 /// shard's preempt timer. glommio arms its preempt timer with the latency it last worked out
 /// for the queues waiting to run, and works that out leaving aside the queue that is running:
-/// once a processing task wakes a task of another queue, the next timer is glommio's default
-/// of 100 ms. A task that keeps the processing queue busy (a source that never waits) then
-/// held every other task of its shard off the CPU until it waited — the network driver, and
-/// the task reading what arrived — and a job over two executors moved data mostly while its
-/// sources waited for credit.
+/// once a processing task wakes a task of another queue, the next timer is the executor's own
+/// (100 ms unless set). A task that keeps the processing queue busy (a source that never
+/// waits) then held every other task of its shard off the CPU for up to 100 ms at a time, or
+/// until it waited — the network driver, and the task reading what arrived — and a job over
+/// two executors moved data mostly while its sources waited for credit.
 const PROCESSING_LATENCY: Duration = Duration::from_millis(1);
 
 /// How long each queue of a shard has run, for the progress report and metrics.
