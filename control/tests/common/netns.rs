@@ -37,6 +37,13 @@ fn run(args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Runs `args` (a command and its arguments) in `namespace`, or says why it failed.
+fn run_in(namespace: &str, args: &[&str]) -> Result<(), String> {
+    let mut all = vec!["ip", "netns", "exec", namespace];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
 impl Network {
     /// A network of `namespaces` namespaces, or `None` (and why, printed) where this process
     /// cannot make one — unless `WEIR_REQUIRE_NETNS` is set, when that fails the test.
@@ -94,11 +101,7 @@ impl Network {
             network.links.push(inner.clone());
             run(&["ip", "link", "set", &outer, "master", &bridge])?;
             run(&["ip", "link", "set", &outer, "up"])?;
-            let inside = |args: &[&str]| {
-                let mut all = vec!["ip", "netns", "exec", &namespace];
-                all.extend_from_slice(args);
-                run(&all)
-            };
+            let inside = |args: &[&str]| run_in(&namespace, args);
             let address = format!("{}/24", network.address(i));
             inside(&["ip", "addr", "add", &address, "dev", &inner])?;
             inside(&["ip", "link", "set", &inner, "up"])?;
@@ -129,9 +132,7 @@ impl Network {
     pub fn lose_udp(&self, i: usize, percent: u32) {
         let namespace = &self.namespaces[i];
         let nft = |rest: &[&str]| {
-            let mut all = vec!["ip", "netns", "exec", namespace, "nft"];
-            all.extend_from_slice(rest);
-            run(&all).unwrap_or_else(|e| panic!("{e}"));
+            run_in(namespace, &[&["nft"], rest].concat()).unwrap_or_else(|e| panic!("{e}"));
         };
         nft(&["add", "table", "inet", "weirloss"]);
         nft(&[
@@ -154,11 +155,14 @@ impl Network {
     /// so that datagrams wait as on a slow link. (This kernel has no `netem` to delay every
     /// datagram by a set time.)
     pub fn queue_to(&self, i: usize, rate: &str, latency: &str) {
-        let (namespace, link) = (&self.namespaces[i], &self.links[i]);
-        run(&[
-            "ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", link, "root", "tbf",
-            "rate", rate, "burst", "16kb", "latency", latency,
-        ])
+        let link = &self.links[i];
+        run_in(
+            &self.namespaces[i],
+            &[
+                "tc", "qdisc", "add", "dev", link, "root", "tbf", "rate", rate, "burst", "16kb",
+                "latency", latency,
+            ],
+        )
         .unwrap_or_else(|e| panic!("{e}"));
     }
 
@@ -181,9 +185,9 @@ impl Network {
 
     /// The number after `label` in what `command` prints in namespace `i` (0 if none).
     fn count_in(&self, i: usize, command: &[&str], label: &str) -> u64 {
-        let output = Command::new("ip")
-            .args(["netns", "exec", &self.namespaces[i]])
-            .args(command)
+        let output = self
+            .command(i, command[0])
+            .args(&command[1..])
             .output()
             .unwrap_or_else(|e| panic!("{}: {e}", command.join(" ")));
         assert!(
