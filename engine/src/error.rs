@@ -114,8 +114,22 @@ pub(crate) struct TaskError {
     pub(crate) kind: FailureKind,
     /// The operator that raised it, when it is not the subtask's head.
     pub(crate) operator: Option<String>,
-    /// A consequence of another failure (a closed channel, a cancelled job), not a cause.
-    pub(crate) secondary: bool,
+    /// Whether it caused the run's end or followed from another failure.
+    pub(crate) part: Part,
+}
+
+/// What a subtask's failure is to the run that failed; a run reports the first failure in this
+/// order (its cause, else the consequence that says most about where it came from).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Part {
+    /// The failure itself: the run's cause.
+    Cause,
+    /// A channel's other end, in another process, went before ending it (its subtask failed
+    /// or was cancelled, or that executor's run ended): the message names the peer.
+    Elsewhere,
+    /// A consequence of a failure in this process or of a cancel request: a channel whose
+    /// other end here went, the job's stop flag.
+    Here,
 }
 
 impl TaskError {
@@ -124,7 +138,7 @@ impl TaskError {
             message: message.into(),
             kind: FailureKind::User,
             operator: None,
-            secondary: false,
+            part: Part::Cause,
         }
     }
     pub(crate) fn external(message: impl Into<String>) -> TaskError {
@@ -132,7 +146,7 @@ impl TaskError {
             message: message.into(),
             kind: FailureKind::External,
             operator: None,
-            secondary: false,
+            part: Part::Cause,
         }
     }
     pub(crate) fn internal(message: impl Into<String>) -> TaskError {
@@ -140,16 +154,25 @@ impl TaskError {
             message: message.into(),
             kind: FailureKind::Internal,
             operator: None,
-            secondary: false,
+            part: Part::Cause,
         }
     }
-    /// The job is going down because of a failure elsewhere.
-    pub(crate) fn cancelled(message: impl Into<String>) -> TaskError {
+    /// A consequence of a failure in this process or of a cancel request.
+    pub(crate) fn consequence(message: impl Into<String>) -> TaskError {
         TaskError {
             message: message.into(),
             kind: FailureKind::Internal,
             operator: None,
-            secondary: true,
+            part: Part::Here,
+        }
+    }
+    /// A consequence of a failure in another process, whose end of a channel went.
+    pub(crate) fn cut_by_peer(message: impl Into<String>) -> TaskError {
+        TaskError {
+            message: message.into(),
+            kind: FailureKind::Internal,
+            operator: None,
+            part: Part::Elsewhere,
         }
     }
     pub(crate) fn in_operator(mut self, operator: &str) -> TaskError {

@@ -192,17 +192,22 @@ fn a_failure_in_one_executor_ends_the_run_in_both() {
             Err(error) => error.to_string(),
         })
         .collect();
-    let (panicked, other): (Vec<&String>, Vec<&String>) = errors
-        .iter()
-        .partition(|e| e.contains("poison record 77777"));
+    let panicked: Vec<usize> = (0..2)
+        .filter(|&n| errors[n].contains("poison record 77777"))
+        .collect();
     assert_eq!(
         panicked.len(),
         1,
         "one executor names the panic: {errors:?}"
     );
+    // The other reports, of its subtasks' failures (a channel cut, then the stop that
+    // followed), the one that says where it came from: the panicking executor's slot and node.
+    let (failed, other) = (panicked[0], 1 - panicked[0]);
     assert!(
-        other[0].contains("channel"),
-        "the other learns it through a channel: {errors:?}"
+        errors[other].contains("channel")
+            && errors[other].contains(&format!("slot {failed} on node '{}'", NODES[failed])),
+        "the other learns it through a channel from {}: {errors:?}",
+        NODES[failed]
     );
     assert!(
         errors.iter().all(|e| !e.contains("restart")),

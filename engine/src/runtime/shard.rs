@@ -11,12 +11,15 @@ use glommio::{Latency, LocalExecutorBuilder, Placement, Shares, TaskQueueHandle}
 use super::watchdog::{self, Pulse, Watchdog};
 use crate::error::JobError;
 
-/// How long record processing may wait for the CPU: the processing queue's latency. (glommio
-/// arms its preempt timer from the latency of the queues waiting, leaving aside the running
-/// one, so after a processing task wakes a task of another queue the next timer is the
-/// executor's own, 100 ms: `docs/design/local-exchange.md`, "The preempt timer". Setting the
-/// executor's timer to this latency fixed that but left shards asleep for good at their start
-/// — a lost io_uring wake-up the watchdog did not end — so it is not set.)
+/// How long a shard's tasks may wait for the CPU: the latency of each of its queues. glommio
+/// arms its preempt timer with the shortest latency among the queues *waiting* to run, worked
+/// out when a queue wakes or runs dry and leaving aside the one running: a queue whose latency
+/// does not matter, woken by a running processing task, gave the next timer glommio's default
+/// of 100 ms, and a busy source then held its shard that long. So every queue a shard's tasks
+/// wake has this latency, and the shard's work itself (which its subtasks wake as they end,
+/// and which starts the network driver) runs in the processing queue: glommio's default queue
+/// only waits for it (`docs/design/local-exchange.md`, "The preempt timer"). The executor's own
+/// timer stays glommio's default: set to this, shards were left asleep for good at their start.
 const PROCESSING_LATENCY: Duration = Duration::from_millis(1);
 
 /// How long each queue of a shard has run, for the progress report and metrics.
@@ -80,12 +83,12 @@ impl ShardQueues {
             ),
             checkpoint_io: executor.create_task_queue(
                 Shares::Static(200),
-                Latency::NotImportant,
+                Latency::Matters(PROCESSING_LATENCY),
                 "checkpoint-io",
             ),
             background: executor.create_task_queue(
                 Shares::Static(50),
-                Latency::NotImportant,
+                Latency::Matters(PROCESSING_LATENCY),
                 "background",
             ),
         }
@@ -149,7 +152,10 @@ where
                     },
                     queues.background,
                 );
-                let result = job(queues).await;
+                // In the processing queue: see `PROCESSING_LATENCY`.
+                let result = glommio::spawn_local_into(job(queues), queues.processing)
+                    .expect("spawn the shard's work")
+                    .await;
                 // Dropping a glommio task cancels it.
                 drop(heartbeat);
                 result
@@ -225,4 +231,103 @@ pub fn resolve_cores(
         )));
     }
     Ok(cores[..slots].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use std::time::Instant;
+
+    use futures::future::LocalBoxFuture;
+
+    use super::*;
+
+    /// How long the busy tasks of these tests spin.
+    const SPIN: Duration = Duration::from_millis(400);
+
+    /// Spins on the processing queue for [`SPIN`], yielding whenever glommio asks, calling
+    /// `each` before every check; how many times glommio asked.
+    async fn spin(mut each: impl FnMut()) -> u32 {
+        let started = Instant::now();
+        let mut preempted = 0;
+        while started.elapsed() < SPIN {
+            each();
+            if glommio::executor().need_preempt() {
+                preempted += 1;
+                glommio::yield_if_needed().await;
+            }
+        }
+        preempted
+    }
+
+    /// Runs `work` as a shard's work on one core; what it returned.
+    fn on_a_shard<R: Send + 'static>(work: fn(ShardQueues) -> LocalBoxFuture<'static, R>) -> R {
+        let core = available_cores()[0];
+        let mut results = run_on_shards(&[core], Duration::ZERO, |_| work).expect("the shard runs");
+        results.pop().expect("one shard")
+    }
+
+    /// A processing task that never waits, yielding only when glommio asks it to, leaves the
+    /// shard's other queues the CPU every millisecond or so though it wakes a task of another
+    /// queue as it goes: the woken task runs hundreds of times while the processing task spins.
+    /// (With glommio's default for a queue whose latency does not matter, the timer it arms
+    /// after such a wake-up is 100 ms: the woken task ran about once per 100 ms.)
+    #[test]
+    fn a_busy_processing_task_leaves_the_shard_s_other_queues_the_cpu() {
+        let runs = on_a_shard(|queues| {
+            Box::pin(async move {
+                let (wake, woken) = glommio::channels::local_channel::new_bounded(1);
+                let runs = Rc::new(Cell::new(0u32));
+                let counted = Rc::clone(&runs);
+                let other = glommio::spawn_local_into(
+                    async move {
+                        while woken.recv().await.is_some() {
+                            counted.set(counted.get() + 1);
+                        }
+                    },
+                    queues.background,
+                )
+                .expect("spawn the woken task");
+                // Full while the woken task has not run since the last wake-up.
+                spin(|| drop(wake.try_send(()))).await;
+                drop(wake);
+                other.await;
+                runs.get()
+            })
+        });
+        assert!(
+            runs >= 25,
+            "the woken task ran {runs} times in {SPIN:?} of a busy processing task"
+        );
+    }
+
+    /// The shard's work runs in the processing queue, so its subtasks ending (which wakes the
+    /// work waiting for them) does not change the preempt timer of those still running: a
+    /// busy one is still asked to yield about every millisecond. (When the work ran in
+    /// glommio's default queue, each subtask's end left the others a 100 ms timer.)
+    #[test]
+    fn subtasks_ending_leave_a_busy_one_its_preemption() {
+        let preempted = on_a_shard(|queues| {
+            Box::pin(async move {
+                let ending: Vec<_> = (1..=15u64)
+                    .map(|i| {
+                        glommio::spawn_local_into(
+                            glommio::timer::sleep(Duration::from_millis(20 * i)),
+                            queues.processing,
+                        )
+                        .expect("spawn a subtask")
+                    })
+                    .collect();
+                let busy = glommio::spawn_local_into(spin(|| ()), queues.processing)
+                    .expect("spawn the busy subtask");
+                futures::future::join_all(ending).await;
+                busy.await
+            })
+        });
+        assert!(
+            preempted >= 50,
+            "a busy subtask was asked to yield {preempted} times in {SPIN:?}"
+        );
+    }
 }

@@ -339,7 +339,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
         let mut timer = FlushTimer::new(self.settings.buffer_timeout);
         loop {
             if self.cancel.load(Ordering::Relaxed) {
-                return Err(TaskError::cancelled("the job was cancelled"));
+                return Err(TaskError::consequence("the job was cancelled"));
             }
             if self.mailbox.is_some() {
                 self.read_mailbox().await?;
@@ -500,7 +500,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
     async fn await_final_checkpoint(&mut self) -> TaskResult<ChainEvent> {
         loop {
             if self.cancel.load(Ordering::Relaxed) {
-                return Err(TaskError::cancelled("the job was cancelled"));
+                return Err(TaskError::consequence("the job was cancelled"));
             }
             self.read_mailbox().await?;
             if self
@@ -769,7 +769,7 @@ impl<T: Record> NetworkTask<T> {
                 }
             }
             if self.cancel.load(Ordering::Relaxed) {
-                return Err(TaskError::cancelled("the job was cancelled"));
+                return Err(TaskError::consequence("the job was cancelled"));
             }
             timer.dirty = true;
             fire_processing_timers(&mut self.chain).await?;

@@ -26,12 +26,16 @@ use futures::future::LocalBoxFuture;
 use futures::stream::{LocalBoxStream, Stream, StreamExt};
 use weir_memory::Segment;
 
-/// The channel is closed: its receiver went (its subtask failed or was cancelled), or the
-/// channel failed, and then `cause` says why (a lost connection).
+/// The channel is closed: its receiver went (its subtask failed or was cancelled, or the run
+/// of its executor ended), or the channel failed, and then `cause` says why (a lost
+/// connection).
 #[derive(Debug, Default)]
 pub struct Closed {
     /// Why the channel failed; `None`: its receiver went.
     pub cause: Option<String>,
+    /// Where the receiver is when it is another process (its slot and node), which the
+    /// failure names; `None` within this process.
+    pub peer: Option<String>,
 }
 
 /// Why [`SegmentSender::try_send`] did not send.
@@ -76,21 +80,30 @@ pub struct SegmentReceiver {
     pub(crate) segments: LocalBoxStream<'static, Segment>,
     pub(crate) origin: Origin,
     pub(crate) failure: Failure,
+    /// Where the sender is when it is another process (its slot and node), which a failure
+    /// names.
+    pub(crate) peer: Option<String>,
 }
 
 impl SegmentReceiver {
     /// The receiving end of a channel from another process: its segments are checked before
     /// anything reads them.
     pub fn from_peer(segments: impl Stream<Item = Segment> + 'static) -> Self {
-        Self::peer(segments, Failure::default())
+        Self::peer(segments, Failure::default(), None)
     }
 
-    /// From another process, saying in `failure` why the channel failed once it ended.
-    fn peer(segments: impl Stream<Item = Segment> + 'static, failure: Failure) -> Self {
+    /// From another process (`peer`, when known), saying in `failure` why the channel failed
+    /// once it ended.
+    fn peer(
+        segments: impl Stream<Item = Segment> + 'static,
+        failure: Failure,
+        peer: Option<String>,
+    ) -> Self {
         SegmentReceiver {
             segments: segments.boxed_local(),
             origin: Origin::Peer,
             failure,
+            peer,
         }
     }
 }
@@ -130,6 +143,7 @@ pub(crate) mod net {
         fn closed(&self, error: NetError) -> Closed {
             Closed {
                 cause: cause(error).map(|cause| format!("{}: {cause}", self.peer)),
+                peer: Some(self.peer.clone()),
             }
         }
     }
@@ -173,7 +187,7 @@ pub(crate) mod net {
             });
         }
         let failure = Failure::default();
-        let state = Some((channel, failure.clone(), peer));
+        let state = Some((channel, failure.clone(), peer.clone()));
         let segments = futures::stream::unfold(state, |state| async move {
             let (mut channel, noted, peer) = state?;
             match channel.next().await {
@@ -187,7 +201,7 @@ pub(crate) mod net {
                 }
             }
         });
-        SegmentReceiver::peer(segments, failure)
+        SegmentReceiver::peer(segments, failure, Some(peer))
     }
 
     /// A channel to another process that could not be made: closed for `cause` (`None`: a
@@ -198,12 +212,13 @@ pub(crate) mod net {
         fn try_send(&self, _segment: Segment) -> Result<(), TrySendError> {
             Err(TrySendError::Closed(Closed {
                 cause: self.0.clone(),
+                peer: None,
             }))
         }
 
         fn send(&self, _segment: Segment) -> LocalBoxFuture<'_, Result<(), Closed>> {
             let cause = self.0.clone();
-            Box::pin(async move { Err(Closed { cause }) })
+            Box::pin(async move { Err(Closed { cause, peer: None }) })
         }
     }
 
@@ -211,7 +226,7 @@ pub(crate) mod net {
     /// at once, failed for `cause` (`None`: a consequence of a failure reported elsewhere).
     pub(crate) fn unmade_receiver(cause: Option<String>) -> SegmentReceiver {
         let failure = Failure::new(std::cell::RefCell::new(cause));
-        SegmentReceiver::peer(futures::stream::empty(), failure)
+        SegmentReceiver::peer(futures::stream::empty(), failure, None)
     }
 }
 
@@ -253,6 +268,7 @@ pub(crate) mod ring {
             segments: Box::pin(ring),
             origin: Origin::ThisProcess,
             failure: super::Failure::default(),
+            peer: None,
         }
     }
 }

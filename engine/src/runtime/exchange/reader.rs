@@ -159,6 +159,9 @@ pub(crate) struct InputGate<T> {
     /// Per channel, why it failed once it ended (a channel from another process whose
     /// connection was lost).
     failures: Vec<Failure>,
+    /// Per channel, the process its sender is in when another (its slot and node), which a
+    /// failure names.
+    peers: Vec<Option<String>>,
     /// Per channel, whether it is held.
     holds: Vec<Rc<Hold>>,
     /// Per channel, where a local channel's emptied batches go back to.
@@ -216,6 +219,7 @@ impl<T: Record> InputGate<T> {
         let mut recyclers = Vec::with_capacity(count);
         let mut holds = Vec::with_capacity(count);
         let mut failures = Vec::with_capacity(count);
+        let mut peers = Vec::with_capacity(count);
         let refusals: Vec<Rc<RefCell<Option<FrameError>>>> =
             (0..count).map(|_| Rc::default()).collect();
         let channels = stream::select_all(inputs.into_iter().enumerate().map(|(i, input)| {
@@ -223,6 +227,7 @@ impl<T: Record> InputGate<T> {
                 ReceiverEnd::Segments(receiver) => {
                     recyclers.push(None);
                     failures.push(receiver.failure.clone());
+                    peers.push(receiver.peer.clone());
                     let bytes_in = bytes_in.clone();
                     let segments = receiver
                         .segments
@@ -252,6 +257,7 @@ impl<T: Record> InputGate<T> {
                     let receiver = LocalReceiver::<T>::from_any(channel);
                     recyclers.push(Some(receiver.recycler()));
                     failures.push(Failure::default());
+                    peers.push(None);
                     receiver.map(Delivery::Local).boxed_local()
                 }
             };
@@ -266,6 +272,7 @@ impl<T: Record> InputGate<T> {
             channels,
             refusals,
             failures,
+            peers,
             holds,
             recyclers,
             watermarks: Vec::new(),
@@ -466,9 +473,16 @@ impl<T: Record> InputGate<T> {
                 "input channel {channel} failed before its sender ended it: {cause}"
             )));
         }
-        Err(TaskError::cancelled(
-            "an upstream subtask closed its channel without ending it (it failed or was cancelled)",
-        ))
+        Err(match &self.peers[channel] {
+            None => TaskError::consequence(
+                "an upstream subtask closed its channel without ending it (it failed or was \
+                 cancelled)",
+            ),
+            Some(peer) => TaskError::cut_by_peer(format!(
+                "input channel {channel} from {peer} closed without its end (its subtask failed \
+                 or was cancelled, or its run ended)"
+            )),
+        })
     }
 
     /// Per channel, whether its in-flight data is being taken (`None`: no unaligned

@@ -77,22 +77,27 @@ async fn wait_for_credit<O>(
     let _backpressured = metrics.task.backpressured();
     std::future::poll_fn(|cx| match ready(cx) {
         Poll::Ready(result) => Poll::Ready(result),
-        Poll::Pending if cancel.load(Ordering::Relaxed) => Poll::Ready(Err(TaskError::cancelled(
-            "the job was cancelled while waiting for credit",
-        ))),
+        Poll::Pending if cancel.load(Ordering::Relaxed) => Poll::Ready(Err(
+            TaskError::consequence("the job was cancelled while waiting for credit"),
+        )),
         Poll::Pending => Poll::Pending,
     })
     .await
 }
 
 /// The error of a closed channel: a consequence when its receiver went (the receiving
-/// subtask failed or was cancelled), a failure of its own when the channel failed.
+/// subtask failed or was cancelled, or the run of its executor ended), a failure of its own
+/// when the channel failed.
 fn closed(closed: ChannelClosed) -> TaskError {
-    match closed.cause {
-        None => TaskError::cancelled(
+    match (closed.cause, closed.peer) {
+        (None, None) => TaskError::consequence(
             "the receiving subtask closed its channel (it failed or was cancelled)",
         ),
-        Some(cause) => TaskError::external(format!("an output channel failed: {cause}")),
+        (None, Some(peer)) => TaskError::cut_by_peer(format!(
+            "the output channel to {peer} was closed there (its subtask failed or was \
+             cancelled, or its run ended)"
+        )),
+        (Some(cause), _) => TaskError::external(format!("an output channel failed: {cause}")),
     }
 }
 
