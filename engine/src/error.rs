@@ -115,13 +115,13 @@ pub(crate) struct TaskError {
     /// The operator that raised it, when it is not the subtask's head.
     pub(crate) operator: Option<String>,
     /// Whether it caused the run's end or followed from another failure.
-    pub(crate) part: Part,
+    pub(crate) role: Role,
 }
 
 /// What a subtask's failure is to the run that failed; a run reports the first failure in this
 /// order (its cause, else the consequence that says most about where it came from).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Part {
+pub(crate) enum Role {
     /// The failure itself: the run's cause.
     Cause,
     /// A channel's other end, in another process, went before ending it (its subtask failed
@@ -138,7 +138,7 @@ impl TaskError {
             message: message.into(),
             kind: FailureKind::User,
             operator: None,
-            part: Part::Cause,
+            role: Role::Cause,
         }
     }
     pub(crate) fn external(message: impl Into<String>) -> TaskError {
@@ -146,7 +146,7 @@ impl TaskError {
             message: message.into(),
             kind: FailureKind::External,
             operator: None,
-            part: Part::Cause,
+            role: Role::Cause,
         }
     }
     pub(crate) fn internal(message: impl Into<String>) -> TaskError {
@@ -154,7 +154,7 @@ impl TaskError {
             message: message.into(),
             kind: FailureKind::Internal,
             operator: None,
-            part: Part::Cause,
+            role: Role::Cause,
         }
     }
     /// A consequence of a failure in this process or of a cancel request.
@@ -163,7 +163,7 @@ impl TaskError {
             message: message.into(),
             kind: FailureKind::Internal,
             operator: None,
-            part: Part::Here,
+            role: Role::Here,
         }
     }
     /// A consequence of a failure in another process, whose end of a channel went.
@@ -172,7 +172,7 @@ impl TaskError {
             message: message.into(),
             kind: FailureKind::Internal,
             operator: None,
-            part: Part::Elsewhere,
+            role: Role::Elsewhere,
         }
     }
     pub(crate) fn in_operator(mut self, operator: &str) -> TaskError {

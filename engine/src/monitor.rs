@@ -267,7 +267,8 @@ pub struct ShardFigures {
     pub shard: usize,
     /// The core it is pinned to.
     pub core: usize,
-    /// Seconds its record processing queue ran.
+    /// Seconds its record processing queue ran: its subtasks, and in a run spread over
+    /// several executors the shard's network driver too.
     pub busy_seconds: f64,
     /// Seconds its checkpoint I/O queue ran.
     pub checkpoint_io_seconds: f64,

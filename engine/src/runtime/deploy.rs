@@ -35,7 +35,7 @@ use crate::checkpoint::{CheckpointStats, SavepointHandle};
 use crate::config::CheckpointConfig;
 use crate::config::Configuration;
 use crate::connector::SinkSettings;
-use crate::error::{panic_message, JobError, Part, TaskError, TaskResult};
+use crate::error::{panic_message, JobError, Role, TaskError, TaskResult};
 use crate::graph::{
     within_slot, AnyOutput, ExecutionGraph, JobEdge, NodeKind, ReceiverEnd, SenderEnd,
     SharedEnumerator, TypeOps, WriterParts,
@@ -1263,10 +1263,10 @@ fn run_attempt(
     }
 
     let mut failures: Vec<SubtaskFailure> = results.into_iter().flatten().collect();
-    failures.sort_by_key(|f| f.error.part);
+    failures.sort_by_key(|f| f.error.role);
     let requested_stop_only = failures
         .first()
-        .is_some_and(|f| f.error.part != Part::Cause);
+        .is_some_and(|f| f.error.role != Role::Cause);
     if options.cancel.is_requested() && requested_stop_only {
         return Err(JobError::Cancelled { job: job_name });
     }

@@ -479,8 +479,8 @@ impl<T: Record> InputGate<T> {
                  cancelled)",
             ),
             Some(peer) => TaskError::cut_by_peer(format!(
-                "input channel {channel} from {peer} closed without its end (its subtask failed \
-                 or was cancelled, or its run ended)"
+                "input channel {channel} from {peer} closed before its sender ended it (its \
+                 subtask failed or was cancelled, or its run ended)"
             )),
         })
     }
