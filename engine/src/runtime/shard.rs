@@ -20,7 +20,7 @@ use crate::error::JobError;
 /// and which starts the network driver) runs in the processing queue: glommio's default queue
 /// only waits for it (`docs/design/local-exchange.md`, "The preempt timer"). The executor's own
 /// timer stays glommio's default: set to this, shards were left asleep for good at their start.
-const PROCESSING_LATENCY: Duration = Duration::from_millis(1);
+const SHARD_LATENCY: Duration = Duration::from_millis(1);
 
 /// How long each queue of a shard has run, for the progress report and metrics.
 #[derive(Debug, Default)]
@@ -79,17 +79,17 @@ impl ShardQueues {
         ShardQueues {
             processing: executor.create_task_queue(
                 Shares::Static(1000),
-                Latency::Matters(PROCESSING_LATENCY),
+                Latency::Matters(SHARD_LATENCY),
                 "processing",
             ),
             checkpoint_io: executor.create_task_queue(
                 Shares::Static(200),
-                Latency::Matters(PROCESSING_LATENCY),
+                Latency::Matters(SHARD_LATENCY),
                 "checkpoint-io",
             ),
             background: executor.create_task_queue(
                 Shares::Static(50),
-                Latency::Matters(PROCESSING_LATENCY),
+                Latency::Matters(SHARD_LATENCY),
                 "background",
             ),
         }
@@ -141,7 +141,7 @@ where
             .spawn(move || async move {
                 let queues = ShardQueues::create();
                 // All of the shard's work runs in the processing queue (see
-                // `PROCESSING_LATENCY`); glommio's default queue only waits for it.
+                // `SHARD_LATENCY`); glommio's default queue only waits for it.
                 let work = async move {
                     // Finishes the pulse however the shard ends (a panic unwinding included),
                     // so the watchdog never signals a thread that has exited.
