@@ -41,22 +41,20 @@ pub enum BenchError {
     #[error("--shards must be at least 1 (got 0)")]
     NoShards,
     /// The engine refused or failed the benchmark job.
-    #[error("benchmark job '{job}' failed: {source}")]
+    #[error("benchmark job '{job}' failed: {error}")]
     Job {
         /// The job's name.
         job: &'static str,
         /// The engine's error.
-        #[source]
-        source: Box<JobError>,
+        error: Box<JobError>,
     },
     /// The keyed state backend under benchmark failed.
-    #[error("state benchmark on the {backend} backend failed: {source}")]
+    #[error("state benchmark on the {backend} backend failed: {error}")]
     State {
         /// The backend (`heap` or `rocksdb`).
         backend: &'static str,
         /// The backend's error.
-        #[source]
-        source: Box<StateError>,
+        error: Box<StateError>,
     },
     /// A memory setting of the benchmark is invalid.
     #[error("{0}")]
@@ -72,7 +70,7 @@ pub enum BenchError {
     Nexmark(String),
     /// No temporary directory for the benchmark's files (RocksDB's, checkpoints, output).
     #[error(
-        "could not create or read a temporary directory in {}: {source}; choose a writable \
+        "could not create or read a temporary directory in {}: {error}; choose a writable \
          directory (--dir where the benchmark has one, else TMPDIR)",
         dir.display()
     )]
@@ -80,23 +78,22 @@ pub enum BenchError {
         /// Where it was to be created.
         dir: PathBuf,
         /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 }
 
 impl BenchError {
     pub(crate) fn job(job: &'static str) -> impl FnOnce(JobError) -> BenchError {
-        move |source| BenchError::Job {
+        move |error| BenchError::Job {
             job,
-            source: Box::new(source),
+            error: Box::new(error),
         }
     }
 
     pub(crate) fn state(backend: &'static str) -> impl FnOnce(StateError) -> BenchError {
-        move |source| BenchError::State {
+        move |error| BenchError::State {
             backend,
-            source: Box::new(source),
+            error: Box::new(error),
         }
     }
 }

@@ -62,7 +62,7 @@ fn format(i: &u64, line: &mut String) {
 fn temp_dir(base: &Path) -> Result<tempfile::TempDir, BenchError> {
     tempfile::tempdir_in(base).map_err(|source| BenchError::TempDir {
         dir: base.to_path_buf(),
-        source,
+        error: source,
     })
 }
 
@@ -110,7 +110,7 @@ fn run_engine(
     let result = generated_into(config, records, sink, SINK, JOB)?;
     let found = committed(out.path()).map_err(|source| BenchError::TempDir {
         dir: out.path().to_path_buf(),
-        source,
+        error: source,
     })?;
     Ok((
         Measurement {
@@ -186,7 +186,7 @@ pub fn run(
     if let Some(source) = baseline_error {
         return Err(BenchError::TempDir {
             dir: base.to_path_buf(),
-            source,
+            error: source,
         });
     }
     let found = last.expect("at least one round");

@@ -143,7 +143,7 @@ fn run_engine(
     let temp_dir = || {
         tempfile::tempdir().map_err(|source| BenchError::TempDir {
             dir: std::env::temp_dir(),
-            source,
+            error: source,
         })
     };
     let local = temp_dir()?;

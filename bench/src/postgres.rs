@@ -76,7 +76,7 @@ fn run_engine(
 ) -> Result<(Measurement, u64), BenchError> {
     let checkpoints = tempfile::tempdir().map_err(|source| BenchError::TempDir {
         dir: std::env::temp_dir(),
-        source,
+        error: source,
     })?;
     let config = one_shard(
         checkpoint_interval_ms,

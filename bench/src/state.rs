@@ -150,7 +150,7 @@ fn open_backend(kind: StateBackend, write_back_ratio: f64) -> Result<OpenBackend
         StateBackend::RocksDb => {
             let dir = tempfile::tempdir().map_err(|source| BenchError::TempDir {
                 dir: std::env::temp_dir(),
-                source,
+                error: source,
             })?;
             // One slot's share of the default worker memory: write-back cache, block cache and
             // memtable budget.

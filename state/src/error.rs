@@ -144,7 +144,7 @@ pub enum StateErrorKind {
 
     /// A RocksDB operation failed.
     #[error(
-        "RocksDB at {path} failed while {action} (state '{state}'): {source}; check free disk \
+        "RocksDB at {path} failed while {action} (state '{state}'): {error}; check free disk \
          space, permissions and open-file limits of that directory"
     )]
     RocksDb {
@@ -154,19 +154,19 @@ pub enum StateErrorKind {
         state: String,
         /// What was being done, e.g. "writing".
         action: &'static str,
-        /// RocksDB's error.
-        source: rocksdb::Error,
+        /// RocksDB's error (in the message, so not also a `source`).
+        error: rocksdb::Error,
     },
 
     /// A file-system operation failed.
-    #[error("{action} {path} failed: {source}; check that the directory is writable")]
+    #[error("{action} {path} failed: {error}; check that the directory is writable")]
     Io {
         /// The path involved.
         path: PathBuf,
         /// What was being done, e.g. "creating".
         action: &'static str,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, so not also a `source`).
+        error: std::io::Error,
     },
 
     /// A restored operator state was registered with another kind or redistribution mode than
@@ -342,7 +342,7 @@ impl StateError {
         StateErrorKind::Io {
             path: path.to_path_buf(),
             action,
-            source,
+            error: source,
         }
         .into()
     }
@@ -357,7 +357,7 @@ impl StateError {
             path: path.to_path_buf(),
             state: state.to_string(),
             action,
-            source,
+            error: source,
         }
         .into()
     }

@@ -333,7 +333,7 @@ impl Tables {
 
 /// The Nexmark generator: event `i` is [`NexmarkGenerator::generate`]`(i)`. Cloning is cheap
 /// (the tables are shared). As a [`Generator`], `DataGeneratorSource::new(Some(n), generator)`
-/// is the Nexmark source, split into strided slices per subtask.
+/// is the Nexmark source (`queries::source` says how its subtasks share it).
 #[derive(Clone, Debug)]
 pub struct NexmarkGenerator {
     config: NexmarkConfig,

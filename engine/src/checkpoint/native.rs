@@ -521,7 +521,7 @@ fn io(path: &Path, action: &'static str, source: std::io::Error) -> StateError {
     weir_state::StateErrorKind::Io {
         path: path.to_path_buf(),
         action,
-        source,
+        error: source,
     }
     .into()
 }

@@ -1,7 +1,11 @@
 //! A data generator source: record `i` is `generator(i)`, for `i` in `0..count` (or forever).
 //!
-//! Subtask `s` of `p` generates indices `s, s + p, s + 2p, …`; its split's position is the next
-//! index, so a restored split regenerates exactly the records it had not emitted.
+//! By default subtask `s` of `p` generates indices `s, s + p, s + 2p, …` (one strided slice
+//! each). With [`DataGeneratorSource::with_chunks`] the sequence is handed out in chunks of
+//! consecutive indices, each to whichever reader asks first (Flink's pull-based split
+//! assignment): a reader whose shard has less other work generates more, so the subtasks end
+//! together. Either way a split's position is its next index, so a restored split regenerates
+//! exactly the records it had not emitted.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -10,25 +14,105 @@ use std::time::{Duration, Instant};
 use futures::future::LocalBoxFuture;
 
 use super::source::{
-    Boundedness, ReadStatus, Source, SourceReader, SourceSplit, SplitEnumerator, StaticSplits,
+    pin_round_robin, Boundedness, ReadStatus, Source, SourceReader, SourceSplit, SplitEnumerator,
+    StaticSplits,
 };
 use super::ConnectorError;
 use crate::operator::RuntimeContext;
 
-/// One strided slice of the generated sequence.
+/// A part of the generated sequence: from `first`, runs of `run` consecutive indices that
+/// start every `stride` indices, below `end` (and the source's count). The strided slice `s`
+/// of `p` is `first = s, stride = p, run = 1`; a chunk is `stride = run = 1` up to its `end`;
+/// a spread run's executors deal the chunks out in turn (`run` = the chunk, `stride` = the
+/// chunk times the readers).
 #[derive(Clone, Debug, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub struct GeneratorSplit {
-    /// Index of the slice (= the first index it generates).
-    pub slice: u64,
-    /// Number of slices (the stride).
-    pub slices: u64,
-    /// Next index to generate.
+    /// The first index (the split's id).
+    pub first: u64,
+    /// The distance between the starts of consecutive runs.
+    pub stride: u64,
+    /// Consecutive indices per run (at most `stride`).
+    pub run: u64,
+    /// One past the last index it may generate (`u64::MAX`: up to the source's count).
+    pub end: u64,
+    /// The next index to generate (always within a run).
     pub next: u64,
+}
+
+impl GeneratorSplit {
+    /// Strided slice `slice` of `slices`.
+    fn slice(slice: u64, slices: u64) -> Self {
+        GeneratorSplit {
+            first: slice,
+            stride: slices,
+            run: 1,
+            end: u64::MAX,
+            next: slice,
+        }
+    }
+
+    /// The indices `first..end`.
+    fn range(first: u64, end: u64) -> Self {
+        GeneratorSplit {
+            first,
+            stride: 1,
+            run: 1,
+            end,
+            next: first,
+        }
+    }
+
+    /// Appends the records of up to `budget` indices from `next`, none at or past `limit`,
+    /// and moves `next` past them; returns how many.
+    fn generate<T, G: Generator<T>>(
+        &mut self,
+        generator: &G,
+        limit: u64,
+        budget: u64,
+        out: &mut Vec<T>,
+    ) -> u64 {
+        if self.run == 1 {
+            let n = (limit - self.next).div_ceil(self.stride).min(budget);
+            let (first, stride) = (self.next, self.stride);
+            out.extend((0..n).map(|k| generator.generate(first + k * stride)));
+            self.next = self.next.saturating_add(n * stride);
+            return n;
+        }
+        let mut generated = 0;
+        while generated < budget && self.next < limit {
+            let run_start = self.next - (self.next - self.first) % self.stride;
+            let run_end = run_start.saturating_add(self.run).min(limit);
+            let n = (run_end - self.next).min(budget - generated);
+            out.extend((self.next..self.next + n).map(|i| generator.generate(i)));
+            self.next += n;
+            generated += n;
+            if self.next == run_start + self.run {
+                self.next = run_start.saturating_add(self.stride);
+            }
+        }
+        generated
+    }
 }
 
 impl SourceSplit for GeneratorSplit {
     fn split_id(&self) -> String {
-        format!("generator-{}-of-{}", self.slice, self.slices)
+        let GeneratorSplit {
+            first,
+            stride,
+            run,
+            end,
+            ..
+        } = *self;
+        let until = if end == u64::MAX {
+            String::new()
+        } else {
+            format!("..{end}")
+        };
+        match (stride, run, end) {
+            (1, 1, end) if end != u64::MAX => format!("generator-{first}..{end}"),
+            (_, 1, _) => format!("generator-{first}-of-{stride}{until}"),
+            _ => format!("generator-{first}-of-{stride}-in-runs-of-{run}{until}"),
+        }
     }
 }
 
@@ -64,6 +148,7 @@ pub struct DataGeneratorSource<T, G> {
     generator: Arc<G>,
     count: Option<u64>,
     records_per_second: Option<f64>,
+    chunk: Option<u64>,
     _record: PhantomData<fn() -> T>,
 }
 
@@ -81,6 +166,7 @@ impl<T, G: Generator<T>> DataGeneratorSource<T, G> {
             generator: Arc::new(generator),
             count,
             records_per_second: None,
+            chunk: None,
             _record: PhantomData,
         }
     }
@@ -88,6 +174,22 @@ impl<T, G: Generator<T>> DataGeneratorSource<T, G> {
     /// Throttles the whole source (all subtasks together) to this rate.
     pub fn with_rate(mut self, records_per_second: f64) -> Self {
         self.records_per_second = Some(records_per_second);
+        self
+    }
+
+    /// Hands the sequence out in chunks of `records` consecutive indices, each to whichever
+    /// reader asks first, instead of one strided slice per subtask: a reader that has the
+    /// time generates more. (In a run spread over several executors each serves its own
+    /// readers, so there the chunks are dealt to the readers in turn.)
+    ///
+    /// # Panics
+    /// If `records` is 0.
+    pub fn with_chunks(mut self, records: u64) -> Self {
+        assert!(
+            records > 0,
+            "DataGeneratorSource::with_chunks(0): a chunk needs at least one record (65536 is a good size)"
+        );
+        self.chunk = Some(records);
         self
     }
 }
@@ -104,13 +206,15 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
     }
 
     fn create_enumerator(&self, parallelism: usize) -> Box<dyn SplitEnumerator<GeneratorSplit>> {
+        if self.chunk.is_some() {
+            return self.restore_enumerator(
+                parallelism,
+                vec![(None, GeneratorSplit::range(0, u64::MAX))],
+            );
+        }
         let slices = parallelism as u64;
         let splits = (0..slices)
-            .map(|slice| GeneratorSplit {
-                slice,
-                slices,
-                next: slice,
-            })
+            .map(|slice| GeneratorSplit::slice(slice, slices))
             .collect();
         Box::new(StaticSplits::pinned(splits, parallelism))
     }
@@ -126,6 +230,94 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
             emitted: 0,
             _record: PhantomData,
         })
+    }
+
+    fn restore_enumerator(
+        &self,
+        _parallelism: usize,
+        pending: Vec<(Option<usize>, GeneratorSplit)>,
+    ) -> Box<dyn SplitEnumerator<GeneratorSplit>> {
+        match self.chunk {
+            Some(chunk) => Box::new(Chunks {
+                splits: pending,
+                chunk,
+                count: self.count.unwrap_or(u64::MAX),
+            }),
+            None => Box::new(StaticSplits::restored(pending)),
+        }
+    }
+
+    /// Chunks are dealt out in turn: each free range becomes one split per reader, of every
+    /// `parallelism`-th chunk.
+    fn pin_splits(
+        &self,
+        parallelism: usize,
+        pending: Vec<(Option<usize>, GeneratorSplit)>,
+    ) -> Vec<(Option<usize>, GeneratorSplit)> {
+        let Some(chunk) = self.chunk else {
+            return pin_round_robin(parallelism, pending);
+        };
+        let readers = parallelism.max(1) as u64;
+        let (ranges, others): (Vec<_>, Vec<_>) = pending
+            .into_iter()
+            .partition(|(owner, split)| owner.is_none() && split.stride == 1);
+        let mut pinned = pin_round_robin(parallelism, others);
+        for (_, range) in ranges {
+            pinned.extend((0..readers).map(|reader| {
+                let first = range.next.saturating_add(reader * chunk);
+                let split = GeneratorSplit {
+                    first,
+                    stride: chunk.saturating_mul(readers),
+                    run: chunk,
+                    end: range.end,
+                    next: first,
+                };
+                (Some(reader as usize), split)
+            }));
+        }
+        pinned
+    }
+}
+
+/// The enumerator of a chunked source: cuts chunks off the front of its first range a reader
+/// may take; any other split goes whole.
+struct Chunks {
+    splits: Vec<(Option<usize>, GeneratorSplit)>,
+    chunk: u64,
+    /// The source's count (`u64::MAX`: unbounded).
+    count: u64,
+}
+
+impl SplitEnumerator<GeneratorSplit> for Chunks {
+    fn next_split(&mut self, subtask: usize) -> Option<GeneratorSplit> {
+        loop {
+            let index = self
+                .splits
+                .iter()
+                .position(|(owner, _)| owner.is_none_or(|o| o == subtask))?;
+            let split = &mut self.splits[index].1;
+            let limit = split.end.min(self.count);
+            if split.next >= limit {
+                self.splits.remove(index);
+                continue;
+            }
+            if split.stride != 1 {
+                return Some(self.splits.remove(index).1);
+            }
+            let end = limit.min(split.next.saturating_add(self.chunk));
+            let chunk = GeneratorSplit::range(split.next, end);
+            if end == limit {
+                self.splits.remove(index);
+            } else {
+                split.next = end;
+                split.first = end;
+            }
+            return Some(chunk);
+        }
+    }
+
+    fn snapshot_state(&self) -> Vec<(Option<usize>, GeneratorSplit)> {
+        self.splits.clone()
     }
 }
 
@@ -167,20 +359,17 @@ impl<T, G: Generator<T>> SourceReader<T, GeneratorSplit> for GeneratorReader<T, 
             }
             budget = budget.min(due - self.emitted);
         }
+        let count = self.count;
         let status = match self.splits.last_mut() {
             None => ReadStatus::NeedSplit,
-            Some((number, split)) if split.next >= self.count => {
+            Some((number, split)) if split.next >= split.end.min(count) => {
                 let split = *number;
                 self.splits.pop();
                 ReadStatus::SplitFinished { split }
             }
             Some((number, split)) => {
-                let remaining = (self.count - split.next).div_ceil(split.slices);
-                let n = remaining.min(budget);
-                let (generator, first, stride) = (&*self.generator, split.next, split.slices);
-                out.extend((0..n).map(|k| generator.generate(first + k * stride)));
-                split.next += n * split.slices;
-                self.emitted += n;
+                let limit = split.end.min(count);
+                self.emitted += split.generate(&*self.generator, limit, budget, out);
                 ReadStatus::Records { split: *number }
             }
         };
@@ -233,5 +422,197 @@ mod tests {
         }
         all.sort_unstable();
         assert_eq!(all, (10..1010).collect::<Vec<u64>>());
+    }
+
+    /// Reads what `reader` holds to its end in polls of up to `budget` records.
+    fn read_all(
+        reader: &mut Box<dyn SourceReader<u64, GeneratorSplit>>,
+        budget: usize,
+        out: &mut Vec<u64>,
+    ) {
+        loop {
+            match futures::executor::block_on(reader.poll_next(out, budget)).unwrap() {
+                ReadStatus::Records { .. } | ReadStatus::SplitFinished { .. } => {}
+                ReadStatus::NeedSplit => return,
+                ReadStatus::Idle(_) => unreachable!("not throttled"),
+            }
+        }
+    }
+
+    #[test]
+    fn chunks_go_to_whoever_asks_and_cover_the_sequence_once() {
+        let source = DataGeneratorSource::sequence(5, 1005).with_chunks(64);
+        let mut enumerator = source.create_enumerator(2);
+        let mut readers: Vec<_> = (0..2).map(|s| source.create_reader(&ctx(s, 2))).collect();
+        let mut got = [Vec::new(), Vec::new()];
+        // Reader 0 is three times as quick: it asks three times for each time reader 1 does.
+        let mut ids = Vec::new();
+        for turn in 0.. {
+            let subtask = usize::from(turn % 4 == 3);
+            let Some(split) = enumerator.next_split(subtask) else {
+                break;
+            };
+            ids.push(split.split_id());
+            let before = got[subtask].len();
+            readers[subtask].add_split(split);
+            read_all(&mut readers[subtask], 10, &mut got[subtask]);
+            let chunk = &got[subtask][before..];
+            assert!(chunk.len() <= 64, "a chunk holds at most 64 records");
+            assert!(chunk.windows(2).all(|w| w[1] == w[0] + 1), "{chunk:?}");
+        }
+        assert_eq!(ids[0], "generator-0..64");
+        assert_eq!(ids.len(), 16, "{ids:?}");
+        assert!(
+            got[0].len() > 2 * got[1].len(),
+            "the quicker reader read more"
+        );
+        let mut all = [got[0].clone(), got[1].clone()].concat();
+        all.sort_unstable();
+        assert_eq!(all, (5..1005).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn an_unbounded_chunked_source_hands_out_chunks_forever() {
+        let source = DataGeneratorSource::new(None, |i: u64| i).with_chunks(1_000);
+        let mut enumerator = source.create_enumerator(3);
+        for k in 0..100u64 {
+            let split = enumerator.next_split((k % 3) as usize).expect("no end");
+            assert_eq!((split.next, split.end), (k * 1_000, (k + 1) * 1_000));
+        }
+        // What is pending is one range from the first index not handed out.
+        let pending = enumerator.snapshot_state();
+        assert_eq!(pending.len(), 1, "{pending:?}");
+        assert_eq!((pending[0].1.next, pending[0].1.end), (100_000, u64::MAX));
+    }
+
+    #[test]
+    fn a_chunked_run_resumes_from_its_snapshot_with_every_record_once() {
+        let source = DataGeneratorSource::sequence(0, 1000).with_chunks(50);
+        let mut enumerator = source.create_enumerator(2);
+        let mut out = Vec::new();
+        let mut readers: Vec<_> = (0..2).map(|s| source.create_reader(&ctx(s, 2))).collect();
+        for reader in &mut readers {
+            let split = enumerator.next_split(0).unwrap();
+            reader.add_split(split);
+        }
+        // Reader 0 finishes its chunk and starts another; reader 1 is half way through its.
+        read_all(&mut readers[0], 7, &mut out);
+        readers[0].add_split(enumerator.next_split(0).unwrap());
+        for reader in &mut readers {
+            assert!(matches!(
+                futures::executor::block_on(reader.poll_next(&mut out, 25)).unwrap(),
+                ReadStatus::Records { .. }
+            ));
+        }
+        // The checkpoint: the readers' positions and the enumerator's pending splits.
+        let positions: Vec<_> = readers.iter().map(|r| r.snapshot_splits()).collect();
+        let pending = enumerator.snapshot_state();
+        drop((readers, enumerator));
+
+        // The run restarts with three readers (rescaled): each gets its positions back, and
+        // the restored enumerator cuts chunks from what was pending.
+        let mut enumerator = source.restore_enumerator(3, pending);
+        for splits in positions {
+            let mut reader = source.create_reader(&ctx(0, 3));
+            for split in splits {
+                reader.add_split(split);
+            }
+            read_all(&mut reader, 9, &mut out);
+        }
+        let mut reader = source.create_reader(&ctx(2, 3));
+        while let Some(split) = enumerator.next_split(2) {
+            assert!(split.end - split.next <= 50, "{split:?}");
+            reader.add_split(split);
+            read_all(&mut reader, 13, &mut out);
+        }
+        out.sort_unstable();
+        assert_eq!(out, (0..1000).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn executors_of_a_spread_run_deal_the_chunks_out_in_turn() {
+        let source = DataGeneratorSource::sequence(0, 1_030).with_chunks(100);
+        let fresh = source.create_enumerator(3).snapshot_state();
+        let pinned = source.pin_splits(3, fresh);
+        assert_eq!(pinned.len(), 3);
+        let mut all = Vec::new();
+        for subtask in 0..3 {
+            // Each executor makes the same enumerator and serves its own reader from it.
+            let mut enumerator = source.restore_enumerator(3, pinned.clone());
+            let split = enumerator.next_split(subtask).expect("one split each");
+            assert_eq!(
+                split.split_id(),
+                format!("generator-{}-of-300-in-runs-of-100", subtask * 100)
+            );
+            assert!(enumerator.next_split(subtask).is_none());
+            let mut reader = source.create_reader(&ctx(subtask, 3));
+            reader.add_split(split);
+            let mut out = Vec::new();
+            read_all(&mut reader, 33, &mut out);
+            // Chunks subtask, subtask + 3, ...: runs of 100 consecutive indices, 300 apart.
+            let expected: Vec<u64> = (0..1_030)
+                .filter(|i| (i / 100) % 3 == subtask as u64)
+                .collect();
+            assert_eq!(out, expected, "subtask {subtask}");
+            all.extend(out);
+        }
+        all.sort_unstable();
+        assert_eq!(all, (0..1_030).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn strided_slices_keep_their_ids() {
+        let source = DataGeneratorSource::sequence(0, 10);
+        let mut enumerator = source.create_enumerator(2);
+        assert_eq!(
+            enumerator.next_split(1).unwrap().split_id(),
+            "generator-1-of-2"
+        );
+        assert_eq!(
+            source
+                .create_enumerator(1)
+                .next_split(0)
+                .unwrap()
+                .split_id(),
+            "generator-0-of-1"
+        );
+    }
+
+    proptest::proptest! {
+        /// However the chunks are dealt and whatever the poll budget, every index is generated
+        /// once, in increasing order within each reader, including across a snapshot.
+        #[test]
+        fn dealt_chunks_generate_every_index_once(
+            count in 0u64..3_000,
+            chunk in 1u64..400,
+            readers in 1usize..5,
+            budget in 1usize..300,
+            cut in 0usize..40,
+        ) {
+            let source = DataGeneratorSource::sequence(0, count).with_chunks(chunk);
+            let pinned = source.pin_splits(readers, source.create_enumerator(readers).snapshot_state());
+            let mut all = Vec::new();
+            for subtask in 0..readers {
+                let mut enumerator = source.restore_enumerator(readers, pinned.clone());
+                let mut reader = source.create_reader(&ctx(subtask, readers));
+                let mut out = Vec::new();
+                while let Some(split) = enumerator.next_split(subtask) {
+                    reader.add_split(split);
+                }
+                // A few polls, a snapshot, and the rest from a fresh reader.
+                for _ in 0..cut {
+                    futures::executor::block_on(reader.poll_next(&mut out, budget)).unwrap();
+                }
+                let mut resumed = source.create_reader(&ctx(subtask, readers));
+                for split in reader.snapshot_splits() {
+                    resumed.add_split(split);
+                }
+                read_all(&mut resumed, budget, &mut out);
+                proptest::prop_assert!(out.windows(2).all(|w| w[0] < w[1]), "{:?}", out);
+                all.extend(out);
+            }
+            all.sort_unstable();
+            proptest::prop_assert_eq!(all, (0..count).collect::<Vec<u64>>());
+        }
     }
 }

@@ -29,7 +29,8 @@ pub use postgres_sink::{PgType, PostgresSink, Row, WriteMode};
 pub use print::PrintSink;
 pub use sink::{Sink, SinkWriter};
 pub use source::{
-    Boundedness, ReadStatus, Source, SourceReader, SourceSplit, SplitEnumerator, StaticSplits,
+    pin_round_robin, Boundedness, ReadStatus, Source, SourceReader, SourceSplit, SplitEnumerator,
+    StaticSplits,
 };
 pub use two_phase::{
     two_phase_writer, CommitError, Committer, DeliveryGuarantee, TransactionWriter,

@@ -145,4 +145,36 @@ pub trait Source<T>: Send + Sync + 'static {
     ) -> Box<dyn SplitEnumerator<Self::Split>> {
         Box::new(StaticSplits::restored(pending))
     }
+
+    /// For the executors of a run spread over several, which each make the same enumerator
+    /// and serve only their own readers from it: `pending` (a fresh enumerator's
+    /// [`SplitEnumerator::snapshot_state`]) with every split any reader could take kept for
+    /// one reader, so that each split is read once in all. The default keeps those splits
+    /// for the readers in turn ([`pin_round_robin`]).
+    fn pin_splits(
+        &self,
+        parallelism: usize,
+        pending: Vec<(Option<usize>, Self::Split)>,
+    ) -> Vec<(Option<usize>, Self::Split)> {
+        pin_round_robin(parallelism, pending)
+    }
+}
+
+/// `splits` with the `i`-th of those any reader could take kept for reader
+/// `i % parallelism`.
+pub fn pin_round_robin<S>(
+    parallelism: usize,
+    splits: Vec<(Option<usize>, S)>,
+) -> Vec<(Option<usize>, S)> {
+    let mut free = 0;
+    splits
+        .into_iter()
+        .map(|(owner, split)| {
+            let owner = owner.unwrap_or_else(|| {
+                free += 1;
+                (free - 1) % parallelism.max(1)
+            });
+            (Some(owner), split)
+        })
+        .collect()
 }

@@ -415,18 +415,9 @@ impl<T: Record, S: Source<T>> SourceFactory for SourceNode<T, S> {
             }
         };
         if pinned {
-            let mut free = 0;
-            let pending = enumerator
-                .snapshot_state()
-                .into_iter()
-                .map(|(owner, split)| {
-                    let owner = owner.unwrap_or_else(|| {
-                        free += 1;
-                        (free - 1) % parallelism.max(1)
-                    });
-                    (Some(owner), split)
-                })
-                .collect();
+            let pending = self
+                .source
+                .pin_splits(parallelism, enumerator.snapshot_state());
             enumerator = self.source.restore_enumerator(parallelism, pending);
         }
         Ok(Arc::new(Mutex::new(EnumeratorCell {
