@@ -63,7 +63,9 @@ impl GeneratorSplit {
     }
 
     /// Appends the records of up to `budget` indices from `next`, none at or past `limit`,
-    /// and moves `next` past them; returns how many.
+    /// and moves `next` past them; returns how many. (One call of the generator in one loop:
+    /// so it inlines there, as a loop per kind of split would not let it.)
+    #[inline]
     fn generate<T, G: Generator<T>>(
         &mut self,
         generator: &G,
@@ -71,24 +73,27 @@ impl GeneratorSplit {
         budget: u64,
         out: &mut Vec<T>,
     ) -> u64 {
-        if self.run == 1 {
-            let n = (limit - self.next).div_ceil(self.stride).min(budget);
-            let (first, stride) = (self.next, self.stride);
-            out.extend((0..n).map(|k| generator.generate(first + k * stride)));
-            self.next = self.next.saturating_add(n * stride);
-            return n;
-        }
         let mut generated = 0;
         while generated < budget && self.next < limit {
-            let run_start = self.next - (self.next - self.first) % self.stride;
-            let run_end = run_start.saturating_add(self.run).min(limit);
-            let n = (run_end - self.next).min(budget - generated);
-            out.extend((self.next..self.next + n).map(|i| generator.generate(i)));
-            self.next += n;
+            let (start, left) = (self.next, budget - generated);
+            // The indices `start, start + step, ...`, `n` of them, and where `next` goes after.
+            let (step, n, after) = if self.run == 1 {
+                let n = (limit - start).div_ceil(self.stride).min(left);
+                (self.stride, n, start.saturating_add(n * self.stride))
+            } else {
+                let run_start = start - (start - self.first) % self.stride;
+                let run_end = run_start.saturating_add(self.run);
+                let n = (run_end.min(limit) - start).min(left);
+                let after = if start + n == run_end {
+                    run_start.saturating_add(self.stride)
+                } else {
+                    start + n
+                };
+                (1, n, after)
+            };
+            out.extend((0..n).map(|k| generator.generate(start + k * step)));
             generated += n;
-            if self.next == run_start + self.run {
-                self.next = run_start.saturating_add(self.stride);
-            }
+            self.next = after;
         }
         generated
     }
