@@ -114,7 +114,9 @@ impl SourceSplit for GeneratorSplit {
             format!("..{end}")
         };
         match (stride, run, end) {
-            (1, 1, end) if end != u64::MAX => format!("generator-{first}..{end}"),
+            // A whole strided slice (of one: the whole sequence).
+            (_, 1, u64::MAX) if first < stride => format!("generator-{first}-of-{stride}"),
+            (1, 1, _) => format!("generator-{first}..{}", until.trim_start_matches("..")),
             (_, 1, _) => format!("generator-{first}-of-{stride}{until}"),
             _ => format!("generator-{first}-of-{stride}-in-runs-of-{run}{until}"),
         }
@@ -231,6 +233,7 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
             rate: self.records_per_second.map(|r| r / ctx.parallelism as f64),
             splits: Vec::new(),
             added: 0,
+            polls: 0,
             started: None,
             emitted: 0,
             _record: PhantomData,
@@ -239,7 +242,7 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
 
     fn restore_enumerator(
         &self,
-        _parallelism: usize,
+        parallelism: usize,
         pending: Vec<(Option<usize>, GeneratorSplit)>,
     ) -> Box<dyn SplitEnumerator<GeneratorSplit>> {
         match self.chunk {
@@ -248,7 +251,14 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
                 chunk,
                 count: self.count.unwrap_or(u64::MAX),
             }),
-            None => Box::new(StaticSplits::restored(pending)),
+            // A checkpoint of a chunked run: what no reader took yet is cut into one strided
+            // slice per reader, as a fresh run's.
+            None => Box::new(StaticSplits::restored(
+                pending
+                    .into_iter()
+                    .flat_map(|(owner, split)| strided(parallelism, owner, split))
+                    .collect(),
+            )),
         }
     }
 
@@ -269,7 +279,7 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
         let mut pinned = pin_round_robin(parallelism, others);
         for (_, range) in ranges {
             pinned.extend((0..readers).map(|reader| {
-                let first = range.next.saturating_add(reader * chunk);
+                let first = range.next.saturating_add(reader.saturating_mul(chunk));
                 let split = GeneratorSplit {
                     first,
                     stride: chunk.saturating_mul(readers),
@@ -284,8 +294,34 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
     }
 }
 
-/// The enumerator of a chunked source: cuts chunks off the front of its first range a reader
-/// may take; any other split goes whole.
+/// `split` as pending splits of a source without chunks: a range any reader may take becomes
+/// one strided slice of it per reader; any other split stays as it is.
+fn strided(
+    parallelism: usize,
+    owner: Option<usize>,
+    split: GeneratorSplit,
+) -> Vec<(Option<usize>, GeneratorSplit)> {
+    if owner.is_some() || split.stride != 1 {
+        return vec![(owner, split)];
+    }
+    let readers = parallelism.max(1) as u64;
+    (0..readers)
+        .map(|reader| {
+            let first = split.next.saturating_add(reader);
+            let slice = GeneratorSplit {
+                first,
+                stride: readers,
+                run: 1,
+                end: split.end,
+                next: first,
+            };
+            (Some(reader as usize), slice)
+        })
+        .collect()
+}
+
+/// The enumerator of a chunked source: cuts chunks off the front of its first range any
+/// reader may take; any other split goes whole.
 struct Chunks {
     splits: Vec<(Option<usize>, GeneratorSplit)>,
     chunk: u64,
@@ -300,13 +336,14 @@ impl SplitEnumerator<GeneratorSplit> for Chunks {
                 .splits
                 .iter()
                 .position(|(owner, _)| owner.is_none_or(|o| o == subtask))?;
-            let split = &mut self.splits[index].1;
+            let (owner, split) = &mut self.splits[index];
             let limit = split.end.min(self.count);
             if split.next >= limit {
                 self.splits.remove(index);
                 continue;
             }
-            if split.stride != 1 {
+            // Only a range any reader may take is cut; a reader's own split goes whole.
+            if owner.is_some() || split.stride != 1 {
                 return Some(self.splits.remove(index).1);
             }
             let end = limit.min(split.next.saturating_add(self.chunk));
@@ -334,6 +371,9 @@ struct GeneratorReader<T, G> {
     /// Splits with their numbers (in the order they were added).
     splits: Vec<(u32, GeneratorSplit)>,
     added: u32,
+    /// Polls so far: a reader holding several splits (restored into fewer readers) reads
+    /// them in turn, so that every one of them moves on, and with it event time.
+    polls: usize,
     started: Option<Instant>,
     emitted: u64,
 }
@@ -365,11 +405,13 @@ impl<T, G: Generator<T>> SourceReader<T, GeneratorSplit> for GeneratorReader<T, 
             budget = budget.min(due - self.emitted);
         }
         let count = self.count;
-        let status = match self.splits.last_mut() {
+        let at = self.polls % self.splits.len();
+        self.polls = self.polls.wrapping_add(1);
+        let status = match self.splits.get_mut(at) {
             None => ReadStatus::NeedSplit,
             Some((number, split)) if split.next >= split.end.min(count) => {
                 let split = *number;
-                self.splits.pop();
+                self.splits.remove(at);
                 ReadStatus::SplitFinished { split }
             }
             Some((number, split)) => {
@@ -563,6 +605,97 @@ mod tests {
         }
         all.sort_unstable();
         assert_eq!(all, (0..1_030).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn a_chunked_checkpoint_restored_without_chunks_gives_each_reader_a_slice_of_the_rest() {
+        let chunked = DataGeneratorSource::sequence(0, 1_000).with_chunks(100);
+        let mut enumerator = chunked.create_enumerator(2);
+        let mut out = Vec::new();
+        let mut first = chunked.create_reader(&ctx(0, 2));
+        first.add_split(enumerator.next_split(0).unwrap());
+        read_all(&mut first, 64, &mut out);
+        let pending = enumerator.snapshot_state();
+        assert_eq!(pending[0].1.split_id(), "generator-100..");
+
+        let plain = DataGeneratorSource::sequence(0, 1_000);
+        let mut enumerator = plain.restore_enumerator(3, pending);
+        for subtask in 0..3 {
+            let mut reader = plain.create_reader(&ctx(subtask, 3));
+            let split = enumerator.next_split(subtask).expect("a slice each");
+            assert_eq!(split.stride, 3, "{split:?}");
+            reader.add_split(split);
+            assert!(enumerator.next_split(subtask).is_none());
+            read_all(&mut reader, 64, &mut out);
+        }
+        out.sort_unstable();
+        assert_eq!(out, (0..1_000).collect::<Vec<u64>>());
+    }
+
+    #[test]
+    fn splits_end_at_the_top_of_the_index_range() {
+        let source = DataGeneratorSource::new(None, |i: u64| i);
+        let top = u64::MAX;
+        for (split, expected) in [
+            // Strided: the last index a stride of 3 reaches below the top.
+            (
+                GeneratorSplit {
+                    first: top - 10,
+                    stride: 3,
+                    run: 1,
+                    end: top,
+                    next: top - 10,
+                },
+                vec![top - 10, top - 7, top - 4, top - 1],
+            ),
+            // Dealt runs of 4 every 8, the last one cut by the top.
+            (
+                GeneratorSplit {
+                    first: top - 13,
+                    stride: 8,
+                    run: 4,
+                    end: top,
+                    next: top - 12,
+                },
+                vec![
+                    top - 12,
+                    top - 11,
+                    top - 10,
+                    top - 5,
+                    top - 4,
+                    top - 3,
+                    top - 2,
+                ],
+            ),
+        ] {
+            let mut reader = source.create_reader(&ctx(0, 1));
+            reader.add_split(split);
+            let mut out = Vec::new();
+            read_all(&mut reader, 3, &mut out);
+            assert_eq!(out, expected);
+        }
+    }
+
+    #[test]
+    fn a_reader_given_several_unbounded_splits_reads_each_of_them() {
+        let source = DataGeneratorSource::new(None, |i: u64| i);
+        let mut enumerator = source.create_enumerator(3);
+        // Three slices, restored into one reader.
+        let mut reader = source.create_reader(&ctx(0, 1));
+        for subtask in 0..3 {
+            reader.add_split(enumerator.next_split(subtask).unwrap());
+        }
+        let mut out = Vec::new();
+        let mut read = [0; 3];
+        for _ in 0..30 {
+            match futures::executor::block_on(reader.poll_next(&mut out, 10)).unwrap() {
+                ReadStatus::Records { split } => read[split as usize] += 1,
+                other => unreachable!("{other:?}"),
+            }
+        }
+        assert_eq!(read, [10, 10, 10]);
+        let positions: Vec<u64> = reader.snapshot_splits().iter().map(|s| s.next).collect();
+        assert_eq!(positions, [300, 301, 302]);
     }
 
     #[test]

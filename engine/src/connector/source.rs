@@ -148,7 +148,7 @@ pub trait Source<T>: Send + Sync + 'static {
 
     /// For the executors of a run spread over several, which each make the same enumerator
     /// and serve only their own readers from it: `pending` (a fresh enumerator's
-    /// [`SplitEnumerator::snapshot_state`]) with every split any reader could take kept for
+    /// [`SplitEnumerator::snapshot_state`], fresh or restored) with every split any reader could take kept for
     /// one reader, so that each split is read once in all. The default keeps those splits
     /// for the readers in turn ([`pin_round_robin`]).
     fn pin_splits(
