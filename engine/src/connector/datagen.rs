@@ -62,6 +62,20 @@ impl GeneratorSplit {
         }
     }
 
+    /// The split with a stride and run of at least 1, a run of at most the stride, and `next`
+    /// at or after `first` and within a run: what [`GeneratorSplit::generate`] relies on,
+    /// whatever a checkpoint held.
+    fn normalized(mut self) -> Self {
+        self.stride = self.stride.max(1);
+        self.run = self.run.clamp(1, self.stride);
+        self.next = self.next.max(self.first);
+        let offset = (self.next - self.first) % self.stride;
+        if offset >= self.run {
+            self.next = self.next.saturating_add(self.stride - offset);
+        }
+        self
+    }
+
     /// Appends the records of up to `budget` indices from `next`, none at or past `limit`,
     /// and moves `next` past them; returns how many. (One call of the generator in one loop:
     /// so it inlines there, as a loop per kind of split would not let it.)
@@ -79,7 +93,11 @@ impl GeneratorSplit {
             // The indices `start, start + step, ...`, `n` of them, and where `next` goes after.
             let (step, n, after) = if self.run == 1 {
                 let n = (limit - start).div_ceil(self.stride).min(left);
-                (self.stride, n, start.saturating_add(n * self.stride))
+                (
+                    self.stride,
+                    n,
+                    start.saturating_add(n.saturating_mul(self.stride)),
+                )
             } else {
                 let run_start = start - (start - self.first) % self.stride;
                 let run_end = run_start.saturating_add(self.run);
@@ -380,7 +398,7 @@ struct GeneratorReader<T, G> {
 
 impl<T, G: Generator<T>> SourceReader<T, GeneratorSplit> for GeneratorReader<T, G> {
     fn add_split(&mut self, split: GeneratorSplit) {
-        self.splits.push((self.added, split));
+        self.splits.push((self.added, split.normalized()));
         self.added += 1;
     }
 
@@ -696,6 +714,32 @@ mod tests {
         assert_eq!(read, [10, 10, 10]);
         let positions: Vec<u64> = reader.snapshot_splits().iter().map(|s| s.next).collect();
         assert_eq!(positions, [300, 301, 302]);
+    }
+
+    #[test]
+    fn a_split_of_impossible_shape_is_read_as_the_nearest_possible_one() {
+        let source = DataGeneratorSource::sequence(0, 20);
+        for (split, expected) in [
+            // No stride: every index from `first`.
+            ((3, 0, 0, u64::MAX, 3), (3..20).collect::<Vec<u64>>()),
+            // `next` between runs: from the next run on.
+            ((0, 10, 2, u64::MAX, 5), vec![10, 11]),
+            // `next` before `first`.
+            ((15, 1, 1, u64::MAX, 2), (15..20).collect()),
+        ] {
+            let (first, stride, run, end, next) = split;
+            let mut reader = source.create_reader(&ctx(0, 1));
+            reader.add_split(GeneratorSplit {
+                first,
+                stride,
+                run,
+                end,
+                next,
+            });
+            let mut out = Vec::new();
+            read_all(&mut reader, 4, &mut out);
+            assert_eq!(out, expected, "{split:?}");
+        }
     }
 
     #[test]
