@@ -147,10 +147,11 @@ pub trait Source<T>: Send + Sync + 'static {
     }
 
     /// For the executors of a run spread over several, which each make the same enumerator
-    /// and serve only their own readers from it: `pending` (a fresh enumerator's
-    /// [`SplitEnumerator::snapshot_state`], fresh or restored) with every split any reader could take kept for
-    /// one reader, so that each split is read once in all. The default keeps those splits
-    /// for the readers in turn ([`pin_round_robin`]).
+    /// and serve only their own readers from it: `pending` (the
+    /// [`SplitEnumerator::snapshot_state`] of the run's new enumerator, fresh or restored from
+    /// a checkpoint) with every split any reader could take kept for one reader, so that each
+    /// split is read once in all. The default keeps those splits for the readers in turn
+    /// ([`pin_round_robin`]).
     fn pin_splits(
         &self,
         parallelism: usize,
