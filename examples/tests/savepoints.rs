@@ -1,7 +1,9 @@
 //! Savepoints in process: a job stopped with a savepoint, started again from it — moved to
 //! another directory, with its checkpoints gone — at the same or another parallelism, on the
 //! heap and on RocksDB and from one to the other, counts every record once, and its windows
-//! hold exactly their records across both runs (on the same backend or the other); a savepoint taken while the job runs on restores the same way; a drained
+//! hold exactly their records across both runs (on the same backend or the other); a data
+//! generator handing out chunks goes on from a savepoint at either parallelism with every
+//! number once; a savepoint taken while the job runs on restores the same way; a drained
 //! stop fires every timer first; state of an operator the job no longer has is refused unless
 //! allowed; a job without checkpointing refuses savepoints, naming the settings.
 
@@ -466,4 +468,65 @@ fn a_missing_or_damaged_savepoint_is_refused_naming_it() {
         error.contains(&missing.display().to_string()) && error.contains("savepoint"),
         "{error}"
     );
+}
+
+/// A data generator handing out chunks (each to whichever subtask asks first), stopped with a
+/// savepoint at 2 slots and started from it at 1 and at 2: the two runs' sinks together hold
+/// every number once. The readers' positions in their chunks and the chunks no reader took
+/// yet are both in the savepoint.
+#[test]
+fn a_chunked_generator_stopped_with_a_savepoint_goes_on_from_it_with_every_number_once() {
+    const NUMBERS: u64 = 40_000;
+    fn build(env: &StreamEnvironment, sink: CollectSink<u64>) {
+        let numbers = DataGeneratorSource::sequence(0, NUMBERS)
+            .with_chunks(500)
+            .with_rate(20_000.0);
+        env.from_source(numbers, WatermarkStrategy::no_watermarks(), "numbers")
+            .uid("numbers")
+            .key_by(|n: &u64| *n)
+            .process(|n: u64, ctx: &mut KeyedProcessContext<'_, u64, u64>| ctx.emit(n))
+            .uid("pass")
+            .sink_to(sink, "collect");
+    }
+    for to in [1, 2] {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let checkpoints = dir.path().join("checkpoints");
+        let (sink, before) = CollectSink::new();
+        let job = start(
+            &config_on(HEAP, &checkpoints, 2, 1),
+            "chunks",
+            None,
+            |env| build(env, sink),
+        );
+        wait_for_a_checkpoint(&checkpoints, "chunks", &job);
+        let (savepoint, _) = stop(job, StopMode::Suspend, &dir.path().join("moved"));
+        let mut numbers = before.records();
+        let first = numbers.len() as u64;
+        assert!(
+            0 < first && first < NUMBERS,
+            "the stop lands mid-way: {first} of {NUMBERS} numbers before it"
+        );
+
+        let (sink, after) = CollectSink::new();
+        start(
+            &config_on(HEAP, &checkpoints, to, 1),
+            "chunks",
+            Some(&savepoint),
+            |env| build(env, sink),
+        )
+        .wait()
+        .expect("the job goes on from the savepoint to its end");
+        numbers.extend(after.records());
+        numbers.sort_unstable();
+        let expected: Vec<u64> = (0..NUMBERS).collect();
+        if numbers != expected {
+            let mut seen = std::collections::HashMap::new();
+            for n in &numbers {
+                *seen.entry(*n).or_insert(0u32) += 1;
+            }
+            let twice = seen.values().filter(|&&c| c > 1).count();
+            let lost = (0..NUMBERS).filter(|n| !seen.contains_key(n)).count();
+            panic!("restored at {to} slots: {lost} numbers lost, {twice} read twice");
+        }
+    }
 }
