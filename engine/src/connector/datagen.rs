@@ -40,26 +40,45 @@ pub struct GeneratorSplit {
 }
 
 impl GeneratorSplit {
+    /// Runs of `run` indices every `stride` from `first`, below `end`, read from the start.
+    fn runs(first: u64, stride: u64, run: u64, end: u64) -> Self {
+        GeneratorSplit {
+            first,
+            stride,
+            run,
+            end,
+            next: first,
+        }
+    }
+
     /// Strided slice `slice` of `slices`.
     fn slice(slice: u64, slices: u64) -> Self {
-        GeneratorSplit {
-            first: slice,
-            stride: slices,
-            run: 1,
-            end: u64::MAX,
-            next: slice,
-        }
+        GeneratorSplit::runs(slice, slices, 1, u64::MAX)
     }
 
     /// The indices `first..end`.
     fn range(first: u64, end: u64) -> Self {
-        GeneratorSplit {
-            first,
-            stride: 1,
-            run: 1,
-            end,
-            next: first,
-        }
+        GeneratorSplit::runs(first, 1, 1, end)
+    }
+
+    /// The last index it may generate, plus one, in a source of `count` records.
+    fn limit(&self, count: u64) -> u64 {
+        self.end.min(count)
+    }
+
+    /// The rest of this range (a split with stride 1) dealt to `parallelism` readers in
+    /// turn, `run` indices at a time: one split per reader.
+    fn deal(
+        &self,
+        parallelism: usize,
+        run: u64,
+    ) -> impl Iterator<Item = (Option<usize>, GeneratorSplit)> + '_ {
+        let readers = parallelism.max(1) as u64;
+        (0..readers).map(move |reader| {
+            let first = self.next.saturating_add(reader.saturating_mul(run));
+            let split = GeneratorSplit::runs(first, run.saturating_mul(readers), run, self.end);
+            (Some(reader as usize), split)
+        })
     }
 
     /// The split with a stride and run of at least 1, a run of at most the stride, and `next`
@@ -290,23 +309,12 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
         let Some(chunk) = self.chunk else {
             return pin_round_robin(parallelism, pending);
         };
-        let readers = parallelism.max(1) as u64;
         let (ranges, others): (Vec<_>, Vec<_>) = pending
             .into_iter()
             .partition(|(owner, split)| owner.is_none() && split.stride == 1);
         let mut pinned = pin_round_robin(parallelism, others);
-        for (_, range) in ranges {
-            pinned.extend((0..readers).map(|reader| {
-                let first = range.next.saturating_add(reader.saturating_mul(chunk));
-                let split = GeneratorSplit {
-                    first,
-                    stride: chunk.saturating_mul(readers),
-                    run: chunk,
-                    end: range.end,
-                    next: first,
-                };
-                (Some(reader as usize), split)
-            }));
+        for (_, range) in &ranges {
+            pinned.extend(range.deal(parallelism, chunk));
         }
         pinned
     }
@@ -322,20 +330,7 @@ fn strided(
     if owner.is_some() || split.stride != 1 {
         return vec![(owner, split)];
     }
-    let readers = parallelism.max(1) as u64;
-    (0..readers)
-        .map(|reader| {
-            let first = split.next.saturating_add(reader);
-            let slice = GeneratorSplit {
-                first,
-                stride: readers,
-                run: 1,
-                end: split.end,
-                next: first,
-            };
-            (Some(reader as usize), slice)
-        })
-        .collect()
+    split.deal(parallelism, 1).collect()
 }
 
 /// The enumerator of a chunked source: cuts chunks off the front of its first range any
@@ -355,7 +350,7 @@ impl SplitEnumerator<GeneratorSplit> for Chunks {
                 .iter()
                 .position(|(owner, _)| owner.is_none_or(|o| o == subtask))?;
             let (owner, split) = &mut self.splits[index];
-            let limit = split.end.min(self.count);
+            let limit = split.limit(self.count);
             if split.next >= limit {
                 self.splits.remove(index);
                 continue;
@@ -422,21 +417,17 @@ impl<T, G: Generator<T>> SourceReader<T, GeneratorSplit> for GeneratorReader<T, 
             }
             budget = budget.min(due - self.emitted);
         }
-        let count = self.count;
         let at = self.polls % self.splits.len();
         self.polls = self.polls.wrapping_add(1);
-        let status = match self.splits.get_mut(at) {
-            None => ReadStatus::NeedSplit,
-            Some((number, split)) if split.next >= split.end.min(count) => {
-                let split = *number;
-                self.splits.remove(at);
-                ReadStatus::SplitFinished { split }
-            }
-            Some((number, split)) => {
-                let limit = split.end.min(count);
-                self.emitted += split.generate(&*self.generator, limit, budget, out);
-                ReadStatus::Records { split: *number }
-            }
+        let (number, split) = &mut self.splits[at];
+        let limit = split.limit(self.count);
+        let status = if split.next >= limit {
+            let split = *number;
+            self.splits.remove(at);
+            ReadStatus::SplitFinished { split }
+        } else {
+            self.emitted += split.generate(&*self.generator, limit, budget, out);
+            ReadStatus::Records { split: *number }
         };
         Box::pin(async move { Ok(status) })
     }
