@@ -53,6 +53,7 @@ pub mod handle;
 pub mod key_group;
 pub mod lock;
 pub mod operator;
+pub mod prefetch;
 pub mod ttl;
 
 pub use backend::heap::restore::RestoreSummary;
@@ -86,6 +87,7 @@ pub use operator::{
     redistribute, split_range, BroadcastState, DistributionMode, OperatorListState,
     OperatorStateImage, OperatorStateSnapshot, OperatorStateStore, SNAPSHOT_FORMAT_VERSION,
 };
+pub use prefetch::{prefetch, prefetch_bytes};
 pub use ttl::{Clock, ManualClock, StateTtlConfig, StateVisibility, SystemClock, TtlUpdateType};
 
 use std::fmt::Debug;

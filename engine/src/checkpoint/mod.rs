@@ -29,28 +29,8 @@ pub(crate) mod task_state;
 
 use std::time::Duration;
 
-/// Asks the CPU to bring the cache lines of `value` in, so that the misses of a snapshot's
-/// scattered entries overlap instead of following one another. A hint: it reads nothing.
-#[inline(always)]
-pub(crate) fn prefetch<T>(value: &T) {
-    prefetch_bytes((value as *const T).cast(), std::mem::size_of::<T>());
-}
-
-/// [`prefetch`] of the `len` bytes from `start`, which need not be valid memory.
-#[inline(always)]
-pub(crate) fn prefetch_bytes(start: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        for offset in (0..len.max(1)).step_by(64) {
-            // SAFETY: a prefetch loads nothing into registers and never faults, whatever the
-            // address; SSE, which it needs, is part of every x86-64 CPU.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(offset).cast()) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (start, len);
-}
+/// Prefetch hints, so that the misses of a snapshot's scattered entries overlap.
+pub(crate) use weir_state::{prefetch, prefetch_bytes};
 
 /// A checkpoint barrier: the records before it belong to checkpoint `id`'s state, those after
 /// it to the next one's.

@@ -327,6 +327,8 @@ pub(crate) trait Contents: 'static {
     fn encode_entries(&self, entries: &mut Entries<'_>) -> Result<(), StateError>;
     /// Adds one checkpointed entry to the current pane's contents.
     fn put_entry(&self, bytes: &[u8]) -> Result<(), StateError>;
+    /// Hints that the current pane's contents are loaded soon (see [`ValueState::prefetch`]).
+    fn prefetch(&self);
 }
 
 impl<T: StateValue> Contents for ValueState<T> {
@@ -344,6 +346,10 @@ impl<T: StateValue> Contents for ValueState<T> {
     fn put_entry(&self, bytes: &[u8]) -> Result<(), StateError> {
         self.update(decode_entry(bytes)?)
     }
+
+    fn prefetch(&self) {
+        ValueState::prefetch(self)
+    }
 }
 
 impl<T: StateValue> Contents for ListState<T> {
@@ -360,6 +366,10 @@ impl<T: StateValue> Contents for ListState<T> {
     fn put_entry(&self, bytes: &[u8]) -> Result<(), StateError> {
         self.add(decode_entry(bytes)?)
     }
+
+    /// Lists are read from RocksDB itself (a list is never in the write-back cache), whose
+    /// lookups hold no table to prefetch.
+    fn prefetch(&self) {}
 }
 
 impl<K, W, T, O, F, P> StoredLogic<K, W, T, O> for ReduceLogic<F, P>

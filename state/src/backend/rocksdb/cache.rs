@@ -88,6 +88,7 @@ use hashbrown::HashTable;
 use crate::backend::rocksdb::held::HeldWrites;
 use crate::error::StateError;
 use crate::key_group::StableHasher;
+use crate::prefetch::prefetch_bytes;
 
 /// A cached column family, as the cache numbers them.
 pub(crate) type ColumnId = u32;
@@ -303,6 +304,11 @@ pub(crate) struct WriteBackCache {
     cuts: Cuts,
     /// The eviction hand: a bucket index.
     hand: usize,
+    /// Where the table's buckets end and its control bytes begin, as of the last insert (the
+    /// table is allocated anew only when an insert grows it): for [`WriteBackCache::prefetch`]
+    /// alone, so an address that hashbrown laid out otherwise would cost a wasted hint, never
+    /// a wrong read. 0 before the first insert.
+    buckets_end: usize,
     stats: WriteBackStats,
 }
 
@@ -442,6 +448,7 @@ impl WriteBackCache {
             owners: Vec::new(),
             cuts: Cuts::default(),
             hand: 0,
+            buckets_end: 0,
             stats: WriteBackStats::default(),
         }
     }
@@ -527,6 +534,30 @@ impl WriteBackCache {
         hasher.write_u64(u64::from(column));
         hasher.write(key);
         hasher.finish()
+    }
+
+    /// Prefetches where the entry of `key` in `column` most likely is: the control bytes its
+    /// probe starts at and the bucket beside them. Hashbrown keeps bucket `i` of `n` just
+    /// below the control bytes, `i + 1` slots down, and starts a probe for `hash` at bucket
+    /// `hash mod n`; with the table at most half full ([`WriteBackCache::new`]) most entries
+    /// sit there. Several reads whose entries are prefetched first overlap their cache misses.
+    pub(crate) fn prefetch(&self, column: ColumnId, key: &[u8]) {
+        if let Some((control, bucket)) = self.probe_start(Self::hash(column, key)) {
+            prefetch_bytes(control, 1);
+            prefetch_bytes(bucket.cast(), size_of::<Cached>());
+        }
+    }
+
+    /// The control byte and the bucket where a probe for `hash` starts (see
+    /// [`WriteBackCache::prefetch`]); `None` before the first insert.
+    fn probe_start(&self, hash: u64) -> Option<(*const u8, *const Cached)> {
+        if self.buckets_end == 0 {
+            return None;
+        }
+        let at = hash as usize & (self.table.num_buckets() - 1);
+        let end = self.buckets_end as *const u8;
+        let bucket = end.wrapping_sub((at + 1) * size_of::<Cached>());
+        Some((end.wrapping_add(at), bucket.cast()))
     }
 
     /// Hands the value of `key` in `column` (`None`: no value) to `read`, loading it from
@@ -636,8 +667,11 @@ impl WriteBackCache {
         if entry.is_dirty() {
             self.count_dirty(owner, true);
         }
-        self.table
+        let inserted = self
+            .table
             .insert_unique(entry.hash, entry, |entry| entry.hash);
+        self.buckets_end = (inserted.get() as *const Cached as usize)
+            + (inserted.bucket_index() + 1) * size_of::<Cached>();
         if self.used() > self.capacity {
             self.evict(backing, self.table.len())?;
         }
@@ -1034,6 +1068,42 @@ mod tests {
         let frame = 1 + 8 + 8;
         assert_eq!(COLUMN_BYTES + key_group + key + pane + frame, 42);
         assert!(COLUMN_BYTES + key_group + key + pane + frame <= INLINE_BYTES);
+    }
+
+    /// The prefetch hints point where hashbrown keeps the entries: every bucket where the
+    /// last insert says, through each time the table grew, and most entries at the bucket
+    /// their probe starts at.
+    #[test]
+    fn prefetch_hints_point_at_the_entries() {
+        let model = Model::default();
+        let mut cache = WriteBackCache::new(1 << 20);
+        let column = cache.column(0, "value:op:acc");
+        assert!(cache.probe_start(0).is_none());
+        let keys: Vec<[u8; 8]> = (0..2_000u64).map(u64::to_be_bytes).collect();
+        for key in &keys {
+            cache.write(&model, column, key, Some(&[1])).unwrap();
+        }
+        assert_eq!(cache.len(), keys.len(), "nothing evicted");
+        for at in 0..cache.table.num_buckets() {
+            if let Some(entry) = cache.table.get_bucket(at) {
+                let expected = cache.buckets_end - (at + 1) * size_of::<Cached>();
+                assert_eq!(entry as *const Cached as usize, expected, "bucket {at}");
+            }
+        }
+        let at_start = keys
+            .iter()
+            .filter(|key| {
+                let hash = WriteBackCache::hash(column, &key[..]);
+                let entry = cache.table.find(hash, |e| e.is(hash, column, &key[..]));
+                let (_, bucket) = cache.probe_start(hash).unwrap();
+                std::ptr::eq(bucket, entry.unwrap())
+            })
+            .count();
+        assert!(
+            at_start * 2 > keys.len(),
+            "{at_start} of {} entries where their probe starts",
+            keys.len()
+        );
     }
 
     /// A key created, updated and deleted while cached costs RocksDB one read and no write.

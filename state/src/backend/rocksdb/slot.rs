@@ -1053,6 +1053,14 @@ impl RocksDbInstance {
         cache.read(&SlotBacking { this: self }, column, key, read)
     }
 
+    /// Prefetches where the write-back cache most likely holds `key` of cached column `column`
+    /// (see `cache.rs`).
+    pub(crate) fn cached_prefetch(&self, column: ColumnId, key: &[u8]) {
+        if let Some(cache) = self.write_back() {
+            cache.prefetch(column, key);
+        }
+    }
+
     /// Puts (`Some`) or deletes (`None`) the value of `key` in cached column `column`.
     pub(crate) fn cached_write(
         &self,

@@ -333,6 +333,13 @@ impl<K: StateKey, N: StateKey, T: StateCodec> ValueAccess<T> for RocksValue<K, N
         self.column.delete(key)
     }
 
+    fn prefetch(&self) {
+        let current = self.context.current();
+        if let (Some(column), Some(_)) = (self.column.cached, &current.composite) {
+            self.column.slot.cached_prefetch(column, &current.prefix);
+        }
+    }
+
     fn update_with(&self, update: UpdateFn<'_, T>) -> Result<(), StateError> {
         let current = self.context.current();
         let key = prefix(&current, &self.column.state)?;
