@@ -431,7 +431,7 @@ impl Generator<Event> for Timed {
         let generator = &self.generator;
         self.timeline
             .reached(generator.timestamp(generator.event_number(index)));
-        generator.generate(index)
+        generator.generate_in_place(index)
     }
 }
 
