@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use glommio::{Latency, LocalExecutorBuilder, Placement, Shares, TaskQueueHandle};
 
@@ -21,6 +21,38 @@ use crate::error::JobError;
 /// only waits for it (`docs/design/local-exchange.md`, "The preempt timer"). The executor's own
 /// timer stays glommio's default: set to this, shards were left asleep for good at their start.
 const SHARD_LATENCY: Duration = Duration::from_millis(1);
+
+/// Makes sure a task that never waits lets its shard's reactor run at least every
+/// [`SHARD_LATENCY`]. glommio polls its reactor — which wakes the tasks that other shards'
+/// sends, timers and I/O made ready — only when every queue ran dry or its preempt timer
+/// fired, and that timer can be its default of 100 ms (when no other queue was waiting as the
+/// task started): a source whose sends to another shard always found room held its shard that
+/// long, while the task reading what the other shard sent it was not woken and that shard
+/// waited for credit — at the start of a 2-shard Nexmark q8, one shard's flush waited 64 ms
+/// (`docs/design/local-exchange.md`, "The preempt timer").
+pub(crate) struct ReactorPasses {
+    next: Instant,
+}
+
+impl ReactorPasses {
+    pub(crate) fn new() -> ReactorPasses {
+        ReactorPasses {
+            next: Instant::now() + SHARD_LATENCY,
+        }
+    }
+
+    /// Lets the reactor run if the last pass is [`SHARD_LATENCY`] old (`now` is the time).
+    #[inline]
+    pub(crate) async fn pass_if_due(&mut self, now: Instant) {
+        if now >= self.next {
+            // A timer due a microsecond from now is pending when first polled: the task
+            // waits, the shard runs whatever else is ready and then polls its reactor, which
+            // finds the timer due (and wakes everything else that became ready).
+            glommio::timer::sleep(Duration::from_micros(1)).await;
+            self.next = Instant::now() + SHARD_LATENCY;
+        }
+    }
+}
 
 /// How long each queue of a shard has run, for the progress report and metrics.
 #[derive(Debug, Default)]
@@ -318,6 +350,41 @@ mod tests {
         assert!(
             runs >= 25,
             "the woken task ran {runs} times while a busy processing task used {SPIN:?} of CPU"
+        );
+    }
+
+    /// A task that never waits but takes its [`ReactorPasses`] lets its shard's reactor run
+    /// every millisecond or so, even where glommio would not preempt it for 100 ms: on an
+    /// executor with one queue (so its preempt timer is glommio's default), a timer due 5 ms
+    /// after a busy task started fires within a few milliseconds of that (without the passes
+    /// it fired 145 ms late, as the busy task ended).
+    #[test]
+    fn a_busy_task_lets_its_shard_s_reactor_run() {
+        let late = LocalExecutorBuilder::new(Placement::Unbound)
+            .spawn(|| async {
+                let fired = glommio::spawn_local(async {
+                    let due = Instant::now() + Duration::from_millis(5);
+                    glommio::timer::sleep(Duration::from_millis(5)).await;
+                    Instant::now().saturating_duration_since(due)
+                });
+                let busy = glommio::spawn_local(async {
+                    let started = Instant::now();
+                    let mut passes = ReactorPasses::new();
+                    while started.elapsed() < Duration::from_millis(150) {
+                        passes.pass_if_due(Instant::now()).await;
+                        glommio::yield_if_needed().await;
+                    }
+                });
+                let late = fired.await;
+                busy.await;
+                late
+            })
+            .expect("an executor")
+            .join()
+            .expect("the executor runs");
+        assert!(
+            late < Duration::from_millis(40),
+            "a timer fired {late:?} late beside a busy task"
         );
     }
 

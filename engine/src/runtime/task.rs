@@ -14,6 +14,7 @@ use super::exchange::inflight::{RecordingPart, PART_IN_FLIGHT};
 use super::exchange::local::LocalItem;
 use super::exchange::reader::{Delivery, GateEvent, InputGate};
 use super::factories::{snapshot_reader_splits, EnumeratorCell, NextSplit};
+use super::shard::ReactorPasses;
 use crate::checkpoint::driver::{SourceCommand, SourceMailbox, TaskCheckpointing};
 use crate::checkpoint::task_state::{OperatorSnapshot, TaskState, PART_SPLITS};
 use crate::checkpoint::{CheckpointBarrier, StopMode};
@@ -337,6 +338,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
         let mut updates = Vec::new();
         let mut cuts = Vec::new();
         let mut timer = FlushTimer::new(self.settings.buffer_timeout);
+        let mut passes = ReactorPasses::new();
         loop {
             if self.cancel.load(Ordering::Relaxed) {
                 return Err(TaskError::consequence("the job was cancelled"));
@@ -444,6 +446,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             }
             fire_processing_timers(&mut self.chain).await?;
             timer.flush_if_due(&mut self.chain).await?;
+            passes.pass_if_due(Instant::now()).await;
             glommio::yield_if_needed().await;
         }
         // A job stopped with a draining savepoint ends with it; otherwise a checkpointed job
