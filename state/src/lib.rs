@@ -13,6 +13,8 @@
 //! - [`checkpoint`]: checkpoint storage — state files written through io_uring with their
 //!   checksums, metadata committed atomically, the newest usable checkpoint found on restore.
 //! - [`codec`]: how values, keys and namespaces become bytes (rkyv).
+//! - [`prefetch`](mod@prefetch): cache-line prefetch hints, so that the misses of scattered
+//!   lookups overlap (the write-back cache's, the engine's snapshot writers').
 //! - [`operator`]: operator (non-keyed) state — [`OperatorStateStore`], one per operator
 //!   subtask, with split and union [`OperatorListState`]s and [`BroadcastState`]; its
 //!   [`OperatorStateSnapshot`] (a checksummed byte format for checkpoint files) and

@@ -426,7 +426,7 @@ impl Generator<Event> for Timed {
     #[inline]
     fn generate(&self, index: u64) -> Event {
         // The generator's own clock, before any delay it gives the event: noted first, so that
-        // the event goes straight to the caller (a 160-byte value held across this call would
+        // the event goes straight to the caller (a 152-byte value held across this call would
         // be copied once more).
         let generator = &self.generator;
         self.timeline

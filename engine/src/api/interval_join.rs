@@ -27,15 +27,14 @@ use super::either::Either;
 use super::function::{KeyedProcessContext, KeyedProcessFunction};
 use bytes::Bytes;
 use weir_state::{
-    KeyedSnapshotEntries, KeyedSnapshotPieces, KeyedSnapshotWriter, StateError, StateKind,
-    StateValueCodec, WriterState,
+    prefetch, prefetch_bytes, KeyedSnapshotEntries, KeyedSnapshotPieces, KeyedSnapshotWriter,
+    StateError, StateKind, StateValueCodec, WriterState,
 };
 
 use super::keyed::KeyedStream;
 use super::stream::DataStream;
 use crate::checkpoint::keyed::{foreign_state, KeyedScope};
 use crate::checkpoint::task_state::{DeferredPart, PartEncoder};
-use crate::checkpoint::{prefetch, prefetch_bytes};
 use crate::operator::process::OwnKeyedState;
 use crate::operator::{Emitter, OutputTag, RuntimeContext};
 use crate::record::{Key, Record};

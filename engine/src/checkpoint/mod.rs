@@ -29,9 +29,6 @@ pub(crate) mod task_state;
 
 use std::time::Duration;
 
-/// Prefetch hints, so that the misses of a snapshot's scattered entries overlap.
-pub(crate) use weir_state::{prefetch, prefetch_bytes};
-
 /// A checkpoint barrier: the records before it belong to checkpoint `id`'s state, those after
 /// it to the next one's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

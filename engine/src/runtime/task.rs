@@ -446,7 +446,7 @@ impl<T: 'static, S: SourceSplit> SourceTask<T, S> {
             }
             fire_processing_timers(&mut self.chain).await?;
             timer.flush_if_due(&mut self.chain).await?;
-            passes.pass_if_due(Instant::now()).await;
+            passes.pass_if_due().await;
             glommio::yield_if_needed().await;
         }
         // A job stopped with a draining savepoint ends with it; otherwise a checkpointed job

@@ -33,12 +33,11 @@ use std::marker::PhantomData;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use weir_state::{KeyedSnapshotPieces, StateCodec, StateError};
+use weir_state::{prefetch, KeyedSnapshotPieces, StateCodec, StateError};
 
 use super::checkpoint::WindowSnapshot;
 use super::KeyMap;
 use crate::checkpoint::chain::{KeyedChain, Link};
-use crate::checkpoint::prefetch;
 use crate::checkpoint::task_state::{
     AfterBarrier, DeferredPart, OperatorSnapshot, WrittenBetweenRecords, PIECE_BYTES,
 };

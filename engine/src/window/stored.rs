@@ -201,9 +201,11 @@ where
         out: &mut Batch<O>,
     ) {
         // Every pane's entry asked for before any is read: their cache misses overlap.
-        for acc in panes {
-            self.store.select(&acc.key, acc.pane);
-            self.store.contents.prefetch();
+        if panes.len() > 1 {
+            for acc in panes {
+                self.store.select(&acc.key, acc.pane);
+                self.store.contents.prefetch();
+            }
         }
         let mut loaded = std::mem::take(&mut self.loaded);
         loaded.clear();

@@ -543,7 +543,8 @@ impl WriteBackCache {
     /// sit there. Several reads whose entries are prefetched first overlap their cache misses.
     pub(crate) fn prefetch(&self, column: ColumnId, key: &[u8]) {
         if let Some((control, bucket)) = self.probe_start(Self::hash(column, key)) {
-            prefetch_bytes(control, 1);
+            // The group of control bytes the probe loads first (16 with SSE2).
+            prefetch_bytes(control, 16);
             prefetch_bytes(bucket.cast(), size_of::<Cached>());
         }
     }
