@@ -22,12 +22,13 @@ use crate::error::JobError;
 /// timer stays glommio's default: set to this, shards were left asleep for good at their start.
 const SHARD_LATENCY: Duration = Duration::from_millis(1);
 
-/// Lets a task that never waits have its shard's reactor run about every [`SHARD_LATENCY`]. glommio polls its reactor — which wakes the tasks that other shards'
-/// sends, timers and I/O made ready — only when every queue ran dry or its preempt timer
-/// fired, and that timer can be its default of 100 ms (when no other queue was waiting as the
-/// task started): a source whose sends to another shard always found room held its shard that
-/// long, while the task reading what the other shard sent it was not woken and that shard
-/// waited for credit — at the start of a 2-shard Nexmark q8, one shard's flush waited 64 ms
+/// Lets a task that never waits have its shard's reactor run about every [`SHARD_LATENCY`].
+/// glommio polls its reactor — which wakes the tasks that other shards' sends, timers and I/O
+/// made ready — only when every queue ran dry or its preempt timer fired, and that timer can
+/// be its default of 100 ms (when no other queue was waiting as the task started): a source
+/// whose sends to another shard always found room held its shard that long, while the task
+/// reading what the other shard sent it was not woken and that shard waited for credit — at
+/// the start of a 2-shard Nexmark q8, one shard's flush waited 64 ms
 /// (`docs/design/local-exchange.md`, "The preempt timer").
 pub(crate) struct ReactorPasses {
     next: Instant,
