@@ -311,7 +311,7 @@ impl<T: Send + 'static, G: Generator<T>> Source<T> for DataGeneratorSource<T, G>
         };
         let (ranges, others): (Vec<_>, Vec<_>) = pending
             .into_iter()
-            .partition(|(owner, split)| owner.is_none() && split.stride == 1);
+            .partition(|(owner, split)| open_range(*owner, split));
         let mut pinned = pin_round_robin(parallelism, others);
         for (_, range) in &ranges {
             pinned.extend(range.deal(parallelism, chunk));
@@ -327,10 +327,16 @@ fn strided(
     owner: Option<usize>,
     split: GeneratorSplit,
 ) -> Vec<(Option<usize>, GeneratorSplit)> {
-    if owner.is_some() || split.stride != 1 {
+    if !open_range(owner, &split) {
         return vec![(owner, split)];
     }
     split.deal(parallelism, 1).collect()
+}
+
+/// Whether `split` (held for `owner`) is a range any reader may take: what a chunked
+/// enumerator cuts chunks off, and what is dealt out when chunks are pinned or given up.
+fn open_range(owner: Option<usize>, split: &GeneratorSplit) -> bool {
+    owner.is_none() && split.stride == 1
 }
 
 /// The enumerator of a chunked source: cuts chunks off the front of its first range any
@@ -356,7 +362,7 @@ impl SplitEnumerator<GeneratorSplit> for Chunks {
                 continue;
             }
             // Only a range any reader may take is cut; a reader's own split goes whole.
-            if owner.is_some() || split.stride != 1 {
+            if !open_range(*owner, split) {
                 return Some(self.splits.remove(index).1);
             }
             let end = limit.min(split.next.saturating_add(self.chunk));

@@ -335,8 +335,9 @@ impl<K: StateKey, N: StateKey, T: StateCodec> ValueAccess<T> for RocksValue<K, N
 
     fn prefetch(&self) {
         let current = self.context.current();
-        if let (Some(column), Some(_)) = (self.column.cached, &current.composite) {
-            self.column.slot.cached_prefetch(column, &current.prefix);
+        if let (Some(column), Ok(key)) = (self.column.cached, prefix(&current, &self.column.state))
+        {
+            self.column.slot.cached_prefetch(column, key);
         }
     }
 
