@@ -7,8 +7,10 @@
 //! overlapping window; firing merges `size / pane` accumulators per key and window.
 //!
 //! Per key the live panes sit in a `PaneList` ordered by start: the newest inline in the key's
-//! map entry (in-order input: no pointer to chase per record), older ones in a deque (the
-//! watermark trails the input, so a key has a few panes waiting to fire).
+//! map entry (in-order input: no pointer to chase per record), older ones in a ring behind one
+//! pointer (the watermark trails the input, so a key has a few panes waiting to fire). A
+//! count's entry is 56 bytes, a record's part of it the first 40 (the key, its checkpoint marks
+//! and the newest pane).
 //!
 //! A key has at most one live fire timer: at the `max_timestamp()` of its next window to fire.
 //! Firing it emits that window and moves the timer on to the key's next window that holds one
@@ -134,12 +136,15 @@ impl Geometry {
     }
 }
 
-/// A key's panes and the time of its live fire timer (`NO_TIMER`: none).
+/// A key's panes and the time of its live fire timer (`NO_TIMER`: none). What a record reads
+/// comes first (`repr(C)`), after the key in its map entry: the marks, then the newest pane;
+/// with a count's panes the entry is 56 bytes, the record's part of it 40.
+#[repr(C)]
 struct KeyState<A> {
-    panes: PaneList<A>,
-    fire_at: i64,
     /// For the snapshots written after their barrier ([`Changes`]).
     marks: Marks,
+    panes: PaneList<A>,
+    fire_at: i64,
 }
 
 impl<A> Default for KeyState<A> {
@@ -725,6 +730,18 @@ mod tests {
     use crate::checkpoint::chain::KeyedChain;
     use crate::window::deferred::{encode_while_fed, finish_link, timed_input, WrittenInPieces};
     use std::collections::VecDeque;
+
+    #[test]
+    fn a_record_reads_the_first_40_bytes_of_its_key_s_entry() {
+        // The map's entry for a `u64` key counting records: the key, the marks and the newest
+        // pane in its first 40 bytes, the older panes' pointer and the fire time after them.
+        type Entry = (u64, KeyState<u64>);
+        assert_eq!(std::mem::size_of::<Entry>(), 56);
+        assert_eq!(std::mem::offset_of!(Entry, 0), 0);
+        assert_eq!(std::mem::offset_of!(Entry, 1), 8);
+        assert_eq!(std::mem::offset_of!(KeyState<u64>, marks), 0);
+        assert_eq!(std::mem::offset_of!(KeyState<u64>, panes), 8);
+    }
 
     #[test]
     fn panes_of_a_sliding_window() {
