@@ -428,15 +428,15 @@ impl Generator<Event> for Timed {
     #[inline]
     fn generate(&self, index: u64) -> Event {
         let generator = &self.generator;
-        // First, so that the event goes straight to the caller (a 160-byte value held across
-        // this call would be copied once more).
         self.timeline
             .reached(generator.timestamp(generator.event_number(index)));
         generator.generate(index)
     }
 
+    /// What the engine's source calls: the event built in its batch, its time noted on the
+    /// way (worked out once).
     #[inline]
-    fn generate_into(&self, index: u64, slot: &mut MaybeUninit<Event>) {
+    fn generate_into<'a>(&self, index: u64, slot: &'a mut MaybeUninit<Event>) -> &'a mut Event {
         self.generator
             .generate_into(index, slot, |time| self.timeline.reached(time))
     }

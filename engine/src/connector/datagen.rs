@@ -131,9 +131,17 @@ impl GeneratorSplit {
             };
             out.reserve(n as usize);
             for k in 0..n {
-                generator.generate_into(start + k * step, &mut out.spare_capacity_mut()[0]);
-                // SAFETY: the first spare slot was just written. Counted only once written, so
-                // a panicking generator leaves the vector as it was.
+                let slot = &mut out.spare_capacity_mut()[0];
+                let at = slot.as_ptr();
+                let written = generator.generate_into(start + k * step, slot);
+                // Safe code gets a `&mut T` into the slot only by writing it: this proves the
+                // generator wrote the record it was asked for where it was asked to.
+                assert!(
+                    std::ptr::eq(written, at),
+                    "a Generator's generate_into returned a record outside the slot it was given"
+                );
+                // SAFETY: the first spare slot holds a record (above). Counted only once
+                // written, so a panicking generator leaves the vector as it was.
                 unsafe { out.set_len(out.len() + 1) };
             }
             generated += n;
@@ -173,12 +181,13 @@ pub trait Generator<T>: Send + Sync + 'static {
     /// Record number `index`.
     fn generate(&self, index: u64) -> T;
 
-    /// Writes record number `index` into `slot` (the reader's batch). A generator of large
-    /// records overrides it to build each record where it is stored: a returned one is built
-    /// on the stack and copied over.
+    /// Writes record number `index` into `slot` (the reader's batch) and returns it there
+    /// (`slot.write(..)`'s result): the reader counts the slot only if the record returned is
+    /// in it. A generator of large records overrides it to build each record where it is
+    /// stored: a returned one is built on the stack and copied over.
     #[inline]
-    fn generate_into(&self, index: u64, slot: &mut MaybeUninit<T>) {
-        slot.write(self.generate(index));
+    fn generate_into<'a>(&self, index: u64, slot: &'a mut MaybeUninit<T>) -> &'a mut T {
+        slot.write(self.generate(index))
     }
 }
 
@@ -697,6 +706,38 @@ mod tests {
         );
         drop(out);
         assert_eq!(drops.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_generator_that_leaves_its_slot_empty_is_stopped_before_the_slot_is_counted() {
+        // It returns a record of its own instead of writing the slot (safe code can): the
+        // reader must not count the slot, which holds nothing.
+        struct Elsewhere;
+        impl Generator<String> for Elsewhere {
+            fn generate(&self, index: u64) -> String {
+                index.to_string()
+            }
+            fn generate_into<'a>(
+                &self,
+                index: u64,
+                _slot: &'a mut MaybeUninit<String>,
+            ) -> &'a mut String {
+                Box::leak(Box::new(self.generate(index)))
+            }
+        }
+        let mut split = GeneratorSplit {
+            first: 0,
+            stride: 1,
+            run: 1,
+            end: 3,
+            next: 0,
+        };
+        let mut out = Vec::new();
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            split.generate(&Elsewhere, 3, 3, &mut out)
+        }));
+        assert!(unwound.is_err());
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -105,9 +105,9 @@ impl<A> PaneList<A> {
 }
 
 /// A ring buffer whose capacity, head and length sit at the front of its allocation: one pointer
-/// wide (nothing allocated while it is empty), where a `VecDeque` takes four words. It holds a
-/// key's older panes in the key's map entry: a count's entry takes 56 bytes instead of 88 (q5
-/// on 1 M events: 9 % fewer misses of a simulated 1 MiB cache, 6 % fewer page faults).
+/// wide (nothing allocated before its first item), where a `VecDeque` takes four words. It
+/// holds a key's older panes in the key's map entry: a count's entry takes 56 bytes instead of
+/// 80 (q5 on 1 M events: 9 % fewer misses of a simulated 1 MiB cache, 6 % fewer page faults).
 struct Ring<T> {
     /// The header, followed by its `cap` slots.
     header: Option<NonNull<Header>>,
@@ -458,6 +458,46 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_ring_of_wide_items_wraps_and_searches_where_it_wrapped() {
+        // 16-byte aligned items (the slots start past the header at their own alignment), in
+        // a ring wrapped around its end when it is searched, inserted into and grown.
+        let mut ring: Ring<u128> = Ring::new();
+        for n in 0..4 {
+            ring.push_back(n);
+        }
+        for n in 0..3 {
+            assert_eq!(ring.pop_front(), Some(n));
+        }
+        ring.push_back(4);
+        ring.push_back(5);
+        // Slots 3, 0 and 1 of 4 hold 3, 4 and 5.
+        assert_eq!(
+            ring.iter_from(0).copied().collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        for (probe, at) in [(0, 0), (4, 1), (5, 2), (6, 3)] {
+            assert_eq!(
+                ring.partition_point(|n| *n < probe),
+                at,
+                "first at least {probe}"
+            );
+        }
+        assert_eq!(ring.get(3), None);
+        assert_eq!(ring.slot(0) as usize % std::mem::align_of::<u128>(), 0);
+        // Across the end without growing, then growing while wrapped.
+        ring.insert(1, 9);
+        assert_eq!(
+            ring.iter_from(0).copied().collect::<Vec<_>>(),
+            vec![3, 9, 4, 5]
+        );
+        ring.push_back(6);
+        assert_eq!(
+            ring.iter_from(1).copied().collect::<Vec<_>>(),
+            vec![9, 4, 5, 6]
+        );
     }
 
     #[test]

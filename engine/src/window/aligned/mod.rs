@@ -733,11 +733,11 @@ mod tests {
 
     #[test]
     fn a_record_reads_the_first_40_bytes_of_its_key_s_entry() {
-        // The map's entry for a `u64` key counting records: the key, the marks and the newest
-        // pane in its first 40 bytes, the older panes' pointer and the fire time after them.
+        // A `u64` key counting records: the state's marks and newest pane first (`repr(C)`);
+        // the entry's size and the key before the state are what the compiler does today
+        // (neither is promised): a canary for the layout the per-record path was measured on.
         type Entry = (u64, KeyState<u64>);
         assert_eq!(std::mem::size_of::<Entry>(), 56);
-        assert_eq!(std::mem::offset_of!(Entry, 0), 0);
         assert_eq!(std::mem::offset_of!(Entry, 1), 8);
         assert_eq!(std::mem::offset_of!(KeyState<u64>, marks), 0);
         assert_eq!(std::mem::offset_of!(KeyState<u64>, panes), 8);
