@@ -129,25 +129,76 @@ impl GeneratorSplit {
                 };
                 (1, n, after)
             };
-            out.reserve(n as usize);
+            let mut filled = Filled::new(out, n as usize);
             for k in 0..n {
-                let slot = &mut out.spare_capacity_mut()[0];
+                // SAFETY: called `n` times, the number of slots reserved.
+                let slot = unsafe { filled.next_slot() };
                 let at = slot.as_ptr();
                 let written = generator.generate_into(start + k * step, slot);
                 // Safe code gets a `&mut T` into the slot only by writing it: this proves the
-                // generator wrote the record it was asked for where it was asked to.
+                // generator wrote the record it was asked for where it was asked to (and is
+                // compiled away where `generate_into` inlines).
                 assert!(
                     std::ptr::eq(written, at),
                     "a Generator's generate_into returned a record outside the slot it was given"
                 );
-                // SAFETY: the first spare slot holds a record (above). Counted only once
-                // written, so a panicking generator leaves the vector as it was.
-                unsafe { out.set_len(out.len() + 1) };
+                filled.count_written();
             }
             generated += n;
             self.next = after;
         }
         generated
+    }
+}
+
+/// The spare capacity of a vector being written front to back, and its length once it is let go
+/// (also when unwinding): as the standard library's `extend` keeps it, so that the length is
+/// not stored back after every record.
+struct Filled<'a, T> {
+    out: &'a mut Vec<T>,
+    /// The vector's buffer, and how far it was reserved (read once: a record written through
+    /// a slot might, for all the compiler knows, change the vector's own fields).
+    base: *mut T,
+    end: usize,
+    len: usize,
+}
+
+impl<'a, T> Filled<'a, T> {
+    /// Reserves `additional` slots of `out` to be written.
+    fn new(out: &'a mut Vec<T>, additional: usize) -> Self {
+        out.reserve(additional);
+        let len = out.len();
+        Filled {
+            base: out.as_mut_ptr(),
+            end: len + additional,
+            out,
+            len,
+        }
+    }
+
+    /// The first slot not yet written.
+    ///
+    /// # Safety
+    /// Only while fewer than the slots reserved were counted written (`len < end`).
+    #[inline(always)]
+    unsafe fn next_slot(&mut self) -> &mut MaybeUninit<T> {
+        debug_assert!(self.len < self.end, "a reserved slot");
+        // SAFETY: `len < end <= capacity` (the caller's promise): inside the allocation, past
+        // the records counted.
+        unsafe { &mut *self.base.add(self.len).cast::<MaybeUninit<T>>() }
+    }
+
+    /// The slot [`Filled::next_slot`] gave holds a record.
+    #[inline(always)]
+    fn count_written(&mut self) {
+        self.len += 1;
+    }
+}
+
+impl<T> Drop for Filled<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: slots up to `len` hold records: each was counted once written.
+        unsafe { self.out.set_len(self.len) };
     }
 }
 
