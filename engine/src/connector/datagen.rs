@@ -722,6 +722,21 @@ mod tests {
         assert_eq!(out, (0..1_000).collect::<Vec<u64>>());
     }
 
+    /// Whether generating records `0..count` of one split into `out` panics.
+    fn generating_panics<T>(generator: &impl Generator<T>, count: u64, out: &mut Vec<T>) -> bool {
+        let mut split = GeneratorSplit {
+            first: 0,
+            stride: 1,
+            run: 1,
+            end: count,
+            next: 0,
+        };
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            split.generate(generator, count, count, out)
+        }))
+        .is_err()
+    }
+
     #[test]
     fn a_generator_that_panics_leaves_the_records_it_made_in_the_batch() {
         // Records that count their drops: one made before the panic is held by the batch and
@@ -739,18 +754,8 @@ mod tests {
             assert!(i != 5, "record 5 cannot be made");
             Counted(i, Arc::clone(&counter))
         };
-        let mut split = GeneratorSplit {
-            first: 0,
-            stride: 1,
-            run: 1,
-            end: 10,
-            next: 0,
-        };
         let mut out = Vec::new();
-        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            split.generate(&generator, 10, 10, &mut out)
-        }));
-        assert!(unwound.is_err());
+        assert!(generating_panics(&generator, 10, &mut out));
         assert_eq!(
             out.iter().map(|c| c.0).collect::<Vec<_>>(),
             vec![0, 1, 2, 3, 4]
@@ -776,18 +781,8 @@ mod tests {
                 Box::leak(Box::new(self.generate(index)))
             }
         }
-        let mut split = GeneratorSplit {
-            first: 0,
-            stride: 1,
-            run: 1,
-            end: 3,
-            next: 0,
-        };
         let mut out = Vec::new();
-        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            split.generate(&Elsewhere, 3, 3, &mut out)
-        }));
-        assert!(unwound.is_err());
+        assert!(generating_panics(&Elsewhere, 3, &mut out));
         assert!(out.is_empty());
     }
 
