@@ -421,10 +421,20 @@ where
         backend.value_state(&ValueStateDescriptor::new(CONTENTS))
     }
 
+    /// One read-modify-write of the stored accumulator (`ValueState::update_with`).
     fn add_stored(&mut self, contents: &ValueState<ACC>, value: T) -> Result<(), StateError> {
-        let mut acc = self.load(contents)?;
-        self.aggregate.add(value, &mut acc);
-        contents.update(acc)
+        let aggregate = &mut self.aggregate;
+        contents.update_with(|acc| match acc {
+            Some(acc) => {
+                aggregate.add(value, acc);
+                None
+            }
+            None => {
+                let mut acc = aggregate.create_accumulator();
+                aggregate.add(value, &mut acc);
+                Some(acc)
+            }
+        })
     }
 
     fn load(&mut self, contents: &ValueState<ACC>) -> Result<ACC, StateError> {
@@ -434,9 +444,18 @@ where
     }
 
     fn merge_stored(&mut self, contents: &ValueState<ACC>, from: ACC) -> Result<(), StateError> {
-        let mut acc = self.load(contents)?;
-        self.aggregate.merge(&mut acc, &from);
-        contents.update(acc)
+        let aggregate = &mut self.aggregate;
+        contents.update_with(|acc| match acc {
+            Some(acc) => {
+                aggregate.merge(acc, &from);
+                None
+            }
+            None => {
+                let mut acc = aggregate.create_accumulator();
+                aggregate.merge(&mut acc, &from);
+                Some(acc)
+            }
+        })
     }
 }
 

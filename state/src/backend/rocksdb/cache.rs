@@ -241,6 +241,14 @@ impl Cached {
     }
 }
 
+/// Where [`WriteBackCache::read`] found a key: its hash, and its entry's bucket (`None`:
+/// the read loaded it, and may have moved the table's entries).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Found {
+    hash: u64,
+    bucket: Option<usize>,
+}
+
 /// One entry written back: a put of `value`, or a delete.
 #[derive(Clone, Copy)]
 pub(crate) struct WriteBack<'a> {
@@ -562,22 +570,32 @@ impl WriteBackCache {
     }
 
     /// Hands the value of `key` in `column` (`None`: no value) to `read`, loading it from
-    /// `backing` on a miss; then evicts if the load made the cache too full.
+    /// `backing` on a miss; then evicts if the load made the cache too full. Returns where the
+    /// entry was found too, for a write of the same key that follows
+    /// ([`WriteBackCache::write_found`]): a read-modify-write hashes and probes once.
     pub(crate) fn read<R>(
         &mut self,
         backing: &impl Backing,
         column: ColumnId,
         key: &[u8],
         read: impl FnOnce(Option<&[u8]>) -> R,
-    ) -> Result<R, StateError> {
+    ) -> Result<(R, Found), StateError> {
         let hash = Self::hash(column, key);
-        if let Some(entry) = self
+        if let Some(bucket) = self
             .table
-            .find_mut(hash, |entry| entry.is(hash, column, key))
+            .find_bucket_index(hash, |entry| entry.is(hash, column, key))
         {
+            let entry = self
+                .table
+                .get_bucket_mut(bucket)
+                .expect("the bucket just found");
             entry.flags |= REFERENCED;
             self.stats.hits += 1;
-            return Ok(read(entry.value()));
+            let found = Found {
+                hash,
+                bucket: Some(bucket),
+            };
+            return Ok((read(entry.value()), found));
         }
         self.stats.misses += 1;
         let mut value = Vec::new();
@@ -592,7 +610,7 @@ impl WriteBackCache {
         );
         let result = read(entry.value());
         self.insert(backing, entry)?;
-        Ok(result)
+        Ok((result, Found { hash, bucket: None }))
     }
 
     /// Sets the value of `key` in `column` to `value`, or deletes it (`None`); evicts if that
@@ -604,54 +622,73 @@ impl WriteBackCache {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<(), StateError> {
-        let hash = Self::hash(column, key);
-        match self
-            .table
-            .find_entry(hash, |entry| entry.is(hash, column, key))
-        {
-            Ok(mut found) => {
-                let owner = self.owners[column as usize];
-                let entry = found.get_mut();
-                self.cuts.hold(owner, entry);
-                let before = entry.bytes.outside();
-                let was_dirty = entry.is_dirty();
-                let key_len = entry.key_len as usize;
-                match value {
-                    Some(value) => {
-                        entry.bytes.replace_tail(key_len, value);
-                        entry.flags |= PRESENT | DIRTY | REFERENCED;
-                    }
-                    None if entry.flags & STORED == 0 => {
-                        // Nothing to delete in RocksDB: the key need not be remembered.
-                        let (removed, _) = found.remove();
-                        self.outside -= before;
-                        if removed.is_dirty() {
-                            self.count_dirty(owner, false);
-                        }
-                        return Ok(());
-                    }
-                    None => {
-                        entry.bytes.replace_tail(key_len, &[]);
-                        entry.flags = (entry.flags & !PRESENT) | DIRTY | REFERENCED;
-                    }
-                }
-                self.outside = self.outside - before + entry.bytes.outside();
-                if !was_dirty {
-                    self.count_dirty(owner, true);
-                }
-                if self.used() > self.capacity {
-                    self.evict(backing, self.table.len())?;
-                }
-                self.bound_dirty(backing)
+        let found = Found {
+            hash: Self::hash(column, key),
+            bucket: None,
+        };
+        self.write_found(backing, column, key, found, value)
+    }
+
+    /// [`WriteBackCache::write`] of the key a [`WriteBackCache::read`] found `found`:
+    /// where the read left its entry, unless the table has changed there since (then it is
+    /// looked for again).
+    pub(crate) fn write_found(
+        &mut self,
+        backing: &impl Backing,
+        column: ColumnId,
+        key: &[u8],
+        found: Found,
+        value: Option<&[u8]>,
+    ) -> Result<(), StateError> {
+        let Found { hash, bucket } = found;
+        debug_assert_eq!(hash, Self::hash(column, key), "found for another key");
+        let is_key = |entry: &Cached| entry.is(hash, column, key);
+        let bucket = bucket
+            .filter(|&bucket| self.table.get_bucket(bucket).is_some_and(is_key))
+            .or_else(|| self.table.find_bucket_index(hash, is_key));
+        let Some(bucket) = bucket else {
+            // RocksDB may hold the key: a delete must reach it.
+            let present = if value.is_some() { PRESENT } else { 0 };
+            let flags = DIRTY | STORED | REFERENCED | present;
+            let entry = Cached::new(hash, column, key, value.unwrap_or_default(), flags);
+            return self.insert(backing, entry);
+        };
+        let Ok(mut found) = self.table.get_bucket_entry(bucket) else {
+            unreachable!("bucket {bucket} holds the entry just found");
+        };
+        let owner = self.owners[column as usize];
+        let entry = found.get_mut();
+        self.cuts.hold(owner, entry);
+        let before = entry.bytes.outside();
+        let was_dirty = entry.is_dirty();
+        let key_len = entry.key_len as usize;
+        match value {
+            Some(value) => {
+                entry.bytes.replace_tail(key_len, value);
+                entry.flags |= PRESENT | DIRTY | REFERENCED;
             }
-            Err(_) => {
-                // RocksDB may hold the key: a delete must reach it.
-                let present = if value.is_some() { PRESENT } else { 0 };
-                let flags = DIRTY | STORED | REFERENCED | present;
-                let entry = Cached::new(hash, column, key, value.unwrap_or_default(), flags);
-                self.insert(backing, entry)
+            None if entry.flags & STORED == 0 => {
+                // Nothing to delete in RocksDB: the key need not be remembered.
+                let (removed, _) = found.remove();
+                self.outside -= before;
+                if removed.is_dirty() {
+                    self.count_dirty(owner, false);
+                }
+                return Ok(());
+            }
+            None => {
+                entry.bytes.replace_tail(key_len, &[]);
+                entry.flags = (entry.flags & !PRESENT) | DIRTY | REFERENCED;
             }
         }
+        self.outside = self.outside - before + entry.bytes.outside();
+        if !was_dirty {
+            self.count_dirty(owner, true);
+        }
+        if self.used() > self.capacity {
+            self.evict(backing, self.table.len())?;
+        }
+        self.bound_dirty(backing)
     }
 
     /// Adds `entry` (not in the table), making room first if the table holds all it may, and
@@ -1055,6 +1092,7 @@ mod tests {
     ) -> Option<Vec<u8>> {
         cache
             .read(model, column, key, |value| value.map(<[u8]>::to_vec))
+            .map(|(value, _)| value)
             .unwrap()
     }
 
@@ -1105,6 +1143,60 @@ mod tests {
             "{at_start} of {} entries where their probe starts",
             keys.len()
         );
+    }
+
+    /// A write where a read found its key lands on that key, also when the table grew and
+    /// moved its entries in between, or the key was deleted and others written.
+    #[test]
+    fn a_write_where_a_read_found_the_key_lands_on_the_key() {
+        let model = Model::default();
+        let mut cache = WriteBackCache::new(1 << 20);
+        let column = cache.column(0, "value:op:acc");
+        let found_at = |cache: &mut WriteBackCache, key: &[u8]| {
+            cache.read(&model, column, key, |_| ()).unwrap().1
+        };
+        cache.write(&model, column, b"a", Some(b"1")).unwrap();
+        // In place.
+        let found = found_at(&mut cache, b"a");
+        assert!(found.bucket.is_some(), "a hit says where");
+        cache
+            .write_found(&model, column, b"a", found, Some(b"2"))
+            .unwrap();
+        assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"2".to_vec()));
+        // After the table grew: every entry rehashed.
+        let found = found_at(&mut cache, b"a");
+        let buckets = cache.table.num_buckets();
+        for other in 0..1_000u32 {
+            cache
+                .write(&model, column, &other.to_be_bytes(), Some(b"x"))
+                .unwrap();
+        }
+        assert!(cache.table.num_buckets() > buckets, "the table grew");
+        cache
+            .write_found(&model, column, b"a", found, Some(b"3"))
+            .unwrap();
+        assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"3".to_vec()));
+        for other in 0..1_000u32 {
+            let other = other.to_be_bytes();
+            assert_eq!(get(&mut cache, &model, column, &other), Some(b"x".to_vec()));
+        }
+        // After the key was deleted (a tombstone: RocksDB may hold it) and another written.
+        let found = found_at(&mut cache, b"a");
+        cache.write(&model, column, b"a", None).unwrap();
+        cache.write(&model, column, b"b", Some(b"b")).unwrap();
+        cache
+            .write_found(&model, column, b"a", found, Some(b"4"))
+            .unwrap();
+        assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"4".to_vec()));
+        assert_eq!(get(&mut cache, &model, column, b"b"), Some(b"b".to_vec()));
+        assert_eq!(cache.len(), 1_002);
+        // A miss loads the key: where it went is looked for again.
+        let found = found_at(&mut cache, b"c");
+        assert!(found.bucket.is_none());
+        cache
+            .write_found(&model, column, b"c", found, Some(b"c"))
+            .unwrap();
+        assert_eq!(get(&mut cache, &model, column, b"c"), Some(b"c".to_vec()));
     }
 
     /// A key created, updated and deleted while cached costs RocksDB one read and no write.

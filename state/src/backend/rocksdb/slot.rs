@@ -74,7 +74,8 @@ use rocksdb::{
 };
 
 use crate::backend::rocksdb::cache::{
-    Backing, CaptureStep, ColumnId, WriteBack, WriteBackCache, WriteBackStats, MIN_WRITE_BACK_BYTES,
+    Backing, CaptureStep, ColumnId, Found, WriteBack, WriteBackCache, WriteBackStats,
+    MIN_WRITE_BACK_BYTES,
 };
 use crate::backend::rocksdb::held::{self, HELD_WRITES_FILE};
 use crate::backend::rocksdb::key::{has_state_prefix, key_group_bounds, state_prefix};
@@ -1040,13 +1041,15 @@ impl RocksDbInstance {
             .map(|mut cache| cache.column(self.id, name))
     }
 
-    /// Hands the value of `key` in cached column `column` to `read` (see `cache.rs`).
+    /// Hands the value of `key` in cached column `column` to `read` (see `cache.rs`), and says
+    /// where the entry was found, for the write of a read-modify-write
+    /// ([`RocksDbInstance::cached_write_found`]).
     pub(crate) fn cached_read<R>(
         &self,
         column: ColumnId,
         key: &[u8],
         read: impl FnOnce(Option<&[u8]>) -> R,
-    ) -> Result<R, StateError> {
+    ) -> Result<(R, Found), StateError> {
         let mut cache = self
             .write_back()
             .expect("a cached column belongs to a slot with a write-back cache");
@@ -1072,6 +1075,21 @@ impl RocksDbInstance {
             .write_back()
             .expect("a cached column belongs to a slot with a write-back cache");
         cache.write(&SlotBacking { this: self }, column, key, value)
+    }
+
+    /// [`RocksDbInstance::cached_write`] of the key a [`RocksDbInstance::cached_read`]
+    /// found `found`.
+    pub(crate) fn cached_write_found(
+        &self,
+        column: ColumnId,
+        key: &[u8],
+        found: Found,
+        value: Option<&[u8]>,
+    ) -> Result<(), StateError> {
+        let mut cache = self
+            .write_back()
+            .expect("a cached column belongs to a slot with a write-back cache");
+        cache.write_found(&SlotBacking { this: self }, column, key, found, value)
     }
 
     pub(crate) fn db(&self) -> &Db {

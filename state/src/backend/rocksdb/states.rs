@@ -17,7 +17,7 @@ use std::sync::Arc;
 use rocksdb::{BoundColumnFamily, DBPinnableSlice, ReadOptions, WriteBatch};
 
 use crate::backend::context::{Current, KeyContext};
-use crate::backend::rocksdb::cache::ColumnId;
+use crate::backend::rocksdb::cache::{ColumnId, Found};
 use crate::backend::rocksdb::key::prefix_end;
 use crate::backend::rocksdb::slot::RocksDbInstance;
 use crate::backend::rocksdb::value::{
@@ -127,16 +127,19 @@ impl RocksColumn {
     }
 
     /// Hands the stored value of `key` (`None`: there is none) to `read`: from the write-back
-    /// cache for a cached column, else pinned in RocksDB.
+    /// cache for a cached column, else pinned in RocksDB. Also says where a cached column's
+    /// cache found `key` (`None` for an uncached column), for a write that follows
+    /// ([`RocksColumn::put_found`]).
     fn with_stored<R>(
         &self,
         key: &[u8],
         read: impl FnOnce(Option<&[u8]>) -> R,
-    ) -> Result<R, StateError> {
+    ) -> Result<(R, Option<Found>), StateError> {
         if let Some(column) = self.cached {
-            return self.slot.cached_read(column, key, read);
+            let (result, found) = self.slot.cached_read(column, key, read)?;
+            return Ok((result, Some(found)));
         }
-        Ok(read(self.get_pinned(key)?.as_deref()))
+        Ok((read(self.get_pinned(key)?.as_deref()), None))
     }
 
     /// The value of `key` pinned in RocksDB itself, past any write-back cache: for uncached
@@ -150,8 +153,18 @@ impl RocksColumn {
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        self.put_found(key, value, None)
+    }
+
+    /// Puts `value` under `key`, which a read just found `found` in the cache (if it did).
+    fn put_found(&self, key: &[u8], value: &[u8], found: Option<Found>) -> Result<(), StateError> {
         if let Some(column) = self.cached {
-            return self.slot.cached_write(column, key, Some(value));
+            return match found {
+                Some(found) => self
+                    .slot
+                    .cached_write_found(column, key, found, Some(value)),
+                None => self.slot.cached_write(column, key, Some(value)),
+            };
         }
         self.slot
             .db()
@@ -244,21 +257,34 @@ impl RocksColumn {
         type_name: &'static str,
         read: impl FnOnce(&[u8]) -> Result<R, StateError>,
     ) -> Result<Option<R>, StateError> {
+        self.read_single_found(key, refresh, type_name, read)
+            .map(|(result, _)| result)
+    }
+
+    /// [`RocksColumn::read_single`], and where the cache found the entry (see
+    /// [`RocksColumn::with_stored`]).
+    fn read_single_found<R>(
+        &self,
+        key: &[u8],
+        refresh: bool,
+        type_name: &'static str,
+        read: impl FnOnce(&[u8]) -> Result<R, StateError>,
+    ) -> Result<(Option<R>, Option<Found>), StateError> {
         /// What the stored entry held.
-        enum Found<R> {
+        enum Stored<R> {
             Nothing,
             Expired,
             /// The result, and the entry rewritten with a new expiry if it needs one.
             Live(R, Option<Vec<u8>>),
         }
         let access = AccessTime::of(self.ttl.as_ref());
-        let found = self.with_stored(key, |stored| -> Result<Found<R>, StateError> {
+        let (stored, at) = self.with_stored(key, |stored| -> Result<Stored<R>, StateError> {
             let Some(stored) = stored else {
-                return Ok(Found::Nothing);
+                return Ok(Stored::Nothing);
             };
             let frame = self.parse("value", type_name, stored)?;
             if access.expired(frame.expires_at) {
-                return Ok(Found::Expired);
+                return Ok(Stored::Expired);
             }
             let result = read(frame.payload)?;
             let refreshed =
@@ -268,30 +294,40 @@ impl RocksColumn {
                         set_expiry(&mut refreshed, access.write_expiry);
                         refreshed
                     });
-            Ok(Found::Live(result, refreshed))
-        })??;
-        match found {
-            Found::Nothing => Ok(None),
-            Found::Expired => {
+            Ok(Stored::Live(result, refreshed))
+        })?;
+        match stored? {
+            Stored::Nothing => Ok((None, at)),
+            Stored::Expired => {
                 self.delete(key)?;
-                Ok(None)
+                Ok((None, at))
             }
-            Found::Live(result, refreshed) => {
+            Stored::Live(result, refreshed) => {
                 if let Some(refreshed) = refreshed {
-                    self.put(key, &refreshed)?;
+                    self.put_found(key, &refreshed, at)?;
                 }
-                Ok(Some(result))
+                Ok((Some(result), at))
             }
         }
     }
 
     /// Writes `value` as the one-frame entry under `key`.
     fn write_single<T: StateCodec>(&self, key: &[u8], value: &T) -> Result<(), StateError> {
+        self.write_single_found(key, value, None)
+    }
+
+    /// [`RocksColumn::write_single`] of a key a read just found `found` in the cache.
+    fn write_single_found<T: StateCodec>(
+        &self,
+        key: &[u8],
+        value: &T,
+        found: Option<Found>,
+    ) -> Result<(), StateError> {
         let expires_at = AccessTime::of(self.ttl.as_ref()).write_expiry;
         let mut buffer = self.scratch.borrow_mut();
         buffer.clear();
         self.encode_frame(value, expires_at, &mut buffer)?;
-        self.put(key, &buffer)
+        self.put_found(key, &buffer, found)
     }
 }
 
@@ -344,11 +380,12 @@ impl<K: StateKey, N: StateKey, T: StateCodec> ValueAccess<T> for RocksValue<K, N
     fn update_with(&self, update: UpdateFn<'_, T>) -> Result<(), StateError> {
         let current = self.context.current();
         let key = prefix(&current, &self.column.state)?;
-        let existing = self
-            .column
-            .read_single(key, false, type_name::<T>(), |payload| {
-                self.column.decode::<T>("value", payload)
-            })?;
+        // The write goes where the read found the entry: one hashing and probe of the cache.
+        let (existing, found) =
+            self.column
+                .read_single_found(key, false, type_name::<T>(), |payload| {
+                    self.column.decode::<T>("value", payload)
+                })?;
         let new = match existing {
             Some(mut value) => {
                 if let Some(replacement) = update(Some(&mut value)) {
@@ -359,7 +396,7 @@ impl<K: StateKey, N: StateKey, T: StateCodec> ValueAccess<T> for RocksValue<K, N
             None => update(None),
         };
         match new {
-            Some(value) => self.column.write_single(key, &value),
+            Some(value) => self.column.write_single_found(key, &value, found),
             None => Ok(()),
         }
     }
