@@ -241,8 +241,8 @@ impl Cached {
     }
 }
 
-/// Where [`WriteBackCache::read`] found a key: its hash, and its entry's bucket (`None`:
-/// the read loaded it, and may have moved the table's entries).
+/// Where [`WriteBackCache::read`] found a key (or put it, loaded): its hash, and its entry's
+/// bucket. A write checks the bucket still holds the key before it writes there.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Found {
     hash: u64,
@@ -609,8 +609,14 @@ impl WriteBackCache {
             if found { PRESENT | STORED } else { 0 },
         );
         let result = read(entry.value());
-        self.insert(backing, entry)?;
-        Ok((result, Found { hash, bucket: None }))
+        let bucket = self.insert(backing, entry)?;
+        Ok((
+            result,
+            Found {
+                hash,
+                bucket: Some(bucket),
+            },
+        ))
     }
 
     /// Sets the value of `key` in `column` to `value`, or deletes it (`None`); evicts if that
@@ -651,7 +657,7 @@ impl WriteBackCache {
             let present = if value.is_some() { PRESENT } else { 0 };
             let flags = DIRTY | STORED | REFERENCED | present;
             let entry = Cached::new(hash, column, key, value.unwrap_or_default(), flags);
-            return self.insert(backing, entry);
+            return self.insert(backing, entry).map(|_| ());
         };
         let Ok(mut found) = self.table.get_bucket_entry(bucket) else {
             unreachable!("bucket {bucket} holds the entry just found");
@@ -692,8 +698,9 @@ impl WriteBackCache {
     }
 
     /// Adds `entry` (not in the table), making room first if the table holds all it may, and
-    /// evicting after if its buffer takes the cache past its capacity.
-    fn insert(&mut self, backing: &impl Backing, mut entry: Cached) -> Result<(), StateError> {
+    /// evicting after if its buffer takes the cache past its capacity. Returns the bucket it
+    /// went to (which that eviction may have emptied again).
+    fn insert(&mut self, backing: &impl Backing, mut entry: Cached) -> Result<usize, StateError> {
         if self.table.len() >= self.max_entries {
             let keep = (self.max_entries - self.max_entries / 16).min(self.max_entries - 1);
             self.evict(backing, keep)?;
@@ -708,12 +715,14 @@ impl WriteBackCache {
         let inserted = self
             .table
             .insert_unique(entry.hash, entry, |entry| entry.hash);
-        self.buckets_end = (inserted.get() as *const Cached as usize)
-            + (inserted.bucket_index() + 1) * size_of::<Cached>();
+        let bucket = inserted.bucket_index();
+        self.buckets_end =
+            (inserted.get() as *const Cached as usize) + (bucket + 1) * size_of::<Cached>();
         if self.used() > self.capacity {
             self.evict(backing, self.table.len())?;
         }
-        self.bound_dirty(backing)
+        self.bound_dirty(backing)?;
+        Ok(bucket)
     }
 
     /// Evicts (see the module docs) until at most `keep` entries are left and the cache is
@@ -1145,8 +1154,9 @@ mod tests {
         );
     }
 
-    /// A write where a read found its key lands on that key, also when the table grew and
-    /// moved its entries in between, or the key was deleted and others written.
+    /// A write where a read found its key lands on that key: in place, and where the bucket no
+    /// longer holds it — the table grew (entries rehashed), the entry left the table, or the
+    /// bucket holds another key or none — without touching what is there.
     #[test]
     fn a_write_where_a_read_found_the_key_lands_on_the_key() {
         let model = Model::default();
@@ -1155,14 +1165,27 @@ mod tests {
         let found_at = |cache: &mut WriteBackCache, key: &[u8]| {
             cache.read(&model, column, key, |_| ()).unwrap().1
         };
+        let bucket_of = |cache: &WriteBackCache, key: &[u8]| {
+            let hash = WriteBackCache::hash(column, key);
+            cache
+                .table
+                .find_bucket_index(hash, |entry| entry.is(hash, column, key))
+        };
         cache.write(&model, column, b"a", Some(b"1")).unwrap();
         // In place.
         let found = found_at(&mut cache, b"a");
-        assert!(found.bucket.is_some(), "a hit says where");
+        assert_eq!(found.bucket, bucket_of(&cache, b"a"), "a hit says where");
         cache
             .write_found(&model, column, b"a", found, Some(b"2"))
             .unwrap();
         assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"2".to_vec()));
+        // A miss says where the load put the key.
+        let found = found_at(&mut cache, b"c");
+        assert_eq!(found.bucket, bucket_of(&cache, b"c"));
+        cache
+            .write_found(&model, column, b"c", found, Some(b"c"))
+            .unwrap();
+        assert_eq!(get(&mut cache, &model, column, b"c"), Some(b"c".to_vec()));
         // After the table grew: every entry rehashed.
         let found = found_at(&mut cache, b"a");
         let buckets = cache.table.num_buckets();
@@ -1176,27 +1199,37 @@ mod tests {
             .write_found(&model, column, b"a", found, Some(b"3"))
             .unwrap();
         assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"3".to_vec()));
+        // The remembered bucket holds another key: that key keeps its value.
+        let other = 7u32.to_be_bytes();
+        let stale = Found {
+            hash: WriteBackCache::hash(column, b"a"),
+            bucket: bucket_of(&cache, &other),
+        };
+        cache
+            .write_found(&model, column, b"a", stale, Some(b"4"))
+            .unwrap();
+        assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"4".to_vec()));
+        assert_eq!(get(&mut cache, &model, column, &other), Some(b"x".to_vec()));
+        // The remembered bucket is empty: the key's entry left the table (RocksDB never held
+        // "d", so its delete dropped it).
+        let found = found_at(&mut cache, b"d");
+        cache
+            .write_found(&model, column, b"d", found, Some(b"d"))
+            .unwrap();
+        let found = found_at(&mut cache, b"d");
+        cache.write(&model, column, b"d", None).unwrap();
+        assert_eq!(bucket_of(&cache, b"d"), None, "dropped, not a tombstone");
+        assert!(cache.table.get_bucket(found.bucket.unwrap()).is_none());
+        cache
+            .write_found(&model, column, b"d", found, Some(b"5"))
+            .unwrap();
+        assert_eq!(get(&mut cache, &model, column, b"d"), Some(b"5".to_vec()));
         for other in 0..1_000u32 {
             let other = other.to_be_bytes();
             assert_eq!(get(&mut cache, &model, column, &other), Some(b"x".to_vec()));
         }
-        // After the key was deleted (a tombstone: RocksDB may hold it) and another written.
-        let found = found_at(&mut cache, b"a");
-        cache.write(&model, column, b"a", None).unwrap();
-        cache.write(&model, column, b"b", Some(b"b")).unwrap();
-        cache
-            .write_found(&model, column, b"a", found, Some(b"4"))
-            .unwrap();
-        assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"4".to_vec()));
-        assert_eq!(get(&mut cache, &model, column, b"b"), Some(b"b".to_vec()));
-        assert_eq!(cache.len(), 1_002);
-        // A miss loads the key: where it went is looked for again.
-        let found = found_at(&mut cache, b"c");
-        assert!(found.bucket.is_none());
-        cache
-            .write_found(&model, column, b"c", found, Some(b"c"))
-            .unwrap();
-        assert_eq!(get(&mut cache, &model, column, b"c"), Some(b"c".to_vec()));
+        assert_eq!(cache.len(), 1_003, "a, c, d and the others, once each");
+        assert_eq!(model.writes.get(), 0, "nothing written back");
     }
 
     /// A key created, updated and deleted while cached costs RocksDB one read and no write.
@@ -1304,6 +1337,11 @@ mod tests {
         Step(u8, u8),
         /// The owner's oldest capture given up.
         Abandon(u8),
+        /// A read of the key that keeps where it found it, for a later `WriteFound`.
+        ReadFound(u8, u8),
+        /// A write (`Some`) or delete where the last `ReadFound` found its key, whatever
+        /// happened to the table since.
+        WriteFound(Option<Vec<u8>>),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1313,13 +1351,16 @@ mod tests {
             4 => (column.clone(), key.clone()).prop_map(|(c, k)| Op::Read(c, k)),
             4 => (column.clone(), key.clone(), proptest::collection::vec(any::<u8>(), 0..40))
                 .prop_map(|(c, k, v)| Op::Put(c, k, v)),
-            2 => (column.clone(), key).prop_map(|(c, k)| Op::Delete(c, k)),
+            2 => (column.clone(), key.clone()).prop_map(|(c, k)| Op::Delete(c, k)),
             1 => Just(Op::Flush),
             1 => column.clone().prop_map(Op::Forget),
             1 => column.clone().prop_map(Op::ForgetUnflushed),
             1 => column.clone().prop_map(Op::Cut),
             2 => (column.clone(), 1..8u8).prop_map(|(c, b)| Op::Step(c, b)),
-            1 => column.prop_map(Op::Abandon),
+            1 => column.clone().prop_map(Op::Abandon),
+            2 => (column, key).prop_map(|(c, k)| Op::ReadFound(c, k)),
+            2 => proptest::option::weighted(0.8, proptest::collection::vec(any::<u8>(), 0..40))
+                .prop_map(Op::WriteFound),
         ]
     }
 
@@ -1425,8 +1466,27 @@ mod tests {
             let columns = [cache.column(0, families[0]), cache.column(1, families[1])];
             let mut expected: [Entries; 2] = Default::default();
             let mut open: [Vec<OpenCut>; 2] = Default::default();
+            let mut last_found: Option<(u8, u8, Found)> = None;
             for op in ops {
                 match op {
+                    Op::ReadFound(c, k) => {
+                        let (got, found) = cache
+                            .read(&model, columns[c as usize], &[k], |value| value.map(<[u8]>::to_vec))
+                            .unwrap();
+                        prop_assert_eq!(got.as_ref(), expected[c as usize].get(&k));
+                        last_found = Some((c, k, found));
+                    }
+                    Op::WriteFound(value) => {
+                        if let Some((c, k, found)) = last_found {
+                            cache
+                                .write_found(&model, columns[c as usize], &[k], found, value.as_deref())
+                                .unwrap();
+                            match value {
+                                Some(value) => expected[c as usize].insert(k, value),
+                                None => expected[c as usize].remove(&k),
+                            };
+                        }
+                    }
                     Op::Read(c, k) => {
                         let got = get(&mut cache, &model, columns[c as usize], &[k]);
                         prop_assert_eq!(got.as_ref(), expected[c as usize].get(&k));
