@@ -108,6 +108,40 @@ impl<T> ValueState<T> {
         self.access
             .update_with(&mut |current| change.take().and_then(|change| change(current)))
     }
+
+    /// Changes the current key's value in place with `change`, starting from `init()` where
+    /// the key has none: one read-modify-write, as [`ValueState::update_with`] (an
+    /// accumulator's `add` or `merge`).
+    pub fn update_or_init(
+        &self,
+        init: impl FnOnce() -> T,
+        change: impl FnOnce(&mut T),
+    ) -> Result<(), StateError> {
+        update_or_init(&*self.access, init, change)
+    }
+}
+
+/// [`ValueState::update_or_init`] over a backend's value access.
+fn update_or_init<T>(
+    access: &dyn ValueAccess<T>,
+    init: impl FnOnce() -> T,
+    change: impl FnOnce(&mut T),
+) -> Result<(), StateError> {
+    let mut steps = Some((init, change));
+    access.update_with(&mut |current| {
+        let (init, change) = steps.take()?;
+        match current {
+            Some(current) => {
+                change(current);
+                None
+            }
+            None => {
+                let mut value = init();
+                change(&mut value);
+                Some(value)
+            }
+        }
+    })
 }
 
 /// A list of values per key and namespace (Flink's `ListState`).
@@ -311,22 +345,12 @@ impl<IN: 'static, ACC: 'static, OUT: 'static> AggregatingAccess<IN, OUT>
     }
 
     fn add(&self, value: IN) -> Result<(), StateError> {
-        let mut input = Some(value);
         let function = &self.function;
-        self.accumulator.update_with(&mut |current| {
-            let input = input.take()?;
-            match current {
-                Some(accumulator) => {
-                    function.add(input, accumulator);
-                    None
-                }
-                None => {
-                    let mut accumulator = function.create_accumulator();
-                    function.add(input, &mut accumulator);
-                    Some(accumulator)
-                }
-            }
-        })
+        update_or_init(
+            &*self.accumulator,
+            || function.create_accumulator(),
+            |accumulator| function.add(value, accumulator),
+        )
     }
 
     fn clear(&self) -> Result<(), StateError> {

@@ -149,6 +149,18 @@ fn value_state_updates_in_place(f: &Fixture) {
     .unwrap();
     backend.set_current_key(&1).unwrap();
     assert_eq!(held.value().unwrap(), Some(vec![9]));
+    // `update_or_init`: changed in place, or started from `init` for a key without a value.
+    held.update_or_init(
+        || unreachable!("a value is stored"),
+        |current| current.push(4),
+    )
+    .unwrap();
+    assert_eq!(held.value().unwrap(), Some(vec![9, 4]));
+    backend.set_current_key(&3).unwrap();
+    held.update_or_init(|| vec![7], |current| current.push(8))
+        .unwrap();
+    assert_eq!(held.value().unwrap(), Some(vec![7, 8]));
+    backend.set_current_key(&1).unwrap();
 
     // With TTL it is a write (refreshes the expiry), and an expired value is none.
     let expiring = backend

@@ -421,20 +421,13 @@ where
         backend.value_state(&ValueStateDescriptor::new(CONTENTS))
     }
 
-    /// One read-modify-write of the stored accumulator (`ValueState::update_with`).
+    /// One read-modify-write of the stored accumulator (`ValueState::update_or_init`).
     fn add_stored(&mut self, contents: &ValueState<ACC>, value: T) -> Result<(), StateError> {
-        let aggregate = &mut self.aggregate;
-        contents.update_with(|acc| match acc {
-            Some(acc) => {
-                aggregate.add(value, acc);
-                None
-            }
-            None => {
-                let mut acc = aggregate.create_accumulator();
-                aggregate.add(value, &mut acc);
-                Some(acc)
-            }
-        })
+        let aggregate = &self.aggregate;
+        contents.update_or_init(
+            || aggregate.create_accumulator(),
+            |acc| aggregate.add(value, acc),
+        )
     }
 
     fn load(&mut self, contents: &ValueState<ACC>) -> Result<ACC, StateError> {
@@ -444,18 +437,11 @@ where
     }
 
     fn merge_stored(&mut self, contents: &ValueState<ACC>, from: ACC) -> Result<(), StateError> {
-        let aggregate = &mut self.aggregate;
-        contents.update_with(|acc| match acc {
-            Some(acc) => {
-                aggregate.merge(acc, &from);
-                None
-            }
-            None => {
-                let mut acc = aggregate.create_accumulator();
-                aggregate.merge(&mut acc, &from);
-                Some(acc)
-            }
-        })
+        let aggregate = &self.aggregate;
+        contents.update_or_init(
+            || aggregate.create_accumulator(),
+            |acc| aggregate.merge(acc, &from),
+        )
     }
 }
 
