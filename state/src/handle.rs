@@ -27,6 +27,11 @@ pub(crate) trait ValueAccess<T> {
     fn update_with(&self, update: UpdateFn<'_, T>) -> Result<(), StateError>;
     /// See [`ValueState::prefetch`]; backends without a table to prefetch from do nothing.
     fn prefetch(&self) {}
+    /// See [`ValueState::insert_new`]; a backend that reads nothing to write is right to
+    /// [`ValueAccess::update`].
+    fn insert_new(&self, value: T) -> Result<(), StateError> {
+        self.update(value)
+    }
 }
 
 /// Backend side of [`ListState`].
@@ -84,6 +89,16 @@ impl<T> ValueState<T> {
     /// Removes the value of the current key.
     pub fn clear(&self) -> Result<(), StateError> {
         self.access.clear()
+    }
+
+    /// Sets the value of a current key that has never had one in this backend: a namespace
+    /// used for the first time, such as a window pane just numbered. On RocksDB the write-back
+    /// cache takes the value without first asking RocksDB what the key holds, and a later
+    /// [`ValueState::clear`] while the value is cached reaches no further than the cache. The
+    /// caller must know the key is new: a value RocksDB held for it would come back after
+    /// that clear. Otherwise the same as [`ValueState::update`].
+    pub fn insert_new(&self, value: T) -> Result<(), StateError> {
+        self.access.insert_new(value)
     }
 
     /// Hints that the current key's value is read soon: on RocksDB, the CPU starts bringing in

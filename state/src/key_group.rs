@@ -90,8 +90,9 @@ impl StableHasher {
     }
 }
 
+/// MurmurHash3's finalizer: every output bit depends on every input bit.
 #[inline]
-fn fmix64(mut k: u64) -> u64 {
+pub(crate) fn fmix64(mut k: u64) -> u64 {
     k ^= k >> 33;
     k = k.wrapping_mul(0xff51_afd7_ed55_8ccd);
     k ^= k >> 33;

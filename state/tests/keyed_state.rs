@@ -63,6 +63,7 @@ backend_suite!(
     value_state_per_key,
     value_state_per_namespace,
     value_state_updates_in_place,
+    values_of_new_keys_are_inserted,
     list_state_semantics,
     map_state_semantics,
     map_iteration_spans_chunks,
@@ -188,6 +189,51 @@ fn value_state_updates_in_place(f: &Fixture) {
         })
         .unwrap();
     assert_eq!(expiring.value().unwrap(), Some(7));
+}
+
+/// `insert_new` sets the first value of a key (here: a key in a namespace never used) as
+/// `update` does, on every backend — on RocksDB without a read, whether the value is still
+/// cached when it changes or is cleared, or was evicted to RocksDB on the way.
+fn values_of_new_keys_are_inserted(f: &Fixture) {
+    let backend: LocalKeyedBackend<u64, u64> = f.backend(128);
+    let count = backend
+        .value_state(&ValueStateDescriptor::<u64>::new("count"))
+        .unwrap();
+    let keys = 0..2_000u64;
+    for key in keys.clone() {
+        backend
+            .set_current_key_and_namespace(&key, key % 3)
+            .unwrap();
+        count.insert_new(key).unwrap();
+        count
+            .update_or_init(|| unreachable!("inserted"), |value| *value += 1)
+            .unwrap();
+    }
+    for key in keys.clone() {
+        backend.set_current_key(&key).unwrap();
+        backend.set_current_namespace(key % 3 + 1).unwrap();
+        assert_eq!(
+            count.value().unwrap(),
+            None,
+            "another namespace of key {key}"
+        );
+        backend.set_current_namespace(key % 3).unwrap();
+        assert_eq!(count.value().unwrap(), Some(key + 1), "key {key}");
+        if key % 2 == 0 {
+            count.clear().unwrap();
+        }
+    }
+    for key in keys {
+        backend
+            .set_current_key_and_namespace(&key, key % 3)
+            .unwrap();
+        let expected = (key % 2 == 1).then_some(key + 1);
+        assert_eq!(
+            count.value().unwrap(),
+            expected,
+            "key {key} after clearing the even ones"
+        );
+    }
 }
 
 fn value_state_per_namespace(f: &Fixture) {

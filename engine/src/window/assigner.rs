@@ -397,6 +397,14 @@ where
         self.logic.add_stored(contents, value)
     }
 
+    fn add_new(&mut self, contents: &L::Contents, value: T) -> Result<(), StateError> {
+        self.logic.add_new(contents, value)
+    }
+
+    fn merge_new(&mut self, contents: &L::Contents, from: L::Acc) -> Result<(), StateError> {
+        self.logic.merge_new(contents, from)
+    }
+
     fn load(&mut self, contents: &L::Contents) -> Result<L::Acc, StateError> {
         self.logic.load(contents)
     }

@@ -306,6 +306,12 @@ pub(crate) trait StoredLogic<K, W, T, O>: WindowLogic<K, W, T, O> {
     fn register(backend: &LocalKeyedBackend<K, u64>) -> Result<Self::Contents, StateError>;
     /// Folds `value` into the current pane's contents.
     fn add_stored(&mut self, contents: &Self::Contents, value: T) -> Result<(), StateError>;
+    /// [`StoredLogic::add_stored`] into a pane numbered just now, whose contents the backend
+    /// has never held: what needs no read first writes them with
+    /// [`ValueState::insert_new`].
+    fn add_new(&mut self, contents: &Self::Contents, value: T) -> Result<(), StateError> {
+        self.add_stored(contents, value)
+    }
     /// The current pane's contents as an accumulator.
     fn load(&mut self, contents: &Self::Contents) -> Result<Self::Acc, StateError>;
     /// Folds `from` (another pane's loaded contents) into the current pane's.
@@ -314,6 +320,11 @@ pub(crate) trait StoredLogic<K, W, T, O>: WindowLogic<K, W, T, O> {
         contents: &Self::Contents,
         from: Self::Acc,
     ) -> Result<(), StateError>;
+    /// [`StoredLogic::merge_stored`] into a pane numbered just now (see
+    /// [`StoredLogic::add_new`]).
+    fn merge_new(&mut self, contents: &Self::Contents, from: Self::Acc) -> Result<(), StateError> {
+        self.merge_stored(contents, from)
+    }
 }
 
 /// A state handle holding window contents: what a pane's clean-up and the canonical layout
@@ -391,6 +402,11 @@ where
         contents.update(acc.expect("folded"))
     }
 
+    /// The first value is the reduced value.
+    fn add_new(&mut self, contents: &ValueState<T>, value: T) -> Result<(), StateError> {
+        contents.insert_new(value)
+    }
+
     fn load(&mut self, contents: &ValueState<T>) -> Result<Option<T>, StateError> {
         contents.value()
     }
@@ -402,6 +418,13 @@ where
     ) -> Result<(), StateError> {
         match from {
             Some(value) => self.add_stored(contents, value),
+            None => Ok(()),
+        }
+    }
+
+    fn merge_new(&mut self, contents: &ValueState<T>, from: Option<T>) -> Result<(), StateError> {
+        match from {
+            Some(value) => contents.insert_new(value),
             None => Ok(()),
         }
     }
@@ -442,6 +465,20 @@ where
             || aggregate.create_accumulator(),
             |acc| aggregate.merge(acc, &from),
         )
+    }
+
+    /// `add_stored` starting from a fresh accumulator, as `update_or_init` does for a pane
+    /// without contents.
+    fn add_new(&mut self, contents: &ValueState<ACC>, value: T) -> Result<(), StateError> {
+        let mut acc = self.aggregate.create_accumulator();
+        self.aggregate.add(value, &mut acc);
+        contents.insert_new(acc)
+    }
+
+    fn merge_new(&mut self, contents: &ValueState<ACC>, from: ACC) -> Result<(), StateError> {
+        let mut acc = self.aggregate.create_accumulator();
+        self.aggregate.merge(&mut acc, &from);
+        contents.insert_new(acc)
     }
 }
 

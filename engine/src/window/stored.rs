@@ -6,7 +6,10 @@
 //! one the heap path runs (`aligned.rs`, `session.rs`, `global.rs`): it is built over
 //! [`Stored`], whose accumulator is a small token ([`StoredAcc`]: key and pane number) standing
 //! for the contents in RocksDB. Adding a record folds it into the stored contents, firing loads
-//! the panes, and dropping a token (the operator cleaning a pane up) deletes them. What stays on
+//! the panes, and dropping a token (the operator cleaning a pane up) deletes them. Pane
+//! numbers are never reused, so a pane's first record is written without a read
+//! ([`weir_state::ValueState::insert_new`]: RocksDB holds nothing for a number just taken),
+//! and a pane nothing was written for has nothing to delete. What stays on
 //! the heap is the operator's bookkeeping: which panes or sessions a key has and their timers,
 //! a few dozen bytes per key and pane (Flink's `state.backend.rocksdb.timer-service.factory:
 //! HEAP`).
@@ -51,8 +54,7 @@ pub(crate) struct PaneStore<K, C> {
 impl<K: Key, C: Contents> PaneStore<K, C> {
     /// Makes `(key, pane)` the backend's current key and namespace.
     fn try_select(&self, key: &K, pane: u64) -> Result<(), StateError> {
-        self.backend.set_current_key(key)?;
-        self.backend.set_current_namespace(pane)
+        self.backend.set_current_key_and_namespace(key, pane)
     }
 
     fn select(&self, key: &K, pane: u64) {
@@ -71,6 +73,9 @@ fn fail(error: StateError) -> ! {
 pub(crate) struct StoredAcc<K: Key, C: Contents> {
     key: K,
     pane: u64,
+    /// Nothing has been written for the pane yet: its number is new, so the backend holds no
+    /// contents for it (the first write need not read, and dropping it deletes nothing).
+    fresh: bool,
     store: Rc<PaneStore<K, C>>,
 }
 
@@ -78,7 +83,7 @@ impl<K: Key, C: Contents> Drop for StoredAcc<K, C> {
     /// Deletes the pane's contents. Never panics: a failing job drops its operators while
     /// unwinding, and a second panic would abort the process.
     fn drop(&mut self) {
-        if self.store.closing.get() || std::thread::panicking() {
+        if self.fresh || self.store.closing.get() || std::thread::panicking() {
             return;
         }
         let cleared = self
@@ -168,6 +173,7 @@ where
         StoredAcc {
             key: key.clone(),
             pane,
+            fresh: true,
             store: Rc::clone(&self.store),
         }
     }
@@ -178,17 +184,25 @@ where
 
     fn add(&mut self, acc: &mut Self::Acc, value: T) {
         self.store.select(&acc.key, acc.pane);
-        self.logic
-            .add_stored(&self.store.contents, value)
-            .unwrap_or_else(|error| fail(error));
+        let contents = &self.store.contents;
+        let added = if std::mem::take(&mut acc.fresh) {
+            self.logic.add_new(contents, value)
+        } else {
+            self.logic.add_stored(contents, value)
+        };
+        added.unwrap_or_else(|error| fail(error));
     }
 
     fn merge_owned(&mut self, into: &mut Self::Acc, from: Self::Acc) {
         let loaded = self.load(&from);
         self.store.select(&into.key, into.pane);
-        self.logic
-            .merge_stored(&self.store.contents, loaded)
-            .unwrap_or_else(|error| fail(error));
+        let contents = &self.store.contents;
+        let merged = if std::mem::take(&mut into.fresh) {
+            self.logic.merge_new(contents, loaded)
+        } else {
+            self.logic.merge_stored(contents, loaded)
+        };
+        merged.unwrap_or_else(|error| fail(error));
         // Dropping `from` deletes its contents.
     }
 
@@ -229,6 +243,7 @@ where
                 acc.store.contents.encode_entries(entries)
             },
             decode_entry: |acc, bytes| {
+                acc.fresh = false;
                 acc.store.try_select(&acc.key, acc.pane)?;
                 acc.store.contents.put_entry(bytes)
             },
@@ -242,6 +257,8 @@ where
             value_type: "pane number (u64) of window contents in RocksDB",
             encode: |acc, entries| entries.put(|out| acc.pane.encode_into(out)),
             decode_entry: |acc, bytes| {
+                // The restored instance holds the contents of the pane with this number.
+                acc.fresh = false;
                 acc.pane = decode_entry(bytes)?;
                 let next = &acc.store.next;
                 next.set(next.get().max(acc.pane.saturating_add(1)));

@@ -567,6 +567,18 @@ where
         self.inner.merge_stored(contents, value.acc)
     }
 
+    fn add_new(
+        &mut self,
+        contents: &L::Contents,
+        value: Partial<K, L::Acc>,
+    ) -> Result<(), StateError> {
+        self.inner.merge_new(contents, value.acc)
+    }
+
+    fn merge_new(&mut self, contents: &L::Contents, from: L::Acc) -> Result<(), StateError> {
+        self.inner.merge_new(contents, from)
+    }
+
     fn load(&mut self, contents: &L::Contents) -> Result<L::Acc, StateError> {
         self.inner.load(contents)
     }

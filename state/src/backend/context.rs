@@ -60,6 +60,22 @@ pub(crate) struct Current<K, N> {
 }
 
 impl<K: StateKey, N: StateKey> Current<K, N> {
+    /// Whether `key` is the current key.
+    #[inline]
+    fn holds_key(&self, key: &K) -> bool {
+        self.composite
+            .as_ref()
+            .is_some_and(|(stored, _)| stored == key)
+    }
+
+    /// Makes `namespace` the current namespace, without deriving anything from it.
+    fn replace_namespace(&mut self, namespace: Option<N>) {
+        if let Some((_, stored)) = &mut self.composite {
+            stored.clone_from(&namespace);
+        }
+        self.namespace = namespace;
+    }
+
     /// Recomputes `composite_hash` from the key's hasher and the namespace.
     #[inline]
     fn hash_composite(&mut self) {
@@ -114,16 +130,51 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
     #[inline]
     pub(crate) fn set_key(&self, key: &K) -> Result<(), StateError> {
         let mut current = self.current.borrow_mut();
-        let current = &mut *current;
-        if current
-            .composite
-            .as_ref()
-            .is_some_and(|(stored, _)| stored == key)
-        {
+        if current.holds_key(key) {
             // A run of records or timers of one key: its hashes, key group and encoding are
             // those already set.
             return Ok(());
         }
+        self.change_key(&mut current, key)?;
+        self.derive_namespaced(&mut current)
+    }
+
+    pub(crate) fn set_namespace(&self, namespace: Option<N>) -> Result<(), StateError> {
+        let mut current = self.current.borrow_mut();
+        if current.composite.is_some() && current.namespace == namespace {
+            // The hash and the encoded prefix are those of this namespace already.
+            return Ok(());
+        }
+        current.replace_namespace(namespace);
+        self.derive_namespaced(&mut current)
+    }
+
+    /// [`KeyContext::set_key`] and [`KeyContext::set_namespace`] in one: what depends on the
+    /// namespace is derived once, not for the old namespace and then the new one.
+    #[inline]
+    pub(crate) fn set_key_and_namespace(
+        &self,
+        key: &K,
+        namespace: Option<N>,
+    ) -> Result<(), StateError> {
+        let mut current = self.current.borrow_mut();
+        let same_key = current.holds_key(key);
+        if same_key && current.namespace == namespace {
+            return Ok(());
+        }
+        if !same_key {
+            self.change_key(&mut current, key)?;
+        }
+        if current.namespace != namespace {
+            current.replace_namespace(namespace);
+        }
+        self.derive_namespaced(&mut current)
+    }
+
+    /// Makes `key` the current key: its hash and key group, and (RocksDB) its encoding at the
+    /// front of the prefix. What depends on the namespace too is left to
+    /// [`KeyContext::derive_namespaced`].
+    fn change_key(&self, current: &mut Current<K, N>, key: &K) -> Result<(), StateError> {
         let mut key_hasher = StableHasher::new();
         key.hash(&mut key_hasher);
         let key_group = KeyGroup::of_hash(key_hasher.finish(), self.max_parallelism);
@@ -159,29 +210,21 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
         current.key_group = key_group;
         current.group_index = (key_group.0 - self.key_groups.start) as usize;
         current.key_hasher = key_hasher;
-        current.hash_composite();
-        if self.codec.is_some() {
-            self.encode_namespace(current)?;
-        }
         Ok(())
     }
 
-    pub(crate) fn set_namespace(&self, namespace: Option<N>) -> Result<(), StateError> {
-        let mut current = self.current.borrow_mut();
-        let current = &mut *current;
-        if current.composite.is_some() && current.namespace == namespace {
-            // The hash and the encoded prefix are those of this namespace already.
-            return Ok(());
+    /// Derives what depends on the key and the namespace: the heap maps' hash of the pair,
+    /// or RocksDB's encoded namespace after the key (RocksDB never reads the hash).
+    #[inline]
+    fn derive_namespaced(&self, current: &mut Current<K, N>) -> Result<(), StateError> {
+        if self.codec.is_none() {
+            current.hash_composite();
+            Ok(())
+        } else if current.composite.is_some() {
+            self.encode_namespace(current)
+        } else {
+            Ok(())
         }
-        if let Some((_, stored)) = &mut current.composite {
-            stored.clone_from(&namespace);
-        }
-        current.namespace = namespace;
-        current.hash_composite();
-        if self.codec.is_some() && current.composite.is_some() {
-            self.encode_namespace(current)?;
-        }
-        Ok(())
     }
 
     fn encode_namespace(&self, current: &mut Current<K, N>) -> Result<(), StateError> {
@@ -258,11 +301,9 @@ mod tests {
         check::<i8, u8>(-1, None);
     }
 
-    /// Setting the current key or namespace again keeps everything derived from them; another
-    /// key or namespace recomputes it, prefix included.
-    #[test]
-    fn setting_the_same_key_again_keeps_what_was_derived() {
-        let codec = KeyCodec {
+    /// A RocksDB backend's encoders of `u64` keys and `u32` namespaces.
+    fn rocksdb_codec() -> KeyCodec<u64, u32> {
+        KeyCodec {
             encode_key: |key: &u64, out: &mut Vec<u8>| {
                 out.extend_from_slice(&key.to_le_bytes());
                 Ok(())
@@ -273,17 +314,32 @@ mod tests {
             },
             decode_key: |_: &[u8]| Ok(0),
             decode_namespace: |_: &[u8]| Ok(0),
-        };
-        let context: KeyContext<u64, u32> =
-            KeyContext::new(128, KeyGroupRange { start: 0, end: 127 }, Some(codec));
-        let derived = |context: &KeyContext<u64, u32>| {
-            let current = context.current();
-            (
-                current.composite_hash,
-                current.key_group,
-                current.prefix.clone(),
-            )
-        };
+        }
+    }
+
+    /// What a context derives from its key and namespace: the pair, its hash, the key group
+    /// and RocksDB's prefix.
+    type Derived = (Option<(u64, Option<u32>)>, u64, KeyGroup, Vec<u8>);
+
+    fn derived(context: &KeyContext<u64, u32>) -> Derived {
+        let current = context.current();
+        (
+            current.composite,
+            current.composite_hash,
+            current.key_group,
+            current.prefix.clone(),
+        )
+    }
+
+    /// Setting the current key or namespace again keeps everything derived from them; another
+    /// key or namespace recomputes it, prefix included.
+    #[test]
+    fn setting_the_same_key_again_keeps_what_was_derived() {
+        let context: KeyContext<u64, u32> = KeyContext::new(
+            128,
+            KeyGroupRange { start: 0, end: 127 },
+            Some(rocksdb_codec()),
+        );
         context.set_key(&7).unwrap();
         context.set_namespace(Some(1)).unwrap();
         let seven = derived(&context);
@@ -297,6 +353,38 @@ mod tests {
         context.set_namespace(Some(2)).unwrap();
         assert_ne!(derived(&context), seven);
         assert!(context.current().prefix.ends_with(&2u32.to_le_bytes()));
+    }
+
+    /// Setting key and namespace in one call derives what setting them one after the other
+    /// does, on the heap (the pair's hash) and on RocksDB (the encoded prefix), whichever of
+    /// the two changes.
+    #[test]
+    fn key_and_namespace_set_together_derive_as_set_one_by_one() {
+        let steps = [
+            (7, Some(1)),
+            (7, Some(2)),
+            (8, Some(2)),
+            (8, None),
+            (9, Some(3)),
+            (9, Some(3)),
+            (7, Some(1)),
+        ];
+        for codec in [None, Some(rocksdb_codec)] {
+            let range = KeyGroupRange { start: 0, end: 127 };
+            let one_by_one = KeyContext::new(128, range, codec.map(|codec| codec()));
+            let together = KeyContext::new(128, range, codec.map(|codec| codec()));
+            for (key, namespace) in steps {
+                one_by_one.set_key(&key).unwrap();
+                one_by_one.set_namespace(namespace).unwrap();
+                together.set_key_and_namespace(&key, namespace).unwrap();
+                assert_eq!(
+                    derived(&together),
+                    derived(&one_by_one),
+                    "key {key}, namespace {namespace:?}, RocksDB: {}",
+                    codec.is_some()
+                );
+            }
+        }
     }
 
     #[test]

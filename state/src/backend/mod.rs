@@ -244,6 +244,14 @@ impl<K: StateKey, N: StateKey> LocalKeyedBackend<K, N> {
         self.context.set_namespace(Some(namespace))
     }
 
+    /// [`LocalKeyedBackend::set_current_key`] and [`LocalKeyedBackend::set_current_namespace`]
+    /// in one, for an access to another key's state in another namespace (a window's pane):
+    /// what depends on the namespace is derived once, not for the old one and then the new.
+    #[inline]
+    pub fn set_current_key_and_namespace(&self, key: &K, namespace: N) -> Result<(), StateError> {
+        self.context.set_key_and_namespace(key, Some(namespace))
+    }
+
     /// Goes back to the state outside any namespace.
     pub fn clear_current_namespace(&self) -> Result<(), StateError> {
         self.context.set_namespace(None)

@@ -80,14 +80,13 @@
 //! otherwise. What the cache holds is its table plus the buffers of long entries (their
 //! capacity and the allocator's header), and it stays within the capacity.
 
-use std::hash::Hasher;
 use std::mem::size_of;
 
 use hashbrown::HashTable;
 
 use crate::backend::rocksdb::held::HeldWrites;
 use crate::error::StateError;
-use crate::key_group::StableHasher;
+use crate::key_group::fmix64;
 use crate::prefetch::prefetch_bytes;
 
 /// A cached column family, as the cache numbers them.
@@ -184,6 +183,36 @@ impl EntryBytes {
     }
 }
 
+/// The multiplier of [`WriteBackCache::hash`]'s word folding (odd, bits spread).
+const HASH_MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// The 8 bytes of `bytes` from `at` on, little-endian.
+#[inline]
+fn word_at(bytes: &[u8], at: usize) -> u64 {
+    let mut word = [0; 8];
+    word.copy_from_slice(&bytes[at..at + 8]);
+    u64::from_le_bytes(word)
+}
+
+/// Up to 8 bytes as one word: two overlapping 4-byte reads, or for fewer than 4 bytes the
+/// first, middle and last. Only a hash reads it, with the length beside it.
+#[inline]
+fn short_word(bytes: &[u8]) -> u64 {
+    let len = bytes.len();
+    if len >= 4 {
+        let half = |at: usize| {
+            let mut half = [0; 4];
+            half.copy_from_slice(&bytes[at..at + 4]);
+            u64::from(u32::from_le_bytes(half))
+        };
+        half(0) | half(len - 4) << 32
+    } else if len > 0 {
+        u64::from(bytes[0]) | u64::from(bytes[len / 2]) << 8 | u64::from(bytes[len - 1]) << 16
+    } else {
+        0
+    }
+}
+
 /// Bytes of the column id in front of each entry's key.
 const COLUMN_BYTES: usize = size_of::<ColumnId>();
 
@@ -241,12 +270,16 @@ impl Cached {
     }
 }
 
-/// Where [`WriteBackCache::read`] found a key (or put it, loaded): its hash, and its entry's
-/// bucket. A write checks the bucket still holds the key before it writes there.
+/// Where [`WriteBackCache::read`] found a key (or put it, loaded): its hash, its entry's
+/// bucket, and the table's generation then. A write goes to the bucket if no entry has moved
+/// or left since (the generation is the same), else looks for the key again.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Found {
     hash: u64,
     bucket: Option<usize>,
+    generation: u64,
+    /// RocksDB may hold the key: if a write inserts it, its delete must reach RocksDB.
+    stored: bool,
 }
 
 /// One entry written back: a put of `value`, or a delete.
@@ -317,6 +350,10 @@ pub(crate) struct WriteBackCache {
     /// alone, so an address that hashbrown laid out otherwise would cost a wasted hint, never
     /// a wrong read. 0 before the first insert.
     buckets_end: usize,
+    /// Changes whenever an entry may have moved to another bucket or left the table (an
+    /// insert, which may grow it, a removal, an eviction): a [`Found`] of the same generation
+    /// still points at its key's entry.
+    generation: u64,
     stats: WriteBackStats,
 }
 
@@ -457,6 +494,7 @@ impl WriteBackCache {
             cuts: Cuts::default(),
             hand: 0,
             buckets_end: 0,
+            generation: 0,
             stats: WriteBackStats::default(),
         }
     }
@@ -536,12 +574,24 @@ impl WriteBackCache {
         self.stats
     }
 
-    /// The hash of `key` in `column`.
+    /// The hash of `key` in `column`. Not the stable key hash: the table lives in this process
+    /// only, so the key is read a word at a time (its last word overlapping the one before),
+    /// not byte by byte into a hasher's buffer.
     fn hash(column: ColumnId, key: &[u8]) -> u64 {
-        let mut hasher = StableHasher::new();
-        hasher.write_u64(u64::from(column));
-        hasher.write(key);
-        hasher.finish()
+        let fold =
+            |state: u64, word: u64| (state.rotate_left(5) ^ word).wrapping_mul(HASH_MULTIPLIER);
+        let mut state = fold(u64::from(column), key.len() as u64);
+        let mut rest = key;
+        while rest.len() > 8 {
+            state = fold(state, word_at(rest, 0));
+            rest = &rest[8..];
+        }
+        let last = if key.len() >= 8 {
+            word_at(key, key.len() - 8)
+        } else {
+            short_word(key)
+        };
+        fmix64(fold(state, last))
     }
 
     /// Prefetches where the entry of `key` in `column` most likely is: the control bytes its
@@ -594,6 +644,8 @@ impl WriteBackCache {
             let found = Found {
                 hash,
                 bucket: Some(bucket),
+                generation: self.generation,
+                stored: true,
             };
             return Ok((read(entry.value()), found));
         }
@@ -609,14 +661,8 @@ impl WriteBackCache {
             if found { PRESENT | STORED } else { 0 },
         );
         let result = read(entry.value());
-        let bucket = self.insert(backing, entry)?;
-        Ok((
-            result,
-            Found {
-                hash,
-                bucket: Some(bucket),
-            },
-        ))
+        let found = self.insert(backing, entry)?;
+        Ok((result, found))
     }
 
     /// Sets the value of `key` in `column` to `value`, or deletes it (`None`); evicts if that
@@ -631,12 +677,33 @@ impl WriteBackCache {
         let found = Found {
             hash: Self::hash(column, key),
             bucket: None,
+            generation: self.generation,
+            stored: true,
         };
         self.write_found(backing, column, key, found, value)
     }
 
+    /// [`WriteBackCache::write`] of a key its caller knows RocksDB holds nothing for (it has
+    /// never had a value): RocksDB is not asked, and the entry is as a read that found
+    /// nothing leaves it — deleted while cached, it is dropped without a write to RocksDB.
+    pub(crate) fn write_new(
+        &mut self,
+        backing: &impl Backing,
+        column: ColumnId,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        let found = Found {
+            hash: Self::hash(column, key),
+            bucket: None,
+            generation: self.generation,
+            stored: false,
+        };
+        self.write_found(backing, column, key, found, Some(value))
+    }
+
     /// [`WriteBackCache::write`] of the key a [`WriteBackCache::read`] found `found`:
-    /// where the read left its entry, unless the table has changed there since (then it is
+    /// where the read left its entry, unless entries have moved or left since (then it is
     /// looked for again).
     pub(crate) fn write_found(
         &mut self,
@@ -646,16 +713,29 @@ impl WriteBackCache {
         found: Found,
         value: Option<&[u8]>,
     ) -> Result<(), StateError> {
-        let Found { hash, bucket } = found;
+        let Found {
+            hash,
+            bucket,
+            generation,
+            stored,
+        } = found;
         debug_assert_eq!(hash, Self::hash(column, key), "found for another key");
         let is_key = |entry: &Cached| entry.is(hash, column, key);
-        let bucket = bucket
-            .filter(|&bucket| self.table.get_bucket(bucket).is_some_and(is_key))
-            .or_else(|| self.table.find_bucket_index(hash, is_key));
+        let bucket = match bucket {
+            Some(bucket) if generation == self.generation => {
+                debug_assert!(
+                    self.table.get_bucket(bucket).is_some_and(is_key),
+                    "bucket {bucket} of an unchanged generation holds another entry"
+                );
+                Some(bucket)
+            }
+            _ => self.table.find_bucket_index(hash, is_key),
+        };
         let Some(bucket) = bucket else {
-            // RocksDB may hold the key: a delete must reach it.
+            // Unless the caller knows better, RocksDB may hold the key: a delete must reach it.
             let present = if value.is_some() { PRESENT } else { 0 };
-            let flags = DIRTY | STORED | REFERENCED | present;
+            let stored = if stored { STORED } else { 0 };
+            let flags = DIRTY | REFERENCED | present | stored;
             let entry = Cached::new(hash, column, key, value.unwrap_or_default(), flags);
             return self.insert(backing, entry).map(|_| ());
         };
@@ -676,6 +756,7 @@ impl WriteBackCache {
             None if entry.flags & STORED == 0 => {
                 // Nothing to delete in RocksDB: the key need not be remembered.
                 let (removed, _) = found.remove();
+                self.generation += 1;
                 self.outside -= before;
                 if removed.is_dirty() {
                     self.count_dirty(owner, false);
@@ -698,14 +779,16 @@ impl WriteBackCache {
     }
 
     /// Adds `entry` (not in the table), making room first if the table holds all it may, and
-    /// evicting after if its buffer takes the cache past its capacity. Returns the bucket it
-    /// went to (which that eviction may have emptied again).
-    fn insert(&mut self, backing: &impl Backing, mut entry: Cached) -> Result<usize, StateError> {
+    /// evicting after if its buffer takes the cache past its capacity. Returns where it went,
+    /// as of the generation it went there in: if that eviction removed anything (the entry
+    /// itself, maybe), a write there looks for it again.
+    fn insert(&mut self, backing: &impl Backing, mut entry: Cached) -> Result<Found, StateError> {
         if self.table.len() >= self.max_entries {
             let keep = (self.max_entries - self.max_entries / 16).min(self.max_entries - 1);
             self.evict(backing, keep)?;
         }
         self.outside += entry.bytes.outside();
+        self.generation += 1;
         let owner = self.owners[entry.column() as usize];
         // New: changed since any cut.
         entry.set_epoch(self.cuts.owners[owner as usize].epoch);
@@ -718,11 +801,17 @@ impl WriteBackCache {
         let bucket = inserted.bucket_index();
         self.buckets_end =
             (inserted.get() as *const Cached as usize) + (bucket + 1) * size_of::<Cached>();
+        let found = Found {
+            hash: inserted.get().hash,
+            bucket: Some(bucket),
+            generation: self.generation,
+            stored: true,
+        };
         if self.used() > self.capacity {
             self.evict(backing, self.table.len())?;
         }
         self.bound_dirty(backing)?;
-        Ok(bucket)
+        Ok(found)
     }
 
     /// Evicts (see the module docs) until at most `keep` entries are left and the cache is
@@ -745,6 +834,7 @@ impl WriteBackCache {
                         owner
                     });
                     let (entry, _) = bucket.remove();
+                    self.generation += 1;
                     self.outside -= entry.bytes.outside();
                     self.stats.evicted += 1;
                     if let Some(owner) = owner {
@@ -940,6 +1030,7 @@ impl WriteBackCache {
         };
         let (mut outside, mut dirty) = (0, 0);
         let cuts = &mut self.cuts;
+        self.generation += 1;
         self.table.retain(|entry| {
             let keep = entry.column() != column;
             if !keep {
@@ -1154,9 +1245,10 @@ mod tests {
         );
     }
 
-    /// A write where a read found its key lands on that key: in place, and where the bucket no
-    /// longer holds it — the table grew (entries rehashed), the entry left the table, or the
-    /// bucket holds another key or none — without touching what is there.
+    /// A write where a read found its key lands on that key: in place (reads and writes in
+    /// place move nothing: the generation stays), and where the bucket no longer holds it —
+    /// the table grew (entries rehashed), the entry left the table, or the bucket holds
+    /// another key or none — without touching what is there.
     #[test]
     fn a_write_where_a_read_found_the_key_lands_on_the_key() {
         let model = Model::default();
@@ -1179,6 +1271,7 @@ mod tests {
             .write_found(&model, column, b"a", found, Some(b"2"))
             .unwrap();
         assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"2".to_vec()));
+        assert_eq!(found.generation, cache.generation, "nothing moved");
         // A miss says where the load put the key.
         let found = found_at(&mut cache, b"c");
         assert_eq!(found.bucket, bucket_of(&cache, b"c"));
@@ -1199,11 +1292,14 @@ mod tests {
             .write_found(&model, column, b"a", found, Some(b"3"))
             .unwrap();
         assert_eq!(get(&mut cache, &model, column, b"a"), Some(b"3".to_vec()));
-        // The remembered bucket holds another key: that key keeps its value.
+        // The remembered bucket, of a generation before entries moved, holds another key:
+        // that key keeps its value.
         let other = 7u32.to_be_bytes();
         let stale = Found {
             hash: WriteBackCache::hash(column, b"a"),
             bucket: bucket_of(&cache, &other),
+            generation: cache.generation - 1,
+            stored: true,
         };
         cache
             .write_found(&model, column, b"a", stale, Some(b"4"))
@@ -1232,6 +1328,36 @@ mod tests {
         assert_eq!(model.writes.get(), 0, "nothing written back");
     }
 
+    /// A read whose load is too big to keep evicts its own entry at once; a write after it
+    /// looks for the key again (finds it gone) and caches the new value.
+    #[test]
+    fn a_write_after_a_read_whose_entry_was_evicted_at_once() {
+        let model = Model::default();
+        let mut cache = WriteBackCache::new(MIN_WRITE_BACK_BYTES);
+        let column = cache.column(0, "value:op:acc");
+        model.stored.borrow_mut().insert(
+            ("0/value:op:acc".to_string(), b"big".to_vec()),
+            vec![7; 2 * MIN_WRITE_BACK_BYTES],
+        );
+        let (len, found) = cache
+            .read(&model, column, b"big", |value| value.map(<[u8]>::len))
+            .unwrap();
+        assert_eq!(len, Some(2 * MIN_WRITE_BACK_BYTES));
+        assert_eq!(cache.len(), 0, "evicted as soon as loaded");
+        cache
+            .write_found(&model, column, b"big", found, Some(b"small"))
+            .unwrap();
+        assert_eq!(
+            get(&mut cache, &model, column, b"big"),
+            Some(b"small".to_vec())
+        );
+        cache.flush(&model).unwrap();
+        assert_eq!(
+            model.stored.borrow()[&("0/value:op:acc".to_string(), b"big".to_vec())],
+            b"small"
+        );
+    }
+
     /// A key created, updated and deleted while cached costs RocksDB one read and no write.
     #[test]
     fn short_lived_entries_never_reach_rocksdb() {
@@ -1251,6 +1377,46 @@ mod tests {
         assert_eq!(model.loads.get(), 100);
         assert_eq!(model.writes.get(), 0);
         assert_eq!(cache.len(), 0);
+    }
+
+    /// A key new to RocksDB (`write_new`) costs no read: deleted while cached, no write
+    /// either; flushed, evicted and read back, it is RocksDB's like any other, and a delete
+    /// then reaches RocksDB.
+    #[test]
+    fn new_keys_cost_rocksdb_no_read() {
+        let model = Model::default();
+        let mut cache = WriteBackCache::new(1 << 20);
+        let column = cache.column(0, "value:op:acc");
+        for pane in 0..100u32 {
+            let key = pane.to_be_bytes();
+            cache.write_new(&model, column, &key, &[0]).unwrap();
+            for round in 1..10u8 {
+                let (value, found) = cache
+                    .read(&model, column, &key, |value| value.map(<[u8]>::to_vec))
+                    .unwrap();
+                assert_eq!(value, Some(vec![round - 1]));
+                cache
+                    .write_found(&model, column, &key, found, Some(&[round]))
+                    .unwrap();
+            }
+            cache.write(&model, column, &key, None).unwrap();
+        }
+        cache.flush(&model).unwrap();
+        assert_eq!((model.loads.get(), model.writes.get()), (0, 0));
+        assert_eq!(cache.len(), 0);
+
+        cache.write_new(&model, column, b"kept", b"1").unwrap();
+        cache.flush(&model).unwrap();
+        assert_eq!(model.writes.get(), 1);
+        cache.evict(&model, 0).unwrap();
+        assert_eq!(
+            get(&mut cache, &model, column, b"kept"),
+            Some(b"1".to_vec())
+        );
+        cache.write(&model, column, b"kept", None).unwrap();
+        cache.flush(&model).unwrap();
+        assert_eq!(model.writes.get(), 2, "the delete reached RocksDB");
+        assert!(model.stored.borrow().is_empty());
     }
 
     /// A flush writes every dirty entry once; entries stay cached, clean.

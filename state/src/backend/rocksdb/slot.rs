@@ -1077,6 +1077,20 @@ impl RocksDbInstance {
         cache.write(&SlotBacking { this: self }, column, key, value)
     }
 
+    /// [`RocksDbInstance::cached_write`] of a key that has never had a value
+    /// ([`WriteBackCache::write_new`]).
+    pub(crate) fn cached_write_new(
+        &self,
+        column: ColumnId,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), StateError> {
+        let mut cache = self
+            .write_back()
+            .expect("a cached column belongs to a slot with a write-back cache");
+        cache.write_new(&SlotBacking { this: self }, column, key, value)
+    }
+
     /// [`RocksDbInstance::cached_write`] of the key a [`RocksDbInstance::cached_read`]
     /// found `found`.
     pub(crate) fn cached_write_found(

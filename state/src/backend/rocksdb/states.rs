@@ -172,6 +172,16 @@ impl RocksColumn {
             .map_err(|source| self.error("writing", source))
     }
 
+    /// Puts `value` under `key`, which has never had a value (see [`ValueState::insert_new`]).
+    ///
+    /// [`ValueState::insert_new`]: crate::ValueState::insert_new
+    fn put_new(&self, key: &[u8], value: &[u8]) -> Result<(), StateError> {
+        match self.cached {
+            Some(column) => self.slot.cached_write_new(column, key, value),
+            None => self.put_found(key, value, None),
+        }
+    }
+
     fn delete(&self, key: &[u8]) -> Result<(), StateError> {
         if let Some(column) = self.cached {
             return self.slot.cached_write(column, key, None);
@@ -375,6 +385,16 @@ impl<K: StateKey, N: StateKey, T: StateCodec> ValueAccess<T> for RocksValue<K, N
         {
             self.column.slot.cached_prefetch(column, key);
         }
+    }
+
+    fn insert_new(&self, value: T) -> Result<(), StateError> {
+        let current = self.context.current();
+        let key = prefix(&current, &self.column.state)?;
+        let expires_at = AccessTime::of(self.column.ttl.as_ref()).write_expiry;
+        let mut buffer = self.column.scratch.borrow_mut();
+        buffer.clear();
+        self.column.encode_frame(&value, expires_at, &mut buffer)?;
+        self.column.put_new(key, &buffer)
     }
 
     fn update_with(&self, update: UpdateFn<'_, T>) -> Result<(), StateError> {
