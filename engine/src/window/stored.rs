@@ -6,10 +6,12 @@
 //! one the heap path runs (`aligned.rs`, `session.rs`, `global.rs`): it is built over
 //! [`Stored`], whose accumulator is a small token ([`StoredAcc`]: key and pane number) standing
 //! for the contents in RocksDB. Adding a record folds it into the stored contents, firing loads
-//! the panes, and dropping a token (the operator cleaning a pane up) deletes them. Pane
-//! numbers are never reused, so a pane's first record is written without a read
-//! ([`weir_state::ValueState::insert_new`]: RocksDB holds nothing for a number just taken),
-//! and a pane nothing was written for has nothing to delete. What stays on
+//! the panes, and dropping a token (the operator cleaning a pane up) deletes them. RocksDB
+//! holds nothing for a pane number not taken yet — numbers are taken in order, a restore goes
+//! on after the highest restored pane, and contents that reached RocksDB are deleted there with
+//! their pane — so a pane's first record is written without a read
+//! ([`weir_state::ValueState::insert_new`]), and a pane nothing was written for has nothing to
+//! delete. What stays on
 //! the heap is the operator's bookkeeping: which panes or sessions a key has and their timers,
 //! a few dozen bytes per key and pane (Flink's `state.backend.rocksdb.timer-service.factory:
 //! HEAP`).
@@ -42,7 +44,8 @@ use crate::record::Key;
 pub(crate) struct PaneStore<K, C> {
     backend: LocalKeyedBackend<K, u64>,
     contents: C,
-    /// The next pane number; numbers are never reused within a subtask.
+    /// The next pane number: RocksDB holds nothing for it or any after it (see the module
+    /// docs).
     next: Cell<u64>,
     /// Set when the operator is dropped: its backend's files go with the job, so the panes
     /// still held need no deleting one by one.
@@ -73,8 +76,8 @@ fn fail(error: StateError) -> ! {
 pub(crate) struct StoredAcc<K: Key, C: Contents> {
     key: K,
     pane: u64,
-    /// Nothing has been written for the pane yet: its number is new, so the backend holds no
-    /// contents for it (the first write need not read, and dropping it deletes nothing).
+    /// Nothing has been written for the pane since its number was taken, so the backend holds
+    /// no contents for it (the first write need not read, and dropping it deletes nothing).
     fresh: bool,
     store: Rc<PaneStore<K, C>>,
 }
@@ -194,7 +197,12 @@ where
     }
 
     fn merge_owned(&mut self, into: &mut Self::Acc, from: Self::Acc) {
-        let loaded = self.load(&from);
+        let loaded = if from.fresh {
+            // Nothing stored to load.
+            self.logic.create(&from.key)
+        } else {
+            self.load(&from)
+        };
         self.store.select(&into.key, into.pane);
         let contents = &self.store.contents;
         let merged = if std::mem::take(&mut into.fresh) {

@@ -41,7 +41,8 @@ pub(crate) struct KeyContext<K, N> {
 pub(crate) struct Current<K, N> {
     /// `(key, namespace)` once a key is set: the heap backend's lookup key.
     pub(crate) composite: Option<(K, Option<N>)>,
-    /// The heap maps' hash of `composite` (see the module docs).
+    /// The heap maps' hash of `composite` (see the module docs); heap only (RocksDB never
+    /// reads it, so there it stays 0).
     pub(crate) composite_hash: u64,
     /// The stable hasher after the current key, before the namespace.
     key_hasher: StableHasher,
@@ -174,6 +175,7 @@ impl<K: StateKey, N: StateKey> KeyContext<K, N> {
     /// Makes `key` the current key: its hash and key group, and (RocksDB) its encoding at the
     /// front of the prefix. What depends on the namespace too is left to
     /// [`KeyContext::derive_namespaced`].
+    #[inline]
     fn change_key(&self, current: &mut Current<K, N>, key: &K) -> Result<(), StateError> {
         let mut key_hasher = StableHasher::new();
         key.hash(&mut key_hasher);
@@ -347,7 +349,7 @@ mod tests {
         context.set_namespace(Some(1)).unwrap();
         assert_eq!(derived(&context), seven);
         context.set_key(&8).unwrap();
-        assert_ne!(derived(&context).2, seven.2);
+        assert_ne!(derived(&context).3, seven.3);
         context.set_key(&7).unwrap();
         assert_eq!(derived(&context), seven);
         context.set_namespace(Some(2)).unwrap();

@@ -721,8 +721,17 @@ impl WriteBackCache {
         } = found;
         debug_assert_eq!(hash, Self::hash(column, key), "found for another key");
         let is_key = |entry: &Cached| entry.is(hash, column, key);
+        // The generation says the bucket still holds the entry; its hash, on the cache line
+        // the write touches anyway, guards against a change that forgot to count (debug
+        // builds compare the key too).
         let bucket = match bucket {
-            Some(bucket) if generation == self.generation => {
+            Some(bucket)
+                if generation == self.generation
+                    && self
+                        .table
+                        .get_bucket(bucket)
+                        .is_some_and(|entry| entry.hash == hash) =>
+            {
                 debug_assert!(
                     self.table.get_bucket(bucket).is_some_and(is_key),
                     "bucket {bucket} of an unchanged generation holds another entry"
