@@ -333,11 +333,18 @@ impl RocksColumn {
         value: &T,
         found: Option<Found>,
     ) -> Result<(), StateError> {
+        let frame = self.single_frame(value)?;
+        self.put_found(key, &frame, found)
+    }
+
+    /// `value` as the one frame of an entry written now (its expiry from now on), in the
+    /// column's scratch buffer.
+    fn single_frame<T: StateCodec>(&self, value: &T) -> Result<RefMut<'_, Vec<u8>>, StateError> {
         let expires_at = AccessTime::of(self.ttl.as_ref()).write_expiry;
         let mut buffer = self.scratch.borrow_mut();
         buffer.clear();
         self.encode_frame(value, expires_at, &mut buffer)?;
-        self.put_found(key, &buffer, found)
+        Ok(buffer)
     }
 }
 
@@ -390,11 +397,8 @@ impl<K: StateKey, N: StateKey, T: StateCodec> ValueAccess<T> for RocksValue<K, N
     fn insert_new(&self, value: T) -> Result<(), StateError> {
         let current = self.context.current();
         let key = prefix(&current, &self.column.state)?;
-        let expires_at = AccessTime::of(self.column.ttl.as_ref()).write_expiry;
-        let mut buffer = self.column.scratch.borrow_mut();
-        buffer.clear();
-        self.column.encode_frame(&value, expires_at, &mut buffer)?;
-        self.column.put_new(key, &buffer)
+        let frame = self.column.single_frame(&value)?;
+        self.column.put_new(key, &frame)
     }
 
     fn update_with(&self, update: UpdateFn<'_, T>) -> Result<(), StateError> {
