@@ -282,6 +282,18 @@ pub(crate) struct Found {
     stored: bool,
 }
 
+impl Found {
+    /// A key no read has located: a write looks for it (its generation is never consulted).
+    fn unlocated(column: ColumnId, key: &[u8], stored: bool) -> Found {
+        Found {
+            hash: WriteBackCache::hash(column, key),
+            bucket: None,
+            generation: 0,
+            stored,
+        }
+    }
+}
+
 /// One entry written back: a put of `value`, or a delete.
 #[derive(Clone, Copy)]
 pub(crate) struct WriteBack<'a> {
@@ -674,12 +686,7 @@ impl WriteBackCache {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<(), StateError> {
-        let found = Found {
-            hash: Self::hash(column, key),
-            bucket: None,
-            generation: self.generation,
-            stored: true,
-        };
+        let found = Found::unlocated(column, key, true);
         self.write_found(backing, column, key, found, value)
     }
 
@@ -693,12 +700,7 @@ impl WriteBackCache {
         key: &[u8],
         value: &[u8],
     ) -> Result<(), StateError> {
-        let found = Found {
-            hash: Self::hash(column, key),
-            bucket: None,
-            generation: self.generation,
-            stored: false,
-        };
+        let found = Found::unlocated(column, key, false);
         self.write_found(backing, column, key, found, Some(value))
     }
 

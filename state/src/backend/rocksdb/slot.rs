@@ -1035,6 +1035,12 @@ impl RocksDbInstance {
         self.memory.write_back.as_ref().map(|shared| shared.lock())
     }
 
+    /// The write-back cache, locked, for an access to a column it caches.
+    fn cache_of_cached_column(&self) -> MutexGuard<'_, WriteBackCache> {
+        self.write_back()
+            .expect("a cached column belongs to a slot with a write-back cache")
+    }
+
     /// The write-back cache's id of column family `name`; `None` without a cache.
     pub(crate) fn cached_column(&self, name: &str) -> Option<ColumnId> {
         self.write_back()
@@ -1050,9 +1056,7 @@ impl RocksDbInstance {
         key: &[u8],
         read: impl FnOnce(Option<&[u8]>) -> R,
     ) -> Result<(R, Found), StateError> {
-        let mut cache = self
-            .write_back()
-            .expect("a cached column belongs to a slot with a write-back cache");
+        let mut cache = self.cache_of_cached_column();
         cache.read(&SlotBacking { this: self }, column, key, read)
     }
 
@@ -1071,9 +1075,7 @@ impl RocksDbInstance {
         key: &[u8],
         value: Option<&[u8]>,
     ) -> Result<(), StateError> {
-        let mut cache = self
-            .write_back()
-            .expect("a cached column belongs to a slot with a write-back cache");
+        let mut cache = self.cache_of_cached_column();
         cache.write(&SlotBacking { this: self }, column, key, value)
     }
 
@@ -1085,9 +1087,7 @@ impl RocksDbInstance {
         key: &[u8],
         value: &[u8],
     ) -> Result<(), StateError> {
-        let mut cache = self
-            .write_back()
-            .expect("a cached column belongs to a slot with a write-back cache");
+        let mut cache = self.cache_of_cached_column();
         cache.write_new(&SlotBacking { this: self }, column, key, value)
     }
 
@@ -1100,9 +1100,7 @@ impl RocksDbInstance {
         found: Found,
         value: Option<&[u8]>,
     ) -> Result<(), StateError> {
-        let mut cache = self
-            .write_back()
-            .expect("a cached column belongs to a slot with a write-back cache");
+        let mut cache = self.cache_of_cached_column();
         cache.write_found(&SlotBacking { this: self }, column, key, found, value)
     }
 
